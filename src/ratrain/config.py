@@ -1,0 +1,195 @@
+"""Configuration dataclasses: model, data, training, parallelism; YAML/JSON in and out.
+
+The global batch belongs to TrainConfig and never changes with pp/dp: parallelism only changes
+who computes it, never the math.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ratrain.errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    """A dense LLaMA-family decoder. Field names follow the usual LLaMA reference code."""
+
+    name: str = "custom"
+    vocab_size: int = 512
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None: same as n_heads (plain multi-head attention)
+    ffn_dim: int = 688
+    max_seq_len: int = 2048
+    norm_eps: float = 1e-5
+    position: str = "rope"  # "rope" or "alibi"
+    rope_theta: float = 10000.0
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    norm_head: bool = False  # Baichuan2: rows of the output head are L2-normalized
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def n_units(self) -> int:
+        """Schedulable units: embedding, each decoder block, final norm + head."""
+        return self.n_layers + 2
+
+    def validate(self) -> None:
+        if self.position not in ("rope", "alibi"):
+            raise UserError(f"model.position must be 'rope' or 'alibi', got {self.position!r}")
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise UserError(f"model.dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(
+                f"model.n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}"
+            )
+        if self.position == "rope" and self.head_dim % 2:
+            raise UserError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # None: the running Python's standard library (*.py)
+    tokenizer: str = "byte"  # "byte", or a tokenizer.json file / a directory holding one
+    val_fraction: float = 0.05
+    cache_dir: str | None = None  # None: ~/.cache/ratrain (or $RATRAIN_CACHE)
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 256
+    global_batch: int = 8  # sequences per optimizer step, whatever pp and dp are
+    micro_batch_size: int = 2
+    steps: int = 300
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    eval_every: int = 100
+    eval_batches: int = 4
+    seed: int = 0
+    dtype: str = "float32"  # compute dtype: float32, bfloat16 or float16
+    checkpoint_every: int = 0  # 0: only at the end of the run
+
+    def validate(self) -> None:
+        for name in ("seq_len", "global_batch", "micro_batch_size", "steps"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if self.global_batch % self.micro_batch_size:
+            raise UserError(
+                f"train.global_batch {self.global_batch} is not a multiple of "
+                f"micro_batch_size {self.micro_batch_size}"
+            )
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise UserError(f"train.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+@dataclass
+class ParallelConfig:
+    pp: int = 1
+    dp: int = 1
+    policy: str = "baseline"  # "baseline" (GPU-style 1F1B); "ratrain" comes with the lifecycle passes
+    schedule: str = "1f1b"  # "1f1b" or "gpipe"
+    activation: str = "keep"  # baseline's uniform policy: "keep" or "recompute"
+    partition: list[int] | None = None  # units per stage (embedding and head count as units)
+    threads_per_rank: int = 1
+    backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
+
+    def validate(self) -> None:
+        if self.pp < 1 or self.dp < 1:
+            raise UserError(f"--pp and --dp must be >= 1, got pp={self.pp} dp={self.dp}")
+        if self.policy not in ("baseline",):
+            raise UserError(f"unknown policy {self.policy!r}; available: baseline")
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise UserError(f"unknown schedule {self.schedule!r}; available: 1f1b, gpipe")
+        if self.activation not in ("keep", "recompute"):
+            raise UserError(f"activation policy must be keep or recompute, got {self.activation!r}")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.train.validate()
+        self.parallel.validate()
+        per_rank = self.train.global_batch // self.parallel.dp
+        if self.train.global_batch % self.parallel.dp or per_rank % self.train.micro_batch_size:
+            raise UserError(
+                f"global batch {self.train.global_batch} does not split into dp={self.parallel.dp} "
+                f"replicas of whole micro-batches of {self.train.micro_batch_size}"
+            )
+        if self.train.seq_len > self.model.max_seq_len:
+            raise UserError(
+                f"seq_len {self.train.seq_len} exceeds the model's max_seq_len {self.model.max_seq_len}"
+            )
+
+    @property
+    def n_micro(self) -> int:
+        """Micro-batches per data-parallel replica per optimizer step."""
+        return self.train.global_batch // (self.parallel.dp * self.train.micro_batch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        parts = {}
+        for f in dataclasses.fields(cls):
+            sub = d.get(f.name, {}) or {}
+            parts[f.name] = _build(f.default_factory, sub, f.name)  # type: ignore[misc]
+        return cls(**parts)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        text = (
+            json.dumps(self.to_dict(), indent=2)
+            if path.suffix == ".json"
+            else yaml.safe_dump(self.to_dict(), sort_keys=False)
+        )
+        path.write_text(text)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"config file not found: {path}")
+        try:
+            d = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        except (json.JSONDecodeError, yaml.YAMLError) as e:
+            raise UserError(f"cannot parse config {path}: {e}") from None
+        return cls.from_dict(d or {})
+
+
+def _build(factory, values: dict[str, Any], section: str):
+    known = {f.name for f in dataclasses.fields(factory)}
+    unknown = set(values) - known
+    if unknown:
+        raise UserError(f"unknown key(s) in config section '{section}': {', '.join(sorted(unknown))}")
+    return factory(**values)
