@@ -90,8 +90,9 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 4
     seed: int = 0
-    dtype: str = "float32"  # compute dtype: float32, bfloat16 or float16
+    dtype: str = "float32"  # compute dtype: float32 or bfloat16 (autocast; masters stay fp32)
     checkpoint_every: int = 0  # 0: only at the end of the run
+    init_from: str | None = None  # Hugging Face model directory whose weights start the run
 
     def validate(self) -> None:
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps"):
@@ -102,8 +103,11 @@ class TrainConfig:
                 f"train.global_batch {self.global_batch} is not a multiple of "
                 f"micro_batch_size {self.micro_batch_size}"
             )
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise UserError(f"train.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype == "float16":
+            raise UserError("float16 training needs loss scaling, which ratrain does not do yet; "
+                            "use bfloat16")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise UserError(f"train.dtype must be float32 or bfloat16, got {self.dtype!r}")
 
 
 @dataclass
@@ -145,6 +149,9 @@ class RunConfig:
                 f"global batch {self.train.global_batch} does not split into dp={self.parallel.dp} "
                 f"replicas of whole micro-batches of {self.train.micro_batch_size}"
             )
+        if self.model.tie_embeddings and self.parallel.pp > 1:
+            raise UserError("tied embeddings need the embedding and the head on one stage; use --pp 1 "
+                            "(pipelined tied embeddings are not supported yet)")
         if self.train.seq_len > self.model.max_seq_len:
             raise UserError(
                 f"seq_len {self.train.seq_len} exceeds the model's max_seq_len {self.model.max_seq_len}"

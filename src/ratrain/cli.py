@@ -1,0 +1,239 @@
+"""The `ratrain` command line.
+
+Exit codes: 0 success, 2 a user's mistake (one clear line on stderr), 1 an internal failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_count(n: int) -> str:
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{suffix}"
+    return str(n)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ratrain")
+def cli() -> None:
+    """ratrain: pipeline + data-parallel training of LLaMA-family models on small-memory,
+    slow-link clusters.
+
+    Run `ratrain train` with no arguments for the built-in default: a tiny model on the text of
+    Python's standard library, about two minutes on two CPU cores.
+    """
+
+
+def resolve_model(spec: str, cfg: RunConfig) -> None:
+    """A preset name, or a Hugging Face model directory (its weights become the starting point)."""
+    from ratrain.models.presets import get_preset
+
+    path = Path(spec)
+    if path.is_dir():
+        from ratrain.models.hf import config_from_hf
+
+        cfg.model = config_from_hf(path)
+        if any(path.glob("*.safetensors")):
+            cfg.train.init_from = str(path)
+    else:
+        cfg.model = get_preset(spec)
+
+
+# Flags that change the math or the data: not allowed to change when resuming a run.
+_FIXED_ON_RESUME = ("model", "data", "tokenizer", "seq_len", "global_batch", "micro_batch_size",
+                    "lr", "seed", "dtype", "config")
+
+
+@cli.command()
+@click.option("--model", help="Preset name (see `ratrain models`) or a Hugging Face model directory.  [default: tiny]")
+@click.option("--data", type=click.Path(), help="Text file, directory of text files, or pre-tokenized .bin.  [default: Python's standard library]")
+@click.option("--tokenizer", help="'byte' or a tokenizer.json (or a directory holding one).  [default: byte]")
+@click.option("--config", "config_file", type=click.Path(), help="YAML or JSON run config; flags override it.")
+@click.option("--steps", type=int, help="Optimizer steps.")
+@click.option("--seed", type=int)
+@click.option("--seq-len", type=int)
+@click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp).")
+@click.option("--micro-batch-size", type=int)
+@click.option("--lr", type=float, help="Peak learning rate.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Compute dtype.")
+@click.option("--pp", type=int, help="Pipeline stages.")
+@click.option("--dp", type=int, help="Data-parallel replicas.")
+@click.option("--policy", type=click.Choice(["baseline"]), help="Schedule policy.")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]))
+@click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Baseline's uniform activation policy.")
+@click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units).")
+@click.option("--threads", type=int, help="CPU threads per rank.")
+@click.option("--eval-every", type=int)
+@click.option("--checkpoint-every", type=int)
+@click.option("--run-dir", type=click.Path(), help="Directory for this run.  [default: runs/<time>-<model>, linked from runs/latest]")
+@click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in this directory from its latest checkpoint.")
+@click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
+def train(**opts) -> None:
+    """Train a model. With no arguments: the embedded default run."""
+    from ratrain.train import new_run_dir, train as run_training
+
+    resume_dir = opts.pop("resume_dir")
+    if resume_dir:
+        given = [k for k in _FIXED_ON_RESUME if opts.get(k if k != "config" else "config_file")]
+        if given:
+            raise UserError(f"cannot change {', '.join('--' + g.replace('_', '-') for g in given)} "
+                            f"when resuming; start a new run instead")
+        if not (Path(resume_dir) / "config.yaml").is_file():
+            raise UserError(f"{resume_dir} is not a ratrain run directory (no config.yaml)")
+        cfg = RunConfig.load(Path(resume_dir) / "config.yaml")
+    elif opts["config_file"]:
+        cfg = RunConfig.load(opts["config_file"])
+    else:
+        from ratrain.models.presets import get_preset
+
+        cfg = RunConfig(model=get_preset("tiny"))
+    if opts["model"]:
+        resolve_model(opts["model"], cfg)
+    t, p, d = cfg.train, cfg.parallel, cfg.data
+    for key, section in (("steps", t), ("seed", t), ("seq_len", t), ("global_batch", t),
+                         ("micro_batch_size", t), ("lr", t), ("dtype", t), ("eval_every", t),
+                         ("checkpoint_every", t), ("pp", p), ("dp", p), ("policy", p),
+                         ("schedule", p), ("activation", p), ("tokenizer", d)):
+        if opts[key] is not None:
+            setattr(section, key, opts[key])
+    if opts["threads"] is not None:
+        p.threads_per_rank = opts["threads"]
+    if opts["data"] is not None:
+        d.path = opts["data"]
+    if opts["partition"]:
+        try:
+            p.partition = [int(x) for x in opts["partition"].split(",")]
+        except ValueError:
+            raise UserError(f"--partition must be comma-separated integers, got {opts['partition']!r}") from None
+    if resume_dir:
+        run_dir = Path(resume_dir)
+    elif opts["run_dir"]:
+        run_dir = Path(opts["run_dir"])
+    else:
+        cfg.validate()
+        run_dir = new_run_dir("runs", cfg.model.name)
+    summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=opts["progress"],
+                           trace=opts["trace"])
+    if opts["as_json"]:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        val = summary.get("val_loss")
+        click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
+                   f"loss: {summary.get('final_loss'):.4f}" + (f"  val loss: {val:.4f}" if val else "")
+                   + f"  tokens/s: {summary.get('tokens_per_s'):.0f}")
+
+
+@cli.command()
+@click.option("--dtype", "compute_dtype", default="bfloat16", show_default=True,
+              type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the weights column.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+def models(compute_dtype: str, as_json: bool) -> None:
+    """List model presets with parameter counts and the bytes of their training state."""
+    from ratrain.models.params import count_params, state_bytes
+    from ratrain.models.presets import PRESETS
+
+    out = []
+    for name, m in PRESETS.items():
+        out.append({"name": name, "params": count_params(m), "layers": m.n_layers, "dim": m.dim,
+                    "heads": m.n_heads, "kv_heads": m.n_kv_heads, "vocab": m.vocab_size,
+                    "position": m.position, **state_bytes(m, compute_dtype)})
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    keys = [k for k in out[0] if k.endswith("bytes")]
+    rows = [[r["name"], _fmt_count(r["params"]), r["layers"], r["dim"], f"{r['heads']}/{r['kv_heads']}",
+             r["vocab"], r["position"], *(_fmt_bytes(r[k]) for k in keys)] for r in out]
+    click.echo(_table(rows, ["preset", "params", "layers", "dim", "heads/kv", "vocab", "pos",
+                             *(k.removesuffix("_bytes") for k in keys)]))
+
+
+@cli.command()
+@click.option("--data", type=click.Path(), help="Corpus to train on.  [default: Python's standard library]")
+@click.option("--vocab-size", type=int, default=512, show_default=True)
+@click.option("--out", type=click.Path(), required=True, help="Where to write tokenizer.json.")
+def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
+    """Train a small byte-level BPE tokenizer on a corpus and save it as tokenizer.json."""
+    from ratrain.data.corpus import stdlib_files, text_files
+    from ratrain.data.tokenizer import train_bpe
+
+    files = text_files(data) if data else stdlib_files()
+    out_path = Path(out)
+    if out_path.is_dir() or not out_path.suffix:
+        out_path = out_path / "tokenizer.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tok = train_bpe(files, vocab_size, out_path)
+    click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} files)")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
+def export(run_dir: str, out: str) -> None:
+    """Export a run's latest checkpoint as a Hugging Face model directory."""
+    from ratrain import checkpoint
+    from ratrain.models.hf import save_hf
+    from ratrain.models.llama import build_units
+
+    import torch
+
+    cfg = RunConfig.load(Path(run_dir) / "config.yaml")
+    ckpt = checkpoint.latest(Path(run_dir))
+    if ckpt is None:
+        raise UserError(f"no checkpoint in {run_dir}/checkpoints")
+    units = build_units(cfg.model, cfg.train.seed)
+    for u, state in checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu")).items():
+        units[u].load_state_dict(state["weights"])
+    save_hf(units, cfg.model, out)
+    click.echo(f"exported {ckpt.name} of {run_dir} to {out}")
+
+
+def main() -> None:
+    from ratrain.runtime.launch import RankFailed
+
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except RankFailed as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2 if e.user_error else 1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

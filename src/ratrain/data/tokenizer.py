@@ -1,0 +1,154 @@
+"""Tokenizers: raw UTF-8 bytes (no files needed) or any Hugging Face `tokenizer.json`."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import numpy as np
+
+from ratrain.errors import UserError
+
+# Document separators, most specific to pretraining first: Qwen has both <|endoftext|> and
+# <|im_end|> and LLaMA-3 both <|end_of_text|> and <|eot_id|>; the chat-turn ends come last.
+_EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>", "<|eot_id|>")
+BPE_EOS = "<|endoftext|>"
+
+
+class Tokenizer(Protocol):
+    name: str
+    """Stable identity of the vocabulary and rules; part of the token cache's key."""
+    vocab_size: int
+    """One more than the largest id the tokenizer can produce."""
+    eos_id: int | None
+    """Id placed after every document, or None when the tokenizer has no such token."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Bulk path for corpus tokenization: one integer array per text."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; id 256 ends a document."""
+
+    name = "byte"
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return self._bytes(text).tolist()
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self._bytes(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        arr = np.fromiter(ids, dtype=np.int64)
+        # The end-of-document id has no bytes; it is dropped rather than invented.
+        return arr[arr < 256].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def __str__(self) -> str:
+        return "byte"
+
+    @staticmethod
+    def _bytes(text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json`, run by the `tokenizers` library."""
+
+    def __init__(self, path: str | Path):
+        from tokenizers import Tokenizer as _HF
+
+        self.path = Path(path)
+        try:
+            blob = self.path.read_bytes()
+            self._tok = _HF.from_str(blob.decode("utf-8"))
+        except OSError as e:
+            raise UserError(f"cannot read tokenizer {self.path}: {e}") from None
+        except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+            raise UserError(f"cannot parse tokenizer {self.path}: {e}") from None
+        self.name = "hf:" + hashlib.sha256(blob).hexdigest()
+        # Added tokens may sit above the base vocabulary, so size by the largest id.
+        self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+        self.eos_id = next(
+            (i for i in map(self._tok.token_to_id, _EOS_CANDIDATES) if i is not None), None
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        # encode_batch runs the texts in parallel inside the Rust library.
+        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """"byte", a `tokenizer.json` file, or a directory holding one."""
+    if spec == "byte":
+        return ByteTokenizer()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(
+            f"tokenizer not found: {spec} (expected 'byte', a tokenizer.json file, "
+            "or a directory holding one)"
+        )
+    return HFTokenizer(path)
+
+
+def train_bpe(files: Iterable[str | Path], vocab_size: int, out_path: str | Path) -> HFTokenizer:
+    """Train a byte-level BPE on `files`, save it as `out_path` (a tokenizer.json) and load it.
+
+    The vocabulary holds the 256 byte symbols, the end-of-document token "<|endoftext|>" and
+    learned merges up to `vocab_size`.
+    """
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from ratrain.data.corpus import read_text
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + 1:
+        raise UserError(
+            f"a byte-level BPE needs vocab_size >= {len(alphabet) + 1} "
+            f"(256 bytes + {BPE_EOS}), got {vocab_size}"
+        )
+    tok = _HF(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    # Read through our own reader so training sees exactly the text load_tokens will encode.
+    tok.train_from_iterator((read_text(Path(f)) for f in files), trainer=trainer)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_path))
+    return HFTokenizer(out_path)
+
+
+def check_fits(tokenizer: Tokenizer, model_vocab_size: int) -> None:
+    """Refuse a tokenizer that can produce ids beyond the model's embedding table."""
+    if tokenizer.vocab_size > model_vocab_size:
+        raise UserError(
+            f"tokenizer '{tokenizer}' has {tokenizer.vocab_size} tokens but the model's "
+            f"vocabulary is {model_vocab_size}; use a model with vocab_size >= "
+            f"{tokenizer.vocab_size} or a smaller tokenizer"
+        )

@@ -1,0 +1,141 @@
+"""Token streams: tokenize a corpus once, cache it on disk, memory-map it on every later run.
+
+A token stream is a flat, read-only array of ids. Documents (files) are concatenated in corpus
+order, each followed by the tokenizer's end-of-document id when it has one.
+
+Pre-tokenized input: a data path ending in `.bin` is a raw little-endian array of ids and is
+memory-mapped as is, with no tokenizer involved: `name.bin` holds uint16 ids, `name.u32.bin`
+uint32 ids. Cached streams follow the same convention, so a cache file can be passed as a
+data path directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ratrain.config import DataConfig
+from ratrain.data.corpus import corpus_files, read_text
+from ratrain.data.tokenizer import Tokenizer
+from ratrain.errors import UserError
+
+# Bump when the layout of cached streams changes, so old caches are never misread.
+_CACHE_FORMAT = 1
+# Files handed to the tokenizer at once: large enough for encode_batch to run in parallel,
+# small enough for the progress bar to move.
+_FILES_PER_BATCH = 64
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned little-endian dtype that holds every id below `vocab_size`."""
+    return np.dtype("<u2" if vocab_size <= 1 << 16 else "<u4")
+
+
+def cache_root(data_cfg: DataConfig) -> Path:
+    """data.cache_dir, else $RATRAIN_CACHE, else ~/.cache/ratrain."""
+    root = data_cfg.cache_dir or os.environ.get("RATRAIN_CACHE") or "~/.cache/ratrain"
+    return Path(root).expanduser()
+
+
+def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True) -> np.ndarray:
+    """The token stream of `data_cfg.path` (None: the standard library), as a read-only memmap.
+
+    The first call tokenizes (with a progress bar on stderr unless `progress` is False) and
+    writes the stream under `cache_root(data_cfg)/tokens/`; later calls with the same
+    tokenizer and unchanged files (same relative paths, sizes and mtimes) map that file.
+    The cache file appears atomically, so a crash never leaves a truncated stream behind and
+    concurrent runs never read a half-written one.
+    """
+    if data_cfg.path is not None and str(data_cfg.path).endswith(".bin"):
+        return load_bin(data_cfg.path)
+    root, files = corpus_files(data_cfg.path)
+    dtype = token_dtype(tokenizer.vocab_size)
+    suffix = ".bin" if dtype.itemsize == 2 else ".u32.bin"
+    path = cache_root(data_cfg) / "tokens" / (_cache_key(tokenizer, root, files) + suffix)
+    if not path.exists():
+        _tokenize_to(path, files, tokenizer, dtype, progress)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def load_bin(path: str | Path) -> np.ndarray:
+    """Memory-map a pre-tokenized `.bin` (uint16) or `.u32.bin` (uint32) file, read-only."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"data path not found: {path}")
+    dtype = np.dtype("<u4" if path.name.endswith(".u32.bin") else "<u2")
+    size = path.stat().st_size
+    if size == 0:
+        raise UserError(f"token file {path} is empty")
+    if size % dtype.itemsize:
+        raise UserError(
+            f"token file {path} has {size} bytes, not a whole number of {dtype} ids "
+            "(files ending in .u32.bin hold uint32 ids, other .bin files uint16)"
+        )
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def check_token_ids(tokens: np.ndarray, model_vocab_size: int) -> None:
+    """Refuse a stream holding ids the model cannot embed (pre-tokenized files are unchecked)."""
+    top = int(tokens.max())
+    if top >= model_vocab_size:
+        raise UserError(
+            f"the token stream holds id {top} but the model's vocabulary is {model_vocab_size}"
+        )
+
+
+def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val): the last `val_fraction` of the stream is validation. Views, no copies.
+
+    Whether each part is long enough for a sequence is the loader's check, which knows seq_len.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise UserError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
+    cut = len(tokens) - int(len(tokens) * val_fraction)
+    return tokens[:cut], tokens[cut:]
+
+
+def _cache_key(tokenizer: Tokenizer, root: Path, files: list[Path]) -> str:
+    listing = []
+    for f in files:
+        st = f.stat()
+        listing.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
+    blob = json.dumps([_CACHE_FORMAT, tokenizer.name, listing]).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _tokenize_to(
+    path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.dtype, progress: bool
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    eos = np.array([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=dtype)
+    n_tokens = 0
+    # The temporary file sits next to the target so the final rename stays on one filesystem.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, tqdm(
+            total=len(files), unit="file", desc="tokenizing", file=sys.stderr,
+            disable=not progress,
+        ) as bar:
+            for i in range(0, len(files), _FILES_PER_BATCH):
+                batch = files[i : i + _FILES_PER_BATCH]
+                for ids in tokenizer.encode_batch([read_text(f) for f in batch]):
+                    out.write(ids.astype(dtype, copy=False).tobytes())
+                    out.write(eos.tobytes())
+                    n_tokens += len(ids) + len(eos)
+                bar.update(len(batch))
+            out.flush()
+            os.fsync(out.fileno())
+        if n_tokens == 0:
+            raise UserError(f"the corpus ({len(files)} files) holds no text to train on")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is fine to share
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

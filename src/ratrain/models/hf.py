@@ -1,0 +1,288 @@
+"""Hugging Face interop: config.json in, safetensors weights in and out. Nothing is downloaded.
+
+Supported checkpoints: LLaMA (LlamaForCausalLM), Qwen2/2.5 (Qwen2ForCausalLM: q/k/v bias) and
+Baichuan/Baichuan2 (BaichuanForCausalLM: packed W_pack q/k/v; ALiBi in the 13B models; NormHead
+in Baichuan2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from ratrain.config import ModelConfig
+from ratrain.errors import UserError
+from ratrain.models.llama import hf_param_name
+
+LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"
+SUPPORTED = (LLAMA, QWEN2, BAICHUAN)
+_ARCH_OF_MODEL_TYPE = {"llama": LLAMA, "qwen2": QWEN2, "baichuan": BAICHUAN}
+_ARCH_ALIASES = {"BaiChuanForCausalLM": BAICHUAN}  # Baichuan-7B (v1) spells it with a capital C
+
+# Baichuan's config.json says neither which position encoding nor whether the head is normalized;
+# its modeling code decides. We follow vLLM: hidden size 4096 (Baichuan-7B, Baichuan2-7B) means
+# RoPE, others (the 13B models) ALiBi; Baichuan2's vocabulary size means NormHead. Our own exports
+# state both explicitly under these keys, which win.
+_BAICHUAN2_VOCAB = 125696
+_POSITION_KEY, _NORM_HEAD_KEY = "ratrain_position", "ratrain_norm_head"
+
+_QKV = re.compile(r"^(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight$")
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
+    """ModelConfig of a Hugging Face checkpoint directory (or its config.json)."""
+    path = Path(dir_or_config_json)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"Hugging Face config not found: {path}")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"cannot parse {path}: {e}") from None
+
+    model_type = d.get("model_type")
+    arch = (d.get("architectures") or [_ARCH_OF_MODEL_TYPE.get(model_type, model_type)])[0]
+    arch = _ARCH_ALIASES.get(arch, arch)
+    if arch not in SUPPORTED:
+        raise UserError(
+            f"unsupported architecture {arch!r} in {path}; supported: {', '.join(SUPPORTED)}"
+        )
+
+    def need(key: str):
+        if d.get(key) is None:
+            raise UserError(f"{path} lacks {key!r}")
+        return d[key]
+
+    def refuse(what: str) -> None:
+        raise UserError(f"{path}: {what} is not supported")
+
+    dim, n_heads = need("hidden_size"), need("num_attention_heads")
+    if d.get("head_dim") not in (None, dim // n_heads):
+        refuse(f"head_dim {d['head_dim']} != hidden_size / num_attention_heads")
+    if d.get("hidden_act", "silu") != "silu":
+        refuse(f"hidden_act {d['hidden_act']!r}")
+    if d.get("mlp_bias"):
+        refuse("mlp_bias")
+    fields = dict(
+        name=path.parent.name or "hf",
+        vocab_size=need("vocab_size"),
+        dim=dim,
+        n_layers=need("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=d.get("num_key_value_heads") or n_heads,
+        ffn_dim=need("intermediate_size"),
+        norm_eps=d.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+    )
+    if arch == BAICHUAN:
+        fields.update(
+            position=d.get(_POSITION_KEY) or ("rope" if dim == 4096 else "alibi"),
+            norm_head=bool(d.get(_NORM_HEAD_KEY, fields["vocab_size"] == _BAICHUAN2_VOCAB)),
+            max_seq_len=d.get("model_max_length") or d.get("max_position_embeddings") or 4096,
+            rope_theta=d.get("rope_theta", 10000.0),
+        )
+    else:
+        if arch == LLAMA and d.get("attention_bias"):
+            refuse("attention_bias (it also biases o_proj)")
+        if arch == QWEN2 and d.get("use_sliding_window"):
+            refuse("use_sliding_window")
+        fields.update(
+            max_seq_len=need("max_position_embeddings"),
+            rope_theta=_rope_theta(d, refuse),
+            qkv_bias=arch == QWEN2,  # Qwen2 always biases q/k/v (and nothing else)
+        )
+    cfg = ModelConfig(**fields)
+    try:
+        cfg.validate()
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+    return cfg
+
+
+def _rope_theta(d: dict, refuse) -> float:
+    # transformers 5 nests RoPE settings under rope_parameters; older configs keep rope_theta
+    # at top level and scaling under rope_scaling.
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        refuse(f"RoPE scaling {kind!r}")
+    return float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+
+
+# --- weights ------------------------------------------------------------------------------------
+
+
+def _as_units(units_or_model: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
+    if isinstance(units_or_model, nn.Module):
+        units = list(units_or_model.units) if hasattr(units_or_model, "units") else [units_or_model]
+    else:
+        units = list(units_or_model)
+    return sorted(units, key=lambda u: u.index)
+
+
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> file holding it, from the shard index or the files' headers."""
+    if path.is_file():
+        files = [path]
+    else:
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return {name: path / f for name, f in weight_map.items()}
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise UserError(f"no *.safetensors files in {path}")
+    where = {}
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            where.update((name, f) for name in st.keys())
+    return where
+
+
+def _read(where: dict[str, Path], names: Iterable[str]) -> dict[str, torch.Tensor]:
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(where[name], []).append(name)
+    out = {}
+    for f, fnames in by_file.items():
+        with safe_open(f, framework="pt") as st:
+            out.update((n, st.get_tensor(n)) for n in fnames)
+    return out
+
+
+def load_hf_weights(
+    units_or_model: nn.Module | Iterable[nn.Module], cfg: ModelConfig, path: str | Path
+) -> None:
+    """Copy a safetensors checkpoint (one file, or shards with model.safetensors.index.json) into
+    the given units, reading only the tensors they need. Baichuan's W_pack is split into q/k/v."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"checkpoint not found: {path}")
+    where = _tensor_files(path)
+    needed = {
+        hf_param_name(cfg, u.index, local): p
+        for u in _as_units(units_or_model)
+        for local, p in u.named_parameters()
+    }
+    direct, packed, missing = [], set(), []
+    for name in needed:
+        m = _QKV.match(name)
+        if name in where:
+            direct.append(name)
+        elif m and m.group(1) + "W_pack.weight" in where:
+            packed.add(m.group(1) + "W_pack.weight")
+        else:
+            missing.append(name)
+    if missing:
+        raise UserError(
+            f"checkpoint {path} lacks {len(missing)} tensor(s) the model needs, "
+            f"e.g. {', '.join(missing[:3])}"
+        )
+
+    tensors = _read(where, direct)
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    for pack_name, w in _read(where, packed).items():
+        if w.shape[0] != q_rows + 2 * kv_rows:
+            raise UserError(
+                f"{pack_name} in {path} has shape {list(w.shape)}, model expects "
+                f"[{q_rows + 2 * kv_rows}, {cfg.dim}]"
+            )
+        prefix = pack_name.removesuffix("W_pack.weight")
+        for proj, t in zip("qkv", w.split([q_rows, kv_rows, kv_rows])):
+            if f"{prefix}{proj}_proj.weight" in needed:
+                tensors[f"{prefix}{proj}_proj.weight"] = t
+
+    with torch.no_grad():
+        for name, t in tensors.items():
+            p = needed[name]
+            if t.shape != p.shape:
+                raise UserError(
+                    f"{name} in {path} has shape {list(t.shape)}, model expects {list(p.shape)}"
+                )
+            p.copy_(t)
+
+
+def _export_arch(cfg: ModelConfig) -> str:
+    if cfg.position == "alibi" or cfg.norm_head:
+        if cfg.qkv_bias or cfg.n_kv_heads != cfg.n_heads:
+            raise UserError(
+                "cannot export to Hugging Face: ALiBi/NormHead models are written as Baichuan, "
+                "which has neither q/k/v bias nor grouped-query attention"
+            )
+        return BAICHUAN
+    return QWEN2 if cfg.qkv_bias else LLAMA
+
+
+def _hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict:
+    d = {
+        "architectures": [arch],
+        "model_type": {v: k for k, v in _ARCH_OF_MODEL_TYPE.items()}[arch],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if arch == LLAMA:
+        d.update(attention_bias=False, mlp_bias=False)
+    elif arch == QWEN2:
+        d.update(use_sliding_window=False)
+    else:
+        d.update(
+            {
+                "model_max_length": cfg.max_seq_len,
+                _POSITION_KEY: cfg.position,
+                _NORM_HEAD_KEY: cfg.norm_head,
+            }
+        )
+    return d
+
+
+def save_hf(
+    model_or_units: nn.Module | Iterable[nn.Module], cfg: ModelConfig, out_dir: str | Path
+) -> Path:
+    """Write model.safetensors (Hugging Face names) and config.json into out_dir; return out_dir.
+
+    Rotary models without bias are written as LlamaForCausalLM, with q/k/v bias as
+    Qwen2ForCausalLM, ALiBi or NormHead ones as Baichuan (packed W_pack). Tied embeddings are
+    written once, as model.embed_tokens.weight.
+    """
+    units = _as_units(model_or_units)
+    if [u.index for u in units] != list(range(cfg.n_units)):
+        raise UserError(f"save_hf needs all {cfg.n_units} units of the model")
+    arch = _export_arch(cfg)
+    tensors: dict[str, torch.Tensor] = {}
+    for u in units:
+        for local, p in u.named_parameters():
+            # setdefault: a tied head's own lm_head copy maps onto the embedding, written first.
+            tensors.setdefault(hf_param_name(cfg, u.index, local), p.detach().cpu().contiguous())
+    if arch == BAICHUAN:
+        for i in range(cfg.n_layers):
+            prefix = f"model.layers.{i}.self_attn."
+            qkv = [tensors.pop(f"{prefix}{x}_proj.weight") for x in "qkv"]
+            tensors[prefix + "W_pack.weight"] = torch.cat(qkv)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    dtype = tensors["model.embed_tokens.weight"].dtype
+    (out / "config.json").write_text(json.dumps(_hf_config(cfg, arch, dtype), indent=2) + "\n")
+    return out

@@ -1,0 +1,57 @@
+"""AdamW per unit and the learning-rate schedule, shared by every engine.
+
+Each schedulable unit gets its own AdamW: per-unit optimizers are mathematically identical to one
+optimizer over all parameters, let a pipeline stage update only the units it owns, and make
+checkpoints independent of the pipeline layout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ratrain.config import TrainConfig
+
+
+def unit_parameters(unit: nn.Module, owned: set[int]) -> list[nn.Parameter]:
+    """Parameters of `unit` not already claimed by an earlier unit (tied embeddings share one)."""
+    params = []
+    for p in unit.parameters():
+        if id(p) not in owned:
+            owned.add(id(p))
+            params.append(p)
+    return params
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW | None:
+    """AdamW with weight decay on matrices only (norm gains and biases are not decayed)."""
+    if not params:
+        return None
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    # foreach=False: the per-tensor kernel is the same arithmetic whatever the grouping of
+    # parameters into optimizers, so every pipeline layout updates bit-for-bit alike.
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, foreach=False
+    )
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to min_lr at the last step."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizers, lr: float) -> None:
+    for opt in optimizers:
+        if opt is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr

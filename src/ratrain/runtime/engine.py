@@ -1,0 +1,106 @@
+"""Engines: what the training loop calls each step. Two of them, same interface.
+
+`LocalEngine` is the plain single-process run: the whole model's autograd graph, gradient
+accumulation, `clip_grad_norm_`, AdamW. It is also the reference every distributed run must match.
+`PipelineEngine` runs this rank's program of a `PipelinePlan` through the executor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ratrain.config import RunConfig
+from ratrain.metrics import peak_memory_bytes
+from ratrain.models.llama import lm_loss
+from ratrain.runtime.executor import Executor, StepResult
+from ratrain.runtime.stage import Stage
+from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.plan import PipelinePlan, build_eval_programs
+
+DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+class _UnitStateMixin:
+    stage: Stage
+
+    def unit_states(self) -> dict[int, dict]:
+        return {
+            u: {"weights": m.state_dict(),
+                "optim": (opt.state_dict() if (opt := self.stage.optimizers[u]) else None)}
+            for u, m in self.stage.modules.items()
+        }
+
+    def load_unit_states(self, states: dict[int, dict]) -> None:
+        for u, state in states.items():
+            self.stage.modules[u].load_state_dict(state["weights"])
+            if state["optim"] is not None:
+                self.stage.optimizers[u].load_state_dict(state["optim"])
+
+    def peak_memory_bytes(self) -> int:
+        return peak_memory_bytes(self.stage.device)
+
+
+class LocalEngine(_UnitStateMixin):
+    def __init__(self, cfg: RunConfig, device: torch.device, modules=None):
+        self.cfg = cfg
+        self.stage = Stage(cfg, range(cfg.model.n_units), device, modules)
+        self.autocast_dtype = DTYPES[cfg.train.dtype]
+
+    def _loss(self, x, y) -> torch.Tensor:
+        h = x.to(self.stage.device)
+        with torch.autocast(self.stage.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            for u in self.stage.units:
+                h = self.stage.modules[u](h)
+            return lm_loss(h, y.to(self.stage.device))
+
+    def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
+        self.stage.train(True)
+        for opt in self.stage.optimizers.values():
+            if opt is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+        total = 0.0
+        for x, y in batches:
+            loss = self._loss(x, y)
+            (loss / len(batches)).backward()
+            total += float(loss.detach())
+        params = self.stage.all_params()
+        clip = self.cfg.train.grad_clip
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
+        for opt in self.stage.optimizers.values():
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return StepResult(total / len(batches), norm)
+
+    @torch.no_grad()
+    def eval_loss(self, batches) -> float:
+        self.stage.train(False)
+        return sum(float(self._loss(x, y)) for x, y in batches) / len(batches)
+
+
+class PipelineEngine(_UnitStateMixin):
+    def __init__(self, cfg: RunConfig, plan: PipelinePlan, groups, tracer=None, modules=None):
+        self.cfg = cfg
+        self.plan = plan
+        self.groups = groups
+        units = plan.stage_units[groups.stage]
+        self.stage = Stage(cfg, range(units[0], units[-1] + 1) if not isinstance(units, range) else units,
+                           groups.device, modules)
+        self.program = plan.programs[groups.stage]
+        act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
+        self.executor = Executor(self.stage, act_shape, groups=groups, clip=cfg.train.grad_clip,
+                                 tracer=tracer, autocast_dtype=DTYPES[cfg.train.dtype])
+        self._eval_programs: dict[int, list] = {}
+
+    def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
+        return self.executor.train_step(self.program, batches, lr, step)
+
+    def eval_loss(self, batches) -> float:
+        n = len(batches)
+        if n not in self._eval_programs:
+            # A replica with no validation share still joins the loss reduction at step end.
+            self._eval_programs[n] = (build_eval_programs(self.plan.stage_units, n)[self.groups.stage]
+                                      if n else [Action(Op.STEP_END)])
+        return self.executor.eval_step(self._eval_programs[n], batches)

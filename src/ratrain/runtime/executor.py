@@ -1,0 +1,266 @@
+"""Walks one stage's program: one handler per op, handles of asynchronous work kept until the
+program's wait action for them.
+
+Each unit's forward runs on a detached copy of its input that requires grad, so each unit's
+backward is its own action: `B u.m` back-propagates unit u alone and leaves the gradient of its
+input for unit u - 1 (or for the send to the previous stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ratrain.models.llama import lm_loss
+from ratrain.runtime import p2p
+from ratrain.runtime.stage import Stage
+from ratrain.schedule.ir import Action, Op, Program
+from ratrain.trace import Tracer
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float | None = None
+
+
+class Executor:
+    def __init__(
+        self,
+        stage: Stage,
+        act_shape: tuple[int, ...],
+        *,
+        groups=None,
+        clip: float = 0.0,
+        tracer: Tracer | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ):
+        self.stage = stage
+        self.head = stage.cfg.model.n_layers + 1  # the unit that ends in the loss
+        self.act_shape = act_shape
+        self.groups = groups
+        self.dp = groups.grid.dp if groups else 1
+        self.pp = groups.grid.pp if groups else 1
+        self.clip = clip
+        self.tracer = tracer
+        self.autocast_dtype = autocast_dtype
+        self.recompute: set[int] = set()
+        self._handlers = {
+            Op.FORWARD: self._forward,
+            Op.BACKWARD: self._backward,
+            Op.RECOMPUTE: self._recompute,
+            Op.SEND_ACT: self._send_act,
+            Op.RECV_ACT: self._recv_act,
+            Op.SEND_GRAD: self._send_grad,
+            Op.RECV_GRAD: self._recv_grad,
+            Op.WAIT_SEND_ACT: self._wait,
+            Op.WAIT_SEND_GRAD: self._wait,
+            Op.WAIT_RECV_ACT: self._wait_recv_act,
+            Op.WAIT_RECV_GRAD: self._wait_recv_grad,
+            Op.GRAD_SYNC: self._grad_sync,
+            Op.WAIT_GRAD_SYNC: self._wait_grad_sync,
+            Op.GRAD_NORM: self._grad_norm,
+            Op.UPDATE: self._update,
+            Op.STEP_END: self._step_end,
+        }
+
+    # -- entry points -------------------------------------------------------------------------
+
+    def train_step(self, program: Program, batches, lr: float, step: int = 0) -> StepResult:
+        """Run one optimizer step; `batches` are this replica's (inputs, targets) micro-batches."""
+        self.recompute = {a.layer for a in program if a.op is Op.RECOMPUTE}
+        for opt in self.stage.optimizers.values():
+            if opt is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+        self._run(program, batches, step, training=True)
+        return StepResult(self._loss, self._grad_norm)
+
+    @torch.no_grad()
+    def eval_step(self, program: Program, batches) -> float:
+        """Forward-only pass of an evaluation program; returns the mean loss over micro-batches."""
+        self.recompute = set()
+        self._run(program, batches, step=-1, training=False)
+        return self._loss
+
+    # -- the walk -----------------------------------------------------------------------------
+
+    def _run(self, program: Program, batches, step: int, training: bool) -> None:
+        self.batches = batches
+        self.n_micro = len(batches)
+        self.training = training
+        self.act: dict[tuple[int, int], torch.Tensor] = {}  # unit output (with graph when local)
+        self.inp: dict[tuple[int, int], torch.Tensor] = {}  # detached unit input
+        self.grad: dict[tuple[int, int], torch.Tensor] = {}  # gradient of a unit's output
+        self.pending: dict[Action, object] = {}  # start action -> (work, tensor)
+        self.syncs: dict[int, tuple[object, torch.Tensor]] = {}
+        self.losses: list[torch.Tensor] = []
+        self._loss = float("nan")
+        self._grad_norm = None
+        self._clip_coef = None
+        self.stage.train(training)
+        trace = self.tracer if self.tracer and training else None
+        if trace:
+            trace.begin_step(step)
+        for action in program:
+            handler = self._handlers.get(action.op)
+            if handler is None:
+                raise NotImplementedError(f"{action.op.name} ({action}) is not supported by this executor")
+            t0 = time.perf_counter()
+            handler(action)
+            if trace:
+                trace.record(str(action), t0, time.perf_counter())
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.stage.device.type, dtype=self.autocast_dtype)
+
+    def _unit_input(self, u: int, mb: int) -> torch.Tensor:
+        if u == 0:
+            return self.batches[mb][0].to(self.stage.device, non_blocking=True)
+        # A local producer keeps its output until its own backward; in eval nothing is kept.
+        keep = self.training and u - 1 in self.stage.units
+        src = self.act[(u - 1, mb)] if keep else self.act.pop((u - 1, mb))
+        return src.detach()
+
+    def _apply(self, u: int, mb: int, x: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            y = self.stage.modules[u](x)
+            if u == self.head:
+                target = self.batches[mb][1].to(self.stage.device, non_blocking=True)
+                loss = lm_loss(y, target)
+                self.losses.append(loss.detach())
+                return loss / (self.n_micro * self.dp)
+        return y
+
+    # -- compute ------------------------------------------------------------------------------
+
+    def _forward(self, a: Action) -> None:
+        x = self._unit_input(a.layer, a.mb)
+        if not self.training or a.layer in self.recompute:
+            with torch.no_grad():
+                y = self._apply(a.layer, a.mb, x)
+        else:
+            if x.is_floating_point():
+                x.requires_grad_()
+            y = self._apply(a.layer, a.mb, x)
+        if self.training:
+            self.inp[(a.layer, a.mb)] = x
+        if self.training or a.layer != self.head:
+            self.act[(a.layer, a.mb)] = y
+
+    def _recompute(self, a: Action) -> None:
+        x = self.inp[(a.layer, a.mb)]
+        if x.is_floating_point():
+            x.requires_grad_()
+        if a.layer == self.head:
+            self.losses.pop()  # the recomputed forward records the same loss again
+        self.act[(a.layer, a.mb)] = self._apply(a.layer, a.mb, x)
+
+    def _backward(self, a: Action) -> None:
+        y = self.act.pop((a.layer, a.mb))
+        if a.layer == self.head:
+            y.backward()
+        else:
+            y.backward(self.grad.pop((a.layer, a.mb)))
+        x = self.inp.pop((a.layer, a.mb))
+        if a.layer > 0:
+            self.grad[(a.layer - 1, a.mb)] = x.grad
+
+    # -- pipeline point-to-point --------------------------------------------------------------
+
+    def _send_act(self, a: Action) -> None:
+        t = self.act[(a.layer, a.mb)].detach()
+        if not self.training:
+            self.act.pop((a.layer, a.mb))
+        work = p2p.isend(t, self.groups.next_rank, p2p.ACT, a.layer, a.mb, self.n_micro)
+        self.pending[a] = (work, t)
+
+    def _recv_act(self, a: Action) -> None:
+        buf = torch.empty(self.act_shape, device=self.stage.device)
+        work = p2p.irecv(buf, self.groups.prev_rank, p2p.ACT, a.layer, a.mb, self.n_micro)
+        self.pending[a] = (work, buf)
+
+    def _send_grad(self, a: Action) -> None:
+        t = self.grad.pop((a.layer, a.mb))
+        work = p2p.isend(t, self.groups.prev_rank, p2p.GRAD, a.layer, a.mb, self.n_micro)
+        self.pending[a] = (work, t)
+
+    def _recv_grad(self, a: Action) -> None:
+        buf = torch.empty(self.act_shape, device=self.stage.device)
+        work = p2p.irecv(buf, self.groups.next_rank, p2p.GRAD, a.layer, a.mb, self.n_micro)
+        self.pending[a] = (work, buf)
+
+    def _wait(self, a: Action) -> torch.Tensor:
+        start = {Op.WAIT_SEND_ACT: Op.SEND_ACT, Op.WAIT_SEND_GRAD: Op.SEND_GRAD,
+                 Op.WAIT_RECV_ACT: Op.RECV_ACT, Op.WAIT_RECV_GRAD: Op.RECV_GRAD}[a.op]
+        work, t = self.pending.pop(Action(start, a.layer, a.mb))
+        work.wait()
+        return t
+
+    def _wait_recv_act(self, a: Action) -> None:
+        self.act[(a.layer, a.mb)] = self._wait(a)
+
+    def _wait_recv_grad(self, a: Action) -> None:
+        self.grad[(a.layer, a.mb)] = self._wait(a)
+
+    # -- training state -----------------------------------------------------------------------
+
+    def _grad_sync(self, a: Action) -> None:
+        params = self.stage.params[a.layer]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        work = dist.all_reduce(flat, group=self.groups.replicas, async_op=True)
+        self.syncs[a.layer] = (work, flat)
+
+    def _wait_grad_sync(self, a: Action) -> None:
+        work, flat = self.syncs.pop(a.layer)
+        work.wait()
+        offset = 0
+        for p in self.stage.params[a.layer]:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+    def _grad_norm(self, a: Action) -> None:
+        grads = [p.grad for p in self.stage.all_params() if p.grad is not None]
+        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+        sq = torch.sum(norms * norms).reshape(1)
+        if self.pp > 1:
+            dist.all_reduce(sq, group=self.groups.pipeline)
+        total = float(sq.sqrt())
+        self._grad_norm = total
+        # Same coefficient as torch.nn.utils.clip_grad_norm_, so a single-process run matches.
+        self._clip_coef = min(1.0, self.clip / (total + 1e-6)) if self.clip > 0 else None
+
+    def _update(self, a: Action) -> None:
+        opt = self.stage.optimizers[a.layer]
+        if opt is None:
+            return
+        if self._clip_coef is not None:
+            for p in self.stage.params[a.layer]:
+                p.grad.mul_(self._clip_coef)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def _step_end(self, a: Action) -> None:
+        """Mean loss over all micro-batches of all replicas, known on every rank.
+
+        Sums and counts are reduced rather than means, because evaluation may give replicas
+        different numbers of micro-batches.
+        """
+        local = torch.stack(self.losses).sum().float() if self.losses else torch.zeros(())
+        total = torch.stack([local.cpu(), torch.tensor(float(len(self.losses)))]).to(self.stage.device)
+        if self.pp > 1:
+            dist.all_reduce(total, group=self.groups.pipeline)
+        if self.dp > 1:
+            dist.all_reduce(total, group=self.groups.replicas)
+        self._loss = float(total[0] / total[1])
+        if self.pending or self.syncs or self.act or self.grad:
+            left = sorted(map(str, self.pending)) + [f"sync {u}" for u in self.syncs]
+            left += [f"act {k}" for k in self.act] + [f"grad {k}" for k in self.grad]
+            raise RuntimeError(f"step ended with unfinished work: {', '.join(left[:8])}")

@@ -1,0 +1,72 @@
+"""Initialize torch.distributed from the launcher's environment and build the grid's groups."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ratrain.runtime.grid import RankGrid
+
+
+@dataclass
+class Groups:
+    grid: RankGrid
+    rank: int
+    stage: int
+    replica: int
+    pipeline: dist.ProcessGroup  # this replica's stages
+    replicas: dist.ProcessGroup  # this stage's data-parallel group
+    device: torch.device
+    backend: str
+
+    @property
+    def prev_rank(self) -> int | None:
+        return self.grid.rank(self.stage - 1, self.replica) if self.stage > 0 else None
+
+    @property
+    def next_rank(self) -> int | None:
+        return self.grid.rank(self.stage + 1, self.replica) if self.stage < self.grid.pp - 1 else None
+
+
+def pick_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0) -> Groups:
+    """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
+    local launcher or by torchrun) and create every pipeline and replica group.
+
+    new_group is collective over the whole world, so every rank creates every group in the same
+    order and keeps its own.
+    """
+    backend = pick_backend(backend)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if world != grid.world_size:
+        raise RuntimeError(f"WORLD_SIZE={world} but pp x dp = {grid.world_size}")
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+    stage, replica = grid.coords(rank)
+    pipeline = replicas = None
+    for r in range(grid.dp):
+        g = dist.new_group(grid.pipeline_ranks(r))
+        if r == replica:
+            pipeline = g
+    for s in range(grid.pp):
+        g = dist.new_group(grid.replica_ranks(s))
+        if s == stage:
+            replicas = g
+    return Groups(grid, rank, stage, replica, pipeline, replicas, device, backend)

@@ -1,0 +1,52 @@
+"""A pipeline stage: the units it owns and their training state (master weights + AdamW)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ratrain.config import RunConfig
+from ratrain.models.hf import load_hf_weights
+from ratrain.models.llama import build_units
+from ratrain.optim import make_optimizer, unit_parameters
+
+
+class Stage:
+    """Units [start, stop) of the model, each with its own optimizer.
+
+    Master weights are fp32 on the compute device; with dtype and device equal to the compute
+    view's, the view is the master itself (no copy). Lower-precision compute runs under autocast.
+    """
+
+    def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None):
+        self.cfg = cfg
+        self.units = units
+        self.device = device
+        built = modules if modules is not None else build_units(cfg.model, cfg.train.seed, list(units))
+        if modules is None and cfg.train.init_from:
+            load_hf_weights(built, cfg.model, cfg.train.init_from)  # only this stage's tensors
+        self.modules: dict[int, nn.Module] = {u: m.to(device) for u, m in zip(units, built)}
+        owned: set[int] = set()
+        self.params: dict[int, list[nn.Parameter]] = {
+            u: unit_parameters(m, owned) for u, m in self.modules.items()
+        }
+        self.optimizers = {u: make_optimizer(ps, cfg.train) for u, ps in self.params.items()}
+
+    @property
+    def first(self) -> int:
+        return self.units.start
+
+    @property
+    def last(self) -> int:
+        return self.units.stop - 1
+
+    @property
+    def is_head(self) -> bool:
+        return self.last == self.cfg.model.n_layers + 1
+
+    def all_params(self) -> list[nn.Parameter]:
+        return [p for ps in self.params.values() for p in ps]
+
+    def train(self, mode: bool = True) -> None:
+        for m in self.modules.values():
+            m.train(mode)

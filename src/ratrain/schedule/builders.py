@@ -1,0 +1,118 @@
+"""Schedule builders: the compute-only program of every pipeline stage (F and B actions only).
+
+A builder fixes the order in which a stage runs its micro-batches; the passes (passes.py) then
+add communication and training-state actions around that order. A stage owns a contiguous range
+of units (0 = embedding, 1..n = decoder blocks, n+1 = head). "Forward of micro-batch m" on a
+stage is `F u.m` for each of its units in increasing order; "backward of m" is `B u.m` in
+decreasing order, because each unit's backward needs the gradient of its output, which the next
+unit's backward produces.
+"""
+
+from __future__ import annotations
+
+from ratrain.schedule.errors import ScheduleConfigError
+from ratrain.schedule.ir import Action, Op, Program
+
+
+def partition_units(
+    n_layers: int, pp: int, units_per_stage: list[int] | None = None
+) -> list[range]:
+    """Split the n_layers + 2 units into pp contiguous stages.
+
+    Default: the embedding on stage 0, the head on the last stage, and the decoder blocks split as
+    evenly as possible, the remainder going to the earliest stages (in 1F1B they also hold the
+    most micro-batches in flight, but the embedding and head are cheap in compute next to a
+    block, so blocks are what balance the pipeline). When pp equals the number of units the only
+    partition is one unit per stage. An explicit `units_per_stage` counts the embedding and the
+    head, and must have pp entries, each >= 1, summing to n_layers + 2.
+    """
+    n_units = n_layers + 2
+    if n_layers < 1:
+        raise ScheduleConfigError(f"n_layers must be >= 1, got {n_layers}")
+    if pp < 1:
+        raise ScheduleConfigError(f"pp must be >= 1, got {pp}")
+    if pp > n_units:
+        raise ScheduleConfigError(
+            f"pp={pp} is more stages than the model has units ({n_units}: embedding, "
+            f"{n_layers} decoder blocks, head); lower pp to at most {n_units}"
+        )
+    if units_per_stage is None:
+        if pp == n_units:
+            units_per_stage = [1] * pp
+        else:
+            base, extra = divmod(n_layers, pp)
+            units_per_stage = [base + (s < extra) for s in range(pp)]
+            units_per_stage[0] += 1  # embedding
+            units_per_stage[-1] += 1  # head
+    else:
+        units_per_stage = list(units_per_stage)
+        if len(units_per_stage) != pp:
+            raise ScheduleConfigError(
+                f"units_per_stage {units_per_stage} has {len(units_per_stage)} entries for pp={pp}"
+            )
+        if any(k < 1 for k in units_per_stage):
+            raise ScheduleConfigError(
+                f"units_per_stage {units_per_stage}: every stage needs at least one unit"
+            )
+        if sum(units_per_stage) != n_units:
+            raise ScheduleConfigError(
+                f"units_per_stage {units_per_stage} sums to {sum(units_per_stage)}, but the model "
+                f"has {n_units} units (embedding + {n_layers} decoder blocks + head)"
+            )
+    stages, start = [], 0
+    for k in units_per_stage:
+        stages.append(range(start, start + k))
+        start += k
+    return stages
+
+
+def _forward(units: range, m: int) -> Program:
+    return [Action(Op.FORWARD, u, m) for u in units]
+
+
+def _backward(units: range, m: int) -> Program:
+    return [Action(Op.BACKWARD, u, m) for u in reversed(units)]
+
+
+def one_f_one_b(stage_units: list[range], n_micro: int) -> list[Program]:
+    """Non-interleaved 1F1B (PipeDream-Flush), one program per stage.
+
+    Stage s of p runs `min(p - s - 1, n_micro)` warm-up forwards, then alternates one forward and
+    one backward (steady state: forward of m + warm-up, then backward of m), then the remaining
+    backwards (cool-down). Backwards run in micro-batch order. A micro-batch is in flight on a
+    stage from its first forward to its last backward; stage s never holds more than p - s.
+    """
+    p = len(stage_units)
+    programs = []
+    for s, units in enumerate(stage_units):
+        warmup = min(p - s - 1, n_micro)
+        program: Program = []
+        for m in range(warmup):
+            program += _forward(units, m)
+        for m in range(n_micro - warmup):
+            program += _forward(units, m + warmup)
+            program += _backward(units, m)
+        for m in range(n_micro - warmup, n_micro):
+            program += _backward(units, m)
+        programs.append(program)
+    return programs
+
+
+def gpipe(stage_units: list[range], n_micro: int) -> list[Program]:
+    """GPipe: every forward, then every backward, one program per stage.
+
+    Backwards run in micro-batch order m = 0..n-1 (as torch.distributed.pipelining's
+    ScheduleGPipe does): the last stage starts backward on the micro-batch whose forward finished
+    first, and every stage receives gradients in the order the next stage sends them. All n_micro
+    micro-batches are in flight on every stage at the turn.
+    """
+    return [
+        [a for m in range(n_micro) for a in _forward(units, m)]
+        + [a for m in range(n_micro) for a in _backward(units, m)]
+        for units in stage_units
+    ]
+
+
+def forward_only(stage_units: list[range], n_micro: int) -> list[Program]:
+    """Evaluation: the forward of every micro-batch in order, nothing else."""
+    return [[a for m in range(n_micro) for a in _forward(units, m)] for units in stage_units]

@@ -1,0 +1,214 @@
+"""The training loop: data -> engine -> steps -> metrics, validation, checkpoints, trace, plot.
+
+`train()` is the one entry point. With pp = dp = 1 it runs the plain single-process engine in this
+process; otherwise it starts pp x dp local processes (or, under torchrun, is already one of them)
+and every rank runs `rank_main` with its own stage of the pipeline plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from ratrain import checkpoint
+from ratrain.config import RunConfig
+from ratrain.data.loader import MicroBatchLoader, eval_batches
+from ratrain.data.tokenizer import check_fits, load_tokenizer
+from ratrain.data.tokens import load_tokens, split_train_val
+from ratrain.errors import UserError
+from ratrain.metrics import MetricsLog, plot_loss
+from ratrain.optim import lr_at
+from ratrain.runtime.engine import LocalEngine, PipelineEngine
+from ratrain.runtime.grid import RankGrid
+from ratrain.runtime.launch import launch_local, record_failure, under_torchrun
+from ratrain.runtime.process_groups import init_groups
+from ratrain.schedule.checks import ScheduleError
+from ratrain.schedule.plan import build_plan
+from ratrain.trace import Tracer, write_chrome_trace
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def new_run_dir(base: str | Path, model_name: str) -> Path:
+    """A fresh run directory under `base`, with `base/latest` pointing at it."""
+    base = Path(base)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = base / f"{stamp}-{model_name}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = base / f"{stamp}-{model_name}-{suffix}"
+    run_dir.mkdir(parents=True)
+    link = base / "latest"
+    if link.is_symlink() or not link.exists():
+        link.unlink(missing_ok=True)
+        link.symlink_to(run_dir.name)
+    return run_dir
+
+
+def plan_for(cfg: RunConfig):
+    p = cfg.parallel
+    try:
+        return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule,
+                          policy=p.policy, activation=p.activation, units_per_stage=p.partition,
+                          clip=cfg.train.grad_clip > 0)
+    except ScheduleError as e:
+        raise UserError(str(e)) from None
+
+
+def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool = True,
+          trace: bool = True) -> dict:
+    """Train as configured; returns the run summary (also written to run_dir/summary.json)."""
+    cfg.validate()
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    check_fits(tokenizer, cfg.model.vocab_size)
+    world = cfg.parallel.pp * cfg.parallel.dp
+    if world > 1:
+        plan_for(cfg)  # a bad plan is the user's mistake: say so before starting any process
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "config.yaml")
+    # Tokenize once here, so that ranks only memory-map the cached file.
+    load_tokens(cfg.data, tokenizer, progress=progress)
+    args = (cfg.to_dict(), str(run_dir), resume, progress, trace)
+    if under_torchrun() or world == 1:
+        rank_main(*args)
+    else:
+        launch_local(world, rank_main, args, error_dir=run_dir / "errors",
+                     threads=cfg.parallel.threads_per_rank)
+    summary_path = run_dir / "summary.json"
+    return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+
+
+def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace: bool) -> None:
+    cfg = RunConfig.from_dict(cfg_dict)
+    run_dir = Path(run_dir)
+    distributed = under_torchrun() or cfg.parallel.pp * cfg.parallel.dp > 1
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        if distributed:
+            groups = init_groups(RankGrid(cfg.parallel.pp, cfg.parallel.dp), cfg.parallel.backend)
+            tracer = Tracer() if trace else None
+            engine = PipelineEngine(cfg, plan_for(cfg), groups, tracer)
+        else:
+            groups, tracer = None, None
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            engine = LocalEngine(cfg, device)
+        _Loop(cfg, run_dir, engine, groups, tracer, rank, progress).run(resume)
+    except BaseException as e:
+        if distributed:
+            record_failure(run_dir / "errors", rank, e)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Loop:
+    def __init__(self, cfg: RunConfig, run_dir: Path, engine, groups, tracer, rank: int, progress: bool):
+        self.cfg, self.run_dir, self.engine = cfg, run_dir, engine
+        self.groups, self.tracer, self.rank = groups, tracer, rank
+        self.is_main = rank == 0
+        self.progress = progress and self.is_main
+        dp, replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
+        t = cfg.train
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+        train_tokens, val_tokens = split_train_val(
+            load_tokens(cfg.data, tokenizer, progress=False), cfg.data.val_fraction)
+        self.loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
+                                       dp_size=dp, dp_rank=replica, seed=t.seed)
+        self.val = (eval_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval_batches, dp, replica)
+                    if t.eval_batches > 0 else [])
+
+    def _barrier(self) -> None:
+        if self.groups:
+            dist.barrier()
+
+    def _gather(self, obj) -> list:
+        if not self.groups:
+            return [obj]
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    def run(self, resume: bool) -> None:
+        cfg, t = self.cfg, self.cfg.train
+        start = self._resume() if resume else 0
+        log = MetricsLog(self.run_dir / "metrics.jsonl", start if resume else None) if self.is_main else None
+        tokens_per_step = t.global_batch * t.seq_len
+        bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
+                   dynamic_ncols=True)
+        self._barrier()
+        if self.tracer:
+            self.tracer.reset_origin()
+        rates, row = [], {}
+        for step in range(start, t.steps):
+            batches = self.loader.step_batches(step)
+            lr = lr_at(step, t)
+            t0 = time.perf_counter()
+            result = self.engine.train_step(batches, lr, step)
+            elapsed = time.perf_counter() - t0
+            if not math.isfinite(result.loss):
+                raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; lower the learning rate")
+            peaks = self._gather(self.engine.peak_memory_bytes())
+            row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                   "tokens_per_s": tokens_per_step / elapsed, "step_time_s": elapsed,
+                   "peak_memory_bytes": max(peaks)}
+            if len(peaks) > 1:
+                row["peak_memory_bytes_per_rank"] = peaks
+            if self.val and (step + 1 == t.steps or (t.eval_every and (step + 1) % t.eval_every == 0)):
+                row["val_loss"] = self.engine.eval_loss(self.val)
+            if step > start:  # the first step pays for warm-up allocations
+                rates.append(row["tokens_per_s"])
+            if log:
+                log.write(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+            if step + 1 == t.steps or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+                self._checkpoint(step + 1)
+        bar.close()
+        self._finish(row, rates)
+
+    def _resume(self) -> int:
+        ckpt = checkpoint.latest(self.run_dir)
+        if ckpt is None:
+            raise UserError(f"no checkpoint to resume from in {self.run_dir / 'checkpoints'}")
+        meta = checkpoint.load_meta(ckpt)
+        self.engine.load_unit_states(
+            checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device))
+        if meta["step"] >= self.cfg.train.steps:
+            raise UserError(f"{self.run_dir} already reached step {meta['step']}; "
+                            f"pass --steps N with N > {meta['step']} to train further")
+        return meta["step"]
+
+    def _checkpoint(self, step: int) -> None:
+        if not self.groups or self.groups.replica == 0:
+            checkpoint.save_units(self.run_dir, step, self.engine.unit_states())
+        self._barrier()
+        if self.is_main:
+            checkpoint.finalize(self.run_dir, step, {"step": step, "config": self.cfg.to_dict()})
+
+    def _finish(self, last: dict, rates: list[float]) -> None:
+        events = self._gather(self.tracer.events() if self.tracer else None)
+        if not self.is_main:
+            return
+        if self.tracer:
+            grid = self.groups.grid
+            labels = {r: "rank {} (stage {}, replica {})".format(r, *grid.coords(r)) for r in range(grid.world_size)}
+            write_chrome_trace(self.run_dir / "trace.json", dict(enumerate(events)), labels)
+        plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png", title=self.cfg.model.name)
+        summary = {"run_dir": str(self.run_dir), "steps": last.get("step"), "final_loss": last.get("loss"),
+                   "val_loss": last.get("val_loss"),
+                   "tokens_per_s": sum(rates) / len(rates) if rates else last.get("tokens_per_s"),
+                   "peak_memory_bytes": last.get("peak_memory_bytes")}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
