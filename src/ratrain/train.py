@@ -93,6 +93,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool
 def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace: bool) -> None:
     cfg = RunConfig.from_dict(cfg_dict)
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     distributed = under_torchrun() or cfg.parallel.pp * cfg.parallel.dp > 1
     rank = int(os.environ.get("RANK", 0))
     try:

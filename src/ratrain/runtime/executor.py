@@ -178,22 +178,22 @@ class Executor:
         t = self.act[(a.layer, a.mb)].detach()
         if not self.training:
             self.act.pop((a.layer, a.mb))
-        work = p2p.isend(t, self.groups.next_rank, p2p.ACT, a.layer, a.mb, self.n_micro)
+        work = p2p.isend(t, self.groups.next_rank, self.groups.act_to_next, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, t)
 
     def _recv_act(self, a: Action) -> None:
         buf = torch.empty(self.act_shape, device=self.stage.device)
-        work = p2p.irecv(buf, self.groups.prev_rank, p2p.ACT, a.layer, a.mb, self.n_micro)
+        work = p2p.irecv(buf, self.groups.prev_rank, self.groups.act_from_prev, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
 
     def _send_grad(self, a: Action) -> None:
         t = self.grad.pop((a.layer, a.mb))
-        work = p2p.isend(t, self.groups.prev_rank, p2p.GRAD, a.layer, a.mb, self.n_micro)
+        work = p2p.isend(t, self.groups.prev_rank, self.groups.grad_to_prev, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, t)
 
     def _recv_grad(self, a: Action) -> None:
         buf = torch.empty(self.act_shape, device=self.stage.device)
-        work = p2p.irecv(buf, self.groups.next_rank, p2p.GRAD, a.layer, a.mb, self.n_micro)
+        work = p2p.irecv(buf, self.groups.next_rank, self.groups.grad_from_next, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
 
     def _wait(self, a: Action) -> torch.Tensor:

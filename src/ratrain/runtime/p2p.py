@@ -17,9 +17,10 @@ def tag(kind: int, unit: int, mb: int, n_micro: int) -> int:
     return (unit * n_micro + mb) * 2 + kind
 
 
-def isend(t: torch.Tensor, peer: int, kind: int, unit: int, mb: int, n_micro: int):
-    return dist.isend(t.contiguous(), dst=peer, tag=tag(kind, unit, mb, n_micro))
+def isend(t: torch.Tensor, peer: int, group, kind: int, unit: int, mb: int, n_micro: int):
+    """`peer` is a global rank; `group` the two-rank group of this link and direction."""
+    return dist.isend(t.contiguous(), dst=peer, group=group, tag=tag(kind, unit, mb, n_micro))
 
 
-def irecv(buf: torch.Tensor, peer: int, kind: int, unit: int, mb: int, n_micro: int):
-    return dist.irecv(buf, src=peer, tag=tag(kind, unit, mb, n_micro))
+def irecv(buf: torch.Tensor, peer: int, group, kind: int, unit: int, mb: int, n_micro: int):
+    return dist.irecv(buf, src=peer, group=group, tag=tag(kind, unit, mb, n_micro))

@@ -22,6 +22,13 @@ class Groups:
     replicas: dist.ProcessGroup  # this stage's data-parallel group
     device: torch.device
     backend: str
+    # One two-rank group per neighbour link and direction. NCCL runs all p2p of one communicator
+    # on one stream in issue order, so activations and gradients crossing the same link in
+    # opposite directions would wait on each other (1F1B deadlocks); separate groups don't.
+    act_from_prev: dist.ProcessGroup | None = None
+    act_to_next: dist.ProcessGroup | None = None
+    grad_to_prev: dist.ProcessGroup | None = None
+    grad_from_next: dist.ProcessGroup | None = None
 
     @property
     def prev_rank(self) -> int | None:
@@ -69,4 +76,13 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0)
         g = dist.new_group(grid.replica_ranks(s))
         if s == stage:
             replicas = g
-    return Groups(grid, rank, stage, replica, pipeline, replicas, device, backend)
+    groups = Groups(grid, rank, stage, replica, pipeline, replicas, device, backend)
+    for r in range(grid.dp):
+        for s in range(grid.pp - 1):
+            link = [grid.rank(s, r), grid.rank(s + 1, r)]
+            act, grad = dist.new_group(link), dist.new_group(link)
+            if r == replica and s == stage:
+                groups.act_to_next, groups.grad_from_next = act, grad
+            if r == replica and s + 1 == stage:
+                groups.act_from_prev, groups.grad_to_prev = act, grad
+    return groups
