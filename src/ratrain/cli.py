@@ -65,45 +65,52 @@ def resolve_model(spec: str, cfg: RunConfig) -> None:
 
 # Flags that change the math or the data: not allowed to change when resuming a run.
 _FIXED_ON_RESUME = ("model", "data", "tokenizer", "seq_len", "global_batch", "micro_batch_size",
-                    "lr", "seed", "dtype", "config")
+                    "lr", "seed", "dtype", "config_file")
+
+_CONFIG_OPTIONS = [
+    click.option("--model", help="Preset name (see `ratrain models`) or a Hugging Face model directory.  [default: tiny]"),
+    click.option("--data", type=click.Path(), help="Text file, directory of text files, or pre-tokenized .bin.  [default: Python's standard library]"),
+    click.option("--tokenizer", help="'byte' or a tokenizer.json (or a directory holding one).  [default: byte]"),
+    click.option("--config", "config_file", type=click.Path(), help="YAML or JSON run config; flags override it."),
+    click.option("--steps", type=int, help="Optimizer steps."),
+    click.option("--seed", type=int),
+    click.option("--seq-len", type=int),
+    click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp)."),
+    click.option("--micro-batch-size", type=int),
+    click.option("--lr", type=float, help="Peak learning rate."),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Compute dtype."),
+    click.option("--pp", type=int, help="Pipeline stages."),
+    click.option("--dp", type=int, help="Data-parallel replicas."),
+    click.option("--policy", type=click.Choice(["baseline"]), help="Schedule policy."),
+    click.option("--schedule", type=click.Choice(["1f1b", "gpipe"])),
+    click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Baseline's uniform activation policy."),
+    click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
+    click.option("--threads", type=int, help="CPU threads per rank."),
+    click.option("--eval-every", type=int),
+    click.option("--checkpoint-every", type=int),
+]
+
+_FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch": "train",
+           "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
+           "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
+           "schedule": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
+           "threads": "parallel"}
+_RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
-@cli.command()
-@click.option("--model", help="Preset name (see `ratrain models`) or a Hugging Face model directory.  [default: tiny]")
-@click.option("--data", type=click.Path(), help="Text file, directory of text files, or pre-tokenized .bin.  [default: Python's standard library]")
-@click.option("--tokenizer", help="'byte' or a tokenizer.json (or a directory holding one).  [default: byte]")
-@click.option("--config", "config_file", type=click.Path(), help="YAML or JSON run config; flags override it.")
-@click.option("--steps", type=int, help="Optimizer steps.")
-@click.option("--seed", type=int)
-@click.option("--seq-len", type=int)
-@click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp).")
-@click.option("--micro-batch-size", type=int)
-@click.option("--lr", type=float, help="Peak learning rate.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Compute dtype.")
-@click.option("--pp", type=int, help="Pipeline stages.")
-@click.option("--dp", type=int, help="Data-parallel replicas.")
-@click.option("--policy", type=click.Choice(["baseline"]), help="Schedule policy.")
-@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]))
-@click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Baseline's uniform activation policy.")
-@click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units).")
-@click.option("--threads", type=int, help="CPU threads per rank.")
-@click.option("--eval-every", type=int)
-@click.option("--checkpoint-every", type=int)
-@click.option("--run-dir", type=click.Path(), help="Directory for this run.  [default: runs/<time>-<model>, linked from runs/latest]")
-@click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in this directory from its latest checkpoint.")
-@click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
-@click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
-def train(**opts) -> None:
-    """Train a model. With no arguments: the embedded default run."""
-    from ratrain.train import new_run_dir, train as run_training
+def config_options(fn):
+    for option in reversed(_CONFIG_OPTIONS):
+        fn = option(fn)
+    return fn
 
-    resume_dir = opts.pop("resume_dir")
+
+def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
+    """The run config: a resumed run's, a --config file's or the default, then the flags given."""
     if resume_dir:
-        given = [k for k in _FIXED_ON_RESUME if opts.get(k if k != "config" else "config_file")]
+        given = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None]
         if given:
-            raise UserError(f"cannot change {', '.join('--' + g.replace('_', '-') for g in given)} "
-                            f"when resuming; start a new run instead")
+            names = ", ".join("--" + g.removesuffix("_file").replace("_", "-") for g in given)
+            raise UserError(f"cannot change {names} when resuming; start a new run instead")
         if not (Path(resume_dir) / "config.yaml").is_file():
             raise UserError(f"{resume_dir} is not a ratrain run directory (no config.yaml)")
         cfg = RunConfig.load(Path(resume_dir) / "config.yaml")
@@ -115,38 +122,80 @@ def train(**opts) -> None:
         cfg = RunConfig(model=get_preset("tiny"))
     if opts["model"]:
         resolve_model(opts["model"], cfg)
-    t, p, d = cfg.train, cfg.parallel, cfg.data
-    for key, section in (("steps", t), ("seed", t), ("seq_len", t), ("global_batch", t),
-                         ("micro_batch_size", t), ("lr", t), ("dtype", t), ("eval_every", t),
-                         ("checkpoint_every", t), ("pp", p), ("dp", p), ("policy", p),
-                         ("schedule", p), ("activation", p), ("tokenizer", d)):
+    for key, section in _FIELDS.items():
         if opts[key] is not None:
-            setattr(section, key, opts[key])
-    if opts["threads"] is not None:
-        p.threads_per_rank = opts["threads"]
-    if opts["data"] is not None:
-        d.path = opts["data"]
+            setattr(getattr(cfg, section), _RENAMED.get(key, key), opts[key])
     if opts["partition"]:
         try:
-            p.partition = [int(x) for x in opts["partition"].split(",")]
+            cfg.parallel.partition = [int(x) for x in opts["partition"].split(",")]
         except ValueError:
             raise UserError(f"--partition must be comma-separated integers, got {opts['partition']!r}") from None
+    return cfg
+
+
+@cli.command()
+@config_options
+@click.option("--plan", "plan_file", type=click.Path(), help="Run this plan (JSON from `ratrain plan --out`) instead of building one.")
+@click.option("--run-dir", type=click.Path(), help="Directory for this run.  [default: runs/<time>-<model>, linked from runs/latest]")
+@click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in this directory from its latest checkpoint.")
+@click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
+def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> None:
+    """Train a model. With no arguments: the embedded default run."""
+    from ratrain.train import load_plan, new_run_dir, prepare, train as run_training
+
+    cfg = build_config(opts, resume_dir)
+    if plan_file:
+        cfg.parallel.plan_file = str(Path(plan_file).resolve())
+        try:  # the plan's layout, unless the flags say otherwise (then load_plan reports the clash)
+            layout = json.loads(Path(plan_file).read_text())
+            cfg.parallel.pp = opts["pp"] or layout["pp"]
+            cfg.parallel.dp = opts["dp"] or layout["dp"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # load_plan explains what is wrong with the file
+        load_plan(cfg)
     if resume_dir:
         run_dir = Path(resume_dir)
-    elif opts["run_dir"]:
-        run_dir = Path(opts["run_dir"])
+    elif run_dir:
+        run_dir = Path(run_dir)
     else:
-        cfg.validate()
+        prepare(cfg, progress)
         run_dir = new_run_dir("runs", cfg.model.name)
-    summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=opts["progress"],
-                           trace=opts["trace"])
-    if opts["as_json"]:
+    summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace)
+    if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         val = summary.get("val_loss")
         click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
                    f"loss: {summary.get('final_loss'):.4f}" + (f"  val loss: {val:.4f}" if val else "")
                    + f"  tokens/s: {summary.get('tokens_per_s'):.0f}")
+
+
+@cli.command()
+@config_options
+@click.option("--out", type=click.Path(), help="Write the plan as JSON here (for `ratrain train --plan`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
+def plan(out, as_json, **opts) -> None:
+    """Show the per-rank programs of a run's pipeline plan (step x rank table).
+
+    Today this is the plan the flags describe; the resource-aware search comes with the planner.
+    """
+    from ratrain.schedule import format_table
+    from ratrain.train import plan_for
+
+    cfg = build_config(opts)
+    cfg.validate()
+    pipeline_plan = plan_for(cfg)
+    if out:
+        Path(out).write_text(json.dumps(pipeline_plan.to_dict(), indent=2))
+    if as_json:
+        click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))
+        return
+    units = ", ".join(f"stage {s}: units {r.start}-{r.stop - 1}" for s, r in enumerate(pipeline_plan.stage_units))
+    click.echo(f"{cfg.parallel.policy} {cfg.parallel.schedule}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
+               f"n_micro={cfg.n_micro}; {units}")
+    click.echo(format_table(pipeline_plan.programs))
 
 
 @cli.command()

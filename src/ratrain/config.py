@@ -120,6 +120,7 @@ class ParallelConfig:
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     threads_per_rank: int = 1
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
+    plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
 
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:

@@ -22,7 +22,7 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
-from ratrain.data.tokens import load_tokens, split_train_val
+from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
 from ratrain.metrics import MetricsLog, plot_loss
 from ratrain.optim import lr_at
@@ -30,8 +30,8 @@ from ratrain.runtime.engine import LocalEngine, PipelineEngine
 from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.launch import launch_local, record_failure, under_torchrun
 from ratrain.runtime.process_groups import init_groups
-from ratrain.schedule.checks import ScheduleError
-from ratrain.schedule.plan import build_plan
+from ratrain.schedule.errors import ScheduleError
+from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.trace import Tracer, write_chrome_trace
 
 
@@ -56,31 +56,63 @@ def new_run_dir(base: str | Path, model_name: str) -> Path:
     return run_dir
 
 
-def plan_for(cfg: RunConfig):
-    p = cfg.parallel
+def load_plan(cfg: RunConfig) -> PipelinePlan:
+    """The plan in cfg.parallel.plan_file, checked against the config and by the schedule checks."""
+    path = Path(cfg.parallel.plan_file)
     try:
-        return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule,
-                          policy=p.policy, activation=p.activation, units_per_stage=p.partition,
-                          clip=cfg.train.grad_clip > 0)
+        plan = PipelinePlan.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise UserError(f"plan file not found: {path}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a ratrain plan: {e}") from None
+    want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
+            "n_layers": cfg.model.n_layers}
+    have = {k: getattr(plan, k) for k in want}
+    if have != want:
+        diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
+        raise UserError(f"plan {path} does not fit this run: {diff}")
+    try:
+        plan.validate()
     except ScheduleError as e:
-        raise UserError(str(e)) from None
+        raise UserError(f"plan {path} fails the schedule checks: {e}") from None
+    return plan
+
+
+def plan_for(cfg: RunConfig) -> PipelinePlan:
+    """The pipeline plan of this config (a request the schedule can't satisfy is a UserError)."""
+    if cfg.parallel.plan_file:
+        return load_plan(cfg)
+    p = cfg.parallel
+    return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule,
+                      policy=p.policy, activation=p.activation, units_per_stage=p.partition,
+                      clip=cfg.train.grad_clip > 0)
+
+
+def prepare(cfg: RunConfig, progress: bool = True) -> None:
+    """Everything that can fail because of the user's input, checked before any run directory or
+    process exists: the config, the tokenizer against the model, the data, the pipeline plan.
+    Tokenizes the data once (cached), so that ranks only memory-map the cached file."""
+    cfg.validate()
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    check_fits(tokenizer, cfg.model.vocab_size)
+    tokens = load_tokens(cfg.data, tokenizer, progress=progress)
+    if str(cfg.data.path).endswith(".bin"):
+        check_token_ids(tokens, cfg.model.vocab_size)
+    if cfg.parallel.pp * cfg.parallel.dp > 1:
+        plan_for(cfg)
 
 
 def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool = True,
           trace: bool = True) -> dict:
     """Train as configured; returns the run summary (also written to run_dir/summary.json)."""
-    cfg.validate()
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    check_fits(tokenizer, cfg.model.vocab_size)
-    world = cfg.parallel.pp * cfg.parallel.dp
-    if world > 1:
-        plan_for(cfg)  # a bad plan is the user's mistake: say so before starting any process
+    prepare(cfg, progress)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")
-    # Tokenize once here, so that ranks only memory-map the cached file.
-    load_tokens(cfg.data, tokenizer, progress=progress)
     args = (cfg.to_dict(), str(run_dir), resume, progress, trace)
+    world = cfg.parallel.pp * cfg.parallel.dp
+    if world > 1:
+        (run_dir / "plan.json").write_text(json.dumps(plan_for(cfg).to_dict(), indent=2))
     if under_torchrun() or world == 1:
         rank_main(*args)
     else:

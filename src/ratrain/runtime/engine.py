@@ -85,9 +85,7 @@ class PipelineEngine(_UnitStateMixin):
         self.cfg = cfg
         self.plan = plan
         self.groups = groups
-        units = plan.stage_units[groups.stage]
-        self.stage = Stage(cfg, range(units[0], units[-1] + 1) if not isinstance(units, range) else units,
-                           groups.device, modules)
+        self.stage = Stage(cfg, plan.stage_units[groups.stage], groups.device, modules)
         self.program = plan.programs[groups.stage]
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
         self.executor = Executor(self.stage, act_shape, groups=groups, clip=cfg.train.grad_clip,

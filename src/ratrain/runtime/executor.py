@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ratrain.models.llama import lm_loss
 from ratrain.runtime import p2p
 from ratrain.runtime.stage import Stage
-from ratrain.schedule.ir import Action, Op, Program
+from ratrain.schedule.ir import START_OF, Action, Op, Program
 from ratrain.trace import Tracer
 
 
@@ -178,28 +178,30 @@ class Executor:
         t = self.act[(a.layer, a.mb)].detach()
         if not self.training:
             self.act.pop((a.layer, a.mb))
-        work = p2p.isend(t, self.groups.next_rank, self.groups.act_to_next, p2p.ACT, a.layer, a.mb, self.n_micro)
+        g = self.groups
+        work = p2p.isend(t, g.next_rank, g.act_to_next, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, t)
 
     def _recv_act(self, a: Action) -> None:
         buf = torch.empty(self.act_shape, device=self.stage.device)
-        work = p2p.irecv(buf, self.groups.prev_rank, self.groups.act_from_prev, p2p.ACT, a.layer, a.mb, self.n_micro)
+        g = self.groups
+        work = p2p.irecv(buf, g.prev_rank, g.act_from_prev, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
 
     def _send_grad(self, a: Action) -> None:
         t = self.grad.pop((a.layer, a.mb))
-        work = p2p.isend(t, self.groups.prev_rank, self.groups.grad_to_prev, p2p.GRAD, a.layer, a.mb, self.n_micro)
+        g = self.groups
+        work = p2p.isend(t, g.prev_rank, g.grad_to_prev, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, t)
 
     def _recv_grad(self, a: Action) -> None:
         buf = torch.empty(self.act_shape, device=self.stage.device)
-        work = p2p.irecv(buf, self.groups.next_rank, self.groups.grad_from_next, p2p.GRAD, a.layer, a.mb, self.n_micro)
+        g = self.groups
+        work = p2p.irecv(buf, g.next_rank, g.grad_from_next, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
 
     def _wait(self, a: Action) -> torch.Tensor:
-        start = {Op.WAIT_SEND_ACT: Op.SEND_ACT, Op.WAIT_SEND_GRAD: Op.SEND_GRAD,
-                 Op.WAIT_RECV_ACT: Op.RECV_ACT, Op.WAIT_RECV_GRAD: Op.RECV_GRAD}[a.op]
-        work, t = self.pending.pop(Action(start, a.layer, a.mb))
+        work, t = self.pending.pop(Action(START_OF[a.op], a.layer, a.mb))
         work.wait()
         return t
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ratrain.schedule.errors import ScheduleError
-from ratrain.schedule.ir import WAIT_OF, Action, Op, Program
-
-START_OF = {wait: start for start, wait in WAIT_OF.items()}
+from ratrain.schedule.ir import START_OF, WAIT_OF, Action, Op, Program
 
 # Only a training step may contain these.
 _TRAINING_ONLY = frozenset({

@@ -97,6 +97,9 @@ WAIT_OF: dict[Op, Op] = {
 }
 """Asynchronous start op -> the op that waits for it."""
 
+START_OF: dict[Op, Op] = {wait: start for start, wait in WAIT_OF.items()}
+"""Wait op -> the start op it waits for."""
+
 _TEXT = re.compile(r"^([A-Z]+)(\d+)?(?:\.(\d+))?$")
 
 

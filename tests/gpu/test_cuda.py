@@ -1,0 +1,75 @@
+"""CUDA paths: the same engines on a GPU. Skipped where there is no CUDA device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ratrain.config import RunConfig
+from ratrain.models.llama import build_units
+from ratrain.runtime.engine import LocalEngine
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _cfg(dtype: str) -> RunConfig:
+    cfg = RunConfig()
+    cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 128, 2, 4, 2
+    cfg.model.ffn_dim, cfg.model.vocab_size = 344, 257
+    cfg.train.seq_len, cfg.train.global_batch, cfg.train.micro_batch_size = 64, 8, 2
+    cfg.train.dtype, cfg.train.lr, cfg.train.warmup_steps = dtype, 3e-3, 0
+    return cfg
+
+
+def _batches(cfg: RunConfig, step: int):
+    g = torch.Generator().manual_seed(step)
+    n = cfg.train.global_batch // cfg.train.micro_batch_size
+    out = []
+    for _ in range(n):
+        w = torch.randint(0, 64, (cfg.train.micro_batch_size, cfg.train.seq_len + 1), generator=g)
+        out.append((w[:, :-1], w[:, 1:]))
+    return out
+
+
+def test_fp32_on_cuda_matches_cpu():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = _cfg("float32")
+    cpu = LocalEngine(cfg, torch.device("cpu"), build_units(cfg.model, 0))
+    gpu = LocalEngine(cfg, torch.device("cuda"), build_units(cfg.model, 0))
+    for step in range(5):
+        a = cpu.train_step(_batches(cfg, step), 1e-3).loss
+        b = gpu.train_step(_batches(cfg, step), 1e-3).loss
+        assert abs(a - b) / a < 1e-4, (step, a, b)
+
+
+def test_bf16_autocast_trains():
+    cfg = _cfg("bfloat16")
+    engine = LocalEngine(cfg, torch.device("cuda"))
+    losses = [engine.train_step(_batches(cfg, 0), 3e-3).loss for _ in range(20)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 1.0  # memorizes one batch
+    assert engine.peak_memory_bytes() > 0
+    # masters stay fp32 under autocast
+    assert all(p.dtype == torch.float32 for p in engine.stage.all_params())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
+def test_nccl_pipeline_matches_single_process(tmp_path, monkeypatch):
+    from ratrain.metrics import read_metrics
+    from ratrain.train import train
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox\n" for i in range(4000)))
+    losses = {}
+    for pp in (1, 2):
+        cfg = _cfg("float32")
+        cfg.data.path, cfg.train.steps, cfg.parallel.pp = str(text), 5, pp
+        train(cfg, tmp_path / f"pp{pp}", progress=False, trace=False)
+        losses[pp] = [r["loss"] for r in read_metrics(tmp_path / f"pp{pp}" / "metrics.jsonl")]
+    assert max(abs(a - b) / a for a, b in zip(losses[1], losses[2])) < 1e-4

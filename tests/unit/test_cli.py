@@ -1,0 +1,121 @@
+"""The command line: machine-readable output, and one clear line with exit code 2 for a user's
+mistake (no traceback), before any run directory is created."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from ratrain.cli import main
+from ratrain.data.tokenizer import train_bpe
+from ratrain.data.corpus import stdlib_files
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["ratrain", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+
+
+def test_models_json_lists_presets_with_state_bytes(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "models", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["llama2-7b"]["params"] == 6_738_415_616
+    assert rows["llama2-70b"]["optimizer"] == 8 * rows["llama2-70b"]["params"]
+    assert {"tiny", "baichuan2-13b", "qwen2.5-32b"} <= set(rows)
+
+
+def test_models_table(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "models")
+    assert code == 0
+    assert "qwen2.5-32b" in out and "32.76B" in out
+
+
+def _tiny_text(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    (data / "a.txt").write_text("hello world\n" * 50)
+    return data
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "no-such-model"], "unknown model preset 'no-such-model'"),
+    (["--data", "/no/such/path"], "data path not found"),
+    (["--pp", "4", "--global-batch", "4", "--micro-batch-size", "2"], "fewer than pp=4"),
+    (["--partition", "2,x"], "--partition"),
+    (["--partition", "4,4", "--pp", "2"], "sums to 8, but the model has 6 units"),
+    (["--global-batch", "6", "--micro-batch-size", "4"], "not a multiple"),
+    (["--seq-len", "4096"], "max_seq_len"),
+    (["--resume", "nowhere"], "not a ratrain run directory"),
+])
+def test_user_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, needle):
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--no-progress", *args)
+    assert code == 2, err
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_tokenizer_too_big_for_model(monkeypatch, capsys, tmp_path):
+    tok = tmp_path / "tok.json"
+    train_bpe(stdlib_files()[:40], 700, tok)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--tokenizer", str(tok), "--no-progress")
+    assert code == 2
+    assert "has 700 tokens but the model's vocabulary is 512" in err
+
+
+def test_unsupported_hf_architecture(monkeypatch, capsys, tmp_path):
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                   "model_type": "gpt2"}))
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--model", str(model), "--no-progress")
+    assert code == 2
+    assert "unsupported architecture 'GPT2LMHeadModel'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_tokenizer_command_trains_bpe(monkeypatch, capsys, tmp_path):
+    code, out, _ = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(_tiny_text(tmp_path)),
+                           "--vocab-size", "300", "--out", str(tmp_path / "tok"))
+    assert code == 0
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()
+
+
+def test_plan_prints_the_programs_and_writes_json(monkeypatch, capsys, tmp_path):
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", str(tmp_path / "p.json"))
+    assert code == 0
+    assert "Rank 0" in out and "Rank 1" in out and "SA2.0" in out
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["pp"] == 2 and plan["n_micro"] == 4
+    assert plan["programs"][1].split()[-1] == "E"
+
+
+def test_a_broken_plan_file_is_refused_with_the_table(monkeypatch, capsys, tmp_path):
+    run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", str(tmp_path / "p.json"))
+    plan = json.loads((tmp_path / "p.json").read_text())
+    # Stage 1 waits for micro-batch 1's activation before posting its receive: never arrives.
+    actions = plan["programs"][1].split()
+    i, j = actions.index("RA2.1"), actions.index("WRA2.1")
+    actions[i], actions[j] = actions[j], actions[i]
+    plan["programs"][1] = " ".join(actions)
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(tmp_path / "bad.json"),
+                           "--no-progress")
+    assert code == 2
+    assert "fails the schedule checks" in err and ">>" in err and "Rank 1" in err
+    assert not (tmp_path / "runs").exists()
