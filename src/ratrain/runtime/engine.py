@@ -12,6 +12,7 @@ import torch
 from ratrain.config import RunConfig
 from ratrain.metrics import peak_memory_bytes
 from ratrain.models.llama import lm_loss
+from ratrain.optim import set_lr
 from ratrain.runtime.executor import Executor, StepResult
 from ratrain.runtime.stage import Stage
 from ratrain.schedule.ir import Action, Op
@@ -56,10 +57,7 @@ class LocalEngine(_UnitStateMixin):
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
         self.stage.train(True)
-        for opt in self.stage.optimizers.values():
-            if opt is not None:
-                for group in opt.param_groups:
-                    group["lr"] = lr
+        set_lr(self.stage.optimizers.values(), lr)
         total = 0.0
         for x, y in batches:
             loss = self._loss(x, y)

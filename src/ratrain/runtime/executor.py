@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ratrain.models.llama import lm_loss
+from ratrain.optim import set_lr
 from ratrain.runtime import p2p
 from ratrain.runtime.stage import Stage
 from ratrain.schedule.ir import START_OF, Action, Op, Program
@@ -73,10 +74,7 @@ class Executor:
     def train_step(self, program: Program, batches, lr: float, step: int = 0) -> StepResult:
         """Run one optimizer step; `batches` are this replica's (inputs, targets) micro-batches."""
         self.recompute = {a.layer for a in program if a.op is Op.RECOMPUTE}
-        for opt in self.stage.optimizers.values():
-            if opt is not None:
-                for group in opt.param_groups:
-                    group["lr"] = lr
+        set_lr(self.stage.optimizers.values(), lr)
         self._run(program, batches, step, training=True)
         return StepResult(self._loss, self._grad_norm)
 

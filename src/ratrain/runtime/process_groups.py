@@ -9,6 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ratrain.errors import UserError
 from ratrain.runtime.grid import RankGrid
 
 
@@ -59,6 +60,9 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0)
         raise RuntimeError(f"WORLD_SIZE={world} but pp x dp = {grid.world_size}")
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(f"local rank {local_rank} has no GPU: this machine has "
+                            f"{torch.cuda.device_count()}, and NCCL needs one GPU per rank")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
