@@ -143,6 +143,7 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> None:
     """Train a model. With no arguments: the embedded default run."""
+    from ratrain.runtime.launch import under_torchrun
     from ratrain.train import load_plan, new_run_dir, prepare, train as run_training
 
     cfg = build_config(opts, resume_dir)
@@ -159,10 +160,15 @@ def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> N
         run_dir = Path(resume_dir)
     elif run_dir:
         run_dir = Path(run_dir)
+    elif under_torchrun():
+        raise UserError("under torchrun, pass --run-dir: every rank must write to the same "
+                        "directory (on a filesystem all nodes share)")
     else:
         prepare(cfg, progress)
         run_dir = new_run_dir("runs", cfg.model.name)
     summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace)
+    if not summary:  # a torchrun rank other than 0
+        return
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

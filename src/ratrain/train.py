@@ -104,22 +104,27 @@ def prepare(cfg: RunConfig, progress: bool = True) -> None:
 
 def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool = True,
           trace: bool = True) -> dict:
-    """Train as configured; returns the run summary (also written to run_dir/summary.json)."""
+    """Train as configured; returns the run summary (also written to run_dir/summary.json).
+
+    Under torchrun this runs on every rank and only rank 0 returns the summary (others: {})."""
     prepare(cfg, progress)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.yaml")
-    args = (cfg.to_dict(), str(run_dir), resume, progress, trace)
     world = cfg.parallel.pp * cfg.parallel.dp
-    if world > 1:
-        (run_dir / "plan.json").write_text(json.dumps(plan_for(cfg).to_dict(), indent=2))
+    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
+        cfg.save(run_dir / "config.yaml")
+        if world > 1:
+            (run_dir / "plan.json").write_text(json.dumps(plan_for(cfg).to_dict(), indent=2))
+    args = (cfg.to_dict(), str(run_dir), resume, progress, trace)
     if under_torchrun() or world == 1:
         rank_main(*args)
     else:
         launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                      threads=cfg.parallel.threads_per_rank)
     summary_path = run_dir / "summary.json"
-    return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
+        return {}
+    return json.loads(summary_path.read_text())
 
 
 def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace: bool) -> None:

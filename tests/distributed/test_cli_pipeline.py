@@ -1,0 +1,54 @@
+"""`ratrain train --pp 2` from the command line, started by ratrain itself and by torchrun:
+the same run either way, with a trace that has one track per rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ratrain.metrics import read_metrics
+
+from .conftest import micro_config
+
+pytestmark = pytest.mark.dist
+
+
+def _run(cmd: list[str], cwd, corpus_cache) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RATRAIN_CACHE": str(corpus_cache), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_pp2_and_torchrun_agree(corpus, tmp_path):
+    cfg = micro_config(*corpus, steps=6)
+    cfg.save(tmp_path / "run.yaml")
+    args = ["train", "--config", str(tmp_path / "run.yaml"), "--pp", "2", "--no-progress"]
+
+    own = _run([sys.executable, "-m", "ratrain.cli", *args, "--run-dir", "own"], tmp_path, corpus[1])
+    assert "loss:" in own.stdout
+    trace = json.loads((tmp_path / "own" / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert {"F0.0", "SA2.0", "E"} <= {e["name"] for e in spans if e["pid"] == 0}
+    assert {"WRA2.0", "B5.3", "E"} <= {e["name"] for e in spans if e["pid"] == 1}
+
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+          "-m", "ratrain.cli", *args, "--run-dir", "torchrun"], tmp_path, corpus[1])
+    own_loss = [r["loss"] for r in read_metrics(tmp_path / "own" / "metrics.jsonl")]
+    torchrun_loss = [r["loss"] for r in read_metrics(tmp_path / "torchrun" / "metrics.jsonl")]
+    assert len(own_loss) == 6 and own_loss == torchrun_loss
+
+
+def test_torchrun_needs_a_run_dir(corpus, tmp_path):
+    env = {**os.environ, "RATRAIN_CACHE": str(corpus[1])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "ratrain.cli", "train", "--pp", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "under torchrun, pass --run-dir" in proc.stderr
+    assert not (tmp_path / "runs").exists()
