@@ -91,7 +91,7 @@ class TrainConfig:
     eval_batches: int = 4
     seed: int = 0
     dtype: str = "float32"  # compute dtype: float32 or bfloat16 (autocast; masters stay fp32)
-    checkpoint_every: int = 0  # 0: only at the end of the run
+    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end of the run)
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
 
     def validate(self) -> None:

@@ -102,6 +102,16 @@ def prepare(cfg: RunConfig, progress: bool = True) -> None:
         plan_for(cfg)
 
 
+def check_resumable(run_dir: Path, steps: int) -> None:
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is None:
+        raise UserError(f"no checkpoint to resume from in {run_dir / 'checkpoints'}")
+    done = checkpoint.load_meta(ckpt)["step"]
+    if done >= steps:
+        raise UserError(f"{run_dir} already reached step {done}; "
+                        f"pass --steps N with N > {done} to train further")
+
+
 def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool = True,
           trace: bool = True) -> dict:
     """Train as configured; returns the run summary (also written to run_dir/summary.json).
@@ -109,6 +119,8 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool
     Under torchrun this runs on every rank and only rank 0 returns the summary (others: {})."""
     prepare(cfg, progress)
     run_dir = Path(run_dir)
+    if resume:
+        check_resumable(run_dir, cfg.train.steps)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cfg.parallel.pp * cfg.parallel.dp
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
@@ -219,15 +231,9 @@ class _Loop:
 
     def _resume(self) -> int:
         ckpt = checkpoint.latest(self.run_dir)
-        if ckpt is None:
-            raise UserError(f"no checkpoint to resume from in {self.run_dir / 'checkpoints'}")
-        meta = checkpoint.load_meta(ckpt)
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device))
-        if meta["step"] >= self.cfg.train.steps:
-            raise UserError(f"{self.run_dir} already reached step {meta['step']}; "
-                            f"pass --steps N with N > {meta['step']} to train further")
-        return meta["step"]
+        return checkpoint.load_meta(ckpt)["step"]
 
     def _checkpoint(self, step: int) -> None:
         if not self.groups or self.groups.replica == 0:

@@ -8,6 +8,7 @@ ranks are only echoes of it: closed connections, timeouts).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -62,6 +63,10 @@ def _child(local_rank: int, world: int, port: int, threads: int, fn, args) -> No
 
 def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1) -> None:
     """Run `fn(*args)` in `world` spawned processes; raise RankFailed if any of them fails."""
+    for stale in Path(error_dir).glob("rank_*.json"):  # from an earlier attempt of a resumed run
+        stale.unlink()
+    # We report the first failure ourselves; torch's "Terminating process ..." lines are noise.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     ctx = mp.start_processes(_child, args=(world, _free_port(), threads, fn, args),
                              nprocs=world, join=False, start_method="spawn")
     try:
