@@ -16,9 +16,9 @@ from ratrain.errors import UserError
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
 
@@ -30,10 +30,14 @@ def _fmt_count(n: int) -> str:
     return str(n)
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
+def _table(rows: list[list], header: list[str]) -> str:
+    """Plain-text table: first column left-aligned, the rest right-aligned."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells) -> str:
+        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
@@ -210,22 +214,23 @@ def plan(out, as_json, **opts) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def models(compute_dtype: str, as_json: bool) -> None:
     """List model presets with parameter counts and the bytes of their training state."""
-    from ratrain.models.params import count_params, state_bytes
+    from ratrain.models.params import state_bytes
     from ratrain.models.presets import PRESETS
 
+    state_keys = ("compute_weights", "master_weights", "gradients", "optimizer", "total")
     out = []
     for name, m in PRESETS.items():
-        out.append({"name": name, "params": count_params(m), "layers": m.n_layers, "dim": m.dim,
-                    "heads": m.n_heads, "kv_heads": m.n_kv_heads, "vocab": m.vocab_size,
-                    "position": m.position, **state_bytes(m, compute_dtype)})
+        out.append({"name": name, "layers": m.n_layers, "dim": m.dim, "heads": m.n_heads,
+                    "kv_heads": m.n_kv_heads, "vocab": m.vocab_size, "position": m.position,
+                    "compute_dtype": compute_dtype, **state_bytes(m, compute_dtype)})
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
-    keys = [k for k in out[0] if k.endswith("bytes")]
     rows = [[r["name"], _fmt_count(r["params"]), r["layers"], r["dim"], f"{r['heads']}/{r['kv_heads']}",
-             r["vocab"], r["position"], *(_fmt_bytes(r[k]) for k in keys)] for r in out]
+             r["vocab"], r["position"], *(_fmt_bytes(r[k]) for k in state_keys)] for r in out]
     click.echo(_table(rows, ["preset", "params", "layers", "dim", "heads/kv", "vocab", "pos",
-                             *(k.removesuffix("_bytes") for k in keys)]))
+                             f"weights ({compute_dtype})", "fp32 master", "fp32 grads",
+                             "Adam (2 x fp32)", "total"]))
 
 
 @cli.command()

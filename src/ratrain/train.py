@@ -88,6 +88,18 @@ def plan_for(cfg: RunConfig) -> PipelinePlan:
                       clip=cfg.train.grad_clip > 0)
 
 
+def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False):
+    """This replica's training loader and validation micro-batches."""
+    t = cfg.train
+    tokens = load_tokens(cfg.data, tokenizer, progress=progress)
+    train_tokens, val_tokens = split_train_val(tokens, cfg.data.val_fraction)
+    loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
+                              dp_size=dp, dp_rank=replica, seed=t.seed)
+    val = (eval_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval_batches, dp, replica)
+           if t.eval_batches > 0 else [])
+    return loader, val
+
+
 def prepare(cfg: RunConfig, progress: bool = True) -> None:
     """Everything that can fail because of the user's input, checked before any run directory or
     process exists: the config, the tokenizer against the model, the data, the pipeline plan.
@@ -95,9 +107,9 @@ def prepare(cfg: RunConfig, progress: bool = True) -> None:
     cfg.validate()
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
-    tokens = load_tokens(cfg.data, tokenizer, progress=progress)
     if str(cfg.data.path).endswith(".bin"):
-        check_token_ids(tokens, cfg.model.vocab_size)
+        check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size)
+    make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress)  # too little data is a UserError
     if cfg.parallel.pp * cfg.parallel.dp > 1:
         plan_for(cfg)
 
@@ -171,14 +183,7 @@ class _Loop:
         self.is_main = rank == 0
         self.progress = progress and self.is_main
         dp, replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
-        t = cfg.train
-        tokenizer = load_tokenizer(cfg.data.tokenizer)
-        train_tokens, val_tokens = split_train_val(
-            load_tokens(cfg.data, tokenizer, progress=False), cfg.data.val_fraction)
-        self.loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
-                                       dp_size=dp, dp_rank=replica, seed=t.seed)
-        self.val = (eval_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval_batches, dp, replica)
-                    if t.eval_batches > 0 else [])
+        self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, replica)
 
     def _barrier(self) -> None:
         if self.groups:

@@ -43,6 +43,8 @@ def test_models_table(monkeypatch, capsys):
     code, out, _ = run_cli(monkeypatch, capsys, "models")
     assert code == 0
     assert "qwen2.5-32b" in out and "32.76B" in out
+    llama7b = next(line for line in out.splitlines() if line.startswith("llama2-7b"))
+    assert "12.6 GiB" in llama7b and "113.0 GiB" in llama7b  # bf16 view + 16 B/param of state
 
 
 def _tiny_text(tmp_path):
@@ -118,4 +120,12 @@ def test_a_broken_plan_file_is_refused_with_the_table(monkeypatch, capsys, tmp_p
                            "--no-progress")
     assert code == 2
     assert "fails the schedule checks" in err and ">>" in err and "Rank 1" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_too_little_data_is_refused_before_the_run(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--data", str(_tiny_text(tmp_path)),
+                           "--no-progress")
+    assert code == 2, err
+    assert "error:" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
