@@ -18,9 +18,6 @@ from ratrain.runtime.stage import Stage
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import PipelinePlan, build_eval_programs
 
-DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
-
-
 class _UnitStateMixin:
     stage: Stage
 
@@ -45,12 +42,10 @@ class LocalEngine(_UnitStateMixin):
     def __init__(self, cfg: RunConfig, device: torch.device, modules=None):
         self.cfg = cfg
         self.stage = Stage(cfg, range(cfg.model.n_units), device, modules)
-        self.autocast_dtype = DTYPES[cfg.train.dtype]
 
     def _loss(self, x, y) -> torch.Tensor:
         h = x.to(self.stage.device)
-        with torch.autocast(self.stage.device.type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
+        with self.stage.autocast():
             for u in self.stage.units:
                 h = self.stage.modules[u](h)
             return lm_loss(h, y.to(self.stage.device))
@@ -87,7 +82,7 @@ class PipelineEngine(_UnitStateMixin):
         self.program = plan.programs[groups.stage]
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
         self.executor = Executor(self.stage, act_shape, groups=groups, clip=cfg.train.grad_clip,
-                                 tracer=tracer, autocast_dtype=DTYPES[cfg.train.dtype])
+                                 tracer=tracer)
         self._eval_programs: dict[int, list] = {}
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:

@@ -8,7 +8,6 @@ input for unit u - 1 (or for the send to the previous stage).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -38,7 +37,6 @@ class Executor:
         groups=None,
         clip: float = 0.0,
         tracer: Tracer | None = None,
-        autocast_dtype: torch.dtype | None = None,
     ):
         self.stage = stage
         self.head = stage.cfg.model.n_layers + 1  # the unit that ends in the loss
@@ -48,7 +46,6 @@ class Executor:
         self.pp = groups.grid.pp if groups else 1
         self.clip = clip
         self.tracer = tracer
-        self.autocast_dtype = autocast_dtype
         self.recompute: set[int] = set()
         self._handlers = {
             Op.FORWARD: self._forward,
@@ -113,11 +110,6 @@ class Executor:
             if trace:
                 trace.record(str(action), t0, time.perf_counter())
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.stage.device.type, dtype=self.autocast_dtype)
-
     def _unit_input(self, u: int, mb: int) -> torch.Tensor:
         if u == 0:
             return self.batches[mb][0].to(self.stage.device, non_blocking=True)
@@ -127,7 +119,7 @@ class Executor:
         return src.detach()
 
     def _apply(self, u: int, mb: int, x: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
+        with self.stage.autocast():
             y = self.stage.modules[u](x)
             if u == self.head:
                 target = self.batches[mb][1].to(self.stage.device, non_blocking=True)

@@ -11,6 +11,9 @@ from ratrain.models.llama import build_units
 from ratrain.optim import make_optimizer, unit_parameters
 
 
+_AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
+
+
 class Stage:
     """Units [start, stop) of the model, each with its own optimizer.
 
@@ -32,17 +35,10 @@ class Stage:
         }
         self.optimizers = {u: make_optimizer(ps, cfg.train) for u, ps in self.params.items()}
 
-    @property
-    def first(self) -> int:
-        return self.units.start
-
-    @property
-    def last(self) -> int:
-        return self.units.stop - 1
-
-    @property
-    def is_head(self) -> bool:
-        return self.last == self.cfg.model.n_layers + 1
+    def autocast(self):
+        """Lower-precision compute (bf16) under autocast; a no-op for fp32."""
+        dtype = _AUTOCAST[self.cfg.train.dtype]
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def all_params(self) -> list[nn.Parameter]:
         return [p for ps in self.params.values() for p in ps]
