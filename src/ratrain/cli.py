@@ -275,6 +275,7 @@ def export(run_dir: str, out: str) -> None:
 
 def main() -> None:
     from ratrain.runtime.launch import RankFailed
+    from ratrain.train import TrainingDiverged
 
     try:
         cli.main(standalone_mode=False)
@@ -290,6 +291,9 @@ def main() -> None:
     except RankFailed as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2 if e.user_error else 1)
+    except TrainingDiverged as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

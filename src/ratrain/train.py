@@ -36,7 +36,7 @@ from ratrain.trace import Tracer, write_chrome_trace
 
 
 class TrainingDiverged(RuntimeError):
-    pass
+    """The loss stopped being a finite number; the run ends with the last good checkpoint kept."""
 
 
 def new_run_dir(base: str | Path, model_name: str) -> Path:

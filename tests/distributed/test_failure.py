@@ -50,3 +50,18 @@ def test_killing_one_rank_stops_all(corpus, tmp_path):
     assert "Traceback" not in stderr
     for child in children:  # no rank left behind
         assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+
+
+def test_an_exception_in_the_ranks_is_reported_once(corpus, tmp_path):
+    cfg = micro_config(*corpus, steps=30)
+    cfg.parallel.pp = 2
+    cfg.train.lr, cfg.train.warmup_steps = 1e5, 0  # diverges within a few steps on every rank
+    cfg.save(tmp_path / "run.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ratrain.cli", "train", "--config", str(tmp_path / "run.yaml"),
+         "--run-dir", str(tmp_path / "run"), "--no-progress"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: rank ") and "TrainingDiverged: loss is nan" in lines[0]
