@@ -148,7 +148,7 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
 def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> None:
     """Train a model. With no arguments: the embedded default run."""
     from ratrain.runtime.launch import under_torchrun
-    from ratrain.train import load_plan, new_run_dir, prepare, train as run_training
+    from ratrain.train import train as run_training
 
     cfg = build_config(opts, resume_dir)
     if plan_file:
@@ -158,8 +158,7 @@ def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> N
             cfg.parallel.pp = opts["pp"] or layout["pp"]
             cfg.parallel.dp = opts["dp"] or layout["dp"]
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # load_plan explains what is wrong with the file
-        load_plan(cfg)
+            pass  # training's checks of the plan explain what is wrong with the file
     if resume_dir:
         run_dir = Path(resume_dir)
     elif run_dir:
@@ -167,9 +166,6 @@ def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> N
     elif under_torchrun():
         raise UserError("under torchrun, pass --run-dir: every rank must write to the same "
                         "directory (on a filesystem all nodes share)")
-    else:
-        prepare(cfg, progress)
-        run_dir = new_run_dir("runs", cfg.model.name)
     summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace)
     if not summary:  # a torchrun rank other than 0
         return

@@ -100,18 +100,18 @@ def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool =
     return loader, val
 
 
-def prepare(cfg: RunConfig, progress: bool = True) -> None:
+def prepare(cfg: RunConfig, progress: bool = True) -> PipelinePlan | None:
     """Everything that can fail because of the user's input, checked before any run directory or
-    process exists: the config, the tokenizer against the model, the data, the pipeline plan.
-    Tokenizes the data once (cached), so that ranks only memory-map the cached file."""
+    process exists: the config, the tokenizer against the model, the data, the pipeline plan
+    (returned; None for a single process). Tokenizes the data once (cached), so that ranks only
+    memory-map the cached file."""
     cfg.validate()
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
     if str(cfg.data.path).endswith(".bin"):
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size)
     make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress)  # too little data is a UserError
-    if cfg.parallel.pp * cfg.parallel.dp > 1:
-        plan_for(cfg)
+    return plan_for(cfg) if cfg.parallel.pp * cfg.parallel.dp > 1 else None
 
 
 def check_resumable(run_dir: Path, steps: int) -> None:
@@ -124,21 +124,22 @@ def check_resumable(run_dir: Path, steps: int) -> None:
                         f"pass --steps N with N > {done} to train further")
 
 
-def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool = True,
+def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
           trace: bool = True) -> dict:
     """Train as configured; returns the run summary (also written to run_dir/summary.json).
+    With no run_dir, a new one under runs/ is made once the input has been checked.
 
     Under torchrun this runs on every rank and only rank 0 returns the summary (others: {})."""
-    prepare(cfg, progress)
-    run_dir = Path(run_dir)
+    plan = prepare(cfg, progress)
+    run_dir = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
     if resume:
         check_resumable(run_dir, cfg.train.steps)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cfg.parallel.pp * cfg.parallel.dp
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
         cfg.save(run_dir / "config.yaml")
-        if world > 1:
-            (run_dir / "plan.json").write_text(json.dumps(plan_for(cfg).to_dict(), indent=2))
+        if plan:
+            (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
     args = (cfg.to_dict(), str(run_dir), resume, progress, trace)
     if under_torchrun() or world == 1:
         rank_main(*args)
