@@ -270,6 +270,16 @@ def export(run_dir: str, out: str) -> None:
 
 
 def main() -> None:
+    from ratrain.runtime.launch import exit_without_teardown, under_torchrun
+
+    code = _run()
+    if under_torchrun():
+        exit_without_teardown(code)
+    sys.exit(code)
+
+
+def _run() -> int:
+    """Run the command line; map what a user can cause to one line on stderr and an exit code."""
     from ratrain.runtime.launch import RankFailed
     from ratrain.train import TrainingDiverged
 
@@ -277,22 +287,23 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        return e.exit_code
     except UserError as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        return 2
     except RankFailed as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(2 if e.user_error else 1)
+        return 2 if e.user_error else 1
     except TrainingDiverged as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        return 1
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

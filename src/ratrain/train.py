@@ -7,6 +7,7 @@ and every rank runs `rank_main` with its own stage of the pipeline plan.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from ratrain.metrics import MetricsLog, plot_loss
 from ratrain.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
 from ratrain.runtime.grid import RankGrid
-from ratrain.runtime.launch import launch_local, record_failure, under_torchrun
+from ratrain.runtime.launch import launch_local, under_torchrun
 from ratrain.runtime.process_groups import init_groups
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
@@ -158,23 +159,28 @@ def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace:
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = under_torchrun() or cfg.parallel.pp * cfg.parallel.dp > 1
     rank = int(os.environ.get("RANK", 0))
-    try:
-        if distributed:
-            groups = init_groups(RankGrid(cfg.parallel.pp, cfg.parallel.dp), cfg.parallel.backend)
-            tracer = Tracer() if trace else None
-            engine = PipelineEngine(cfg, plan_for(cfg), groups, tracer)
-        else:
-            groups, tracer = None, None
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            engine = LocalEngine(cfg, device)
-        _Loop(cfg, run_dir, engine, groups, tracer, rank, progress).run(resume)
-    except BaseException as e:
-        if distributed:
-            record_failure(run_dir / "errors", rank, e)
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if distributed:
+        groups = init_groups(RankGrid(cfg.parallel.pp, cfg.parallel.dp), cfg.parallel.backend)
+        tracer = Tracer() if trace else None
+        engine = PipelineEngine(cfg, plan_for(cfg), groups, tracer)
+    else:
+        groups, tracer = None, None
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        engine = LocalEngine(cfg, device)
+    # A failure propagates without destroy_process_group: that is collective and would wait on
+    # ranks that may be stuck or gone. The launcher (ours or torchrun) takes the others down.
+    _Loop(cfg, run_dir, engine, groups, tracer, rank, progress).run(resume)
+    if distributed:
+        del engine, groups  # the groups must be gone before the backend they belong to
+        _shut_down_together()
+
+
+def _shut_down_together() -> None:
+    """Tear the process groups down once every rank is done with them: a rank that closes its
+    connections while a peer still uses them can take the peer down."""
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 class _Loop:

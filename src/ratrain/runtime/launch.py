@@ -12,8 +12,10 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 import torch
@@ -54,11 +56,28 @@ def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
     }))
 
 
-def _child(local_rank: int, world: int, port: int, threads: int, fn, args) -> None:
+def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path, fn, args) -> None:
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
-    fn(*args)
+    code = 0
+    try:
+        fn(*args)
+    except BaseException as e:
+        record_failure(error_dir, local_rank, e)
+        code = 1
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a rank's process the way multiprocessing's own workers do: run its finalizers (named
+    semaphores), flush, and os._exit, skipping interpreter teardown. On CI a rank of a run that
+    had finished died there with SIGABRT ("terminate called without an active exception", no
+    Python error): a C++ thread met its end while torch's globals were being destroyed."""
+    mp_util._exit_function()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1) -> None:
@@ -67,13 +86,11 @@ def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1)
         stale.unlink()
     # We report the first failure ourselves; torch's "Terminating process ..." lines are noise.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    ctx = mp.start_processes(_child, args=(world, _free_port(), threads, fn, args),
+    ctx = mp.start_processes(_child, args=(world, _free_port(), threads, Path(error_dir), fn, args),
                              nprocs=world, join=False, start_method="spawn")
     try:
         while not ctx.join():
             pass
-    except mp.ProcessRaisedException as e:
-        raise _first_failure(ctx, error_dir, e.error_index, str(e).strip().splitlines()[-1]) from None
     except mp.ProcessExitedException as e:
         sig = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         raise _first_failure(ctx, error_dir, e.error_index, f"process died ({sig})") from None
