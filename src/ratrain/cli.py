@@ -85,9 +85,10 @@ _CONFIG_OPTIONS = [
     click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Compute dtype."),
     click.option("--pp", type=int, help="Pipeline stages."),
     click.option("--dp", type=int, help="Data-parallel replicas."),
-    click.option("--policy", type=click.Choice(["baseline"]), help="Schedule policy."),
+    click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync and update on its own, overlapped with the backward; baseline: GPU-style, all after the pipeline flush."),
+    click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
     click.option("--schedule", type=click.Choice(["1f1b", "gpipe"])),
-    click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Baseline's uniform activation policy."),
+    click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Activation policy of every decoder block: keep, or recompute in the backward."),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -98,7 +99,7 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
-           "threads": "parallel"}
+           "threads": "parallel", "rank_order": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
@@ -157,6 +158,8 @@ def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> N
             layout = json.loads(Path(plan_file).read_text())
             cfg.parallel.pp = opts["pp"] or layout["pp"]
             cfg.parallel.dp = opts["dp"] or layout["dp"]
+            cfg.parallel.rank_order = opts["rank_order"] or layout.get("rank_order", "pp-dp")
+            cfg.parallel.policy = opts["policy"] or layout.get("policy", cfg.parallel.policy)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # training's checks of the plan explain what is wrong with the file
     if resume_dir:
@@ -199,7 +202,8 @@ def plan(out, as_json, **opts) -> None:
         click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))
         return
     units = ", ".join(f"stage {s}: units {r.start}-{r.stop - 1}" for s, r in enumerate(pipeline_plan.stage_units))
-    click.echo(f"{cfg.parallel.policy} {cfg.parallel.schedule}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
+    click.echo(f"{pipeline_plan.policy} {pipeline_plan.schedule}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
+               f"rank order {pipeline_plan.rank_order}, "
                f"n_micro={cfg.n_micro}; {units}")
     click.echo(format_table(pipeline_plan.programs))
 

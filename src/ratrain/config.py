@@ -114,10 +114,11 @@ class TrainConfig:
 class ParallelConfig:
     pp: int = 1
     dp: int = 1
-    policy: str = "baseline"  # "baseline" (GPU-style 1F1B); "ratrain" comes with the lifecycle passes
+    policy: str = "baseline"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
     schedule: str = "1f1b"  # "1f1b" or "gpipe"
     activation: str = "keep"  # baseline's uniform policy: "keep" or "recompute"
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
+    rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
     plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
@@ -125,8 +126,10 @@ class ParallelConfig:
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:
             raise UserError(f"--pp and --dp must be >= 1, got pp={self.pp} dp={self.dp}")
-        if self.policy not in ("baseline",):
-            raise UserError(f"unknown policy {self.policy!r}; available: baseline")
+        if self.policy not in ("ratrain", "baseline"):
+            raise UserError(f"unknown policy {self.policy!r}; available: ratrain, baseline")
+        if self.rank_order not in ("pp-dp", "dp-pp"):
+            raise UserError(f"unknown rank order {self.rank_order!r}; available: pp-dp, dp-pp")
         if self.schedule not in ("1f1b", "gpipe"):
             raise UserError(f"unknown schedule {self.schedule!r}; available: 1f1b, gpipe")
         if self.activation not in ("keep", "recompute"):

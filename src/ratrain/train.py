@@ -67,7 +67,8 @@ def load_plan(cfg: RunConfig) -> PipelinePlan:
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path} is not a ratrain plan: {e}") from None
     want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
-            "n_layers": cfg.model.n_layers}
+            "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
+            "policy": cfg.parallel.policy}
     have = {k: getattr(plan, k) for k in want}
     if have != want:
         diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
@@ -86,7 +87,7 @@ def plan_for(cfg: RunConfig) -> PipelinePlan:
     p = cfg.parallel
     return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule,
                       policy=p.policy, activation=p.activation, units_per_stage=p.partition,
-                      clip=cfg.train.grad_clip > 0)
+                      clip=cfg.train.grad_clip > 0, rank_order=p.rank_order)
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False):
@@ -160,7 +161,8 @@ def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace:
     distributed = under_torchrun() or cfg.parallel.pp * cfg.parallel.dp > 1
     rank = int(os.environ.get("RANK", 0))
     if distributed:
-        groups = init_groups(RankGrid(cfg.parallel.pp, cfg.parallel.dp), cfg.parallel.backend)
+        p = cfg.parallel
+        groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan_for(cfg), groups, tracer)
     else:
@@ -255,13 +257,14 @@ class _Loop:
             checkpoint.finalize(self.run_dir, step, {"step": step, "config": self.cfg.to_dict()})
 
     def _finish(self, last: dict, rates: list[float]) -> None:
-        events = self._gather(self.tracer.events() if self.tracer else None)
+        traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None)
         if not self.is_main:
             return
         if self.tracer:
             grid = self.groups.grid
             labels = {r: "rank {} (stage {}, replica {})".format(r, *grid.coords(r)) for r in range(grid.world_size)}
-            write_chrome_trace(self.run_dir / "trace.json", dict(enumerate(events)), labels)
+            write_chrome_trace(self.run_dir / "trace.json", {r: t[0] for r, t in enumerate(traced)},
+                               labels, {r: t[1] for r, t in enumerate(traced)})
         plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png", title=self.cfg.model.name)
         summary = {"run_dir": str(self.run_dir), "steps": last.get("step"), "final_loss": last.get("loss"),
                    "val_loss": last.get("val_loss"),

@@ -1,6 +1,8 @@
 """Builders, passes and plans: schedule shapes, placement rules, and every built plan passes the
 checks over a grid of pipeline depths, micro-batch counts and model depths."""
 
+import itertools
+
 import pytest
 
 from ratrain.errors import UserError
@@ -119,9 +121,11 @@ def test_every_plan_passes_checks(p):
     for n, layers in _grid(p):
         for schedule in ("1f1b", "gpipe"):
             for activation in ("keep", "recompute"):
-                plan = build_plan(layers, p, 2, n, schedule=schedule, activation=activation)
-                if schedule == "1f1b":
-                    _assert_1f1b(plan.programs, plan.stage_units, n)
+                for policy in ("ratrain", "baseline"):
+                    plan = build_plan(layers, p, 2, n, schedule=schedule, activation=activation,
+                                      policy=policy)
+                    if schedule == "1f1b":
+                        _assert_1f1b(plan.programs, plan.stage_units, n)
         eval_programs = build_eval_programs(partition_units(layers, p), n)
         validate(eval_programs, partition_units(layers, p), n, 1, forward_only=True)
 
@@ -131,25 +135,74 @@ def test_every_dp_and_clip_variant_passes_checks(p):
     for n in (p, p + 1):
         for schedule in ("1f1b", "gpipe"):
             for activation in ("keep", "recompute"):
-                for dp in (1, 2):
-                    for clip in (False, True):
-                        plan = build_plan(p + 3, p, dp, n, schedule=schedule,
-                                          activation=activation, clip=clip)
-                        validate(plan.programs, plan.stage_units, n, dp)
-                        for program in plan.programs:
-                            assert (Action(Op.GRAD_NORM) in program) == clip
-                            assert any(a.op is Op.GRAD_SYNC for a in program) == (dp > 1)
+                for dp, clip, policy in itertools.product((1, 2), (False, True),
+                                                          ("ratrain", "baseline")):
+                    plan = build_plan(p + 3, p, dp, n, schedule=schedule,
+                                      activation=activation, clip=clip, policy=policy)
+                    validate(plan.programs, plan.stage_units, n, dp)
+                    for program in plan.programs:
+                        assert (Action(Op.GRAD_NORM) in program) == clip
+                        assert (Action(Op.WAIT_GRAD_NORM) in program) == clip
+                        assert any(a.op is Op.GRAD_SYNC for a in program) == (dp > 1)
 
 
 def test_baseline_program_text():
-    """The placement rules, spelled out on the smallest interesting plan."""
-    plan = build_plan(2, 2, 2, 2)
+    """The placement rules, spelled out on the smallest interesting plan: every sync at the
+    flush, then the norm, then every update."""
+    plan = build_plan(2, 2, 2, 2, policy="baseline")
     assert [format_program(prog) for prog in plan.programs] == [
         "RG1.0 F0.0 F1.0 SA1.0 F0.1 F1.1 SA1.1 WSA1.0 WRG1.0 RG1.1 B1.0 B0.0 WRG1.1 B1.1 B0.1 "
-        "GS1 GS0 WGS1 WGS0 WSA1.1 N U0 U1 E",
+        "GS1 GS0 WGS1 WGS0 WSA1.1 N WN U0 U1 E",
         "RA1.0 WRA1.0 RA1.1 F2.0 F3.0 B3.0 B2.0 SG1.0 WRA1.1 F2.1 F3.1 B3.1 B2.1 SG1.1 "
-        "GS3 GS2 WGS3 WGS2 WSG1.0 WSG1.1 N U2 U3 E",
+        "GS3 GS2 WGS3 WGS2 WSG1.0 WSG1.1 N WN U2 U3 E",
     ]
+
+
+_RATRAIN_HEAD = [
+    "RG1.0 F0.0 F1.0 SA1.0 F0.1 F1.1 SA1.1 WSA1.0 WRG1.0 RG1.1 B1.0 B0.0 WRG1.1 B1.1 ",
+    "RA1.0 WRA1.0 RA1.1 F2.0 F3.0 B3.0 B2.0 SG1.0 WRA1.1 F2.1 F3.1 B3.1 ",
+]
+
+
+@pytest.mark.parametrize("dp, clip, tails", [
+    # Each unit's sync starts right after its last backward (after the gradient send that
+    # backward triggers); the waits follow at the flush in the order the syncs started.
+    (2, False, ["GS1 B0.1 GS0 WGS1 U1 WGS0 U0 WSA1.1 E",
+                "GS3 B2.1 SG1.1 GS2 WGS3 U3 WGS2 U2 WSG1.0 WSG1.1 E"]),
+    (2, True, ["GS1 B0.1 GS0 WGS1 WGS0 N WN U1 U0 WSA1.1 E",
+               "GS3 B2.1 SG1.1 GS2 WGS3 WGS2 N WN U3 U2 WSG1.0 WSG1.1 E"]),
+    # dp = 1: updates at the flush, never in front of the gradient send stage 0 waits for.
+    (1, False, ["B0.1 U1 U0 WSA1.1 E", "B2.1 SG1.1 U3 U2 WSG1.0 WSG1.1 E"]),
+    (1, True, ["B0.1 N WN U1 U0 WSA1.1 E", "B2.1 SG1.1 N WN U3 U2 WSG1.0 WSG1.1 E"]),
+])
+def test_ratrain_program_text(dp, clip, tails):
+    plan = build_plan(2, 2, dp, 2, policy="ratrain", clip=clip)
+    assert [format_program(prog) for prog in plan.programs] == [
+        head + tail for head, tail in zip(_RATRAIN_HEAD, tails)]
+
+
+@pytest.mark.parametrize("p, dp", [(1, 2), (3, 2), (4, 3)])
+def test_ratrain_sync_starts_after_last_backward_and_overlaps_later_backwards(p, dp):
+    """Every GS u directly follows B u of the last micro-batch (or the gradient send it
+    triggers), and on every stage with more than one unit some backward runs while a sync is
+    in flight; the baseline starts none before the last backward."""
+    plan = build_plan(6, p, dp, 2 * p, policy="ratrain")
+    for program, units in zip(plan.programs, plan.stage_units):
+        for u in units:
+            i = program.index(Action(Op.GRAD_SYNC, u))
+            last_b = max(j for j, a in enumerate(program) if a.op is Op.BACKWARD and a.layer == u)
+            assert all(a.op in (Op.SEND_GRAD, Op.GRAD_SYNC) for a in program[last_b + 1:i])
+        first_sync = min(i for i, a in enumerate(program) if a.op is Op.GRAD_SYNC)
+        assert any(a.op is Op.BACKWARD for a in program[first_sync:]) == (len(units) > 1)
+    for program in build_plan(6, p, dp, 2 * p, policy="baseline").programs:
+        first_sync = min(i for i, a in enumerate(program) if a.op is Op.GRAD_SYNC)
+        assert not any(a.op is Op.BACKWARD for a in program[first_sync:])
+
+
+def test_rank_order_is_recorded_and_checked():
+    assert build_plan(2, 2, 2, 2, rank_order="dp-pp").rank_order == "dp-pp"
+    with pytest.raises(ScheduleConfigError, match="unknown rank order 'rows'"):
+        build_plan(2, 2, 2, 2, rank_order="rows")
 
 
 def test_recompute_precedes_backward_and_overlaps_gradient_receive():

@@ -8,7 +8,8 @@ from ratrain.schedule import (
 from ratrain.schedule.checks import dry_run
 
 UNITS = [range(0, 2), range(2, 4)]  # 2 decoder blocks on 2 stages
-# build_plan(2, 2, 1, 2, clip=False): the valid programs every test below breaks one way.
+# build_plan(2, 2, 1, 2, clip=False, policy="baseline"): the valid programs every test below
+# breaks one way.
 RANK0 = ("RG1.0 F0.0 F1.0 SA1.0 F0.1 F1.1 SA1.1 WSA1.0 WRG1.0 RG1.1 B1.0 B0.0 WRG1.1 B1.1 B0.1 "
          "WSA1.1 U0 U1 E")
 RANK1 = ("RA1.0 WRA1.0 RA1.1 F2.0 F3.0 B3.0 B2.0 SG1.0 WRA1.1 F2.1 F3.1 B3.1 B2.1 SG1.1 WSG1.0 "
@@ -36,7 +37,7 @@ def _caught(match, **programs) -> str:
 
 
 def test_the_base_programs_are_the_built_ones_and_valid():
-    plan = build_plan(2, 2, 1, 2, clip=False)
+    plan = build_plan(2, 2, 1, 2, clip=False, policy="baseline")
     assert [format_program(p) for p in plan.programs] == [RANK0, RANK1]
     _check()
 
@@ -63,11 +64,23 @@ def test_waiting_for_sends_before_posting_receives_deadlocks_under_rendezvous():
 
 
 def test_gradient_send_after_the_norm_collective_deadlocks():
-    rank0 = _edit(RANK0, "U0", "N U0")
-    rank1 = _edit(RANK1, "SG1.1", "N SG1.1")
-    message = _caught(r"deadlock: rank 0 waits WRG1.1 .*; rank 1 waits N \(ranks \[0\] have "
-                      r"not reached N\)", rank0=rank0, rank1=rank1)
-    assert ">>N<<" in message
+    rank0 = _edit(RANK0, "U0", "N WN U0")
+    rank1 = _edit(RANK1, "SG1.1", "N WN SG1.1")
+    message = _caught(r"deadlock: rank 0 waits WRG1.1 .*; rank 1 waits WN \(ranks \[0\] have "
+                      r"not started N\)", rank0=rank0, rank1=rank1)
+    assert ">>WN<<" in message
+
+
+def test_update_before_the_norm_is_known_caught():
+    rank0 = _edit(RANK0, "U0", "N U0 WN")
+    rank1 = _edit(RANK1, "U2", "N WN U2")
+    message = _caught(r"rank 0: U0 at step \d+ comes before WN", rank0=rank0, rank1=rank1)
+    assert ">>U0<<" in message
+
+
+def test_norm_never_waited_caught():
+    _caught("rank 0: N is started but never waited",
+            rank0=_edit(RANK0, "U0", "N U0"), rank1=_edit(RANK1, "U2", "N WN U2"))
 
 
 def test_swapped_send_order_caught():
@@ -122,7 +135,7 @@ def test_wait_before_its_start_caught():
     (_edit(RANK0, "F0.1", "F0.1 F0.1"), "rank 0 runs F0.1 2 times; expected once"),
     (_edit(RANK0, "B0.1", ""), "rank 0 runs B0.1 0 times; expected once"),
     (_edit(RANK0, "U1", ""), "rank 0 runs U1 0 times; expected once"),
-    (_edit(RANK0, "U0", "N U0"), "rank 1 runs N 0 times; expected once"),
+    (_edit(RANK0, "U0", "N WN U0"), "rank 1 runs N 0 times; expected once"),
     (_edit(RANK0, "F0.0", "F0.0 F2.0"), "rank 0: F2.0 names unit 2, but stage 0 owns units 0..1"),
     (_edit(RANK0, "F0.0", "F0.0 R0.2"), "rank 0: R0.2 names micro-batch 2, but the step has 2"),
     (_edit(RANK0, "U0", "GS0 WGS0 GS1 WGS1 U0"), "rank 0 starts GS0 1 times; expected 0 with dp=1"),

@@ -18,13 +18,14 @@ from ratrain.runtime.stage import Stage
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import PipelinePlan, build_eval_programs
 
+
 class _UnitStateMixin:
     stage: Stage
 
     def unit_states(self) -> dict[int, dict]:
         return {
             u: {"weights": m.state_dict(),
-                "optim": (opt.state_dict() if (opt := self.stage.optimizers[u]) else None)}
+                "optim": (opt.state_dict() if (opt := self.stage.state[u].optimizer) else None)}
             for u, m in self.stage.modules.items()
         }
 
@@ -32,7 +33,7 @@ class _UnitStateMixin:
         for u, state in states.items():
             self.stage.modules[u].load_state_dict(state["weights"])
             if state["optim"] is not None:
-                self.stage.optimizers[u].load_state_dict(state["optim"])
+                self.stage.state[u].optimizer.load_state_dict(state["optim"])
 
     def peak_memory_bytes(self) -> int:
         return peak_memory_bytes(self.stage.device)
@@ -52,7 +53,7 @@ class LocalEngine(_UnitStateMixin):
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
         self.stage.train(True)
-        set_lr(self.stage.optimizers.values(), lr)
+        set_lr(self.stage.optimizers(), lr)
         total = 0.0
         for x, y in batches:
             loss = self._loss(x, y)
@@ -61,10 +62,8 @@ class LocalEngine(_UnitStateMixin):
         params = self.stage.all_params()
         clip = self.cfg.train.grad_clip
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
-        for opt in self.stage.optimizers.values():
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+        for state in self.stage.state.values():
+            state.update()
         return StepResult(total / len(batches), norm)
 
     @torch.no_grad()

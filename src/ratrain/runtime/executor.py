@@ -18,7 +18,7 @@ from ratrain.models.llama import lm_loss
 from ratrain.optim import set_lr
 from ratrain.runtime import p2p
 from ratrain.runtime.stage import Stage
-from ratrain.schedule.ir import START_OF, Action, Op, Program
+from ratrain.schedule.ir import START_OF, WAIT_OF, Action, Op, Program
 from ratrain.trace import Tracer
 
 
@@ -62,6 +62,7 @@ class Executor:
             Op.GRAD_SYNC: self._grad_sync,
             Op.WAIT_GRAD_SYNC: self._wait_grad_sync,
             Op.GRAD_NORM: self._grad_norm,
+            Op.WAIT_GRAD_NORM: self._wait_grad_norm,
             Op.UPDATE: self._update,
             Op.STEP_END: self._step_end,
         }
@@ -71,7 +72,7 @@ class Executor:
     def train_step(self, program: Program, batches, lr: float, step: int = 0) -> StepResult:
         """Run one optimizer step; `batches` are this replica's (inputs, targets) micro-batches."""
         self.recompute = {a.layer for a in program if a.op is Op.RECOMPUTE}
-        set_lr(self.stage.optimizers.values(), lr)
+        set_lr(self.stage.optimizers(), lr)
         self._run(program, batches, step, training=True)
         return StepResult(self._loss, self._grad_norm)
 
@@ -92,9 +93,9 @@ class Executor:
         self.inp: dict[tuple[int, int], torch.Tensor] = {}  # detached unit input
         self.grad: dict[tuple[int, int], torch.Tensor] = {}  # gradient of a unit's output
         self.pending: dict[Action, object] = {}  # start action -> (work, tensor)
-        self.syncs: dict[int, tuple[object, torch.Tensor]] = {}
         self.losses: list[torch.Tensor] = []
         self._loss = float("nan")
+        self._norm: tuple[object, torch.Tensor] | None = None  # (work, squared norm) after N
         self._grad_norm = None
         self._clip_coef = None
         self.stage.train(training)
@@ -106,9 +107,22 @@ class Executor:
             if handler is None:
                 raise NotImplementedError(f"{action.op.name} ({action}) is not supported by this executor")
             t0 = time.perf_counter()
-            handler(action)
+            work = handler(action)  # a start returns its work handle
             if trace:
-                trace.record(str(action), t0, time.perf_counter())
+                t1 = time.perf_counter()
+                trace.record(str(action), t0, t1)
+                if action.op in WAIT_OF:
+                    trace.start_async(str(action), t0, self._completion(action, work))
+                elif action.op in START_OF:
+                    trace.end_async(str(Action(START_OF[action.op], action.layer, action.mb)), t1)
+
+    def _completion(self, action: Action, work):
+        """A future that fires when `work` completes, where the backend's future means that:
+        gloo collectives. (gloo's p2p has none; NCCL's completes at enqueue.) Otherwise the
+        trace ends the span when the program waits for the work."""
+        if work is None or action.op not in (Op.GRAD_SYNC, Op.GRAD_NORM):
+            return None
+        return work.get_future() if self.stage.device.type == "cpu" else None
 
     def _unit_input(self, u: int, mb: int) -> torch.Tensor:
         if u == 0:
@@ -164,31 +178,35 @@ class Executor:
 
     # -- pipeline point-to-point --------------------------------------------------------------
 
-    def _send_act(self, a: Action) -> None:
+    def _send_act(self, a: Action):
         t = self.act[(a.layer, a.mb)].detach()
         if not self.training:
             self.act.pop((a.layer, a.mb))
         g = self.groups
         work = p2p.isend(t, g.next_rank, g.act_to_next, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, t)
+        return work
 
-    def _recv_act(self, a: Action) -> None:
+    def _recv_act(self, a: Action):
         buf = torch.empty(self.act_shape, device=self.stage.device)
         g = self.groups
         work = p2p.irecv(buf, g.prev_rank, g.act_from_prev, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
+        return work
 
-    def _send_grad(self, a: Action) -> None:
+    def _send_grad(self, a: Action):
         t = self.grad.pop((a.layer, a.mb))
         g = self.groups
         work = p2p.isend(t, g.prev_rank, g.grad_to_prev, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, t)
+        return work
 
-    def _recv_grad(self, a: Action) -> None:
+    def _recv_grad(self, a: Action):
         buf = torch.empty(self.act_shape, device=self.stage.device)
         g = self.groups
         work = p2p.irecv(buf, g.next_rank, g.grad_from_next, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
+        return work
 
     def _wait(self, a: Action) -> torch.Tensor:
         work, t = self.pending.pop(Action(START_OF[a.op], a.layer, a.mb))
@@ -203,41 +221,32 @@ class Executor:
 
     # -- training state -----------------------------------------------------------------------
 
-    def _grad_sync(self, a: Action) -> None:
-        params = self.stage.params[a.layer]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        work = dist.all_reduce(flat, group=self.groups.replicas, async_op=True)
-        self.syncs[a.layer] = (work, flat)
+    def _grad_sync(self, a: Action):
+        return self.stage.state[a.layer].start_sync(self.groups.replicas)
 
     def _wait_grad_sync(self, a: Action) -> None:
-        work, flat = self.syncs.pop(a.layer)
-        work.wait()
-        offset = 0
-        for p in self.stage.params[a.layer]:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+        self.stage.state[a.layer].wait_sync()
 
-    def _grad_norm(self, a: Action) -> None:
-        grads = [p.grad for p in self.stage.all_params() if p.grad is not None]
-        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
-        sq = torch.sum(norms * norms).reshape(1)
-        if self.pp > 1:
-            dist.all_reduce(sq, group=self.groups.pipeline)
+    def _grad_norm(self, a: Action):
+        """Start reducing the stage's squared gradient norm over the pipeline stages."""
+        parts = [sq for s in self.stage.state.values() if (sq := s.sq_norm()) is not None]
+        sq = (torch.stack(parts).sum() if parts else torch.zeros((), device=self.stage.device)).reshape(1)
+        work = dist.all_reduce(sq, group=self.groups.pipeline, async_op=True) if self.pp > 1 else None
+        self._norm = (work, sq)
+        return work
+
+    def _wait_grad_norm(self, a: Action) -> None:
+        work, sq = self._norm
+        if work is not None:
+            work.wait()
+        self._norm = None
         total = float(sq.sqrt())
         self._grad_norm = total
         # Same coefficient as torch.nn.utils.clip_grad_norm_, so a single-process run matches.
         self._clip_coef = min(1.0, self.clip / (total + 1e-6)) if self.clip > 0 else None
 
     def _update(self, a: Action) -> None:
-        opt = self.stage.optimizers[a.layer]
-        if opt is None:
-            return
-        if self._clip_coef is not None:
-            for p in self.stage.params[a.layer]:
-                p.grad.mul_(self._clip_coef)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.stage.state[a.layer].update(self._clip_coef)
 
     def _step_end(self, a: Action) -> None:
         """Mean loss over all micro-batches of all replicas, known on every rank.
@@ -252,7 +261,9 @@ class Executor:
         if self.dp > 1:
             dist.all_reduce(total, group=self.groups.replicas)
         self._loss = float(total[0] / total[1])
-        if self.pending or self.syncs or self.act or self.grad:
-            left = sorted(map(str, self.pending)) + [f"sync {u}" for u in self.syncs]
+        syncing = [u for u, state in self.stage.state.items() if state.syncing]
+        if self.pending or syncing or self._norm or self.act or self.grad:
+            left = sorted(map(str, self.pending)) + [f"sync {u}" for u in syncing]
+            left += ["norm"] if self._norm else []
             left += [f"act {k}" for k in self.act] + [f"grad {k}" for k in self.grad]
             raise RuntimeError(f"step ended with unfinished work: {', '.join(left[:8])}")

@@ -1,4 +1,4 @@
-"""A pipeline stage: the units it owns and their training state (master weights + AdamW)."""
+"""A pipeline stage: the units it owns, each with its training state (runtime/unit_state.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ratrain.config import RunConfig
 from ratrain.models.hf import load_hf_weights
 from ratrain.models.llama import build_units
 from ratrain.optim import make_optimizer, unit_parameters
+from ratrain.runtime.unit_state import UnitState
 
 
 _AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
@@ -30,10 +31,10 @@ class Stage:
             load_hf_weights(built, cfg.model, cfg.train.init_from)  # only this stage's tensors
         self.modules: dict[int, nn.Module] = {u: m.to(device) for u, m in zip(units, built)}
         owned: set[int] = set()
-        self.params: dict[int, list[nn.Parameter]] = {
-            u: unit_parameters(m, owned) for u, m in self.modules.items()
-        }
-        self.optimizers = {u: make_optimizer(ps, cfg.train) for u, ps in self.params.items()}
+        self.state: dict[int, UnitState] = {}
+        for u, m in self.modules.items():
+            params = unit_parameters(m, owned)
+            self.state[u] = UnitState(params, make_optimizer(params, cfg.train))
 
     def autocast(self):
         """Lower-precision compute (bf16) under autocast; a no-op for fp32."""
@@ -41,7 +42,10 @@ class Stage:
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def all_params(self) -> list[nn.Parameter]:
-        return [p for ps in self.params.values() for p in ps]
+        return [p for s in self.state.values() for p in s.params]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [s.optimizer for s in self.state.values() if s.optimizer is not None]
 
     def train(self, mode: bool = True) -> None:
         for m in self.modules.values():

@@ -17,15 +17,17 @@ from ratrain.schedule.ir import START_OF, WAIT_OF, Action, Op, Program
 # Only a training step may contain these.
 _TRAINING_ONLY = frozenset({
     Op.BACKWARD, Op.RECOMPUTE, Op.SEND_GRAD, Op.WAIT_SEND_GRAD, Op.RECV_GRAD, Op.WAIT_RECV_GRAD,
-    Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.GRAD_NORM, Op.UPDATE, Op.OFFLOAD, Op.RELOAD,
-    Op.WAIT_RELOAD,
+    Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.GRAD_NORM, Op.WAIT_GRAD_NORM, Op.UPDATE, Op.OFFLOAD,
+    Op.RELOAD, Op.WAIT_RELOAD,
 })
 # Ops whose layer must be one of the stage's own units (communication names the peer's unit).
 _OWN_UNIT = frozenset({
     Op.FORWARD, Op.BACKWARD, Op.RECOMPUTE, Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.UPDATE,
     Op.OFFLOAD, Op.RELOAD, Op.WAIT_RELOAD, Op.PREFETCH, Op.WAIT_PREFETCH, Op.RELEASE,
 })
-_COLLECTIVES = (Op.GRAD_NORM, Op.STEP_END)
+_COLLECTIVES = (Op.STEP_END,)  # blocking collectives over the pipeline stages
+# asynchronous collective over the pipeline stages: wait op -> start op every stage must issue
+_COLLECTIVE_WAITS = {Op.WAIT_GRAD_NORM: Op.GRAD_NORM}
 _TABLE_CONTEXT = 6  # steps shown around each marked one when a table is long
 _TABLE_ROWS = 80  # tables longer than this are cut to the marked steps and their context
 
@@ -113,7 +115,7 @@ def check_completeness(
 ) -> None:
     """Every stage runs exactly one F (and, training, one B) per unit and micro-batch, at most
     one R; one GS per unit iff dp > 1; one U per unit on every stage or on none; N on every stage
-    or on none; E exactly once and last."""
+    or on none (its WN: check_waits); E exactly once and last."""
     kind = "an evaluation" if forward_only else "a training"
     all_counts = [Counter(program) for program in programs]
     for s, (program, units, counts) in enumerate(zip(programs, stage_units, all_counts)):
@@ -233,7 +235,7 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
     for unit 0). R u.m after F u.m. B u.m after F u.m, after R u.m if there is one, and after its
     output gradient (B (u+1).m on the stage; WRG u.m; nothing for the head). SA u.m after F u.m;
     SG after the B of the stage's first unit. GS u after every B u.*. N after every B and WGS of
-    the stage. U u after N if there is one, and after WGS u if there is one, else after every
+    the stage. U u after WN if there is one, and after WGS u if there is one, else after every
     B u.*.
     """
     p = len(programs)
@@ -274,8 +276,8 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
                 needs.append(("every B of the stage", max(last_backward.values(), default=-1)))
                 needs.append(("every WGS of the stage", last_sync))
             elif a.op is Op.UPDATE:
-                if Action(Op.GRAD_NORM) in pos:
-                    needs.append(Action(Op.GRAD_NORM))
+                if Action(Op.WAIT_GRAD_NORM) in pos or Action(Op.GRAD_NORM) in pos:
+                    needs.append(Action(Op.WAIT_GRAD_NORM))
                 if Action(Op.WAIT_GRAD_SYNC, a.layer) in pos:
                     needs.append(Action(Op.WAIT_GRAD_SYNC, a.layer))
                 else:
@@ -306,14 +308,21 @@ def _blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
     if a.op in _PEER_START:
         offset, op = _PEER_START[a.op]
         return Action(op, a.layer, a.mb) not in started[rank + offset]
+    if a.op in _COLLECTIVE_WAITS:
+        return any(Action(_COLLECTIVE_WAITS[a.op]) not in s for s in started)
     return a.op in _COLLECTIVES and len(arrived[a.op]) < p
 
 
-def _why_blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]]) -> str:
+def _why_blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
+                 started: list[set[Action]]) -> str:
     if a.op in _PEER_START:
         offset, op = _PEER_START[a.op]
         return f"rank {rank} waits {a} (rank {rank + offset} has not started " \
                f"{Action(op, a.layer, a.mb)})"
+    if a.op in _COLLECTIVE_WAITS:
+        start = Action(_COLLECTIVE_WAITS[a.op])
+        missing = [r for r in range(p) if start not in started[r]]
+        return f"rank {rank} waits {a} (ranks {missing} have not started {start})"
     missing = [r for r in range(p) if r not in arrived[a.op]]
     return f"rank {rank} waits {a} (ranks {missing} have not reached {a})"
 
@@ -323,8 +332,8 @@ def dry_run(programs: list[Program]) -> None:
     (SA, SG, RA, RG, GS, O, L, P) and compute never block; WRA/WRG complete once the peer has
     started the matching send; WSA/WSG once the peer has started the matching receive
     (rendezvous, which also holds for NCCL); WGS completes (DP replicas run the same program);
-    N and E are collectives over all pipeline stages: a rank passes one only when every rank has
-    reached it. Raises ScheduleError naming every blocked rank if no rank can make progress.
+    WN completes once every pipeline rank has started N; E is a collective over all pipeline
+    stages: a rank passes it only when every rank has reached it. Raises ScheduleError naming every blocked rank if no rank can make progress.
 
     Rendezvous is the worst case: where a transport completes sends eagerly, every wait
     completes no later than here, so a program that passes also runs there."""
@@ -349,5 +358,5 @@ def dry_run(programs: list[Program]) -> None:
             return
         if not progressed:
             blocked = {r: pcs[r] for r in range(p) if pcs[r] < len(programs[r])}
-            reasons = [_why_blocked(programs[r][pc], r, p, arrived) for r, pc in blocked.items()]
+            reasons = [_why_blocked(programs[r][pc], r, p, arrived, started) for r, pc in blocked.items()]
             _fail(programs, "deadlock: " + "; ".join(reasons), blocked)

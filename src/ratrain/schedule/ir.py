@@ -51,7 +51,10 @@ class Op(str, Enum):
     WAIT_GRAD_SYNC = "WGS"
     """Wait for that all-reduce; the unit's gradients are then final and identical on all replicas."""
     GRAD_NORM = "N"
-    """Global gradient norm over all stages (a collective over the pipeline group), for clipping."""
+    """Start reducing the stage's squared gradient norm over the pipeline group (for clipping by
+    the global norm); needs every gradient of the stage final and synchronized."""
+    WAIT_GRAD_NORM = "WN"
+    """Wait for that reduction; the clipping coefficient of the step is then known."""
     UPDATE = "U"
     """Optimizer update of one unit (AdamW on its master weights), then zero its gradients."""
     # reserved for the lifecycle passes (activation offload, parameter views)
@@ -83,6 +86,7 @@ _SHAPE: dict[Op, tuple[bool, bool]] = {
         Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.UPDATE, Op.PREFETCH, Op.WAIT_PREFETCH, Op.RELEASE,
     )},
     Op.GRAD_NORM: (False, False),
+    Op.WAIT_GRAD_NORM: (False, False),
     Op.STEP_END: (False, False),
 }
 
@@ -92,6 +96,7 @@ WAIT_OF: dict[Op, Op] = {
     Op.SEND_GRAD: Op.WAIT_SEND_GRAD,
     Op.RECV_GRAD: Op.WAIT_RECV_GRAD,
     Op.GRAD_SYNC: Op.WAIT_GRAD_SYNC,
+    Op.GRAD_NORM: Op.WAIT_GRAD_NORM,
     Op.RELOAD: Op.WAIT_RELOAD,
     Op.PREFETCH: Op.WAIT_PREFETCH,
 }

@@ -2,12 +2,13 @@
 added. A builder's compute-only programs go through them in this order (plan.py composes them
 into policies):
 
-    add_activation_policy -> add_p2p -> add_grad_sync -> add_update (ends with add_step_end)
+    baseline:  add_activation_policy -> add_p2p -> add_grad_sync -> add_update
+    ratrain:   add_activation_policy -> add_p2p -> add_unit_grad_sync -> add_unit_update
 
-Each pass anchors what it adds on the compute actions (F, B, R) and on the pipeline-flush point,
-so later lifecycle passes (per-layer grad sync after a unit's last backward, per-layer update,
-parameter-view prefetch/release, activation offload/reload) slot in between without moving what
-is already placed. Inputs are never modified.
+(both updates end with add_step_end). Each pass anchors what it adds on the compute actions
+(F, B, R) and on the pipeline-flush point, so later lifecycle passes (parameter-view
+prefetch/release, activation offload/reload) slot in between without moving what is already
+placed. Inputs are never modified.
 """
 
 from __future__ import annotations
@@ -113,10 +114,31 @@ def _flush_point(program: Program) -> int:
     """Index just after the stage's last backward and the start of the gradient send it
     triggers: the pipeline flush, where every gradient of the stage has been accumulated. Waits
     already placed there (the previous gradient send's) move after what is inserted."""
-    i = max(i for i, a in enumerate(program) if a.op is Op.BACKWARD) + 1
-    if i < len(program) and program[i].op is Op.SEND_GRAD:
+    return _after_backward(program, max(i for i, a in enumerate(program) if a.op is Op.BACKWARD))
+
+
+def _last_backwards(program: Program) -> dict[int, int]:
+    """Unit -> index of its last backward in the program."""
+    return {a.layer: i for i, a in enumerate(program) if a.op is Op.BACKWARD}
+
+
+def _after_backward(program: Program, i: int) -> int:
+    """Index just after the backward at i and what it triggers: the gradient send to the
+    previous stage (which that stage waits for, so nothing goes in front of it) and the
+    gradient syncs already placed there."""
+    i += 1
+    while i < len(program) and program[i].op in (Op.SEND_GRAD, Op.GRAD_SYNC):
         i += 1
     return i
+
+
+def _insert(program: Program, at: dict[int, list[Action]]) -> Program:
+    """`program` with `at[i]` inserted before its i-th action (i == len(program): at the end)."""
+    out: Program = []
+    for i, a in enumerate(program):
+        out += at.get(i, [])
+        out.append(a)
+    return out + at.get(len(program), [])
 
 
 def add_grad_sync(programs: list[Program], stage_units: list[range], dp: int) -> list[Program]:
@@ -131,7 +153,7 @@ def add_grad_sync(programs: list[Program], stage_units: list[range], dp: int) ->
         return [list(program) for program in programs]
     out = []
     for program, units in zip(programs, stage_units):
-        last_backward = {a.layer: i for i, a in enumerate(program) if a.op is Op.BACKWARD}
+        last_backward = _last_backwards(program)
         final_order = sorted(units, key=last_backward.__getitem__)
         at = _flush_point(program)
         syncs = [Action(Op.GRAD_SYNC, u) for u in final_order]
@@ -143,15 +165,66 @@ def add_grad_sync(programs: list[Program], stage_units: list[range], dp: int) ->
 def add_update(programs: list[Program], stage_units: list[range], clip: bool) -> list[Program]:
     """One optimizer step at the end of the step (baseline).
 
-    Appends, on every stage: `N` when clipping (the global gradient norm is a collective over all
+    Appends, on every stage: `N WN` when clipping (the global gradient norm reduced over all
     stages, placed after everything the stage does with gradients: its last backward, its grad
     syncs and their waits), then `U u` for every unit of the stage in increasing order, then `E`.
     """
-    norm = [Action(Op.GRAD_NORM)] if clip else []
+    norm = [Action(Op.GRAD_NORM), Action(Op.WAIT_GRAD_NORM)] if clip else []
     return add_step_end([
         program + norm + [Action(Op.UPDATE, u) for u in units]
         for program, units in zip(programs, stage_units)
     ])
+
+
+def add_unit_grad_sync(programs: list[Program], dp: int) -> list[Program]:
+    """Per-unit data-parallel gradient sync (`ratrain`; nothing when dp == 1).
+
+    `GS u` right after unit u's last backward of the step on its stage (after the gradient send
+    that backward triggers), so each unit's all-reduce runs under the backwards still to come on
+    that stage; no stage waits for another. Waits are placed by add_unit_update.
+    """
+    if dp == 1:
+        return [list(program) for program in programs]
+    out = []
+    for program in programs:
+        at: dict[int, list[Action]] = {}
+        for u, i in _last_backwards(program).items():
+            at.setdefault(_after_backward(program, i), []).append(Action(Op.GRAD_SYNC, u))
+        out.append(_insert(program, at))
+    return out
+
+
+def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
+                    clip: bool) -> list[Program]:
+    """Per-unit optimizer updates (`ratrain`), then `E`.
+
+    Everything goes at the stage's flush point (after its last backward and the gradient send
+    that the previous stage waits for: an update placed earlier would delay that send, which
+    is on the critical path; on stage 0 nothing waits for it, so earlier gains nothing either).
+    Syncs complete in the order they were started (they share one link), so the stage waits for
+    them in that order, each as late as the program allows:
+
+    * no clipping: `WGS u` (dp > 1) then `U u` for each unit in the order its gradient became
+      final, so each update runs while the later units' syncs are still in flight; a stage
+      updates on its own timeline while earlier stages still run their cool-down backwards.
+    * clipping: the coefficient needs the global norm, that is every unit's synchronized
+      gradient on every stage. The stage waits for its syncs, starts the reduction of its
+      squared norm over the pipeline (`N`), waits for it (`WN`), then updates its units. The
+      syncs still overlap the backward; only the updates wait for the norm.
+    """
+    out = []
+    for program, units in zip(programs, stage_units):
+        last_backward = _last_backwards(program)
+        final_order = sorted(units, key=last_backward.__getitem__)
+        waits = {u: [Action(Op.WAIT_GRAD_SYNC, u)] if dp > 1 else [] for u in units}
+        updates = [Action(Op.UPDATE, u) for u in final_order]
+        if clip:
+            tail = [w for u in final_order for w in waits[u]] + [
+                Action(Op.GRAD_NORM), Action(Op.WAIT_GRAD_NORM)] + updates
+        else:
+            tail = [a for u, update in zip(final_order, updates) for a in waits[u] + [update]]
+        out.append(_insert(program, {_flush_point(program): tail}))
+    return add_step_end(out)
 
 
 def add_step_end(programs: list[Program]) -> list[Program]:

@@ -20,6 +20,7 @@ SCHEDULES: dict[str, tuple[str, Callable[[list[range], int], list[Program]]]] = 
     "gpipe": ("GPipe", builders.gpipe),
 }
 ACTIVATIONS = ("keep", "recompute")
+RANK_ORDERS = ("pp-dp", "dp-pp")
 
 
 @dataclass
@@ -35,6 +36,10 @@ class PipelinePlan:
     schedule: str
     activation: str
     clip: bool
+    rank_order: str = "pp-dp"
+    """Placement of the grid on global ranks: "pp-dp" (a stage's replicas are neighbouring
+    ranks) or "dp-pp" (one replica's stages are). It changes no program, only which traffic
+    runs between neighbours (under torchrun: inside a node)."""
 
     @property
     def n_layers(self) -> int:
@@ -55,6 +60,7 @@ class PipelinePlan:
             "schedule": self.schedule,
             "activation": self.activation,
             "clip": self.clip,
+            "rank_order": self.rank_order,
         }
 
     @classmethod
@@ -69,6 +75,7 @@ class PipelinePlan:
             schedule=d["schedule"],
             activation=d["activation"],
             clip=d["clip"],
+            rank_order=d.get("rank_order", "pp-dp"),
         )
 
 
@@ -84,7 +91,21 @@ def _baseline(programs: list[Program], stage_units: list[range], n_layers: int, 
     return passes.add_update(programs, stage_units, clip)
 
 
-POLICIES = {"baseline": _baseline}
+def _ratrain(programs: list[Program], stage_units: list[range], n_layers: int, dp: int,
+             activation: str, clip: bool) -> list[Program]:
+    """The training-state lifecycle, per unit and per stage: each unit's gradient sync starts
+    right after its last backward and is waited as late as possible; each unit is updated
+    after its own sync (after the global norm when clipping), no stage waiting for another
+    except for that norm. Activation policy as in the baseline for now; parameter views
+    resident."""
+    recompute = set(range(1, n_layers + 1)) if activation == "recompute" else set()
+    programs = passes.add_activation_policy(programs, recompute)
+    programs = passes.add_p2p(programs, stage_units)
+    programs = passes.add_unit_grad_sync(programs, dp)
+    return passes.add_unit_update(programs, stage_units, dp, clip)
+
+
+POLICIES = {"ratrain": _ratrain, "baseline": _baseline}
 
 
 def _choice(kind: str, value: str, known) -> None:
@@ -98,10 +119,11 @@ def build_plan(
     dp: int,
     n_micro: int,
     schedule: str = "1f1b",
-    policy: str = "baseline",
+    policy: str = "ratrain",
     activation: str = "keep",
     units_per_stage: list[int] | None = None,
     clip: bool = True,
+    rank_order: str = "pp-dp",
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -111,6 +133,7 @@ def build_plan(
     _choice("schedule", schedule, SCHEDULES)
     _choice("policy", policy, POLICIES)
     _choice("activation policy", activation, ACTIVATIONS)
+    _choice("rank order", rank_order, RANK_ORDERS)
     if dp < 1:
         raise ScheduleConfigError(f"dp must be >= 1, got {dp}")
     if n_micro < 1:
@@ -125,7 +148,8 @@ def build_plan(
     programs = builder(stage_units, n_micro)
     programs = POLICIES[policy](programs, stage_units, n_layers, dp, activation, clip)
     validate(programs, stage_units, n_micro, dp)
-    return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, activation, clip)
+    return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, activation, clip,
+                        rank_order)
 
 
 def build_eval_programs(stage_units: list[range], n_micro: int) -> list[Program]:
