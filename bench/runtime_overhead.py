@@ -10,7 +10,8 @@ on the same batches, under both implementations, in one process group:
   `Schedule1F1B(loss_fn=lm_loss)` (its default `scale_grads=True` divides the gradients by
   n_microbatches, which is ratrain's 1/n_micro loss scaling), then `torch.optim.AdamW`
   (foreach=False, ratrain's settings and weight-decay groups) and an all_reduce of the loss over
-  the pipeline group, the counterpart of ratrain's end-of-step `E` action.
+  the pipeline group, the counterpart of ratrain's end-of-step `E` action (`PipelinePeer` in
+  bench/peers.py, which bench/schedules.py shares).
 
 Clipping is off on both (grad_clip 0), the learning rate is constant (train.lr) on both. The
 implementations alternate in rounds (`--steps` steps of one, then of the other; which one goes
@@ -29,10 +30,7 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,15 +38,12 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch import nn
 
 from ratrain.config import DataConfig, ParallelConfig, RunConfig, TrainConfig
 from ratrain.data.loader import MicroBatchLoader
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import load_tokens, split_train_val
-from ratrain.models.llama import build_units, lm_loss
 from ratrain.models.presets import get_preset
 from ratrain.runtime.engine import PipelineEngine
 from ratrain.runtime.grid import RankGrid
@@ -56,6 +51,9 @@ from ratrain.runtime.launch import launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
 from ratrain.train import plan_for
 from ratrain.trace import Tracer
+
+from peers import PipelinePeer, machine
+from peers import summary as stat_summary
 
 PP = 2
 IMPLS = ("ratrain", "torch")
@@ -75,60 +73,10 @@ def make_config(args) -> RunConfig:
             eval_batches=0,
             seed=0,
         ),
-        parallel=ParallelConfig(pp=PP, dp=1, backend="gloo", threads_per_rank=1),
+        parallel=ParallelConfig(pp=PP, dp=1, policy="baseline", backend="gloo", threads_per_rank=1),
     )
     cfg.validate()
     return cfg
-
-
-# --- the torch peer -----------------------------------------------------------------------------
-
-
-class TorchPeer:
-    """Schedule1F1B over the same ratrain units, AdamW, loss all_reduce (the step's collective)."""
-
-    def __init__(self, cfg: RunConfig, stage_units: range, groups):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-        self.groups = groups
-        self.stage_index = groups.stage
-        self.is_last = groups.stage == PP - 1
-        self.module = nn.Sequential(*build_units(cfg.model, cfg.train.seed, list(stage_units)))
-        t, m = cfg.train, cfg.model
-        mbs, seq = t.micro_batch_size, t.seq_len
-        # Static stage metadata; float activations require grad (the metadata records it, and
-        # without it stage 1 would send no input gradient back).
-        example_in = (torch.zeros(mbs, seq, dtype=torch.long) if groups.stage == 0
-                      else torch.zeros(mbs, seq, m.dim, requires_grad=True))
-        example_out = torch.zeros(mbs, seq, m.vocab_size if self.is_last else m.dim,
-                                  requires_grad=True)
-        stage = PipelineStage(self.module, groups.stage, PP, groups.device,
-                              input_args=example_in, output_args=example_out,
-                              group=groups.pipeline)
-        self.schedule = Schedule1F1B(stage, n_microbatches=cfg.n_micro, loss_fn=lm_loss,
-                                     scale_grads=True)
-        params = list(self.module.parameters())
-        # ratrain's make_optimizer settings: weight decay on matrices only.
-        self.optimizer = torch.optim.AdamW(
-            [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.adam_eps, foreach=False,
-        )
-
-    def train_step(self, batches) -> float:
-        if self.stage_index == 0:
-            x = torch.cat([b[0] for b in batches])  # split back into the same micro-batches
-            self.schedule.step(x, return_outputs=False)
-            total = torch.zeros(2)
-        else:
-            y = torch.cat([b[1] for b in batches])
-            losses: list[torch.Tensor] = []
-            self.schedule.step(target=y, losses=losses, return_outputs=False)
-            total = torch.stack([torch.stack(losses).sum().detach(), torch.tensor(float(len(losses)))])
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(total, group=self.groups.pipeline)
-        return float(total[0] / total[1])
 
 
 # --- per rank -----------------------------------------------------------------------------------
@@ -174,7 +122,7 @@ def _bench(cfg: RunConfig, opts: dict, result_path: Path) -> None:
     plan = plan_for(cfg)
     tracer = Tracer(keep_steps=max(opts["steps"], opts["warmup"], 1))
     engine = PipelineEngine(cfg, plan, groups, tracer)  # what `ratrain train --pp 2` builds
-    peer = TorchPeer(cfg, plan.stage_units[groups.stage], groups)
+    peer = PipelinePeer(cfg, plan.stage_units[groups.stage], groups)  # dp=1, no clipping
     steps_fn = {"ratrain": lambda b: engine.train_step(b, t.lr).loss, "torch": peer.train_step}
     next_step = dict.fromkeys(IMPLS, 0)  # both walk the loader's steps 0, 1, 2, ... alike
     tokens_per_step = t.global_batch * t.seq_len
@@ -257,22 +205,6 @@ def _bench(cfg: RunConfig, opts: dict, result_path: Path) -> None:
 # --- driver -------------------------------------------------------------------------------------
 
 
-def _machine() -> dict:
-    model = platform.processor()
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": model, "machine": platform.machine(),
-            "torch": torch.__version__, "python": platform.python_version()}
-
-
-def _summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="model preset (default: tiny)")
@@ -308,13 +240,13 @@ def main(argv: list[str] | None = None) -> dict:
         wall = time.perf_counter() - started
 
     rates = {impl: [row[impl]["tokens_per_s"] for row in raw["rounds"]] for impl in IMPLS}
-    summary = {impl: _summary(rates[impl]) for impl in IMPLS}
+    summary = {impl: stat_summary(rates[impl]) for impl in IMPLS}
     torch_median = summary["torch"]["median"]
     for impl in IMPLS:
         summary[impl]["ratio_vs_torch"] = summary[impl]["median"] / torch_median
     # Each round's ratrain rate over the torch rate of the same round: drift between rounds cancels.
     paired = [a / b for a, b in zip(rates["ratrain"], rates["torch"])]
-    summary["paired_ratio_ratrain_vs_torch"] = {**_summary(paired), "per_round": paired}
+    summary["paired_ratio_ratrain_vs_torch"] = {**stat_summary(paired), "per_round": paired}
 
     print(f"\nfirst-step loss: ratrain {raw['first_step_loss']['ratrain']:.6f}  "
           f"torch {raw['first_step_loss']['torch']:.6f}")
@@ -345,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "runtime_overhead",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])]),
-        "machine": _machine(),
+        "machine": machine(),
         "config": {"model": args.model, "pp": PP, "dp": 1, "backend": "gloo", "threads_per_rank": 1,
                    "seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size,
                    "n_micro": args.n_micro, "global_batch": cfg.train.global_batch,

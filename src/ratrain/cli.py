@@ -85,7 +85,7 @@ _CONFIG_OPTIONS = [
     click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Compute dtype."),
     click.option("--pp", type=int, help="Pipeline stages."),
     click.option("--dp", type=int, help="Data-parallel replicas."),
-    click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync and update on its own, overlapped with the backward; baseline: GPU-style, all after the pipeline flush."),
+    click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
     click.option("--schedule", type=click.Choice(["1f1b", "gpipe"])),
     click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Activation policy of every decoder block: keep, or recompute in the backward."),

@@ -114,9 +114,9 @@ class TrainConfig:
 class ParallelConfig:
     pp: int = 1
     dp: int = 1
-    policy: str = "baseline"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
+    policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
     schedule: str = "1f1b"  # "1f1b" or "gpipe"
-    activation: str = "keep"  # baseline's uniform policy: "keep" or "recompute"
+    activation: str = "keep"  # every decoder block's policy: "keep" or "recompute"
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1

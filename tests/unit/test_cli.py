@@ -107,6 +107,31 @@ def test_plan_prints_the_programs_and_writes_json(monkeypatch, capsys, tmp_path)
     assert plan["programs"][1].split()[-1] == "E"
 
 
+def test_plan_policy_and_rank_order_are_recorded(monkeypatch, capsys, tmp_path):
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--dp", "2",
+                           "--global-batch", "16", "--out", str(tmp_path / "r.json"))
+    assert code == 0 and out.startswith("ratrain 1f1b, pp=2 dp=2 rank order pp-dp")
+    plan = json.loads((tmp_path / "r.json").read_text())
+    assert (plan["policy"], plan["rank_order"]) == ("ratrain", "pp-dp")
+    assert "GS2 B1.3" in plan["programs"][0]  # unit 2's sync runs under unit 1's backward
+
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--dp", "2",
+                           "--global-batch", "16", "--policy", "baseline", "--rank-order",
+                           "dp-pp", "--json")
+    plan = json.loads(out)
+    assert code == 0 and (plan["policy"], plan["rank_order"]) == ("baseline", "dp-pp")
+    assert "GS2 B1.3" not in plan["programs"][0]
+
+
+def test_a_plan_file_of_another_policy_or_order_is_refused(monkeypatch, capsys, tmp_path):
+    run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--policy", "baseline",
+            "--out", str(tmp_path / "p.json"))
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(tmp_path / "p.json"),
+                           "--policy", "ratrain", "--no-progress")
+    assert code == 2 and "policy=baseline (run has ratrain)" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_broken_plan_file_is_refused_with_the_table(monkeypatch, capsys, tmp_path):
     run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", str(tmp_path / "p.json"))
     plan = json.loads((tmp_path / "p.json").read_text())

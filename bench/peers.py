@@ -1,0 +1,193 @@
+"""What the benchmarks share: the torch peers a user would pick instead of ratrain, and the
+machine description and summary statistics of their JSON.
+
+The peers train ratrain's own units (`build_units(cfg.model, seed, indices)`, so the same initial
+weights), with one `torch.optim.AdamW` per rank carrying ratrain's settings (foreach=False, weight
+decay on matrices only) and a constant learning rate (train.lr), and end each step with an
+all_reduce of (loss sum, micro-batch count) over the pipeline group and then the replica group:
+the counterpart of ratrain's end-of-step `E` action, so every rank knows the step's mean loss.
+
+* `DDPPeer` (pp = 1): `DistributedDataParallel` over the whole model, `no_sync` for every
+  micro-batch but the last, each micro-batch loss x 1/n_micro, then `clip_grad_norm_`.
+* `PipelinePeer` (pp >= 1): `torch.distributed.pipelining`'s `PipelineStage` (static shapes) +
+  `Schedule1F1B(loss_fn=lm_loss)` (default scale_grads=True: gradients / n_micro). With dp > 1
+  the replicas' gradients are averaged either by wrapping the stage module in DDP over the
+  replica group (sync="ddp", as torchtitan does: PipelineStage runs every backward but the last
+  under `no_sync`, so DDP's bucketed all-reduce runs inside the last micro-batch's backward) or
+  by one flat all_reduce after the schedule (sync="allreduce"). Clipping: the local squared
+  norm, all_reduced over the pipeline group, then clip_grad_norm_'s coefficient
+  min(1, clip / (norm + 1e-6)).
+
+Bench scripts import this module as `peers` (their own directory is on sys.path when run as
+`python bench/<script>.py` or under torchrun).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ratrain.config import RunConfig, TrainConfig
+from ratrain.models.llama import build_units, lm_loss
+
+
+def machine() -> dict:
+    model = platform.processor()
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": model, "machine": platform.machine(),
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def adamw(params: list[nn.Parameter], t: TrainConfig) -> torch.optim.AdamW:
+    """ratrain's make_optimizer settings over all of a rank's parameters: weight decay on
+    matrices only, foreach=False (the same per-tensor arithmetic as ratrain's per-unit AdamWs)."""
+    return torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.adam_eps, foreach=False,
+    )
+
+
+def _reduce_loss(total: torch.Tensor, groups) -> float:
+    """total = [loss sum, micro-batch count] on this rank -> the step's mean loss on every rank."""
+    if groups.grid.pp > 1:
+        dist.all_reduce(total, group=groups.pipeline)
+    if groups.grid.dp > 1:
+        dist.all_reduce(total, group=groups.replicas)
+    return float(total[0] / total[1])
+
+
+class DDPPeer:
+    """pp = 1: DistributedDataParallel over the whole model (all units), AdamW."""
+
+    description = "torch DistributedDataParallel"
+
+    def __init__(self, cfg: RunConfig, groups, clip: float, bucket_cap_mb: float = 25.0):
+        self.groups = groups
+        self.clip = clip
+        self.module = nn.Sequential(*build_units(cfg.model, cfg.train.seed))
+        self.ddp = nn.parallel.DistributedDataParallel(self.module, process_group=groups.replicas,
+                                                       bucket_cap_mb=bucket_cap_mb)
+        self.params = list(self.module.parameters())
+        self.optimizer = adamw(self.params, cfg.train)
+        self.description = (f"torch DistributedDataParallel over the replicas (bucket_cap_mb "
+                            f"{bucket_cap_mb:g}; no_sync for all but the last micro-batch), "
+                            f"clip_grad_norm_ {'(max norm %g)' % clip if clip > 0 else 'off'}, AdamW")
+
+    def train_step(self, batches) -> float:
+        n = len(batches)
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            with self.ddp.no_sync() if i < n - 1 else nullcontext():
+                loss = lm_loss(self.ddp(x), y)
+                (loss / n).backward()
+            losses.append(loss.detach())
+        if self.clip > 0:
+            nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _reduce_loss(torch.stack([torch.stack(losses).sum(), torch.tensor(float(n))]),
+                            self.groups)
+
+
+class PipelinePeer:
+    """Schedule1F1B over this stage's ratrain units; replicas synchronized by DDP or all_reduce."""
+
+    def __init__(self, cfg: RunConfig, stage_units: range, groups, clip: float = 0.0,
+                 sync: str = "ddp", bucket_cap_mb: float = 25.0):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        if sync not in ("ddp", "allreduce"):
+            raise ValueError(f"sync must be 'ddp' or 'allreduce', got {sync!r}")
+        pp, dp = groups.grid.pp, groups.grid.dp
+        self.groups = groups
+        self.clip = clip
+        self.stage_index = groups.stage
+        self.is_last = groups.stage == pp - 1
+        self.sync = sync if dp > 1 else "none"
+        self.module = nn.Sequential(*build_units(cfg.model, cfg.train.seed, list(stage_units)))
+        submod: nn.Module = self.module
+        if self.sync == "ddp":
+            submod = nn.parallel.DistributedDataParallel(self.module, process_group=groups.replicas,
+                                                         bucket_cap_mb=bucket_cap_mb)
+        t, m = cfg.train, cfg.model
+        mbs, seq = t.micro_batch_size, t.seq_len
+        # Static stage metadata; float activations require grad (the metadata records it, and
+        # without it the next stage would send no input gradient back).
+        example_in = (torch.zeros(mbs, seq, dtype=torch.long) if groups.stage == 0
+                      else torch.zeros(mbs, seq, m.dim, requires_grad=True))
+        example_out = torch.zeros(mbs, seq, m.vocab_size if self.is_last else m.dim,
+                                  requires_grad=True)
+        stage = PipelineStage(submod, groups.stage, pp, groups.device,
+                              input_args=example_in, output_args=example_out,
+                              group=groups.pipeline)
+        self.schedule = Schedule1F1B(stage, n_microbatches=cfg.n_micro, loss_fn=lm_loss,
+                                     scale_grads=True)
+        self.params = list(self.module.parameters())
+        self.optimizer = adamw(self.params, t)
+        how = {"ddp": f"stage modules wrapped in DistributedDataParallel over the replicas "
+                      f"(bucket_cap_mb {bucket_cap_mb:g}; PipelineStage runs all but the last "
+                      f"backward under no_sync)",
+               "allreduce": "one flat all_reduce of the stage's gradients over the replicas "
+                            "after the schedule",
+               "none": "no data parallelism"}[self.sync]
+        self.description = (f"torch.distributed.pipelining Schedule1F1B; {how}; global-norm "
+                            f"clipping {'(max norm %g)' % clip if clip > 0 else 'off'}; AdamW")
+
+    def _allreduce_grads(self) -> None:
+        grads = [p.grad for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.groups.replicas)
+        flat.div_(self.groups.grid.dp)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _clip(self) -> None:
+        # ratrain's N action: per-tensor norms, summed squares over the pipeline, one coefficient.
+        norms = torch.stack([torch.linalg.vector_norm(p.grad, dtype=torch.float32)
+                             for p in self.params if p.grad is not None])
+        sq = torch.sum(norms * norms).reshape(1)
+        if self.groups.grid.pp > 1:
+            dist.all_reduce(sq, group=self.groups.pipeline)
+        coef = min(1.0, self.clip / (float(sq.sqrt()) + 1e-6))
+        for p in self.params:
+            p.grad.mul_(coef)
+
+    def train_step(self, batches) -> float:
+        if self.stage_index == 0:
+            x = torch.cat([b[0] for b in batches])  # split back into the same micro-batches
+            self.schedule.step(x, return_outputs=False)
+            total = torch.zeros(2)
+        elif self.is_last:
+            y = torch.cat([b[1] for b in batches])
+            losses: list[torch.Tensor] = []
+            self.schedule.step(target=y, losses=losses, return_outputs=False)
+            total = torch.stack([torch.stack(losses).sum().detach(), torch.tensor(float(len(losses)))])
+        else:
+            self.schedule.step(return_outputs=False)
+            total = torch.zeros(2)
+        if self.sync == "allreduce":
+            self._allreduce_grads()
+        if self.clip > 0:
+            self._clip()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _reduce_loss(total, self.groups)

@@ -1,0 +1,750 @@
+"""Schedules: ratrain's `ratrain` and `baseline` policies against the torch peer a user would pick.
+
+For each configuration (pipeline degree pp, data-parallel degree dp, rank order), three
+implementations train the same model from the same initial weights on the same batches, in the
+same processes and process group (gloo, one thread per rank), interleaved in rounds:
+
+* ratrain:  `PipelineEngine` with the plan of `policy="ratrain"` (`plan_for`), a `Tracer`
+  attached as the CLI does by default.
+* baseline: the same with `policy="baseline"` (GPU-style 1F1B: every gradient synchronized after
+  the pipeline flush, one optimizer step at the end).
+* peer:     pp = 1: PyTorch `DistributedDataParallel` (no_sync for all but the last micro-batch,
+  `clip_grad_norm_`); pp > 1: `torch.distributed.pipelining`'s `Schedule1F1B` over the same
+  ratrain units with each stage module wrapped in DDP over its replicas, as torchtitan does
+  (`--peer-sync allreduce`: one all_reduce after the schedule instead). See bench/peers.py.
+
+All three clip by the global gradient norm (`--clip`, default 1.0, the training default; 0 turns
+clipping off), use AdamW with ratrain's settings and a constant learning rate (train.lr), and
+end each step with the loss reduced to every rank. Each implementation keeps its own step
+counter, so all walk the loader's steps 0, 1, 2, ... alike and their step-k losses must agree.
+A round runs `--steps` steps of each implementation (order ratrain, baseline, peer in odd rounds,
+reversed in even ones), with a barrier between phases; every step is timed on rank 0 with
+perf_counter; a round's rate is its tokens over the sum of its step times. The table reports
+per-implementation medians over rounds and the within-round ratios, and beside them a lower bound
+on the step time of the configuration:
+
+    max(compute including the 1F1B bubble, bytes crossing the slow link in one direction / rate)
+
+compute: t[s], the forward + backward time of one micro-batch on stage s, measured after the
+rounds on fresh copies of the stage's units, one rank at a time (nothing else on the cores; the
+fastest of the stage's replicas); compute = max(sum_s t + (n_micro - 1) * max_s t (the 1F1B
+bubble: (n_micro + pp - 1) * t for equal stages), n_micro * dp * sum_s t / min(ranks, cores)
+(more ranks than cores share them)). link (two-node mode only): the activations and their
+gradients of every micro-batch whose neighbouring stages sit on different nodes, plus, for every
+stage whose replicas sit on both nodes, that stage's fp32 gradient bytes (what an all-reduce must
+at least move across the cut, each way). The same per-micro-batch compute as ratrain's traces saw
+it during the timed steps (shared cores included) is printed beside it.
+
+`--link RATE` runs the ranks as two nodes: two network namespaces joined by a veth pair with a
+`tbf` qdisc of RATE on both ends, the ranks of each node started by `torchrun` inside its
+namespace (needs root). Without it, the ranks run locally over loopback.
+
+    python bench/schedules.py [--configs 1x2,2x2:pp-dp,2x2:dp-pp] [--link 200mbit]
+        [--model tiny] [--seq-len 256] [--micro-batch-size 2] [--global-batch 16] [--clip 1.0]
+        [--steps 3] [--rounds 12] [--warmup 1] [--out bench/results/schedules.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ratrain.config import DataConfig, ParallelConfig, RunConfig, TrainConfig
+from ratrain.data.tokenizer import check_fits, load_tokenizer
+from ratrain.data.tokens import load_tokens
+from ratrain.errors import UserError
+from ratrain.models.llama import build_units, lm_loss
+from ratrain.models.presets import get_preset
+from ratrain.runtime.engine import PipelineEngine
+from ratrain.runtime.grid import RankGrid
+from ratrain.runtime.launch import RankFailed, exit_without_teardown, launch_local, record_failure
+from ratrain.runtime.process_groups import init_groups
+from ratrain.trace import Tracer
+from ratrain.train import make_data, plan_for
+
+from peers import DDPPeer, PipelinePeer, machine
+from peers import summary as stat_summary
+
+IMPLS = ("ratrain", "baseline", "peer")
+ENGINES = ("ratrain", "baseline")  # the ratrain PipelineEngines (traced)
+ORDERS = ("pp-dp", "dp-pp")
+COMPUTE = ("F", "B", "R")  # per-micro-batch compute actions; U (the update) is reported apart
+SCRIPT = Path(__file__).resolve()
+REPO = SCRIPT.parent.parent
+DEFAULT_OUT = SCRIPT.parent / "results" / "schedules.json"
+DEFAULT_CONFIGS = "1x2,2x2:pp-dp,2x2:dp-pp"
+
+
+@dataclass(frozen=True)
+class Layout:
+    pp: int
+    dp: int
+    order: str = "pp-dp"
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp
+
+    @property
+    def key(self) -> str:
+        return f"{self.pp}x{self.dp}" + (f":{self.order}" if self.pp > 1 and self.dp > 1 else "")
+
+    @property
+    def name(self) -> str:
+        return f"pp={self.pp} dp={self.dp}" + (f" {self.order}" if self.pp > 1 and self.dp > 1 else "")
+
+
+def parse_layouts(text: str, default_order: str) -> list[Layout]:
+    out = []
+    for item in text.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)(?::(pp-dp|dp-pp))?", item.strip())
+        if not m or int(m[1]) < 1 or int(m[2]) < 1:
+            raise UserError(f"--configs: {item.strip()!r} is not PPxDP or PPxDP:ORDER "
+                            f"(e.g. 1x2, 2x2:dp-pp)")
+        out.append(Layout(int(m[1]), int(m[2]), m[3] or default_order))
+    return out
+
+
+_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
+               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}  # tc's units (bps = bytes/s)
+
+
+def parse_rate(text: str) -> float:
+    """A tc rate ("200mbit", "25mbps") in bits per second."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]+)", text.strip().lower())
+    if not m or m[2] not in _RATE_UNITS or float(m[1]) <= 0:
+        raise UserError(f"--link: {text!r} is not a tc rate such as 200mbit, 1gbit or 25mbps "
+                        f"(units: {', '.join(_RATE_UNITS)})")
+    return float(m[1]) * _RATE_UNITS[m[2]]
+
+
+def make_config(args, layout: Layout, policy: str) -> RunConfig:
+    model = get_preset(args.model)
+    if args.layers:
+        model.n_layers = args.layers
+        model.name = f"{args.model}-{args.layers}L"
+    cfg = RunConfig(
+        model=model,
+        data=DataConfig(),  # byte-tokenized standard library
+        train=TrainConfig(
+            seq_len=args.seq_len,
+            micro_batch_size=args.micro_batch_size,
+            global_batch=args.global_batch,
+            steps=args.warmup + args.steps * args.rounds,
+            grad_clip=args.clip,
+            eval_batches=0,
+            seed=args.seed,
+        ),
+        parallel=ParallelConfig(pp=layout.pp, dp=layout.dp, policy=policy, backend="gloo",
+                                threads_per_rank=1, rank_order=layout.order),
+    )
+    cfg.validate()
+    return cfg
+
+
+def make_grid(layout: Layout) -> RankGrid:
+    return RankGrid(layout.pp, layout.dp, order=layout.order)
+
+
+# --- per rank -----------------------------------------------------------------------------------
+
+
+def _step_categories(events, steps: range) -> list[dict[str, float]]:
+    """Per traced step of `steps`: seconds inside each action category (F, B, U, WGS, ...)."""
+    per: dict[int, dict[str, float]] = {}
+    for step, name, t0, t1 in events:
+        if step in steps:
+            d = per.setdefault(step, defaultdict(float))
+            d[name.rstrip("0123456789.")] += (t1 - t0) / 1e6
+    return [dict(per[s]) for s in sorted(per)]
+
+
+def _compute_alone(cfg: RunConfig, units: range, groups, batch, reps: int = 5) -> float:
+    """Seconds of forward + backward of one micro-batch through this stage's units (fresh copies,
+    one thread), each rank in turn while the others wait at a barrier: the compute time of a
+    stage when nothing else shares the cores. The minimum of `reps` timings after one warm-up."""
+    module = nn.Sequential(*build_units(cfg.model, cfg.train.seed, list(units)))
+    x, y = batch
+    last = groups.stage == groups.grid.pp - 1
+    if groups.stage > 0:
+        g = torch.Generator().manual_seed(groups.rank)
+        x = torch.randn(*x.shape, cfg.model.dim, generator=g).requires_grad_()
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        out = module(x)
+        if last:
+            lm_loss(out, y).backward()
+        else:
+            out.backward(torch.ones_like(out))
+        return time.perf_counter() - t0
+
+    best = float("inf")
+    for turn in range(groups.grid.world_size):
+        dist.barrier()
+        if turn == groups.rank:
+            once()
+            best = min(once() for _ in range(reps))
+    dist.barrier()
+    return best
+
+
+def rank_main(spec: dict) -> None:
+    _bench(spec)
+    # Tear down once every rank is done with the groups and they are gone (as ratrain's
+    # training loop does).
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def _bench(spec: dict) -> None:
+    layout = Layout(**spec["layout"])
+    opts = spec["opts"]
+    cfgs = {impl: RunConfig.from_dict(spec["cfgs"][impl]) for impl in ENGINES}
+    base = cfgs["baseline"]
+    t = base.train
+    groups = init_groups(make_grid(layout), "gloo")
+    is_main = groups.rank == 0
+    loader, _ = make_data(base, load_tokenizer(base.data.tokenizer), layout.dp, groups.replica)
+
+    keep = max(opts["steps"], opts["warmup"], 1)
+    tracers = {impl: Tracer(keep_steps=keep) for impl in ENGINES}
+    engines = {impl: PipelineEngine(cfgs[impl], plan_for(cfgs[impl]), groups, tracers[impl])
+               for impl in ENGINES}
+    if layout.pp == 1:
+        peer = DDPPeer(base, groups, t.grad_clip, opts["bucket_mb"])
+    else:
+        units = engines["baseline"].plan.stage_units[groups.stage]
+        peer = PipelinePeer(base, units, groups, t.grad_clip, opts["peer_sync"], opts["bucket_mb"])
+    steps_fn = {
+        "ratrain": lambda b, s: engines["ratrain"].train_step(b, t.lr, s).loss,
+        "baseline": lambda b, s: engines["baseline"].train_step(b, t.lr, s).loss,
+        "peer": lambda b, s: peer.train_step(b),
+    }
+    next_step = dict.fromkeys(IMPLS, 0)
+    tokens_per_step = t.global_batch * t.seq_len
+    traced: dict[str, list[dict[str, float]]] = {impl: [] for impl in ENGINES}
+
+    def phase(impl: str, n: int, timed: bool):
+        dist.barrier()
+        if impl in tracers:
+            tracers[impl].reset_origin()
+        first = next_step[impl]
+        times, losses = [], []
+        for _ in range(n):
+            step = next_step[impl]
+            next_step[impl] += 1
+            batches = loader.step_batches(step)
+            t0 = time.perf_counter()
+            loss = steps_fn[impl](batches, step)
+            times.append(time.perf_counter() - t0)
+            losses.append(loss)
+        dist.barrier()
+        if timed and impl in tracers:
+            traced[impl] += _step_categories(tracers[impl].events(), range(first, first + n))
+        return times, losses
+
+    warm = {}
+    for impl in IMPLS:
+        times, losses = phase(impl, opts["warmup"], timed=False)
+        warm[impl] = {"step_times_s": times, "losses": losses}
+
+    rounds = []
+    for r in range(opts["rounds"]):
+        order = IMPLS if r % 2 == 0 else IMPLS[::-1]
+        row = {"round": r + 1, "order": list(order)}
+        for impl in order:
+            times, losses = phase(impl, opts["steps"], timed=True)
+            row[impl] = {"tokens_per_s": tokens_per_step * len(times) / sum(times),
+                         "step_times_s": times, "losses": losses}
+        if is_main:
+            print(f"  round {r + 1}/{opts['rounds']}: "
+                  + ", ".join(f"{impl} {row[impl]['tokens_per_s']:.0f}" for impl in IMPLS)
+                  + " tok/s", flush=True)
+        rounds.append(row)
+
+    alone = _compute_alone(base, engines["baseline"].stage.units, groups, loader.step_batches(0)[0])
+    mine = {"rank": groups.rank, "stage": groups.stage, "replica": groups.replica,
+            "n_params": sum(p.numel() for p in engines["baseline"].stage.all_params()),
+            "cores": len(os.sched_getaffinity(0)),
+            "compute_alone_per_micro_batch_s": alone, "trace_per_step_s": traced}
+    ranks = [None] * layout.world
+    dist.all_gather_object(ranks, mine)
+    if is_main:
+        Path(spec["result_path"]).write_text(json.dumps({
+            "rounds": rounds,
+            "warmup": warm,
+            "ranks": ranks,
+            "peer": peer.description,
+            "plans": {impl: engines[impl].plan.to_dict() for impl in ENGINES},
+        }))
+
+
+def worker_main(spec_path: str) -> None:
+    """One rank started by torchrun (two-node mode)."""
+    torch.set_num_threads(1)
+    spec = json.loads(Path(spec_path).read_text())
+    code = 0
+    try:
+        rank_main(spec)
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, then exit 1
+        record_failure(Path(spec["error_dir"]), int(os.environ.get("RANK", -1)), e)
+        traceback.print_exc()
+        code = 1
+    exit_without_teardown(code)
+
+
+# --- two nodes over a rate-limited link ---------------------------------------------------------
+
+
+class LinkUnavailable(Exception):
+    """Network namespaces, veth or tbf cannot be set up here (not root, not permitted, no tc)."""
+
+
+class TwoNodes:
+    """Two network namespaces joined by a veth pair, a tbf qdisc of `rate` on both ends.
+
+    Addresses 10.231.0.1/24 and .2/24 exist only on the veth pair, inside the two namespaces;
+    names carry this process's pid. Everything is removed on exit, also after Ctrl-C.
+    """
+
+    def __init__(self, rate: str):
+        tag = f"rtb{os.getpid()}"
+        self.rate = rate
+        self.ns = (f"{tag}a", f"{tag}b")
+        self.dev = (f"{tag}va", f"{tag}vb")
+        self.addr = ("10.231.0.1", "10.231.0.2")
+        self._made: list[str] = []
+
+    @staticmethod
+    def _run(*cmd: str) -> None:
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise LinkUnavailable(f"`{cmd[0]}` not found") from None
+        except subprocess.CalledProcessError as e:
+            msg = (e.stderr or e.stdout or "").strip().splitlines()
+            raise LinkUnavailable(f"`{' '.join(cmd)}` failed: {msg[-1] if msg else e.returncode}") from None
+
+    def __enter__(self) -> TwoNodes:
+        try:
+            for ns in self.ns:
+                self._run("ip", "netns", "add", ns)
+                self._made.append(ns)
+            self._run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+            self._made.append("veth")
+            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
+                self._run("ip", "link", "set", dev, "netns", ns)
+                self._run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                self._run("ip", "-n", ns, "link", "set", "lo", "up")
+                self._run("ip", "-n", ns, "link", "set", dev, "up")
+                self._run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                          "rate", self.rate, "burst", "256kb", "latency", "100ms")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        # Deleting a namespace destroys the veth end inside it, and with it the pair.
+        if "veth" in self._made:
+            subprocess.run(["ip", "link", "del", self.dev[0]], capture_output=True)  # if never moved
+        for ns in self.ns:
+            if ns in self._made:
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._made.clear()
+
+    def run(self, layout: Layout, spec_path: Path, port: int, log_dir: Path) -> None:
+        """Start one torchrun per namespace (node A: ranks 0..k-1, node B: k..2k-1) and wait."""
+        k = layout.world // 2
+        procs: list[subprocess.Popen] = []
+        logs = []
+        try:
+            for node in (0, 1):
+                cmd = ["ip", "netns", "exec", self.ns[node], "env",
+                       f"GLOO_SOCKET_IFNAME={self.dev[node]}", "OMP_NUM_THREADS=1",
+                       sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                       "--node-rank", str(node), "--nproc-per-node", str(k),
+                       "--master-addr", self.addr[0], "--master-port", str(port),
+                       str(SCRIPT), "--worker", str(spec_path)]
+                log = open(log_dir / f"node{node}.log", "w")
+                logs.append(log)
+                # Node A holds rank 0, whose progress lines go to our stdout.
+                procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=None if node == 0 else log,
+                                              stderr=log, start_new_session=True))
+            while any(p.poll() is None for p in procs):
+                if any(p.returncode not in (None, 0) for p in procs):
+                    break  # one node failed: the other would wait for its peers until timeout
+                time.sleep(0.2)
+        finally:
+            for p in procs:
+                _stop(p)
+            for log in logs:
+                log.close()
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            tail = "\n".join(line for i, c in enumerate(codes) if c
+                             for line in (log_dir / f"node{i}.log").read_text().splitlines()[-15:])
+            raise RuntimeError(f"torchrun exited with {codes}; last lines of its log:\n{tail}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a torchrun we started, and its workers (its own session), if still running."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+# --- analysis -----------------------------------------------------------------------------------
+
+
+def lower_bound(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | None) -> dict:
+    """max(compute including the 1F1B bubble, bytes crossing the slow link per direction / rate).
+
+    compute = max(pipeline, cpu), from t[s], the forward + backward time of one micro-batch on
+    stage s measured alone (`_compute_alone`; the fastest of the stage's replicas, which all do
+    the same work):
+      pipeline: sum_s t[s] + (n_micro - 1) * max_s t[s]: one micro-batch must pass every stage
+                and back, and the slowest stage must do all n_micro (= (n_micro + pp - 1) * t for
+                equal stages: 1F1B's bubble);
+      cpu:      n_micro * dp * sum_s t[s] / min(ranks, cores): all the ranks' compute on the
+                cores there are (more ranks than cores: they share them).
+    """
+    n = cfg.n_micro
+    ranks = raw["ranks"]
+    alone = {(r["stage"], r["replica"]): r["compute_alone_per_micro_batch_s"] for r in ranks}
+    # The replicas of a stage do the same work: the fastest one's time is the stage's.
+    t = [min(alone[(s, rep)] for rep in range(layout.dp)) for s in range(layout.pp)]
+    pipeline = sum(t) + (n - 1) * max(t)
+    cores = min(r["cores"] for r in ranks)
+    cpu = n * layout.dp * sum(t) / min(layout.world, cores)
+    compute = max(pipeline, cpu)
+    in_run = {}  # the same from ratrain's traces during the timed steps (shared cores included)
+    for r in ranks:
+        medians = [statistics.median(sum(st.get(c, 0.0) for c in COMPUTE) for st in steps)
+                   for steps in r["trace_per_step_s"].values() if steps]
+        in_run[f"stage {r['stage']} replica {r['replica']}"] = min(medians) / n
+    out = {"compute_s": compute, "pipeline_s": pipeline, "cpu_s": cpu, "cores": cores,
+           "per_micro_batch_compute_stage_s": t,
+           "per_micro_batch_compute_alone_s": {f"stage {s} replica {rep}": v
+                                               for (s, rep), v in sorted(alone.items())},
+           "per_micro_batch_compute_in_run_s": in_run,
+           "formula": "max(compute = max(sum_s t[s] + (n_micro - 1) * max_s t[s], "
+                      "n_micro * dp * sum_s t[s] / min(ranks, cores)), link bytes per direction / rate), "
+                      "t[s] = min over the replicas of stage s of the time alone"}
+    link = None
+    if rate_bps:
+        k = layout.world // 2
+        rank_of = {(r["stage"], r["replica"]): r["rank"] for r in ranks}
+        grad_bytes = {r["stage"]: 4 * r["n_params"] for r in ranks}
+        act_bytes = cfg.train.micro_batch_size * cfg.train.seq_len * cfg.model.dim * 4
+        cross = {(0, 1): 0, (1, 0): 0}
+        act_total = grad_total = 0
+        for rep in range(layout.dp):
+            for s in range(layout.pp - 1):
+                a, b = rank_of[(s, rep)] // k, rank_of[(s + 1, rep)] // k
+                if a != b:  # activations a -> b, their gradients b -> a
+                    cross[(a, b)] += n * act_bytes
+                    cross[(b, a)] += n * act_bytes
+                    act_total += n * act_bytes
+        for s in range(layout.pp):
+            if len({rank_of[(s, rep)] // k for rep in range(layout.dp)}) == 2:
+                cross[(0, 1)] += grad_bytes[s]
+                cross[(1, 0)] += grad_bytes[s]
+                grad_total += grad_bytes[s]
+        link_bytes = max(cross.values())
+        link = link_bytes * 8 / rate_bps
+        out.update(link_s=link, link_bytes_per_direction=link_bytes, rate_bits_per_s=rate_bps,
+                   activation_bytes_per_direction=act_total, gradient_bytes_per_direction=grad_total)
+    out["bound_s"] = max(compute, link or 0.0)
+    return out
+
+
+def analyse(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | None) -> dict:
+    tokens_per_step = cfg.train.global_batch * cfg.train.seq_len
+    rates = {impl: [row[impl]["tokens_per_s"] for row in raw["rounds"]] for impl in IMPLS}
+    bound = lower_bound(layout, raw, cfg, rate_bps)
+    summary = {}
+    for impl in IMPLS:
+        s = stat_summary(rates[impl])
+        s["step_s"] = tokens_per_step / s["median"]
+        s["step_over_bound"] = s["step_s"] / bound["bound_s"]
+        summary[impl] = s
+    paired = {}
+    for other in ("baseline", "peer"):
+        ratios = [a / b for a, b in zip(rates["ratrain"], rates[other])]
+        paired[f"ratrain_vs_{other}"] = {**stat_summary(ratios), "per_round": ratios}
+    # Every implementation walks the loader's steps in order: its k-th loss is step k's.
+    seqs = {impl: raw["warmup"][impl]["losses"] + [x for row in raw["rounds"] for x in row[impl]["losses"]]
+            for impl in IMPLS}
+    diffs = {f"{a}_vs_{b}": max(abs(x - y) for x, y in zip(seqs[a], seqs[b]))
+             for a, b in (("ratrain", "baseline"), ("ratrain", "peer"), ("baseline", "peer"))}
+    return {"summary_tokens_per_s": summary, "paired_ratios": paired, "lower_bound": bound,
+            "max_abs_loss_difference": diffs, "n_losses_compared": len(seqs["peer"]),
+            "first_step_loss": {impl: seqs[impl][0] for impl in IMPLS},
+            "last_step_loss": {impl: seqs[impl][-1] for impl in IMPLS}}
+
+
+def print_layout(layout: Layout, res: dict, names: dict[str, str]) -> None:
+    s, b = res["summary_tokens_per_s"], res["lower_bound"]
+    header = (f"{'implementation':<38} {'tok/s median':>12} {'min':>7} {'max':>7} {'step s':>7} "
+              f"{'/ bound':>7}")
+    print(header)
+    print("-" * len(header))
+    for impl in IMPLS:
+        x = s[impl]
+        print(f"{names[impl]:<38} {x['median']:>12.0f} {x['min']:>7.0f} {x['max']:>7.0f} "
+              f"{x['step_s']:>7.3f} {x['step_over_bound']:>7.2f}")
+    for key, p in res["paired_ratios"].items():
+        print(f"{key.replace('_vs_', ' / ')} within each round: median {p['median']:.3f} "
+              f"(min {p['min']:.3f}, max {p['max']:.3f})")
+    line = f"lower bound {b['bound_s']:.3f} s = max(compute {b['compute_s']:.3f} s"
+    if "link_s" in b:
+        line += (f", link {b['link_bytes_per_direction'] / 1e6:.2f} MB each way / "
+                 f"{b['rate_bits_per_s'] / 8e6:.2f} MB/s = {b['link_s']:.3f} s")
+    print(line + ")")
+    print(f"  compute = max(pipeline {b['pipeline_s']:.3f} s, cpu {b['cpu_s']:.3f} s on {b['cores']} cores); "
+          f"forward+backward of one micro-batch, alone:")
+    for (k, v), w in zip(b["per_micro_batch_compute_alone_s"].items(),
+                         b["per_micro_batch_compute_in_run_s"].values()):
+        print(f"    {k}: {v * 1e3:.0f} ms (in the run, from ratrain's traces: {w * 1e3:.0f} ms)")
+    d = res["max_abs_loss_difference"]
+    f = res["first_step_loss"]
+    print(f"losses: first step {', '.join(f'{k} {v:.6f}' for k, v in f.items())}; max |difference| "
+          f"over {res['n_losses_compared']} steps: ratrain-baseline {d['ratrain_vs_baseline']:.3g}, "
+          f"ratrain-peer {d['ratrain_vs_peer']:.3g}, baseline-peer {d['baseline_vs_peer']:.3g}")
+
+
+def print_overview(results: list[dict]) -> None:
+    header = (f"{'config':<18} {'ratrain':>8} {'baseline':>9} {'peer':>8} {'r/base':>7} {'r/peer':>7} "
+              f"{'bound s':>8} {'ratrain':>8} {'baseline':>9} {'peer':>6}")
+    print(f"{'':<18} {'tokens/s (median)':^27} {'within-round':^15} {'':>8} "
+          f"{'step time / bound':^26}")
+    print(header)
+    print("-" * len(header))
+    for res in results:
+        s, p = res["summary_tokens_per_s"], res["paired_ratios"]
+        print(f"{res['layout']['key']:<18} {s['ratrain']['median']:>8.0f} {s['baseline']['median']:>9.0f} "
+              f"{s['peer']['median']:>8.0f} {p['ratrain_vs_baseline']['median']:>7.3f} "
+              f"{p['ratrain_vs_peer']['median']:>7.3f} {res['lower_bound']['bound_s']:>8.3f} "
+              f"{s['ratrain']['step_over_bound']:>8.2f} {s['baseline']['step_over_bound']:>9.2f} "
+              f"{s['peer']['step_over_bound']:>6.2f}")
+
+
+# --- driver -------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help=f"comma-separated PPxDP[:ORDER] layouts, run one after the other "
+                         f"(default: {DEFAULT_CONFIGS})")
+    ap.add_argument("--pp", type=int, help="one layout instead of --configs: pipeline stages")
+    ap.add_argument("--dp", type=int, help="one layout instead of --configs: data-parallel replicas")
+    ap.add_argument("--rank-order", choices=ORDERS, default="pp-dp",
+                    help="rank order of --pp/--dp, and of --configs items without one "
+                         "(pp-dp: a stage's replicas are neighbouring ranks, dp-pp: a replica's "
+                         "stages are; under torchrun neighbours share a node)")
+    ap.add_argument("--link", metavar="RATE",
+                    help="run as two nodes over a veth pair shaped to RATE with tbf (tc units: "
+                         "200mbit, 1gbit, 25mbps); needs root")
+    ap.add_argument("--model", default="tiny", help="model preset (default: tiny)")
+    ap.add_argument("--layers", type=int,
+                    help="decoder blocks instead of the preset's (more, smaller units: a finer "
+                         "grain for per-unit gradient sync)")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--global-batch", type=int, default=16,
+                    help="sequences per optimizer step over all replicas (default 16)")
+    ap.add_argument("--clip", type=float, default=1.0,
+                    help="max global gradient norm on all three (default 1.0, as training; 0: off)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per implementation per round")
+    ap.add_argument("--rounds", type=int, default=12,
+                    help="rounds; each runs --steps steps of every implementation (default 12)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per implementation first")
+    ap.add_argument("--peer-sync", choices=("ddp", "allreduce"), default="ddp",
+                    help="pp > 1 peer: stage modules wrapped in DDP (default) or one all_reduce "
+                         "after the schedule")
+    ap.add_argument("--ddp-bucket-mb", type=float, default=25.0,
+                    help="DDP bucket_cap_mb of the peer (default 25, DDP's own default)")
+    ap.add_argument("--ratrain-policy", choices=("ratrain", "baseline"), default="ratrain",
+                    help="policy of the 'ratrain' row (baseline: an A/A run of the harness)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)  # a rank under torchrun
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        worker_main(args.worker)  # does not return
+    try:
+        return _main(args, argv)
+    except LinkUnavailable as e:
+        print(f"--link needs root and network namespaces (ip netns, veth, tc tbf): {e}",
+              file=sys.stderr)
+        return 2
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RankFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if e.user_error else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args, argv) -> int:
+    if min(args.steps, args.rounds) < 1 or args.warmup < 0:
+        raise UserError("--steps and --rounds must be >= 1, --warmup >= 0")
+    if args.clip < 0:
+        raise UserError("--clip must be >= 0")
+    if (args.pp is None) != (args.dp is None):
+        raise UserError("--pp and --dp go together")
+    layouts = ([Layout(args.pp, args.dp, args.rank_order)] if args.pp is not None
+               else parse_layouts(args.configs, args.rank_order))
+    if min(min(x.pp, x.dp) for x in layouts) < 1:
+        raise UserError("--pp and --dp must be >= 1")
+    rate_bps = parse_rate(args.link) if args.link else None
+    if rate_bps and any(x.world % 2 for x in layouts):
+        raise UserError("--link runs two nodes with the same number of ranks: every pp x dp must be even")
+    cfgs = {}
+    for x in layouts:
+        cfgs[x] = {"ratrain": make_config(args, x, args.ratrain_policy),
+                   "baseline": make_config(args, x, "baseline")}
+        for cfg in cfgs[x].values():
+            plan_for(cfg)  # too few micro-batches for the stages etc.: a UserError, before launching
+    # SIGTERM ends the run like Ctrl-C, through the finally blocks that remove the namespaces.
+    signal.signal(signal.SIGTERM, _interrupt)
+    with TwoNodes(args.link) if rate_bps else nullcontext() as net:  # no link here: one line, exit 2
+        return _run(args, argv, layouts, cfgs, rate_bps, net)
+
+
+def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, net) -> int:
+    base = cfgs[layouts[0]]["baseline"]
+    tokenizer = load_tokenizer(base.data.tokenizer)
+    check_fits(tokenizer, base.model.vocab_size)
+    load_tokens(base.data, tokenizer, progress=True)  # tokenize once; ranks memory-map the cache
+
+    t = base.train
+    where = f"two nodes over a {args.link} link (tbf on a veth pair)" if rate_bps else "one machine, loopback"
+    print(f"{base.model.name}: seq_len {t.seq_len}, global batch {t.global_batch} sequences "
+          f"({t.global_batch * t.seq_len} tokens/step), micro-batches of {t.micro_batch_size}, "
+          f"clip {t.grad_clip:g}, gloo, 1 thread/rank, {where}; {args.rounds} rounds x {args.steps} "
+          f"steps per implementation after {args.warmup} warm-up; 'ratrain' row: policy "
+          f"{args.ratrain_policy}", flush=True)
+    names = {"ratrain": f"ratrain (policy {args.ratrain_policy})", "baseline": "ratrain baseline"}
+    results = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, x in enumerate(layouts):
+            cfg = cfgs[x]["baseline"]
+            sync = {"ddp": " + DDP", "allreduce": " + all_reduce"}[args.peer_sync] if x.dp > 1 else ""
+            names["peer"] = "peer: torch DDP" if x.pp == 1 else f"peer: torch Schedule1F1B{sync}"
+            per_node = f", {x.world // 2} per node" if rate_bps else ""
+            cores = len(os.sched_getaffinity(0))
+            over = f"; {x.world} ranks on {cores} cores: oversubscribed" if x.world > cores else ""
+            print(f"\n== {x.name}: {x.world} ranks{per_node}, {cfg.n_micro} micro-batches per "
+                  f"replica{over} ==", flush=True)
+            work = Path(tmp) / f"config{i}"
+            work.mkdir()
+            spec = {"layout": dataclasses.asdict(x),
+                    "cfgs": {impl: cfgs[x][impl].to_dict() for impl in ENGINES},
+                    "opts": {"steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
+                             "peer_sync": args.peer_sync, "bucket_mb": args.ddp_bucket_mb},
+                    "result_path": str(work / "rank0.json"), "error_dir": str(work / "errors")}
+            t0 = time.perf_counter()
+            if rate_bps:
+                spec_path = work / "spec.json"
+                spec_path.write_text(json.dumps(spec))
+                try:
+                    net.run(x, spec_path, 29500 + i, work)
+                except RuntimeError as e:
+                    reports = [json.loads(p.read_text()) for p in (work / "errors").glob("rank_*.json")]
+                    if reports:
+                        first = min(reports, key=lambda r: r["time"])
+                        raise RankFailed(first["rank"], f"{first['type']}: {first['message']}",
+                                         first["user_error"]) from None
+                    raise
+            else:
+                launch_local(x.world, rank_main, (spec,), error_dir=work / "errors", threads=1)
+            raw = json.loads((work / "rank0.json").read_text())
+            res = {"layout": {**dataclasses.asdict(x), "key": x.key, "name": x.name},
+                   "n_micro": cfg.n_micro, "tokens_per_step": t.global_batch * t.seq_len,
+                   "peer": raw["peer"], "wall_s": time.perf_counter() - t0,
+                   **analyse(x, raw, cfg, rate_bps), **raw}
+            print(f"peer: {raw['peer']}\n")
+            print_layout(x, res, names)
+            results.append(res)
+    wall = time.perf_counter() - started
+
+    print()
+    print_overview(results)
+    result = {
+        "benchmark": "schedules",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(),
+                                         *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "settings": {"model": args.model, "layers": base.model.n_layers, "seq_len": t.seq_len, "micro_batch_size": t.micro_batch_size,
+                     "global_batch": t.global_batch, "tokens_per_step": t.global_batch * t.seq_len,
+                     "grad_clip": t.grad_clip, "lr": t.lr, "seed": t.seed, "backend": "gloo",
+                     "threads_per_rank": 1, "steps_per_round": args.steps, "rounds": args.rounds,
+                     "warmup": args.warmup, "ratrain_policy": args.ratrain_policy,
+                     "peer_sync": args.peer_sync, "ddp_bucket_mb": args.ddp_bucket_mb,
+                     "link": args.link, "link_bits_per_s": rate_bps,
+                     "timing": "perf_counter around each train step on rank 0",
+                     "lower_bound": "max(compute incl. the 1F1B bubble and the cores' share, from "
+                                    "each stage's forward+backward per micro-batch measured alone; "
+                                    "bytes crossing the link per direction / rate); see each "
+                                    "config's lower_bound"},
+        "configs": results,
+        "wall_s": wall,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out} ({wall:.0f}s)")
+    return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
