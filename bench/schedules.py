@@ -54,7 +54,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -84,6 +83,7 @@ from ratrain.train import make_data, plan_for
 
 from peers import DDPPeer, PipelinePeer, machine
 from peers import summary as stat_summary
+from two_nodes import LinkUnavailable, TwoNodes, parse_rate
 
 IMPLS = ("ratrain", "baseline", "peer")
 ENGINES = ("ratrain", "baseline")  # the ratrain PipelineEngines (traced)
@@ -124,18 +124,6 @@ def parse_layouts(text: str, default_order: str) -> list[Layout]:
         out.append(Layout(int(m[1]), int(m[2]), m[3] or default_order))
     return out
 
-
-_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
-               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}  # tc's units (bps = bytes/s)
-
-
-def parse_rate(text: str) -> float:
-    """A tc rate ("200mbit", "25mbps") in bits per second."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]+)", text.strip().lower())
-    if not m or m[2] not in _RATE_UNITS or float(m[1]) <= 0:
-        raise UserError(f"--link: {text!r} is not a tc rate such as 200mbit, 1gbit or 25mbps "
-                        f"(units: {', '.join(_RATE_UNITS)})")
-    return float(m[1]) * _RATE_UNITS[m[2]]
 
 
 def make_config(args, layout: Layout, policy: str) -> RunConfig:
@@ -313,119 +301,6 @@ def worker_main(spec_path: str) -> None:
         traceback.print_exc()
         code = 1
     exit_without_teardown(code)
-
-
-# --- two nodes over a rate-limited link ---------------------------------------------------------
-
-
-class LinkUnavailable(Exception):
-    """Network namespaces, veth or tbf cannot be set up here (not root, not permitted, no tc)."""
-
-
-class TwoNodes:
-    """Two network namespaces joined by a veth pair, a tbf qdisc of `rate` on both ends.
-
-    Addresses 10.231.0.1/24 and .2/24 exist only on the veth pair, inside the two namespaces;
-    names carry this process's pid. Everything is removed on exit, also after Ctrl-C.
-    """
-
-    def __init__(self, rate: str):
-        tag = f"rtb{os.getpid()}"
-        self.rate = rate
-        self.ns = (f"{tag}a", f"{tag}b")
-        self.dev = (f"{tag}va", f"{tag}vb")
-        self.addr = ("10.231.0.1", "10.231.0.2")
-        self._made: list[str] = []
-
-    @staticmethod
-    def _run(*cmd: str) -> None:
-        try:
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-        except FileNotFoundError:
-            raise LinkUnavailable(f"`{cmd[0]}` not found") from None
-        except subprocess.CalledProcessError as e:
-            msg = (e.stderr or e.stdout or "").strip().splitlines()
-            raise LinkUnavailable(f"`{' '.join(cmd)}` failed: {msg[-1] if msg else e.returncode}") from None
-
-    def __enter__(self) -> TwoNodes:
-        try:
-            for ns in self.ns:
-                self._run("ip", "netns", "add", ns)
-                self._made.append(ns)
-            self._run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-            self._made.append("veth")
-            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
-                self._run("ip", "link", "set", dev, "netns", ns)
-                self._run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                self._run("ip", "-n", ns, "link", "set", "lo", "up")
-                self._run("ip", "-n", ns, "link", "set", dev, "up")
-                self._run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                          "rate", self.rate, "burst", "256kb", "latency", "100ms")
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        # Deleting a namespace destroys the veth end inside it, and with it the pair.
-        if "veth" in self._made:
-            subprocess.run(["ip", "link", "del", self.dev[0]], capture_output=True)  # if never moved
-        for ns in self.ns:
-            if ns in self._made:
-                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        self._made.clear()
-
-    def run(self, layout: Layout, spec_path: Path, port: int, log_dir: Path) -> None:
-        """Start one torchrun per namespace (node A: ranks 0..k-1, node B: k..2k-1) and wait."""
-        k = layout.world // 2
-        procs: list[subprocess.Popen] = []
-        logs = []
-        try:
-            for node in (0, 1):
-                cmd = ["ip", "netns", "exec", self.ns[node], "env",
-                       f"GLOO_SOCKET_IFNAME={self.dev[node]}", "OMP_NUM_THREADS=1",
-                       sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                       "--node-rank", str(node), "--nproc-per-node", str(k),
-                       "--master-addr", self.addr[0], "--master-port", str(port),
-                       str(SCRIPT), "--worker", str(spec_path)]
-                log = open(log_dir / f"node{node}.log", "w")
-                logs.append(log)
-                # Node A holds rank 0, whose progress lines go to our stdout.
-                procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=None if node == 0 else log,
-                                              stderr=log, start_new_session=True))
-            while any(p.poll() is None for p in procs):
-                if any(p.returncode not in (None, 0) for p in procs):
-                    break  # one node failed: the other would wait for its peers until timeout
-                time.sleep(0.2)
-        finally:
-            for p in procs:
-                _stop(p)
-            for log in logs:
-                log.close()
-        codes = [p.returncode for p in procs]
-        if any(codes):
-            tail = "\n".join(line for i, c in enumerate(codes) if c
-                             for line in (log_dir / f"node{i}.log").read_text().splitlines()[-15:])
-            raise RuntimeError(f"torchrun exited with {codes}; last lines of its log:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """End a torchrun we started, and its workers (its own session), if still running."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 # --- analysis -----------------------------------------------------------------------------------
@@ -693,8 +568,9 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
                 spec_path = work / "spec.json"
                 spec_path.write_text(json.dumps(spec))
                 try:
-                    net.run(x, spec_path, 29500 + i, work)
-                except RuntimeError as e:
+                    net.run(x.world // 2, [str(SCRIPT), "--worker", str(spec_path)], 29500 + i,
+                            work, cwd=REPO)
+                except RuntimeError:
                     reports = [json.loads(p.read_text()) for p in (work / "errors").glob("rank_*.json")]
                     if reports:
                         first = min(reports, key=lambda r: r["time"])

@@ -206,7 +206,7 @@ class _Loop:
         return out
 
     def run(self, resume: bool) -> None:
-        cfg, t = self.cfg, self.cfg.train
+        t = self.cfg.train
         start = self._resume() if resume else 0
         log = MetricsLog(self.run_dir / "metrics.jsonl", start if resume else None) if self.is_main else None
         tokens_per_step = t.global_batch * t.seq_len
