@@ -40,7 +40,7 @@ it during the timed steps (shared cores included) is printed beside it.
 namespace (needs root). Without it, the ranks run locally over loopback.
 
     python bench/schedules.py [--configs 1x2,2x2:pp-dp,2x2:dp-pp] [--link 200mbit]
-        [--model tiny] [--seq-len 256] [--micro-batch-size 2] [--global-batch 16] [--clip 1.0]
+        [--model tiny] [--seq-len 256] [--global-batch 16] [--micro-batch-size B] [--clip 1.0]
         [--steps 3] [--rounds 12] [--warmup 1] [--out bench/results/schedules.json]
 """
 
@@ -136,7 +136,9 @@ def make_config(args, layout: Layout, policy: str) -> RunConfig:
         data=DataConfig(),  # byte-tokenized standard library
         train=TrainConfig(
             seq_len=args.seq_len,
-            micro_batch_size=args.micro_batch_size,
+            # default: pp micro-batches per replica, the fewest that fill the pipeline (a unit's
+            # gradient is final after the last one's backward, so fewer hide more of the sync)
+            micro_batch_size=args.micro_batch_size or max(1, args.global_batch // layout.world),
             global_batch=args.global_batch,
             steps=args.warmup + args.steps * args.rounds,
             grad_clip=args.clip,
@@ -461,7 +463,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="decoder blocks instead of the preset's (more, smaller units: a finer "
                          "grain for per-unit gradient sync)")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--micro-batch-size", type=int,
+                    help="sequences per micro-batch (default: global batch / (dp x pp), i.e. pp "
+                         "micro-batches per replica)")
     ap.add_argument("--global-batch", type=int, default=16,
                     help="sequences per optimizer step over all replicas (default 16)")
     ap.add_argument("--clip", type=float, default=1.0,
@@ -539,7 +543,8 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
     t = base.train
     where = f"two nodes over a {args.link} link (tbf on a veth pair)" if rate_bps else "one machine, loopback"
     print(f"{base.model.name}: seq_len {t.seq_len}, global batch {t.global_batch} sequences "
-          f"({t.global_batch * t.seq_len} tokens/step), micro-batches of {t.micro_batch_size}, "
+          f"({t.global_batch * t.seq_len} tokens/step), micro-batches of "
+          f"{args.micro_batch_size or 'global batch / (dp x pp)'}, "
           f"clip {t.grad_clip:g}, gloo, 1 thread/rank, {where}; {args.rounds} rounds x {args.steps} "
           f"steps per implementation after {args.warmup} warm-up; 'ratrain' row: policy "
           f"{args.ratrain_policy}", flush=True)
@@ -554,8 +559,8 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
             per_node = f", {x.world // 2} per node" if rate_bps else ""
             cores = len(os.sched_getaffinity(0))
             over = f"; {x.world} ranks on {cores} cores: oversubscribed" if x.world > cores else ""
-            print(f"\n== {x.name}: {x.world} ranks{per_node}, {cfg.n_micro} micro-batches per "
-                  f"replica{over} ==", flush=True)
+            print(f"\n== {x.name}: {x.world} ranks{per_node}, {cfg.n_micro} micro-batches of "
+                  f"{cfg.train.micro_batch_size} per replica{over} ==", flush=True)
             work = Path(tmp) / f"config{i}"
             work.mkdir()
             spec = {"layout": dataclasses.asdict(x),
@@ -581,7 +586,8 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
                 launch_local(x.world, rank_main, (spec,), error_dir=work / "errors", threads=1)
             raw = json.loads((work / "rank0.json").read_text())
             res = {"layout": {**dataclasses.asdict(x), "key": x.key, "name": x.name},
-                   "n_micro": cfg.n_micro, "tokens_per_step": t.global_batch * t.seq_len,
+                   "n_micro": cfg.n_micro, "micro_batch_size": cfg.train.micro_batch_size,
+                   "tokens_per_step": t.global_batch * t.seq_len,
                    "peer": raw["peer"], "wall_s": time.perf_counter() - t0,
                    **analyse(x, raw, cfg, rate_bps), **raw}
             print(f"peer: {raw['peer']}\n")
@@ -597,7 +603,7 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(),
                                          *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
-        "settings": {"model": args.model, "layers": base.model.n_layers, "seq_len": t.seq_len, "micro_batch_size": t.micro_batch_size,
+        "settings": {"model": args.model, "layers": base.model.n_layers, "seq_len": t.seq_len, "micro_batch_size": args.micro_batch_size,
                      "global_batch": t.global_batch, "tokens_per_step": t.global_batch * t.seq_len,
                      "grad_clip": t.grad_clip, "lr": t.lr, "seed": t.seed, "backend": "gloo",
                      "threads_per_rank": 1, "steps_per_round": args.steps, "rounds": args.rounds,
