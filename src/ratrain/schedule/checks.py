@@ -333,7 +333,8 @@ def dry_run(programs: list[Program]) -> None:
     started the matching send; WSA/WSG once the peer has started the matching receive
     (rendezvous, which also holds for NCCL); WGS completes (DP replicas run the same program);
     WN completes once every pipeline rank has started N; E is a collective over all pipeline
-    stages: a rank passes it only when every rank has reached it. Raises ScheduleError naming every blocked rank if no rank can make progress.
+    stages: a rank passes it only when every rank has reached it. Raises ScheduleError naming
+    every blocked rank if no rank can make progress.
 
     Rendezvous is the worst case: where a transport completes sends eagerly, every wait
     completes no later than here, so a program that passes also runs there."""
@@ -358,5 +359,6 @@ def dry_run(programs: list[Program]) -> None:
             return
         if not progressed:
             blocked = {r: pcs[r] for r in range(p) if pcs[r] < len(programs[r])}
-            reasons = [_why_blocked(programs[r][pc], r, p, arrived, started) for r, pc in blocked.items()]
+            reasons = [_why_blocked(programs[r][pc], r, p, arrived, started)
+                       for r, pc in blocked.items()]
             _fail(programs, "deadlock: " + "; ".join(reasons), blocked)

@@ -111,15 +111,21 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
 
 
 def _flush_point(program: Program) -> int:
-    """Index just after the stage's last backward and the start of the gradient send it
-    triggers: the pipeline flush, where every gradient of the stage has been accumulated. Waits
-    already placed there (the previous gradient send's) move after what is inserted."""
+    """Index just after the stage's last backward and what it triggers (see _after_backward):
+    the pipeline flush, where every gradient of the stage has been accumulated. Waits already
+    placed there (the previous gradient send's) move after what is inserted."""
     return _after_backward(program, max(i for i, a in enumerate(program) if a.op is Op.BACKWARD))
 
 
 def _last_backwards(program: Program) -> dict[int, int]:
     """Unit -> index of its last backward in the program."""
     return {a.layer: i for i, a in enumerate(program) if a.op is Op.BACKWARD}
+
+
+def _final_order(program: Program, units: range) -> list[int]:
+    """The stage's units in the order their gradients become final (their last backwards)."""
+    last_backward = _last_backwards(program)
+    return sorted(units, key=last_backward.__getitem__)
 
 
 def _after_backward(program: Program, i: int) -> int:
@@ -153,8 +159,7 @@ def add_grad_sync(programs: list[Program], stage_units: list[range], dp: int) ->
         return [list(program) for program in programs]
     out = []
     for program, units in zip(programs, stage_units):
-        last_backward = _last_backwards(program)
-        final_order = sorted(units, key=last_backward.__getitem__)
+        final_order = _final_order(program, units)
         at = _flush_point(program)
         syncs = [Action(Op.GRAD_SYNC, u) for u in final_order]
         waits = [Action(Op.WAIT_GRAD_SYNC, u) for u in final_order]
@@ -212,17 +217,17 @@ def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
       squared norm over the pipeline (`N`), waits for it (`WN`), then updates its units. The
       syncs still overlap the backward; only the updates wait for the norm.
     """
+    def wait(u: int) -> list[Action]:
+        return [Action(Op.WAIT_GRAD_SYNC, u)] if dp > 1 else []
+
     out = []
     for program, units in zip(programs, stage_units):
-        last_backward = _last_backwards(program)
-        final_order = sorted(units, key=last_backward.__getitem__)
-        waits = {u: [Action(Op.WAIT_GRAD_SYNC, u)] if dp > 1 else [] for u in units}
-        updates = [Action(Op.UPDATE, u) for u in final_order]
+        order = _final_order(program, units)
         if clip:
-            tail = [w for u in final_order for w in waits[u]] + [
-                Action(Op.GRAD_NORM), Action(Op.WAIT_GRAD_NORM)] + updates
+            norm = [Action(Op.GRAD_NORM), Action(Op.WAIT_GRAD_NORM)]
+            tail = [w for u in order for w in wait(u)] + norm + [Action(Op.UPDATE, u) for u in order]
         else:
-            tail = [a for u, update in zip(final_order, updates) for a in waits[u] + [update]]
+            tail = [a for u in order for a in wait(u) + [Action(Op.UPDATE, u)]]
         out.append(_insert(program, {_flush_point(program): tail}))
     return add_step_end(out)
 

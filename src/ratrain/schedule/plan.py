@@ -79,14 +79,21 @@ class PipelinePlan:
         )
 
 
+def _compute_and_p2p(programs: list[Program], stage_units: list[range], n_layers: int,
+                     activation: str) -> list[Program]:
+    """What both policies share: one activation policy for every decoder block (keep all, or
+    recompute each), then the pipeline transfers."""
+    recompute = set(range(1, n_layers + 1)) if activation == "recompute" else set()
+    programs = passes.add_activation_policy(programs, recompute)
+    return passes.add_p2p(programs, stage_units)
+
+
 def _baseline(programs: list[Program], stage_units: list[range], n_layers: int, dp: int,
               activation: str, clip: bool) -> list[Program]:
     """GPU-style: one activation policy for every unit (keep all, or recompute every decoder
     block); every gradient synchronized after the pipeline flush; one optimizer step at the end;
     parameter views resident (no view actions)."""
-    recompute = set(range(1, n_layers + 1)) if activation == "recompute" else set()
-    programs = passes.add_activation_policy(programs, recompute)
-    programs = passes.add_p2p(programs, stage_units)
+    programs = _compute_and_p2p(programs, stage_units, n_layers, activation)
     programs = passes.add_grad_sync(programs, stage_units, dp)
     return passes.add_update(programs, stage_units, clip)
 
@@ -98,9 +105,7 @@ def _ratrain(programs: list[Program], stage_units: list[range], n_layers: int, d
     after its own sync (after the global norm when clipping), no stage waiting for another
     except for that norm. Activation policy as in the baseline for now; parameter views
     resident."""
-    recompute = set(range(1, n_layers + 1)) if activation == "recompute" else set()
-    programs = passes.add_activation_policy(programs, recompute)
-    programs = passes.add_p2p(programs, stage_units)
+    programs = _compute_and_p2p(programs, stage_units, n_layers, activation)
     programs = passes.add_unit_grad_sync(programs, dp)
     return passes.add_unit_update(programs, stage_units, dp, clip)
 
