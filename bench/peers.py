@@ -2,7 +2,7 @@
 machine description and summary statistics of their JSON.
 
 The peers train ratrain's own units (`build_units(cfg.model, seed, indices)`, so the same initial
-weights), with one `torch.optim.AdamW` per rank carrying ratrain's settings (foreach=False, weight
+weights), with one `torch.optim.AdamW` per rank carrying ratrain's settings (fused=True, weight
 decay on matrices only) and a constant learning rate (train.lr), and end each step with an
 all_reduce of (loss sum, micro-batch count) over the pipeline group and then the replica group:
 the counterpart of ratrain's end-of-step `E` action, so every rank knows the step's mean loss.
@@ -56,11 +56,11 @@ def summary(values: list[float]) -> dict:
 
 def adamw(params: list[nn.Parameter], t: TrainConfig) -> torch.optim.AdamW:
     """ratrain's make_optimizer settings over all of a rank's parameters: weight decay on
-    matrices only, foreach=False (the same per-tensor arithmetic as ratrain's per-unit AdamWs)."""
+    matrices only, fused=True (the same per-tensor arithmetic as ratrain's per-unit AdamWs)."""
     return torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.adam_eps, foreach=False,
+        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.adam_eps, fused=True,
     )
 
 

@@ -9,7 +9,7 @@ on the same batches, under both implementations, in one process group:
   embedding + first half of the blocks, stage 1 = the rest + head, ratrain's default split),
   `Schedule1F1B(loss_fn=lm_loss)` (its default `scale_grads=True` divides the gradients by
   n_microbatches, which is ratrain's 1/n_micro loss scaling), then `torch.optim.AdamW`
-  (foreach=False, ratrain's settings and weight-decay groups) and an all_reduce of the loss over
+  (fused=True, ratrain's settings and weight-decay groups) and an all_reduce of the loss over
   the pipeline group, the counterpart of ratrain's end-of-step `E` action (`PipelinePeer` in
   bench/peers.py, which bench/schedules.py shares).
 

@@ -82,13 +82,15 @@ _CONFIG_OPTIONS = [
     click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp)."),
     click.option("--micro-batch-size", type=int),
     click.option("--lr", type=float, help="Peak learning rate."),
-    click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Compute dtype."),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the parameter views and activations; masters stay fp32 (float16 with dynamic loss scaling).  [default: float32]"),
     click.option("--pp", type=int, help="Pipeline stages."),
     click.option("--dp", type=int, help="Data-parallel replicas."),
     click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
     click.option("--schedule", type=click.Choice(["1f1b", "gpipe"])),
-    click.option("--activation", type=click.Choice(["keep", "recompute"]), help="Activation policy of every decoder block: keep, or recompute in the backward."),
+    click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
+    click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
+    click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -99,7 +101,8 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
-           "threads": "parallel", "rank_order": "parallel"}
+           "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
+           "state_home": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
@@ -179,6 +182,18 @@ def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> N
         click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
                    f"loss: {summary.get('final_loss'):.4f}" + (f"  val loss: {val:.4f}" if val else "")
                    + f"  tokens/s: {summary.get('tokens_per_s'):.0f}")
+        click.echo(_memory_line(summary))
+
+
+def _memory_line(summary: dict) -> str:
+    """Peak memory per pipeline stage: what the executor held (ledger), what the process grew."""
+    ledger = summary.get("ledger_peak_bytes_per_stage")
+    if not ledger:
+        return f"peak memory: {_fmt_bytes(summary.get('peak_memory_bytes') or 0)}"
+    rss = summary.get("rss_growth_bytes_per_stage") or [None] * len(ledger)
+    parts = [f"stage {s}: {_fmt_bytes(held)}" + (f" (RSS +{_fmt_bytes(grown)})" if grown is not None else "")
+             for s, (held, grown) in enumerate(zip(ledger, rss))]
+    return "peak memory held (ledger): " + ", ".join(parts)
 
 
 @cli.command()
@@ -205,6 +220,13 @@ def plan(out, as_json, **opts) -> None:
     click.echo(f"{pipeline_plan.policy} {pipeline_plan.schedule}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
                f"rank order {pipeline_plan.rank_order}, "
                f"n_micro={cfg.n_micro}; {units}")
+    views = ("none (the views are the masters)" if pipeline_plan.view_window is None
+             else "all resident" if pipeline_plan.view_window == 0
+             else f"window {pipeline_plan.view_window}")
+    activation = "; ".join(f"stage {s}: " + ",".join(choices)
+                           for s, choices in enumerate(pipeline_plan.activation))
+    click.echo(f"activations per unit: {activation}; views: {views}; "
+               f"state home: {pipeline_plan.state_home}")
     click.echo(format_table(pipeline_plan.programs))
 
 

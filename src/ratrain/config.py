@@ -15,6 +15,9 @@ from typing import Any
 import yaml
 
 from ratrain.errors import UserError
+from ratrain.schedule.plan import ACTIVATIONS, STATE_HOMES
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -90,7 +93,7 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 4
     seed: int = 0
-    dtype: str = "float32"  # compute dtype: float32 or bfloat16 (autocast; masters stay fp32)
+    dtype: str = "float32"  # compute dtype: float32, bfloat16 or float16 (masters stay fp32; float16 with loss scaling)
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end of the run)
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
 
@@ -103,11 +106,8 @@ class TrainConfig:
                 f"train.global_batch {self.global_batch} is not a multiple of "
                 f"micro_batch_size {self.micro_batch_size}"
             )
-        if self.dtype == "float16":
-            raise UserError("float16 training needs loss scaling, which ratrain does not do yet; "
-                            "use bfloat16")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise UserError(f"train.dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
 @dataclass
@@ -116,7 +116,9 @@ class ParallelConfig:
     dp: int = 1
     policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
     schedule: str = "1f1b"  # "1f1b" or "gpipe"
-    activation: str = "keep"  # every decoder block's policy: "keep" or "recompute"
+    activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
+    view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
+    state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1
@@ -132,8 +134,22 @@ class ParallelConfig:
             raise UserError(f"unknown rank order {self.rank_order!r}; available: pp-dp, dp-pp")
         if self.schedule not in ("1f1b", "gpipe"):
             raise UserError(f"unknown schedule {self.schedule!r}; available: 1f1b, gpipe")
-        if self.activation not in ("keep", "recompute"):
-            raise UserError(f"activation policy must be keep or recompute, got {self.activation!r}")
+        policies = self.activation_per_stage
+        if any(a not in ACTIVATIONS for a in policies):
+            raise UserError(f"activation policy must be one of {', '.join(ACTIVATIONS)} (or one per "
+                            f"stage, comma-separated), got {self.activation!r}")
+        if len(policies) not in (1, self.pp):
+            raise UserError(f"--activation lists {len(policies)} policies for {self.pp} stages; "
+                            "give one, or one per stage")
+        if self.view_window < 0:
+            raise UserError(f"--view-window must be >= 0, got {self.view_window}")
+        if self.state_home not in STATE_HOMES:
+            raise UserError(f"state home must be one of {', '.join(STATE_HOMES)}, got {self.state_home!r}")
+
+    @property
+    def activation_per_stage(self) -> list[str]:
+        """The activation policy as given: one for every stage, or one per stage."""
+        return [a.strip() for a in str(self.activation).split(",")]
 
 
 @dataclass

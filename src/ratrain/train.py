@@ -1,8 +1,10 @@
 """The training loop: data -> engine -> steps -> metrics, validation, checkpoints, trace, plot.
 
-`train()` is the one entry point. With pp = dp = 1 it runs the plain single-process engine in this
-process; otherwise it starts pp x dp local processes (or, under torchrun, is already one of them)
-and every rank runs `rank_main` with its own stage of the pipeline plan.
+`train()` is the one entry point. With pp = dp = 1 it runs in this process: the plain
+single-process engine, or the executor when the run asks for what only the executor does (views,
+offload, recompute, float16, a plan file). Otherwise it starts pp x dp local processes (or, under
+torchrun, is already one of them) and every rank runs `rank_main` with its own stage of the
+pipeline plan.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
-from ratrain.metrics import MetricsLog, plot_loss
+from ratrain.metrics import MetricsLog, RssGrowth, plot_loss
 from ratrain.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
 from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.launch import launch_local, under_torchrun
-from ratrain.runtime.process_groups import init_groups
+from ratrain.runtime.process_groups import init_groups, pick_backend
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.trace import Tracer, write_chrome_trace
@@ -80,14 +82,39 @@ def load_plan(cfg: RunConfig) -> PipelinePlan:
     return plan
 
 
+def computes_on_cuda(cfg: RunConfig) -> bool:
+    return pick_backend(cfg.parallel.backend) == "nccl"
+
+
 def plan_for(cfg: RunConfig) -> PipelinePlan:
-    """The pipeline plan of this config (a request the schedule can't satisfy is a UserError)."""
+    """The pipeline plan of this config (a request the schedule can't satisfy is a UserError).
+
+    Views appear where they differ from the masters: a compute dtype other than fp32, or masters
+    on the host of a GPU. On a CPU-only run the host is the device's own memory, so fp32 views
+    would be copies of the masters in the same memory: there are none."""
     if cfg.parallel.plan_file:
         return load_plan(cfg)
     p = cfg.parallel
-    return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule,
-                      policy=p.policy, activation=p.activation, units_per_stage=p.partition,
-                      clip=cfg.train.grad_clip > 0, rank_order=p.rank_order)
+    views = cfg.train.dtype != "float32" or (p.state_home == "host" and computes_on_cuda(cfg))
+    policies = p.activation_per_stage
+    try:
+        return build_plan(
+            cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule, policy=p.policy,
+            activation=policies[0] if len(policies) == 1 else policies,
+            units_per_stage=p.partition,
+            # float16 needs the global norm to see an overflow anywhere, clipping or not
+            clip=cfg.train.grad_clip > 0 or cfg.train.dtype == "float16",
+            rank_order=p.rank_order, view_window=p.view_window if views else None,
+            state_home=p.state_home)
+    except ScheduleError as e:
+        raise UserError(str(e)) from None
+
+
+def needs_executor(cfg: RunConfig) -> bool:
+    """Whether a single-process run needs the executor rather than the plain engine."""
+    p = cfg.parallel
+    return bool(p.plan_file or p.activation_per_stage != ["keep"] or cfg.train.dtype != "float32"
+                or p.state_home != "device")
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False):
@@ -113,7 +140,11 @@ def prepare(cfg: RunConfig, progress: bool = True) -> PipelinePlan | None:
     if str(cfg.data.path).endswith(".bin"):
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size)
     make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress)  # too little data is a UserError
-    return plan_for(cfg) if cfg.parallel.pp * cfg.parallel.dp > 1 else None
+    if cfg.parallel.state_home == "host" and cfg.parallel.dp > 1 and computes_on_cuda(cfg):
+        raise UserError("--state-home host with --dp > 1 on GPUs needs the gradient sync on the "
+                        "host, which NCCL cannot do; use --state-home device")
+    distributed = cfg.parallel.pp * cfg.parallel.dp > 1 or under_torchrun()
+    return plan_for(cfg) if distributed or needs_executor(cfg) else None
 
 
 def check_resumable(run_dir: Path, steps: int) -> None:
@@ -168,7 +199,11 @@ def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace:
     else:
         groups, tracer = None, None
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        engine = LocalEngine(cfg, device)
+        if needs_executor(cfg):
+            tracer = Tracer() if trace else None
+            engine = PipelineEngine(cfg, plan_for(cfg), None, tracer, device=device)
+        else:
+            engine = LocalEngine(cfg, device)
     # A failure propagates without destroy_process_group: that is collective and would wait on
     # ranks that may be stuck or gone. The launcher (ours or torchrun) takes the others down.
     _Loop(cfg, run_dir, engine, groups, tracer, rank, progress).run(resume)
@@ -215,6 +250,8 @@ class _Loop:
         self._barrier()
         if self.tracer:
             self.tracer.reset_origin()
+        rss = RssGrowth()
+        rss.start()
         rates, row = [], {}
         for step in range(start, t.steps):
             batches = self.loader.step_batches(step)
@@ -224,12 +261,20 @@ class _Loop:
             elapsed = time.perf_counter() - t0
             if not math.isfinite(result.loss):
                 raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; lower the learning rate")
-            peaks = self._gather(self.engine.peak_memory_bytes())
+            peaks, ledger, growth = zip(*self._gather(
+                (self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(), rss.peak())))
             row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                    "tokens_per_s": tokens_per_step / elapsed, "step_time_s": elapsed,
                    "peak_memory_bytes": max(peaks)}
             if len(peaks) > 1:
-                row["peak_memory_bytes_per_rank"] = peaks
+                row["peak_memory_bytes_per_rank"] = list(peaks)
+            if ledger[0] is not None:
+                row["ledger_peak_bytes_per_rank"] = list(ledger)
+            if growth[0] is not None and self.engine.stage.device.type == "cpu":
+                row["rss_growth_bytes_per_rank"] = list(growth)
+            if self.engine.loss_scale:
+                row["loss_scale"] = self.engine.loss_scale.scale
+                row["skipped"] = result.skipped
             if self.val and (step + 1 == t.steps or (t.eval_every and (step + 1) % t.eval_every == 0)):
                 row["val_loss"] = self.engine.eval_loss(self.val)
             if step > start:  # the first step pays for warm-up allocations
@@ -247,21 +292,36 @@ class _Loop:
         ckpt = checkpoint.latest(self.run_dir)
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device))
-        return checkpoint.load_meta(ckpt)["step"]
+        meta = checkpoint.load_meta(ckpt)
+        if self.engine.loss_scale and "loss_scale" in meta:
+            self.engine.loss_scale.load_state_dict(meta["loss_scale"])
+        return meta["step"]
 
     def _checkpoint(self, step: int) -> None:
         if not self.groups or self.groups.replica == 0:
             checkpoint.save_units(self.run_dir, step, self.engine.unit_states())
         self._barrier()
         if self.is_main:
-            checkpoint.finalize(self.run_dir, step, {"step": step, "config": self.cfg.to_dict()})
+            meta = {"step": step, "config": self.cfg.to_dict()}
+            if self.engine.loss_scale:  # every rank's scale is the same: same norms, same skips
+                meta["loss_scale"] = self.engine.loss_scale.state_dict()
+            checkpoint.finalize(self.run_dir, step, meta)
+
+    def _per_stage(self, per_rank: list[int]) -> list[int]:
+        """The largest of each stage's replicas."""
+        grid = self.groups.grid if self.groups else RankGrid(1, 1)
+        out = [0] * grid.pp
+        for r, v in enumerate(per_rank):
+            stage = grid.coords(r)[0]
+            out[stage] = max(out[stage], v)
+        return out
 
     def _finish(self, last: dict, rates: list[float]) -> None:
         traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None)
         if not self.is_main:
             return
         if self.tracer:
-            grid = self.groups.grid
+            grid = self.groups.grid if self.groups else RankGrid(1, 1)
             labels = {r: "rank {} (stage {}, replica {})".format(r, *grid.coords(r)) for r in range(grid.world_size)}
             write_chrome_trace(self.run_dir / "trace.json", {r: t[0] for r, t in enumerate(traced)},
                                labels, {r: t[1] for r, t in enumerate(traced)})
@@ -270,4 +330,8 @@ class _Loop:
                    "val_loss": last.get("val_loss"),
                    "tokens_per_s": sum(rates) / len(rates) if rates else last.get("tokens_per_s"),
                    "peak_memory_bytes": last.get("peak_memory_bytes")}
+        if "ledger_peak_bytes_per_rank" in last:
+            summary["ledger_peak_bytes_per_stage"] = self._per_stage(last["ledger_peak_bytes_per_rank"])
+        if "rss_growth_bytes_per_rank" in last:
+            summary["rss_growth_bytes_per_stage"] = self._per_stage(last["rss_growth_bytes_per_rank"])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -6,11 +6,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
+from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_files
 from ratrain.data.tokenizer import load_tokenizer
 from ratrain.data.tokens import load_tokens
+from ratrain.train import rank_main
+
+STEPS = 20
 
 
 def micro_config(data_dir: Path, cache_dir: Path, steps: int = 20) -> RunConfig:
@@ -39,3 +44,29 @@ def corpus(tmp_path_factory) -> tuple[Path, Path]:
     cfg = micro_config(data, cache)
     load_tokens(cfg.data, load_tokenizer("byte"), progress=False)
     return data, cache
+
+
+@pytest.fixture(scope="session")
+def reference(corpus, tmp_path_factory):
+    """The plain single-process run of micro_config for STEPS steps: every layout and lifecycle
+    choice must compute the same run."""
+    cfg = micro_config(*corpus, steps=STEPS)
+    run_dir = tmp_path_factory.mktemp("reference")
+    # One thread, as every rank runs: a many-core machine's default splits the matmuls
+    # differently and moves the final weights by 2e-5 (seen on 16 cores).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rank_main(cfg.to_dict(), str(run_dir), False, False, False)
+    finally:
+        torch.set_num_threads(threads)
+    return cfg, run_dir
+
+
+def final_units(run_dir, n_units):
+    ckpt = checkpoint.latest(run_dir)
+    return checkpoint.load_units(ckpt, range(n_units), torch.device("cpu"))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -52,3 +53,26 @@ def test_torchrun_needs_a_run_dir(corpus, tmp_path):
     assert proc.returncode != 0
     assert "under torchrun, pass --run-dir" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def _peaks(stdout: str) -> tuple[list[float], list[float]]:
+    """(ledger MiB, RSS growth MiB) per stage from the run's last line."""
+    line = stdout.strip().splitlines()[-1]
+    assert line.startswith("peak memory held (ledger): "), stdout
+    found = re.findall(r"stage \d+: ([\d.]+) MiB \(RSS \+([\d.]+) MiB\)", line)
+    return [float(a) for a, _ in found], [float(b) for _, b in found]
+
+
+def test_recompute_on_stage_0_shows_in_the_runs_own_output(corpus, tmp_path):
+    """`--activation recompute,keep` against `keep` at pp=2: stage 0 (two micro-batches in
+    flight) holds less, stage 1 the same; the measured RSS growth of stage 0 drops by at least
+    half of what the ledger says."""
+    args = [sys.executable, "-m", "ratrain.cli", "train", "--model", "tiny", "--data",
+            str(corpus[0]), "--pp", "2", "--steps", "3", "--eval-every", "0", "--no-progress",
+            "--no-trace"]
+    out = {a: _peaks(_run([*args, "--activation", a, "--run-dir", a], tmp_path, corpus[1]).stdout)
+           for a in ("keep", "recompute,keep")}
+    (keep, keep_rss), (mixed, mixed_rss) = out["keep"], out["recompute,keep"]
+    assert mixed[0] < 0.8 * keep[0], out
+    assert abs(mixed[1] - keep[1]) < 0.01 * keep[1], out
+    assert keep_rss[0] - mixed_rss[0] >= 0.5 * (keep[0] - mixed[0]), out

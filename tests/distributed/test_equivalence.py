@@ -12,41 +12,13 @@ import json
 import pytest
 import torch
 
-from ratrain import checkpoint
 from ratrain.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
 from ratrain.train import rank_main
 
-from .conftest import micro_config
+from .conftest import STEPS, final_units, micro_config, rel
 
 pytestmark = pytest.mark.dist
-
-STEPS = 20
-
-
-@pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory):
-    cfg = micro_config(*corpus, steps=STEPS)
-    run_dir = tmp_path_factory.mktemp("reference")
-    # One thread, as every rank runs: a many-core machine's default splits the matmuls
-    # differently and moves the final weights by 2e-5 (seen on 16 cores).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rank_main(cfg.to_dict(), str(run_dir), False, False, False)
-    finally:
-        torch.set_num_threads(threads)
-    return cfg, run_dir
-
-
-def _final_units(run_dir, n_units):
-    ckpt = checkpoint.latest(run_dir)
-    return checkpoint.load_units(ckpt, range(n_units), torch.device("cpu"))
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
 
 @pytest.mark.parametrize("pp,dp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)])
 def test_layout_matches_single_process(pp, dp, corpus, reference, tmp_path):
@@ -68,10 +40,10 @@ def test_layout_matches_single_process(pp, dp, corpus, reference, tmp_path):
     assert max(abs(a - b) / b for a, b in zip(val, ref_val)) < 1e-5
 
     n_units = cfg.model.n_units
-    ref_units, units = _final_units(ref_dir, n_units), _final_units(tmp_path, n_units)
+    ref_units, units = final_units(ref_dir, n_units), final_units(tmp_path, n_units)
     for u in range(n_units):
         for name, ref_w in ref_units[u]["weights"].items():
-            assert _rel(units[u]["weights"][name], ref_w) < 1e-5, (u, name)
+            assert rel(units[u]["weights"][name], ref_w) < 1e-5, (u, name)
 
     trace = json.loads((tmp_path / "trace.json").read_text())
     tracks = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}

@@ -231,7 +231,8 @@ def test_n_micro_below_pp_rejected():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(schedule="interleaved"), "unknown schedule 'interleaved'; choose one of 1f1b, gpipe"),
     (dict(policy="magic"), "unknown policy 'magic'"),
-    (dict(activation="offload"), "unknown activation policy 'offload'"),
+    (dict(activation="swap"), "unknown activation policy 'swap'; choose one of keep, recompute, "
+                              "offload"),
     (dict(dp=0), "dp must be >= 1"),
     (dict(units_per_stage=[1, 1]), "sums to 2"),
 ])

@@ -1,5 +1,5 @@
-"""A unit's training state: gradients in one flat buffer, and a squared norm as exact as the
-reference's clip_grad_norm_."""
+"""A unit's training state: gradients in one flat buffer, a squared norm as exact as the
+reference's clip_grad_norm_, and a compute view made from the masters and released."""
 
 import torch
 
@@ -14,7 +14,7 @@ def _block_state():
     cfg = RunConfig(model=get_preset("tiny"))
     block = build_units(cfg.model, 0, [1])[0]
     params = list(block.parameters())
-    return block, UnitState(params, make_optimizer(params, cfg.train))
+    return block, UnitState(params, lambda params: make_optimizer(params, cfg.train))
 
 
 def test_gradients_are_views_of_one_buffer_and_backward_accumulates_into_it():
@@ -43,3 +43,27 @@ def test_squared_norm_is_as_exact_as_per_tensor_norms():
     assert abs(float(state.sq_norm()) - exact) / exact < 2e-6
     reference = float(torch.nn.utils.get_total_norm([p.grad for p in state.params])) ** 2
     assert abs(float(state.sq_norm()) - reference) / reference < 1e-6
+
+
+def test_a_view_is_made_from_the_masters_and_its_gradients_fold_into_fp32():
+    cfg = RunConfig(model=get_preset("tiny"))
+    block = build_units(cfg.model, 0, [1])[0]
+    initial = [p.detach().clone() for p in block.parameters()]
+    state = UnitState(list(block.parameters()), lambda params: make_optimizer(params, cfg.train),
+                      view_dtype=torch.bfloat16)
+    assert all(p.numel() == 0 for p in state.params)  # no view until prefetched
+    assert all(torch.equal(m, w) and m.dtype == torch.float32 for m, w in zip(state.masters, initial))
+    state.prefetch()
+    state.wait_view()
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, w.bfloat16())
+               for p, w in zip(state.params, initial))
+    assert state.ledger.bytes["views"] == 2 * sum(w.numel() for w in initial)
+    x = torch.randn(2, 8, 256, dtype=torch.bfloat16)
+    block(x).float().square().mean().backward()
+    state.fold_grads()
+    assert all(p.grad is None for p in state.params)
+    assert state.grad.dtype == torch.float32 and float(state.grad.abs().sum()) > 0
+    state.release_view()
+    assert all(p.numel() == 0 for p in state.params) and state.ledger.bytes["views"] == 0
+    state.update()
+    assert any(not torch.equal(m, w) for m, w in zip(state.masters, initial))

@@ -2,7 +2,9 @@
 
 `LocalEngine` is the plain single-process run: the whole model's autograd graph, gradient
 accumulation, `clip_grad_norm_`, AdamW. It is also the reference every distributed run must match.
-`PipelineEngine` runs this rank's program of a `PipelinePlan` through the executor.
+`PipelineEngine` runs this rank's program of a `PipelinePlan` through the executor (also in a
+single process, with no process group, when the run asks for what only the executor does: views,
+offload, float16, a plan file).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ratrain.metrics import peak_memory_bytes
 from ratrain.models.llama import lm_loss
 from ratrain.optim import set_lr
 from ratrain.runtime.executor import Executor, StepResult
+from ratrain.runtime.loss_scale import DynamicLossScale
 from ratrain.runtime.stage import Stage
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import PipelinePlan, build_eval_programs
@@ -22,21 +25,26 @@ from ratrain.schedule.plan import PipelinePlan, build_eval_programs
 class _UnitStateMixin:
     stage: Stage
 
+    loss_scale: DynamicLossScale | None = None
+
     def unit_states(self) -> dict[int, dict]:
         return {
-            u: {"weights": m.state_dict(),
+            u: {"weights": self.stage.weights(u),
                 "optim": (opt.state_dict() if (opt := self.stage.state[u].optimizer) else None)}
-            for u, m in self.stage.modules.items()
+            for u in self.stage.modules
         }
 
     def load_unit_states(self, states: dict[int, dict]) -> None:
         for u, state in states.items():
-            self.stage.modules[u].load_state_dict(state["weights"])
+            self.stage.load_weights(u, state["weights"])
             if state["optim"] is not None:
                 self.stage.state[u].optimizer.load_state_dict(state["optim"])
 
     def peak_memory_bytes(self) -> int:
         return peak_memory_bytes(self.stage.device)
+
+    def ledger_peak_bytes(self) -> int | None:
+        return None
 
 
 class LocalEngine(_UnitStateMixin):
@@ -73,16 +81,34 @@ class LocalEngine(_UnitStateMixin):
 
 
 class PipelineEngine(_UnitStateMixin):
-    def __init__(self, cfg: RunConfig, plan: PipelinePlan, groups, tracer=None, modules=None):
+    """This rank's stage of `plan`; `groups` None for a single process (pp = dp = 1), which
+    then computes on `device`."""
+
+    def __init__(self, cfg: RunConfig, plan: PipelinePlan, groups, tracer=None, modules=None,
+                 device: torch.device | None = None):
         self.cfg = cfg
         self.plan = plan
         self.groups = groups
-        self.stage = Stage(cfg, plan.stage_units[groups.stage], groups.device, modules)
-        self.program = plan.programs[groups.stage]
+        stage = groups.stage if groups else 0
+        self.program = plan.programs[stage]
+        view_units = {a.layer for a in self.program if a.op is Op.PREFETCH}
+        self.stage = Stage(cfg, plan.stage_units[stage], groups.device if groups else device,
+                           modules, view_units=view_units, state_home=plan.state_home)
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
+        # Views compute in the compute dtype end to end; masters under autocast keep fp32
+        # activations between units.
+        act_dtype = self.stage.dtype if view_units else torch.float32
+        self.loss_scale = DynamicLossScale() if cfg.train.dtype == "float16" else None
+        if self.loss_scale and not any(a.op is Op.GRAD_NORM for a in self.program):
+            raise ValueError("float16 needs the global gradient norm (N, WN) in the program to "
+                             "detect overflow; build the plan with clip=True")
         self.executor = Executor(self.stage, act_shape, groups=groups, clip=cfg.train.grad_clip,
-                                 tracer=tracer)
+                                 tracer=tracer, act_dtype=act_dtype, loss_scale=self.loss_scale)
         self._eval_programs: dict[int, list] = {}
+
+    def ledger_peak_bytes(self) -> int:
+        """The peak of the bytes the executor and the units' training state held."""
+        return self.stage.ledger.peak
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
         return self.executor.train_step(self.program, batches, lr, step)
@@ -91,6 +117,8 @@ class PipelineEngine(_UnitStateMixin):
         n = len(batches)
         if n not in self._eval_programs:
             # A replica with no validation share still joins the loss reduction at step end.
-            self._eval_programs[n] = (build_eval_programs(self.plan.stage_units, n)[self.groups.stage]
-                                      if n else [Action(Op.STEP_END)])
+            stage = self.groups.stage if self.groups else 0
+            self._eval_programs[n] = (
+                build_eval_programs(self.plan.stage_units, n, self.plan.view_window)[stage]
+                if n else [Action(Op.STEP_END)])
         return self.executor.eval_step(self._eval_programs[n], batches)

@@ -3,7 +3,9 @@ program's wait action for them.
 
 Each unit's forward runs on a detached copy of its input that requires grad, so each unit's
 backward is its own action: `B u.m` back-propagates unit u alone and leaves the gradient of its
-input for unit u - 1 (or for the send to the previous stage).
+input for unit u - 1 (or for the send to the previous stage). What a forward saves for its
+backward is held in a SavedActivations (counted, offloadable); the memory ledger follows every
+tensor the executor and the units' training state hold.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch.distributed as dist
 from ratrain.models.llama import lm_loss
 from ratrain.optim import set_lr
 from ratrain.runtime import p2p
+from ratrain.runtime.loss_scale import DynamicLossScale
+from ratrain.runtime.saved_activations import SavedActivations
 from ratrain.runtime.stage import Stage
 from ratrain.schedule.ir import START_OF, WAIT_OF, Action, Op, Program
 from ratrain.trace import Tracer
@@ -26,6 +30,8 @@ from ratrain.trace import Tracer
 class StepResult:
     loss: float
     grad_norm: float | None = None
+    skipped: bool = False
+    """fp16: the step's gradients overflowed, so no unit was updated (the loss scale was lowered)."""
 
 
 class Executor:
@@ -37,10 +43,15 @@ class Executor:
         groups=None,
         clip: float = 0.0,
         tracer: Tracer | None = None,
+        act_dtype: torch.dtype = torch.float32,
+        loss_scale: DynamicLossScale | None = None,
     ):
         self.stage = stage
+        self.ledger = stage.ledger
         self.head = stage.cfg.model.n_layers + 1  # the unit that ends in the loss
         self.act_shape = act_shape
+        self.act_dtype = act_dtype
+        self.loss_scale = loss_scale
         self.groups = groups
         self.dp = groups.grid.dp if groups else 1
         self.pp = groups.grid.pp if groups else 1
@@ -64,6 +75,12 @@ class Executor:
             Op.GRAD_NORM: self._grad_norm,
             Op.WAIT_GRAD_NORM: self._wait_grad_norm,
             Op.UPDATE: self._update,
+            Op.OFFLOAD: self._offload,
+            Op.RELOAD: self._reload,
+            Op.WAIT_RELOAD: self._wait_reload,
+            Op.PREFETCH: self._prefetch,
+            Op.WAIT_PREFETCH: self._wait_prefetch,
+            Op.RELEASE: self._release,
             Op.STEP_END: self._step_end,
         }
 
@@ -74,7 +91,7 @@ class Executor:
         self.recompute = {a.layer for a in program if a.op is Op.RECOMPUTE}
         set_lr(self.stage.optimizers(), lr)
         self._run(program, batches, step, training=True)
-        return StepResult(self._loss, self._grad_norm)
+        return StepResult(self._loss, self._grad_norm, self._skip)
 
     @torch.no_grad()
     def eval_step(self, program: Program, batches) -> float:
@@ -92,12 +109,14 @@ class Executor:
         self.act: dict[tuple[int, int], torch.Tensor] = {}  # unit output (with graph when local)
         self.inp: dict[tuple[int, int], torch.Tensor] = {}  # detached unit input
         self.grad: dict[tuple[int, int], torch.Tensor] = {}  # gradient of a unit's output
+        self.saved: dict[tuple[int, int], SavedActivations] = {}
         self.pending: dict[Action, object] = {}  # start action -> (work, tensor)
         self.losses: list[torch.Tensor] = []
         self._loss = float("nan")
         self._norm: tuple[object, torch.Tensor] | None = None  # (work, squared norm) after N
         self._grad_norm = None
-        self._clip_coef = None
+        self._grad_factor = None  # what U multiplies the gradients by: clipping, 1/loss scale
+        self._skip = False
         self.stage.train(training)
         trace = self.tracer if self.tracer and training else None
         if trace:
@@ -139,7 +158,20 @@ class Executor:
                 target = self.batches[mb][1].to(self.stage.device, non_blocking=True)
                 loss = lm_loss(y, target)
                 self.losses.append(loss.detach())
-                return loss / (self.n_micro * self.dp)
+                scale = self.loss_scale.scale if self.loss_scale and self.training else 1.0
+                return loss * (scale / (self.n_micro * self.dp))
+        return y
+
+    def _apply_saving(self, u: int, mb: int, x: torch.Tensor) -> torch.Tensor:
+        """Forward with autograd, what it saves held in self.saved[(u, mb)]."""
+        if x.is_floating_point():
+            x.requires_grad_()
+        held = {p.untyped_storage().data_ptr() for p in self.stage.modules[u].parameters()}
+        held.add(x.untyped_storage().data_ptr())
+        saved = self.saved[(u, mb)] = SavedActivations(held)
+        with saved.hooks():
+            y = self._apply(u, mb, x)
+        self.ledger.hold(("act", u, mb), "activations", saved.tensors + [x, y])
         return y
 
     # -- compute ------------------------------------------------------------------------------
@@ -149,22 +181,22 @@ class Executor:
         if not self.training or a.layer in self.recompute:
             with torch.no_grad():
                 y = self._apply(a.layer, a.mb, x)
+            if self.training:
+                self.ledger.hold(("act", a.layer, a.mb), "activations", [x, y])
         else:
-            if x.is_floating_point():
-                x.requires_grad_()
-            y = self._apply(a.layer, a.mb, x)
+            y = self._apply_saving(a.layer, a.mb, x)
+        self.ledger.release(("recv", a.layer - 1, a.mb))  # a received input is an activation now
         if self.training:
             self.inp[(a.layer, a.mb)] = x
         if self.training or a.layer != self.head:
             self.act[(a.layer, a.mb)] = y
 
     def _recompute(self, a: Action) -> None:
-        x = self.inp[(a.layer, a.mb)]
-        if x.is_floating_point():
-            x.requires_grad_()
         if a.layer == self.head:
             self.losses.pop()  # the recomputed forward records the same loss again
-        self.act[(a.layer, a.mb)] = self._apply(a.layer, a.mb, x)
+        self.ledger.release(("act", a.layer, a.mb))  # the no-grad output is replaced
+        x = self.inp[(a.layer, a.mb)]
+        self.act[(a.layer, a.mb)] = self._apply_saving(a.layer, a.mb, x)
 
     def _backward(self, a: Action) -> None:
         y = self.act.pop((a.layer, a.mb))
@@ -172,9 +204,43 @@ class Executor:
             y.backward()
         else:
             y.backward(self.grad.pop((a.layer, a.mb)))
+            self.ledger.release(("grad", a.layer, a.mb))
+        self.stage.state[a.layer].fold_grads()
         x = self.inp.pop((a.layer, a.mb))
+        self.saved.pop((a.layer, a.mb), None)
+        self.ledger.release(("act", a.layer, a.mb))
+        self.ledger.release(("offloaded", a.layer, a.mb))
         if a.layer > 0:
             self.grad[(a.layer - 1, a.mb)] = x.grad
+            self.ledger.hold(("grad", a.layer - 1, a.mb), "buffers", [x.grad])
+
+    # -- activation offload and parameter views -----------------------------------------------
+
+    def _offload(self, a: Action) -> None:
+        key = (a.layer, a.mb)
+        saved = self.saved[key]
+        self.ledger.release(("act", *key))
+        saved.offload(self.stage.copies)
+        self.ledger.hold(("act", *key), "activations", [self.inp[key], self.act[key]])
+        self.ledger.hold(("offloaded", *key), "offloaded", saved.tensors)
+
+    def _reload(self, a: Action) -> None:
+        saved = self.saved[(a.layer, a.mb)]
+        saved.reload(self.stage.copies, self.stage.device)
+        self.ledger.release(("offloaded", a.layer, a.mb))
+        self.ledger.hold(("act", a.layer, a.mb), "activations", saved.tensors)
+
+    def _wait_reload(self, a: Action) -> None:
+        self.saved[(a.layer, a.mb)].wait_reload(self.stage.copies)
+
+    def _prefetch(self, a: Action) -> None:
+        self.stage.state[a.layer].prefetch()
+
+    def _wait_prefetch(self, a: Action) -> None:
+        self.stage.state[a.layer].wait_view()
+
+    def _release(self, a: Action) -> None:
+        self.stage.state[a.layer].release_view()
 
     # -- pipeline point-to-point --------------------------------------------------------------
 
@@ -188,7 +254,8 @@ class Executor:
         return work
 
     def _recv_act(self, a: Action):
-        buf = torch.empty(self.act_shape, device=self.stage.device)
+        buf = torch.empty(self.act_shape, dtype=self.act_dtype, device=self.stage.device)
+        self.ledger.hold(("recv", a.layer, a.mb), "buffers", [buf])
         g = self.groups
         work = p2p.irecv(buf, g.prev_rank, g.act_from_prev, p2p.ACT, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
@@ -202,7 +269,8 @@ class Executor:
         return work
 
     def _recv_grad(self, a: Action):
-        buf = torch.empty(self.act_shape, device=self.stage.device)
+        buf = torch.empty(self.act_shape, dtype=self.act_dtype, device=self.stage.device)
+        self.ledger.hold(("grad", a.layer, a.mb), "buffers", [buf])
         g = self.groups
         work = p2p.irecv(buf, g.next_rank, g.grad_from_next, p2p.GRAD, a.layer, a.mb, self.n_micro)
         self.pending[a] = (work, buf)
@@ -211,6 +279,8 @@ class Executor:
     def _wait(self, a: Action) -> torch.Tensor:
         work, t = self.pending.pop(Action(START_OF[a.op], a.layer, a.mb))
         work.wait()
+        if a.op is Op.WAIT_SEND_GRAD:
+            self.ledger.release(("grad", a.layer, a.mb))
         return t
 
     def _wait_recv_act(self, a: Action) -> None:
@@ -240,13 +310,21 @@ class Executor:
         if work is not None:
             work.wait()
         self._norm = None
-        total = float(sq.sqrt())
+        scale = self.loss_scale.scale if self.loss_scale else 1.0
+        total = float(sq.sqrt()) / scale
         self._grad_norm = total
+        # The norm is the same on every rank, so every rank skips the same fp16 steps.
+        self._skip = self.loss_scale is not None and self.loss_scale.update(total)
         # Same coefficient as torch.nn.utils.clip_grad_norm_, so a single-process run matches.
-        self._clip_coef = min(1.0, self.clip / (total + 1e-6)) if self.clip > 0 else None
+        clip_coef = min(1.0, self.clip / (total + 1e-6)) if self.clip > 0 else 1.0
+        self._grad_factor = clip_coef / scale if (self.clip > 0 or self.loss_scale) else None
 
     def _update(self, a: Action) -> None:
-        self.stage.state[a.layer].update(self._clip_coef)
+        state = self.stage.state[a.layer]
+        if self._skip:
+            state.zero_grad()
+        else:
+            state.update(self._grad_factor)
 
     def _step_end(self, a: Action) -> None:
         """Mean loss over all micro-batches of all replicas, known on every rank.
@@ -262,8 +340,9 @@ class Executor:
             dist.all_reduce(total, group=self.groups.replicas)
         self._loss = float(total[0] / total[1])
         syncing = [u for u, state in self.stage.state.items() if state.syncing]
-        if self.pending or syncing or self._norm or self.act or self.grad:
+        if self.pending or syncing or self._norm or self.act or self.grad or self.saved:
             left = sorted(map(str, self.pending)) + [f"sync {u}" for u in syncing]
+            left += [f"saved activations {k}" for k in self.saved]
             left += ["norm"] if self._norm else []
             left += [f"act {k}" for k in self.act] + [f"grad {k}" for k in self.grad]
             raise RuntimeError(f"step ended with unfinished work: {', '.join(left[:8])}")

@@ -9,40 +9,51 @@ from ratrain.config import RunConfig
 from ratrain.models.hf import load_hf_weights
 from ratrain.models.llama import build_units
 from ratrain.optim import make_optimizer, unit_parameters
+from ratrain.runtime.copy_engine import CopyEngine
+from ratrain.runtime.memory_ledger import MemoryLedger
 from ratrain.runtime.unit_state import UnitState
 
-
-_AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Stage:
-    """Units [start, stop) of the model, each with its own optimizer.
+    """Units [start, stop) of the model, each with its own training state and optimizer.
 
-    Master weights are fp32 on the compute device; with dtype and device equal to the compute
-    view's, the view is the master itself (no copy). Lower-precision compute runs under autocast.
+    `view_units` compute with a view of their masters (the program prefetches and releases it);
+    the others compute with the masters themselves, fp32 on the compute device. `state_home`
+    places the masters, gradients and optimizer state: "device" or "host" (the CPU). Compute in
+    a lower precision runs under autocast, so the ops autocast keeps in fp32 stay there.
     """
 
-    def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None):
+    def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None, *,
+                 view_units=(), state_home: str = "device", ledger: MemoryLedger | None = None):
         self.cfg = cfg
         self.units = units
         self.device = device
+        self.dtype = DTYPES[cfg.train.dtype]
+        self.ledger = ledger or MemoryLedger()
+        self.copies = CopyEngine(device)
         built = modules if modules is not None else build_units(cfg.model, cfg.train.seed, list(units))
         if modules is None and cfg.train.init_from:
             load_hf_weights(built, cfg.model, cfg.train.init_from)  # only this stage's tensors
         self.modules: dict[int, nn.Module] = {u: m.to(device) for u, m in zip(units, built)}
+        home = torch.device("cpu") if state_home == "host" else device
         owned: set[int] = set()
         self.state: dict[int, UnitState] = {}
         for u, m in self.modules.items():
-            params = unit_parameters(m, owned)
-            self.state[u] = UnitState(params, make_optimizer(params, cfg.train))
+            self.state[u] = UnitState(
+                unit_parameters(m, owned), lambda params: make_optimizer(params, cfg.train),
+                view_dtype=self.dtype if u in view_units else None, home=home,
+                copies=self.copies, ledger=self.ledger)
 
     def autocast(self):
-        """Lower-precision compute (bf16) under autocast; a no-op for fp32."""
-        dtype = _AUTOCAST[self.cfg.train.dtype]
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+        """Lower-precision compute under autocast; a no-op for fp32."""
+        enabled = self.dtype != torch.float32
+        return torch.autocast(self.device.type, dtype=self.dtype if enabled else None, enabled=enabled)
 
     def all_params(self) -> list[nn.Parameter]:
-        return [p for s in self.state.values() for p in s.params]
+        """The fp32 masters of every unit."""
+        return [m for s in self.state.values() for m in s.masters]
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [s.optimizer for s in self.state.values() if s.optimizer is not None]
@@ -50,3 +61,22 @@ class Stage:
     def train(self, mode: bool = True) -> None:
         for m in self.modules.values():
             m.train(mode)
+
+    def _masters_by_param(self) -> dict[int, torch.Tensor]:
+        return {id(p): m for s in self.state.values() for p, m in zip(s.params, s.masters)}
+
+    def weights(self, u: int) -> dict[str, torch.Tensor]:
+        """Unit u's state dict with the fp32 masters in place of any view."""
+        masters = self._masters_by_param()
+        return {name: masters.get(id(t), t).detach()
+                for name, t in self.modules[u].state_dict(keep_vars=True).items()}
+
+    @torch.no_grad()
+    def load_weights(self, u: int, weights: dict[str, torch.Tensor]) -> None:
+        """Copy a state dict into unit u's masters (views are made from them when prefetched)."""
+        own = self.modules[u].state_dict(keep_vars=True)
+        if set(own) != set(weights):
+            raise KeyError(f"unit {u}: expected {sorted(own)}, got {sorted(weights)}")
+        masters = self._masters_by_param()
+        for name, t in own.items():
+            masters.get(id(t), t).copy_(weights[name])

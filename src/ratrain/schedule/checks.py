@@ -1,10 +1,10 @@
 """Checks run on every plan before anything executes.
 
 `validate` runs, in order: the stage layout, completeness, matched pipeline communication,
-start/wait pairing, per-rank dependency order, and a dry run across all pipeline ranks that
-proves the programs cannot deadlock. The first failure raises ScheduleError whose message is a
-one-line reason followed by a step x rank table of the programs with the offending (or, for a
-deadlock, every blocked) action marked `>>like this<<`.
+start/wait pairing, per-rank dependency order, parameter-view lifetimes, and a dry run across
+all pipeline ranks that proves the programs cannot deadlock. The first failure raises
+ScheduleError whose message is a one-line reason followed by a step x rank table of the
+programs with the offending (or, for a deadlock, every blocked) action marked `>>like this<<`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ _OWN_UNIT = frozenset({
     Op.FORWARD, Op.BACKWARD, Op.RECOMPUTE, Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.UPDATE,
     Op.OFFLOAD, Op.RELOAD, Op.WAIT_RELOAD, Op.PREFETCH, Op.WAIT_PREFETCH, Op.RELEASE,
 })
+_COMPUTE = frozenset({Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD})
+_OFFLOAD_OPS = (Op.OFFLOAD, Op.RELOAD, Op.WAIT_RELOAD)  # all or none per (unit, micro-batch)
+# the state of a unit's view after each view op (check_views)
+_VIEW_STATE = {Op.PREFETCH: "pending", Op.WAIT_PREFETCH: "live", Op.RELEASE: "released"}
 _COLLECTIVES = (Op.STEP_END,)  # blocking collectives over the pipeline stages
 # asynchronous collective over the pipeline stages: wait op -> start op every stage must issue
 _COLLECTIVE_WAITS = {Op.WAIT_GRAD_NORM: Op.GRAD_NORM}
@@ -41,12 +45,13 @@ def validate(
     forward_only: bool = False,
 ) -> None:
     """Run every check; raise ScheduleError at the first failure. `forward_only` checks
-    evaluation programs (F, activation transfers and E only)."""
+    evaluation programs (F, activation transfers, parameter views and E only)."""
     check_layout(programs, stage_units)
     check_completeness(programs, stage_units, n_micro, dp, forward_only=forward_only)
     check_communication(programs, stage_units)
     check_waits(programs)
     check_dependencies(programs, stage_units)
+    check_views(programs)
     dry_run(programs)
 
 
@@ -114,8 +119,10 @@ def check_completeness(
     forward_only: bool = False,
 ) -> None:
     """Every stage runs exactly one F (and, training, one B) per unit and micro-batch, at most
-    one R; one GS per unit iff dp > 1; one U per unit on every stage or on none; N on every stage
-    or on none (its WN: check_waits); E exactly once and last."""
+    one R; for an offloaded (unit, micro-batch) exactly one O, L and WL, and no R (the forward
+    of a recomputed one saves nothing to offload); one GS per unit iff dp > 1; one U per unit on
+    every stage or on none; N on every stage or on none (its WN: check_waits); E exactly once
+    and last."""
     kind = "an evaluation" if forward_only else "a training"
     all_counts = [Counter(program) for program in programs]
     for s, (program, units, counts) in enumerate(zip(programs, stage_units, all_counts)):
@@ -139,6 +146,17 @@ def check_completeness(
             if a.op is Op.RECOMPUTE and c > 1:
                 _fail(programs, f"rank {s} runs {a} {c} times; expected at most once",
                       {s: program.index(a)})
+        offloaded = sorted({(a.layer, a.mb) for a in program if a.op in _OFFLOAD_OPS})
+        for u, m in offloaded:
+            for op in _OFFLOAD_OPS:
+                if counts[Action(op, u, m)] != 1:
+                    _fail(programs, f"rank {s} runs {Action(op, u, m)} "
+                                    f"{counts[Action(op, u, m)]} times; an offloaded activation "
+                                    f"takes exactly one O, L and WL")
+            if counts[Action(Op.RECOMPUTE, u, m)]:
+                _fail(programs, f"rank {s}: {Action(Op.OFFLOAD, u, m)} and "
+                                f"{Action(Op.RECOMPUTE, u, m)}: a recomputed forward saves "
+                                f"nothing to offload", {s: program.index(Action(Op.OFFLOAD, u, m))})
         syncs = int(dp > 1 and not forward_only)
         for u in units:
             if counts[Action(Op.GRAD_SYNC, u)] != syncs:
@@ -208,7 +226,7 @@ def check_communication(programs: list[Program], stage_units: list[range]) -> No
 def check_waits(programs: list[Program]) -> None:
     """Every asynchronous start is waited exactly once, later on the same rank; no wait without
     an outstanding start. A start may repeat (a view prefetched again for the backward) once its
-    previous instance has been waited."""
+    previous instance has been waited. O has no wait op (the executor tracks its copy)."""
     for s, program in enumerate(programs):
         outstanding: dict[Action, int] = {}
         for i, a in enumerate(program):
@@ -233,10 +251,11 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
 
     F u.m after its input (F (u-1).m on the stage; WRA of the previous stage's last unit; nothing
     for unit 0). R u.m after F u.m. B u.m after F u.m, after R u.m if there is one, and after its
-    output gradient (B (u+1).m on the stage; WRG u.m; nothing for the head). SA u.m after F u.m;
-    SG after the B of the stage's first unit. GS u after every B u.*. N after every B and WGS of
-    the stage. U u after WN if there is one, and after WGS u if there is one, else after every
-    B u.*.
+    output gradient (B (u+1).m on the stage; WRG u.m; nothing for the head), and after WL u.m if
+    u.m is offloaded. O u.m after F u.m, L u.m after O u.m, WL u.m after L u.m. SA u.m after
+    F u.m; SG after the B of the stage's first unit. GS u after every B u.*. N after every B and
+    WGS of the stage. U u after WN if there is one, and after WGS u if there is one, else after
+    every B u.*.
     """
     p = len(programs)
     for s, (program, units) in enumerate(zip(programs, stage_units)):
@@ -262,10 +281,18 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
                 needs.append(Action(Op.FORWARD, a.layer, a.mb))
                 if Action(Op.RECOMPUTE, a.layer, a.mb) in pos:
                     needs.append(Action(Op.RECOMPUTE, a.layer, a.mb))
+                if Action(Op.OFFLOAD, a.layer, a.mb) in pos:
+                    needs.append(Action(Op.WAIT_RELOAD, a.layer, a.mb))
                 if a.layer + 1 in units:
                     needs.append(Action(Op.BACKWARD, a.layer + 1, a.mb))
                 elif s < p - 1:
                     needs.append(Action(Op.WAIT_RECV_GRAD, a.layer, a.mb))
+            elif a.op is Op.OFFLOAD:
+                needs.append(Action(Op.FORWARD, a.layer, a.mb))
+            elif a.op is Op.RELOAD:
+                needs.append(Action(Op.OFFLOAD, a.layer, a.mb))
+            elif a.op is Op.WAIT_RELOAD:
+                needs.append(Action(Op.RELOAD, a.layer, a.mb))
             elif a.op is Op.SEND_ACT:
                 needs.append(Action(Op.FORWARD, a.layer, a.mb))
             elif a.op is Op.SEND_GRAD:
@@ -292,6 +319,48 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
                           {s: i})
                 _fail(programs, f"rank {s}: {a} at step {i} comes before {name} (step {at}), "
                                 f"which it needs", {s: i})
+
+
+def check_views(programs: list[Program]) -> None:
+    """Parameter views, per rank and unit. A view is pending from `P u` to `WP u`, then live
+    until `X u`. Where a program prefetches a unit's view at all, every F, R and B of that unit
+    runs while it is live; P only when the view is neither pending nor live, WP only when it is
+    pending, X only when it is live; no view is left pending at the end. A view may stay live
+    at the end (resident views). Units never prefetched compute on their masters."""
+    for s, program in enumerate(programs):
+        viewed = {a.layer for a in program if a.op is Op.PREFETCH}
+        # unit -> (state, step it began): "pending", "live" or "released"; absent: never made
+        state: dict[int, tuple[str, int]] = {}
+        for i, a in enumerate(program):
+            current = state.get(a.layer, ("absent", -1))
+            if a.op in _COMPUTE and a.layer in viewed and current[0] != "live":
+                why = f"{a} needs unit {a.layer}'s view live"
+            elif a.op is Op.PREFETCH and current[0] in ("pending", "live"):
+                why = f"{a} prefetches unit {a.layer}'s view again"
+            elif a.op is Op.WAIT_PREFETCH and current[0] != "pending":
+                why = f"{a} waits for unit {a.layer}'s view"
+            elif a.op is Op.RELEASE and current[0] != "live":
+                why = f"{a} releases unit {a.layer}'s view"
+            else:
+                why = ""
+            if why:
+                _fail(programs, f"rank {s}: {why}, but it is {_view_state(a.layer, *current)}",
+                      {s: i})
+            if a.op in _VIEW_STATE:
+                state[a.layer] = (_VIEW_STATE[a.op], i)
+        for u, (current, since) in state.items():
+            if current == "pending":
+                _fail(programs, f"rank {s}: unit {u}'s view is prefetched but never waited "
+                                f"(no WP{u} after it)", {s: since})
+
+
+def _view_state(u: int, state: str, since: int) -> str:
+    return {
+        "absent": "not prefetched before it",
+        "pending": f"only pending (P{u} at step {since}, not waited)",
+        "live": f"live (since step {since})",
+        "released": f"released (X{u} at step {since})",
+    }[state]
 
 
 # wait op -> (offset of the peer rank, the peer's start that lets the wait complete)
@@ -329,12 +398,13 @@ def _why_blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
 
 def dry_run(programs: list[Program]) -> None:
     """Execute all pipeline ranks together, round-robin, under conservative semantics: starts
-    (SA, SG, RA, RG, GS, O, L, P) and compute never block; WRA/WRG complete once the peer has
-    started the matching send; WSA/WSG once the peer has started the matching receive
-    (rendezvous, which also holds for NCCL); WGS completes (DP replicas run the same program);
-    WN completes once every pipeline rank has started N; E is a collective over all pipeline
-    stages: a rank passes it only when every rank has reached it. Raises ScheduleError naming
-    every blocked rank if no rank can make progress.
+    (SA, SG, RA, RG, GS, O, L, P), X and compute never block; WL and WP complete (local
+    copies); WRA/WRG complete once the peer has started the matching send; WSA/WSG once the
+    peer has started the matching receive (rendezvous, which also holds for NCCL); WGS
+    completes (DP replicas run the same program); WN completes once every pipeline rank has
+    started N; E is a collective over all pipeline stages: a rank passes it only when every
+    rank has reached it. Raises ScheduleError naming every blocked rank if no rank can make
+    progress.
 
     Rendezvous is the worst case: where a transport completes sends eagerly, every wait
     completes no later than here, so a program that passes also runs there."""

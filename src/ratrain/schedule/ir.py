@@ -8,7 +8,8 @@ the gradient sync of unit 3, `E` ends the step. `Action.parse(str(a)) == a` for 
 Communication actions name the activation by the unit that *produced* it, on both sides:
 `SA4.1` on stage s sends unit 4's output for micro-batch 1 and is matched by `RA4.1` on stage
 s + 1; `SG4.1` on stage s + 1 sends the gradient of that same tensor back, matched by `RG4.1`.
-Every asynchronous op has a start action and a wait action (`W` + the start's code).
+Every asynchronous op has a start action and a wait action (`W` + the start's code), except
+the offload `O`, whose copy the executor tracks itself.
 
 This module is pure data: no torch, no torch.distributed.
 """
@@ -57,19 +58,24 @@ class Op(str, Enum):
     """Wait for that reduction; the clipping coefficient of the step is then known."""
     UPDATE = "U"
     """Optimizer update of one unit (AdamW on its master weights), then zero its gradients."""
-    # reserved for the lifecycle passes (activation offload, parameter views)
+    # activation offload: the tensors F u.m saved for B u.m go to the host tier and come back
     OFFLOAD = "O"
-    """Start moving a unit's saved activations for one micro-batch to host memory."""
+    """Start copying the tensors `F u.m` saved for its backward to the host tier. It has no wait
+    op: the executor tracks the copy and frees the device copy once the host copy has
+    completed."""
     RELOAD = "L"
-    """Start bringing them back to the compute device."""
+    """Start copying those tensors back from the host tier to the compute device, for `B u.m`."""
     WAIT_RELOAD = "WL"
-    """Wait for the reload to finish."""
+    """Wait for that reload; the saved tensors are on the device again and `B u.m` may run."""
+    # parameter views: a unit's compute-precision parameters on the compute device
     PREFETCH = "P"
-    """Start materializing a unit's compute-precision parameter view from its master weights."""
+    """Start materializing unit u's compute view (compute dtype, on the compute device) from its
+    master weights in their home tier, into a buffer kept from an earlier step where there is
+    one (U made it stale). The view is pending until its WP."""
     WAIT_PREFETCH = "WP"
-    """Wait for that view."""
+    """Wait for that view; it is then live (F, R and B of the unit may use it) until `X u`."""
     RELEASE = "X"
-    """Release a unit's compute view (the master stays in its home tier)."""
+    """Release unit u's compute view and free its buffer; the master stays in its home tier."""
     STEP_END = "E"
     """End of the optimizer step: reduce the step's loss to every stage and reset per-step state."""
 

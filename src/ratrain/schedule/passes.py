@@ -2,36 +2,71 @@
 added. A builder's compute-only programs go through them in this order (plan.py composes them
 into policies):
 
-    baseline:  add_activation_policy -> add_p2p -> add_grad_sync -> add_update
+    baseline:  add_activation_policy -> add_p2p -> add_grad_sync -> add_update -> add_views
     ratrain:   add_activation_policy -> add_p2p -> add_unit_grad_sync -> add_unit_update
+               -> add_views
+    eval:      add_p2p -> add_step_end -> add_views
 
 (both updates end with add_step_end). Each pass anchors what it adds on the compute actions
-(F, B, R) and on the pipeline-flush point, so later lifecycle passes (parameter-view
-prefetch/release, activation offload/reload) slot in between without moving what is already
-placed. Inputs are never modified.
+(F, R, B) and on the pipeline-flush point, so what a later pass adds slots in between without
+moving what is already placed; no pass reorders the compute actions. Inputs are never modified.
 """
 
 from __future__ import annotations
 
 from ratrain.schedule.ir import Action, Op, Program
 
+_COMPUTE = frozenset({Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD})
+# Starts placed right after a compute action: a peer waits for them (pipeline sends, grad-sync
+# all-reduces) or they free device memory (offload), so nothing later passes add goes in front.
+_TRIGGERED = frozenset({Op.SEND_ACT, Op.SEND_GRAD, Op.GRAD_SYNC, Op.OFFLOAD})
 
-def add_activation_policy(programs: list[Program], recompute_units: set[int]) -> list[Program]:
-    """Recompute: add `R u.m` right before `B u.m` for every unit u in `recompute_units`.
 
-    The forward of a recomputed unit keeps only its input; R re-runs it just in time for the
-    backward, so at most one micro-batch's recomputed activations of that unit are alive. Run
-    this before add_p2p: the wait for the output gradient then lands between R and B, and the
-    recompute of the stage's last unit overlaps the gradient still in flight.
+def add_activation_policy(programs: list[Program], policy: dict[int, str]) -> list[Program]:
+    """How each unit's backward gets the activations its forward saved: `policy` maps a unit to
+    "keep", "recompute" or "offload" (units absent: keep). Every micro-batch of a unit is treated
+    alike.
+
+    * keep: nothing is added; F keeps what B needs on the device until B.
+    * recompute: `R u.m` right before `B u.m`. F keeps only the unit's input; R re-runs the
+      forward just in time, so at most one micro-batch's recomputed activations of the unit are
+      alive.
+    * offload: `O u.m` right after `F u.m` starts moving what F saved to the host tier (it has
+      no wait: the device copy is freed once the host copy has completed). `L u.m` starts the
+      reload right before the compute action that precedes `B u.m`, so the copy overlaps one
+      compute action and the reloaded tensors are back on the device no earlier than that
+      needs; where that action is `F u.m` itself, L follows O. `WL u.m` right before `B u.m`.
+
+    Run this before add_p2p: the waits for the output gradient then land between R (or WL) and
+    B, so the recompute of the stage's last unit overlaps the gradient still in flight, and the
+    activation send lands right after F, in front of O. Where a B gets both its own R and
+    another unit's L, R comes first so that L still runs ahead of one compute action only.
     """
-    out = []
-    for program in programs:
-        new: Program = []
-        for a in program:
-            if a.op is Op.BACKWARD and a.layer in recompute_units:
-                new.append(Action(Op.RECOMPUTE, a.layer, a.mb))
-            new.append(a)
-        out.append(new)
+    return [_stage_activation(program, policy) for program in programs]
+
+
+def _stage_activation(program: Program, policy: dict[int, str]) -> Program:
+    def chosen(a: Action, op: Op, choice: str) -> bool:
+        return a.op is op and policy.get(a.layer, "keep") == choice
+
+    reloads: dict[int, list[Action]] = {}  # index of the action a reload goes in front of
+    previous = 0  # index of the latest compute action; none yet: the program's start
+    for i, a in enumerate(program):
+        if chosen(a, Op.BACKWARD, "offload"):
+            at = i if program[previous] == Action(Op.FORWARD, a.layer, a.mb) else previous
+            reloads.setdefault(at, []).append(Action(Op.RELOAD, a.layer, a.mb))
+        if a.op in _COMPUTE:
+            previous = i
+    out: Program = []
+    for i, a in enumerate(program):
+        if chosen(a, Op.BACKWARD, "recompute"):
+            out.append(Action(Op.RECOMPUTE, a.layer, a.mb))
+        out += reloads.get(i, [])
+        if chosen(a, Op.BACKWARD, "offload"):
+            out.append(Action(Op.WAIT_RELOAD, a.layer, a.mb))
+        out.append(a)
+        if chosen(a, Op.FORWARD, "offload"):
+            out.append(Action(Op.OFFLOAD, a.layer, a.mb))
     return out
 
 
@@ -50,8 +85,9 @@ def add_p2p(programs: list[Program], stage_units: list[range]) -> list[Program]:
       `RG last.m0` opens the program (after `RA`), `WRG last.m` right before `B last.m`, then
       `RG last.m'` for the next backward micro-batch.
     * activation send (s < p - 1): `SA last.m` right after `F last.m`; the wait for the previous
-      send `WSA last.(m-1)` right after it (the new send is never delayed by the old one's
-      wait; at most two are outstanding), the last one at the end of the program.
+      send `WSA last.(m-1)` right after it and after the offload `O last.m` if there is one
+      (neither start is delayed by the old send's wait; at most two sends are outstanding), the
+      last one at the end of the program.
     * gradient send (s > 0): `SG x.m` right after `B first.m`, then `WSG x.(m-1)`, the last one at
       the end of the program.
 
@@ -83,7 +119,11 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
     if sends_act and bwd_order:
         out.append(Action(Op.RECV_GRAD, last, bwd_order[0]))
     sent_act = sent_grad = None  # micro-batch of the send still to be waited
+    held: Program = []  # the previous activation send's wait, held behind this forward's O
     for a in program:
+        if held and a.op is not Op.OFFLOAD:
+            out += held
+            held = []
         if a.op is Op.FORWARD and a.layer == first and receives_act:
             out.append(Action(Op.WAIT_RECV_ACT, x, a.mb))
             if a.mb in next_fwd:
@@ -96,13 +136,14 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
         if a.op is Op.FORWARD and a.layer == last and sends_act:
             out.append(Action(Op.SEND_ACT, last, a.mb))
             if sent_act is not None:
-                out.append(Action(Op.WAIT_SEND_ACT, last, sent_act))
+                held = [Action(Op.WAIT_SEND_ACT, last, sent_act)]
             sent_act = a.mb
         if a.op is Op.BACKWARD and a.layer == first and receives_act:
             out.append(Action(Op.SEND_GRAD, x, a.mb))
             if sent_grad is not None:
                 out.append(Action(Op.WAIT_SEND_GRAD, x, sent_grad))
             sent_grad = a.mb
+    out += held
     if sent_act is not None:
         out.append(Action(Op.WAIT_SEND_ACT, last, sent_act))
     if sent_grad is not None:
@@ -111,10 +152,10 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
 
 
 def _flush_point(program: Program) -> int:
-    """Index just after the stage's last backward and what it triggers (see _after_backward):
+    """Index just after the stage's last backward and what it triggers (see _after_compute):
     the pipeline flush, where every gradient of the stage has been accumulated. Waits already
     placed there (the previous gradient send's) move after what is inserted."""
-    return _after_backward(program, max(i for i, a in enumerate(program) if a.op is Op.BACKWARD))
+    return _after_compute(program, max(i for i, a in enumerate(program) if a.op is Op.BACKWARD))
 
 
 def _last_backwards(program: Program) -> dict[int, int]:
@@ -128,12 +169,13 @@ def _final_order(program: Program, units: range) -> list[int]:
     return sorted(units, key=last_backward.__getitem__)
 
 
-def _after_backward(program: Program, i: int) -> int:
-    """Index just after the backward at i and what it triggers: the gradient send to the
-    previous stage (which that stage waits for, so nothing goes in front of it) and the
-    gradient syncs already placed there."""
+def _after_compute(program: Program, i: int) -> int:
+    """Index just after the compute action at i and the starts placed right after it (see
+    _TRIGGERED): after a backward, the gradient send to the previous stage (which that stage
+    waits for, so nothing goes in front of it) and the gradient syncs already placed there;
+    after a forward, the activation send or the offload."""
     i += 1
-    while i < len(program) and program[i].op in (Op.SEND_GRAD, Op.GRAD_SYNC):
+    while i < len(program) and program[i].op in _TRIGGERED:
         i += 1
     return i
 
@@ -194,7 +236,7 @@ def add_unit_grad_sync(programs: list[Program], dp: int) -> list[Program]:
     for program in programs:
         at: dict[int, list[Action]] = {}
         for u, i in _last_backwards(program).items():
-            at.setdefault(_after_backward(program, i), []).append(Action(Op.GRAD_SYNC, u))
+            at.setdefault(_after_compute(program, i), []).append(Action(Op.GRAD_SYNC, u))
         out.append(_insert(program, at))
     return out
 
@@ -236,3 +278,97 @@ def add_step_end(programs: list[Program]) -> list[Program]:
     """Append `E` (a collective over the pipeline stages that reduces the step's loss) to every
     program; nothing may follow it."""
     return [program + [Action(Op.STEP_END)] for program in programs]
+
+
+def add_views(programs: list[Program], stage_units: list[range],
+              window: int | None) -> list[Program]:
+    """Parameter views: when each unit's compute view is prefetched (`P u`, `WP u`) from its
+    master and released (`X u`). Runs last, on finished programs (E present); it never moves
+    what is already placed.
+
+    * window None: nothing is added; the view is the master.
+    * window 0 (views resident): `P u` for every unit of the stage in the order of first use,
+      then the `WP u` in the same order, at the very start of the program, so the copies are in
+      flight together; never released. U made last step's views stale, so every step prefetches
+      them again (into the buffer kept from the previous step).
+    * window K >= 1: see _windowed_views. At most K + 1 views are live on the stage at any
+      point, and all are released before the step's updates.
+    """
+    if window is None:
+        return [list(program) for program in programs]
+    if window == 0:
+        return [_resident_views(program, units) for program, units in zip(programs, stage_units)]
+    return [_windowed_views(program, window) for program in programs]
+
+
+def _resident_views(program: Program, units: range) -> Program:
+    """Every unit's P, then every WP, in the order of first use, in front of the program."""
+    first_use: dict[int, int] = {}
+    for i, a in enumerate(program):
+        if a.op in _COMPUTE:
+            first_use.setdefault(a.layer, i)
+    order = sorted(units, key=first_use.__getitem__)
+    return ([Action(Op.PREFETCH, u) for u in order] + [Action(Op.WAIT_PREFETCH, u) for u in order]
+            + program)
+
+
+def _runs(program: Program) -> list[tuple[int, int, int]]:
+    """The program's compute actions grouped into runs of consecutive actions on the same unit:
+    (unit, index of the run's first compute action, index of its last)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, a in enumerate(program):
+        if a.op not in _COMPUTE:
+            continue
+        if runs and runs[-1][0] == a.layer:
+            runs[-1] = (a.layer, runs[-1][1], i)
+        else:
+            runs.append((a.layer, i, i))
+    return runs
+
+
+def _view_lifetimes(units: list[int], k: int) -> tuple[list[bool], list[bool]]:
+    """For runs on `units` (one entry per run) and window k: whether run r prefetches a fresh
+    view, and whether it releases its view after it. A unit that runs again within k + 1 runs
+    keeps its view for that run."""
+    fresh, release = [], [True] * len(units)
+    last: dict[int, int] = {}
+    for r, u in enumerate(units):
+        kept = u in last and r - last[u] <= k + 1
+        if kept:
+            release[last[u]] = False
+        fresh.append(not kept)
+        last[u] = r
+    return fresh, release
+
+
+def _windowed_views(program: Program, k: int) -> Program:
+    """Views within a window of k runs (see _runs): run r's view is live from before its first
+    compute action to after its last.
+
+    `P u` for run r goes after the last compute action of run r - k - 1 (at the program start
+    for r <= k), so a view is prefetched at most k runs ahead of its use and its copy overlaps
+    the k runs in between; `WP u` right before run r's first compute action, as late as
+    possible. `X u` right after run r's last compute action, unless u runs again within the
+    next k + 1 runs: then the view stays live and that run gets no P/WP (with the gap exactly
+    k + 1, its P would land where this X does, so keeping the view costs no more memory than
+    releasing and prefetching it again). Where X and P share a point, X comes first, and both
+    come before a WP there; so at most k + 1 views are live (run r's and those prefetched for
+    runs r + 1 .. r + k), and every view is released after its unit's last run, before the
+    updates. "After" a compute action means after the starts it triggers (see _after_compute).
+    """
+    runs = _runs(program)
+    fresh, release = _view_lifetimes([u for u, _, _ in runs], k)
+
+    def after(r: int) -> int:
+        return 0 if r < 0 else _after_compute(program, runs[r][2])
+
+    at: dict[int, list[Action]] = {}
+    for r, (u, _, _) in enumerate(runs):
+        if fresh[r]:
+            at.setdefault(after(r - k - 1), []).append(Action(Op.PREFETCH, u))
+        if release[r]:
+            at.setdefault(after(r), []).append(Action(Op.RELEASE, u))
+    for r, (u, first, _) in enumerate(runs):
+        if fresh[r]:
+            at.setdefault(first, []).append(Action(Op.WAIT_PREFETCH, u))
+    return _insert(program, at)

@@ -12,14 +12,15 @@ from typing import Any, Callable
 
 from ratrain.schedule import builders, passes
 from ratrain.schedule.checks import validate
-from ratrain.schedule.errors import ScheduleConfigError
-from ratrain.schedule.ir import Program, format_program, parse_program
+from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
+from ratrain.schedule.ir import Op, Program, format_program, parse_program
 
 SCHEDULES: dict[str, tuple[str, Callable[[list[range], int], list[Program]]]] = {
     "1f1b": ("1F1B", builders.one_f_one_b),
     "gpipe": ("GPipe", builders.gpipe),
 }
-ACTIVATIONS = ("keep", "recompute")
+ACTIVATIONS = ("keep", "recompute", "offload")
+STATE_HOMES = ("device", "host")
 RANK_ORDERS = ("pp-dp", "dp-pp")
 
 
@@ -34,20 +35,41 @@ class PipelinePlan:
     """One program per pipeline stage, for one optimizer step."""
     policy: str
     schedule: str
-    activation: str
+    activation: list[list[str]]
+    """How each unit recovers its activations for the backward ("keep", "recompute" or
+    "offload"): activation[s][i] is the choice for stage s's i-th unit (aligned with
+    stage_units); the programs carry it out (R, or O/L/WL, for every micro-batch)."""
     clip: bool
+    """The programs reduce the global gradient norm (N WN) before the updates: for clipping by
+    the global norm, and for detecting an fp16 overflow on any stage."""
     rank_order: str = "pp-dp"
     """Placement of the grid on global ranks: "pp-dp" (a stage's replicas are neighbouring
     ranks) or "dp-pp" (one replica's stages are). It changes no program, only which traffic
     runs between neighbours (under torchrun: inside a node)."""
+    view_window: int | None = None
+    """Parameter views (passes.add_views): None, the view is the master (no view actions); 0,
+    every view resident; K >= 1, each view prefetched at most K units ahead of its use (in the
+    stage's order of compute) and released after it, so at most K + 1 are live."""
+    state_home: str = "device"
+    """Tier that holds the master weights and optimizer state: "device" or "host"."""
 
     @property
     def n_layers(self) -> int:
         return self.stage_units[-1].stop - 2
 
+    @property
+    def unit_activation(self) -> dict[int, str]:
+        """Unit -> its activation policy, over every stage."""
+        return _by_unit(self.stage_units, self.activation)
+
     def validate(self) -> None:
-        """Run every check (checks.validate); call it on a plan read from a file before use."""
+        """Run every check (checks.validate) and check that `activation` is what the programs
+        do; call it on a plan read from a file before use."""
         validate(self.programs, self.stage_units, self.n_micro, self.dp)
+        done = _activation_done(self.programs, self.stage_units, self.n_micro)
+        if self.activation != done:
+            raise ScheduleError(f"the plan's activation {self.activation} is not what its "
+                                f"programs do: {done}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,53 +83,110 @@ class PipelinePlan:
             "activation": self.activation,
             "clip": self.clip,
             "rank_order": self.rank_order,
+            "view_window": self.view_window,
+            "state_home": self.state_home,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PipelinePlan:
+        """Read `to_dict`'s output. Older plans hold one activation string (the policy of every
+        decoder block) and no view_window or state_home (no view actions, masters on device)."""
+        stage_units = [range(start, stop) for start, stop in d["stage_units"]]
+        activation = d["activation"]
+        if isinstance(activation, str):
+            activation = _resolve_activation(activation, None, stage_units)
         return cls(
             pp=d["pp"],
             dp=d["dp"],
             n_micro=d["n_micro"],
-            stage_units=[range(start, stop) for start, stop in d["stage_units"]],
+            stage_units=stage_units,
             programs=[parse_program(text) for text in d["programs"]],
             policy=d["policy"],
             schedule=d["schedule"],
-            activation=d["activation"],
+            activation=activation,
             clip=d["clip"],
             rank_order=d.get("rank_order", "pp-dp"),
+            view_window=d.get("view_window"),
+            state_home=d.get("state_home", "device"),
         )
 
 
-def _compute_and_p2p(programs: list[Program], stage_units: list[range], n_layers: int,
-                     activation: str) -> list[Program]:
-    """What both policies share: one activation policy for every decoder block (keep all, or
-    recompute each), then the pipeline transfers."""
-    recompute = set(range(1, n_layers + 1)) if activation == "recompute" else set()
-    programs = passes.add_activation_policy(programs, recompute)
+def _by_unit(stage_units: list[range], activation: list[list[str]]) -> dict[int, str]:
+    return {u: choice for units, choices in zip(stage_units, activation)
+            for u, choice in zip(units, choices)}
+
+
+def _activation_done(programs: list[Program], stage_units: list[range],
+                     n_micro: int) -> list[list[str]]:
+    """What the programs do per unit: "recompute" where every micro-batch has R, "offload" where
+    every one has O, "keep" where none has either; anything else is named by what it mixes."""
+    def choice(program: Program, u: int) -> str:
+        recomputed = {a.mb for a in program if a.op is Op.RECOMPUTE and a.layer == u}
+        offloaded = {a.mb for a in program if a.op is Op.OFFLOAD and a.layer == u}
+        if not recomputed and not offloaded:
+            return "keep"
+        if len(recomputed) == n_micro and not offloaded:
+            return "recompute"
+        if len(offloaded) == n_micro and not recomputed:
+            return "offload"
+        return f"recompute {sorted(recomputed)}, offload {sorted(offloaded)}"
+
+    return [[choice(program, u) for u in units] for program, units in zip(programs, stage_units)]
+
+
+def _resolve_activation(activation: str | list[str], unit_activation: dict[int, str] | None,
+                        stage_units: list[range]) -> list[list[str]]:
+    """The choice per stage per unit: `activation` for every decoder block, or one entry per
+    stage for that stage's decoder blocks; the embedding and the head keep; `unit_activation`
+    overrides any unit."""
+    pp, n_units = len(stage_units), stage_units[-1].stop
+    per_stage = [activation] * pp if isinstance(activation, str) else list(activation)
+    if len(per_stage) != pp:
+        raise ScheduleConfigError(
+            f"activation {per_stage} has {len(per_stage)} entries for pp={pp}; give one policy, "
+            f"or one per stage")
+    overrides = unit_activation or {}
+    for choice in per_stage + list(overrides.values()):
+        _choice("activation policy", choice, ACTIVATIONS)
+    for u in overrides:
+        if not 0 <= u < n_units:
+            raise ScheduleConfigError(
+                f"unit_activation names unit {u}, but the model has units 0..{n_units - 1}")
+    return [[overrides.get(u, choice if 0 < u < n_units - 1 else "keep") for u in units]
+            for choice, units in zip(per_stage, stage_units)]
+
+
+def _compute_and_p2p(programs: list[Program], stage_units: list[range],
+                     activation: dict[int, str]) -> list[Program]:
+    """What both policies start with: each unit's activation policy, then the pipeline
+    transfers."""
+    programs = passes.add_activation_policy(programs, activation)
     return passes.add_p2p(programs, stage_units)
 
 
-def _baseline(programs: list[Program], stage_units: list[range], n_layers: int, dp: int,
-              activation: str, clip: bool) -> list[Program]:
-    """GPU-style: one activation policy for every unit (keep all, or recompute every decoder
-    block); every gradient synchronized after the pipeline flush; one optimizer step at the end;
-    parameter views resident (no view actions)."""
-    programs = _compute_and_p2p(programs, stage_units, n_layers, activation)
+def _baseline(programs: list[Program], stage_units: list[range], dp: int,
+              activation: dict[int, str], clip: bool, view_window: int | None) -> list[Program]:
+    """GPU-style: one activation policy for every decoder block (build_plan refuses per-stage
+    choices); every gradient synchronized after the pipeline flush; one optimizer step at the
+    end (after the global norm when `clip`); parameter views resident (window None or 0)."""
+    programs = _compute_and_p2p(programs, stage_units, activation)
     programs = passes.add_grad_sync(programs, stage_units, dp)
-    return passes.add_update(programs, stage_units, clip)
+    programs = passes.add_update(programs, stage_units, clip)
+    return passes.add_views(programs, stage_units, view_window)
 
 
-def _ratrain(programs: list[Program], stage_units: list[range], n_layers: int, dp: int,
-             activation: str, clip: bool) -> list[Program]:
-    """The training-state lifecycle, per unit and per stage: each unit's gradient sync starts
-    right after its last backward and is waited as late as possible; each unit is updated
-    after its own sync (after the global norm when clipping), no stage waiting for another
-    except for that norm. Activation policy as in the baseline for now; parameter views
-    resident."""
-    programs = _compute_and_p2p(programs, stage_units, n_layers, activation)
+def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
+             activation: dict[int, str], clip: bool, view_window: int | None) -> list[Program]:
+    """The training-state lifecycle, per unit and per stage: each unit recovers its
+    activations as chosen for it (keep, recompute, or offload and reload); each unit's gradient
+    sync starts right after its last backward and is waited as late as possible; each unit is
+    updated after its own sync (after the global norm when `clip`), no stage waiting for another
+    except for that norm; parameter views prefetched within the window ahead of use and
+    released after it (view_window K >= 1), or resident."""
+    programs = _compute_and_p2p(programs, stage_units, activation)
     programs = passes.add_unit_grad_sync(programs, dp)
-    return passes.add_unit_update(programs, stage_units, dp, clip)
+    programs = passes.add_unit_update(programs, stage_units, dp, clip)
+    return passes.add_views(programs, stage_units, view_window)
 
 
 POLICIES = {"ratrain": _ratrain, "baseline": _baseline}
@@ -118,6 +197,22 @@ def _choice(kind: str, value: str, known) -> None:
         raise ScheduleConfigError(f"unknown {kind} {value!r}; choose one of {', '.join(known)}")
 
 
+def _check_baseline(activation: str | list[str], resolved: list[list[str]],
+                    stage_units: list[range], view_window: int | None) -> None:
+    """The baseline is GPU-style: one activation policy for every decoder block (the embedding
+    and the head keep), parameter views resident."""
+    asked = {activation} if isinstance(activation, str) else set(activation)
+    uniform = _resolve_activation(_by_unit(stage_units, resolved)[1], None, stage_units)
+    if len(asked) > 1 or resolved != uniform:
+        raise ScheduleConfigError(
+            f"baseline takes one activation policy for every decoder block, got {resolved} "
+            f"(per stage, per unit); use --policy ratrain for per-stage choices")
+    if view_window is not None and view_window >= 1:
+        raise ScheduleConfigError(
+            f"baseline keeps parameter views resident (view_window None or 0), got "
+            f"view_window={view_window}; --view-window needs --policy ratrain")
+
+
 def build_plan(
     n_layers: int,
     pp: int,
@@ -125,24 +220,34 @@ def build_plan(
     n_micro: int,
     schedule: str = "1f1b",
     policy: str = "ratrain",
-    activation: str = "keep",
+    activation: str | list[str] = "keep",
     units_per_stage: list[int] | None = None,
     clip: bool = True,
     rank_order: str = "pp-dp",
+    view_window: int | None = None,
+    state_home: str = "device",
+    unit_activation: dict[int, str] | None = None,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
     `n_micro` is the number of micro-batches per step per data-parallel replica; it must be at
-    least `pp`, or some stage would idle through the whole step's steady state.
+    least `pp`, or some stage would idle through the whole step's steady state. `activation`
+    is one policy for every decoder block or a list of one per stage (for that stage's decoder
+    blocks); the embedding and the head keep, and `unit_activation` overrides any unit.
+    `view_window` and `clip`: see PipelinePlan. `state_home` is recorded for the executor; it
+    changes no program.
     """
     _choice("schedule", schedule, SCHEDULES)
     _choice("policy", policy, POLICIES)
-    _choice("activation policy", activation, ACTIVATIONS)
     _choice("rank order", rank_order, RANK_ORDERS)
+    _choice("state home", state_home, STATE_HOMES)
     if dp < 1:
         raise ScheduleConfigError(f"dp must be >= 1, got {dp}")
     if n_micro < 1:
         raise ScheduleConfigError(f"n_micro must be >= 1, got {n_micro}")
+    if view_window is not None and view_window < 0:
+        raise ScheduleConfigError(
+            f"view_window must be >= 0 (or None: the view is the master), got {view_window}")
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     name, builder = SCHEDULES[schedule]
     if n_micro < pp:
@@ -150,18 +255,25 @@ def build_plan(
             f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
             f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp"
         )
-    programs = builder(stage_units, n_micro)
-    programs = POLICIES[policy](programs, stage_units, n_layers, dp, activation, clip)
+    resolved = _resolve_activation(activation, unit_activation, stage_units)
+    if policy == "baseline":
+        _check_baseline(activation, resolved, stage_units, view_window)
+    programs = POLICIES[policy](builder(stage_units, n_micro), stage_units, dp,
+                                _by_unit(stage_units, resolved), clip, view_window)
     validate(programs, stage_units, n_micro, dp)
-    return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, activation, clip,
-                        rank_order)
+    return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
+                        rank_order, view_window, state_home)
 
 
-def build_eval_programs(stage_units: list[range], n_micro: int) -> list[Program]:
+def build_eval_programs(stage_units: list[range], n_micro: int,
+                        view_window: int | None = None) -> list[Program]:
     """Evaluation programs: every forward with its activation transfers, then E (which reduces
-    the loss over the stages). Checked before they are returned."""
+    the loss over the stages), with parameter views as in training (`view_window`): evaluation
+    runs after an update, so its views are made from the fresh masters. Checked before they are
+    returned."""
     programs = passes.add_step_end(
         passes.add_p2p(builders.forward_only(stage_units, n_micro), stage_units)
     )
+    programs = passes.add_views(programs, stage_units, view_window)
     validate(programs, stage_units, n_micro, dp=1, forward_only=True)
     return programs

@@ -1,0 +1,88 @@
+"""Every memory choice of the lifecycle computes the same training run as one process: activation
+recovery per stage (keep / recompute / offload), parameter views made within a window and
+released, masters on the device or the host, under both policies, pp and dp in {1, 2}.
+
+The plans are built with an explicit view window, so fp32 views (copies of the masters) run the
+whole view machinery even on a CPU-only run, where the CLI would make none. The reference is the
+plain single-process engine; losses and final weights must agree to a relative 1e-5 over 20 steps.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ratrain.metrics import read_metrics
+from ratrain.runtime.launch import launch_local
+from ratrain.schedule.ir import Op
+from ratrain.schedule.plan import build_plan
+from ratrain.train import rank_main
+
+from .conftest import STEPS, final_units, micro_config, rel
+
+pytestmark = pytest.mark.dist
+
+# (pp, dp, policy, activation per stage, view window, state home): a covering set in which every
+# activation policy meets every stage position, every window both policies where allowed
+# (baseline keeps views resident), and each home tier every layout.
+CASES = [
+    (1, 1, "ratrain", ["offload"], 1, "host"),
+    (1, 1, "baseline", ["recompute"], 0, "device"),
+    (1, 2, "ratrain", ["keep"], 2, "host"),
+    (1, 2, "baseline", ["offload"], 0, "host"),
+    (2, 1, "ratrain", ["recompute", "keep"], 1, "device"),
+    (2, 1, "ratrain", ["keep", "offload"], 2, "host"),
+    (2, 1, "baseline", ["offload", "offload"], 0, "device"),
+    (2, 2, "ratrain", ["offload", "recompute"], 2, "device"),
+    (2, 2, "ratrain", ["recompute", "offload"], 0, "host"),
+    (2, 2, "baseline", ["recompute", "recompute"], None, "host"),
+]
+
+
+def _id(case) -> str:
+    pp, dp, policy, activation, window, home = case
+    return f"{pp}x{dp}-{policy}-{'+'.join(activation)}-w{window}-{home}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=map(_id, CASES))
+def test_memory_choices_match_single_process(case, corpus, reference, tmp_path):
+    pp, dp, policy, activation, window, home = case
+    cfg = micro_config(*corpus, steps=STEPS)
+    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.policy, cfg.parallel.state_home = pp, dp, policy, home
+    plan = build_plan(cfg.model.n_layers, pp, dp, cfg.n_micro, policy=policy,
+                      activation=activation if pp > 1 else activation[0],
+                      view_window=window, state_home=home)
+    ops = {a.op for program in plan.programs for a in program}
+    assert (Op.OFFLOAD in ops) == ("offload" in activation)
+    assert (Op.RELEASE in ops) == bool(window)  # views are released only within a window
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan.to_dict()))
+    cfg.parallel.plan_file = str(plan_file)
+    run_dir = tmp_path / "run"
+    args = (cfg.to_dict(), str(run_dir), False, False, False)
+    if pp * dp == 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rank_main(*args)
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        launch_local(pp * dp, rank_main, args, error_dir=run_dir / "errors")
+
+    ref_rows, rows = read_metrics(reference[1] / "metrics.jsonl"), read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    ref_loss = torch.tensor([r["loss"] for r in ref_rows], dtype=torch.float64)
+    loss = torch.tensor([r["loss"] for r in rows], dtype=torch.float64)
+    assert float(((loss - ref_loss).abs() / ref_loss).max()) < 1e-5, (loss, ref_loss)
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    ref_val = [r["val_loss"] for r in ref_rows if "val_loss" in r]
+    assert len(val) == len(ref_val) and max(abs(a - b) / b for a, b in zip(val, ref_val)) < 1e-5
+    n_units = cfg.model.n_units
+    ref_units, units = final_units(reference[1], n_units), final_units(run_dir, n_units)
+    for u in range(n_units):
+        for name, ref_w in ref_units[u]["weights"].items():
+            assert rel(units[u]["weights"][name], ref_w) < 1e-5, (u, name)
+    assert len(rows[-1]["ledger_peak_bytes_per_rank"]) == pp * dp

@@ -1,0 +1,81 @@
+"""Lower-precision compute with fp32 masters: bf16 views train like fp32, and fp16's dynamic loss
+scaling skips an overflowing step on every rank at once, lowers the scale, and trains on."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ratrain import checkpoint
+from ratrain.metrics import read_metrics
+from ratrain.runtime.launch import launch_local
+from ratrain.train import rank_main
+
+from .conftest import STEPS, micro_config
+
+pytestmark = pytest.mark.dist
+
+
+def test_bf16_views_train_within_2_percent_of_fp32(corpus, reference, tmp_path):
+    cfg = micro_config(*corpus, steps=STEPS)
+    cfg.train.dtype = "bfloat16"
+    rank_main(cfg.to_dict(), str(tmp_path), False, False, False)
+    rows, ref_rows = read_metrics(tmp_path / "metrics.jsonl"), read_metrics(reference[1] / "metrics.jsonl")
+    assert len(rows) == STEPS
+    worst = max(abs(r["loss"] - f["loss"]) / f["loss"] for r, f in zip(rows, ref_rows))
+    assert worst < 0.02, worst
+    assert rows[0]["loss"] != ref_rows[0]["loss"]  # it really computed in bf16
+    weights = checkpoint.load_units(checkpoint.latest(tmp_path), [1], "cpu")[1]["weights"]
+    assert all(w.dtype == torch.float32 for w in weights.values())  # the masters
+
+
+def _inject_inf(inject_rank: int, inject_step: int, log_dir: str, *args) -> None:
+    """rank_main, with an inf put into one unit's gradient on one rank at one step, and every
+    step's outcome logged per rank."""
+    from ratrain.runtime.executor import Executor
+    from ratrain.runtime.unit_state import UnitState
+
+    rank = int(os.environ["RANK"])
+    train_step, fold_grads = Executor.train_step, UnitState.fold_grads
+    now = {}
+
+    def logged_step(self, program, batches, lr, step=0):
+        now["step"] = step
+        result = train_step(self, program, batches, lr, step)
+        with open(Path(log_dir) / f"rank{rank}.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "skipped": result.skipped,
+                                "scale": self.loss_scale.scale}) + "\n")
+        return result
+
+    def poisoned_fold(self):
+        fold_grads(self)
+        if rank == inject_rank and now.get("step") == inject_step and self.grad is not None:
+            self.grad[0] = float("inf")
+
+    Executor.train_step, UnitState.fold_grads = logged_step, poisoned_fold
+    rank_main(*args)
+
+
+def test_fp16_overflow_on_one_rank_skips_the_step_everywhere(corpus, tmp_path):
+    cfg = micro_config(*corpus, steps=8)
+    cfg.train.dtype, cfg.train.grad_clip, cfg.train.checkpoint_every = "float16", 0.0, 4
+    cfg.parallel.pp, cfg.parallel.dp = 2, 2
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    args = (cfg.to_dict(), str(run_dir), False, False, False)
+    launch_local(4, _inject_inf, (3, 2, str(logs), *args), error_dir=run_dir / "errors")
+
+    for rank in range(4):
+        steps = [json.loads(line) for line in (logs / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [s["skipped"] for s in steps] == [s["step"] == 2 for s in steps], (rank, steps)
+        scales = [s["scale"] for s in steps]
+        assert scales[2] == scales[1] / 2 and scales[-1] == scales[2], (rank, scales)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["skipped"] for r in rows] == [r["step"] == 3 for r in rows]
+    assert rows[-1]["loss"] < rows[3]["loss"] < rows[0]["loss"]  # trains before and after
+    meta = checkpoint.load_meta(checkpoint.latest(run_dir))
+    assert meta["loss_scale"]["scale"] == scales[-1] and meta["loss_scale"]["skipped_steps"] == 1
