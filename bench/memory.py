@@ -87,8 +87,10 @@ def _run(cfg: RunConfig, choice, work: Path) -> dict:
         raise SystemExit(f"{label}: {proc.stderr.strip()}")
     rows = read_metrics(run_dir / "metrics.jsonl")
     last = rows[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows[1:]),
             "ledger": last["ledger_peak_bytes_per_rank"],
+            "by_kind": summary["ledger_at_peak_by_kind_per_rank"],
             "rss_growth": last.get("rss_growth_bytes_per_rank"),
             "losses": [r["loss"] for r in rows]}
 
@@ -135,7 +137,8 @@ def _summary(rounds: list[dict]) -> dict:
     pp = len(rounds[0]["ledger"])
     rss = [statistics.median(r["rss_growth"][s] for r in rounds) for s in range(pp)] \
         if rounds[0]["rss_growth"] else None
-    return {"ledger": rounds[0]["ledger"], "ledger_stable": all(r["ledger"] == rounds[0]["ledger"] for r in rounds),
+    return {"ledger": rounds[0]["ledger"], "by_kind": rounds[0]["by_kind"],
+            "ledger_stable": all(r["ledger"] == rounds[0]["ledger"] for r in rounds),
             "rss_growth": rss, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rounds),
             "losses_equal": all(r["losses"] == rounds[0]["losses"] for r in rounds)}
 
@@ -145,21 +148,25 @@ def _mib(n) -> str:
 
 
 def table(results: dict) -> str:
+    """One row per choice and stage: the ledger's peak and, at that peak, the bytes of
+    activations on the device, offloaded ones and views; the measured RSS growth; tokens/s."""
     lines = []
     for pp, layout in results["layouts"].items():
         choices = layout["choices"]
-        keep = choices["keep"]
+        keep = choices["keep"]["tokens_per_s"]
         lines.append(f"\npp={pp}, {layout['model']}, {layout['n_micro']} micro-batches of "
-                     f"{layout['micro_batch_size']} x {layout['seq_len']} tokens")
-        head = ["choice"] + [f"s{s} ledger MiB" for s in range(int(pp))] + \
-               [f"s{s} RSS+ MiB" for s in range(int(pp))] + ["tokens/s", "vs keep"]
+                     f"{layout['micro_batch_size']} x {layout['seq_len']} tokens (MiB)")
+        head = ["choice", "stage", "ledger peak", "activations", "offloaded", "views",
+                "RSS growth", "tokens/s", "vs keep"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for label, c in choices.items():
             rss = c["rss_growth"] or [None] * int(pp)
-            cells = [label] + [_mib(b) for b in c["ledger"]] + [_mib(b) for b in rss] + \
-                    [f"{c['tokens_per_s']:.0f}", f"{c['tokens_per_s'] / keep['tokens_per_s']:.3f}"]
-            lines.append("| " + " | ".join(cells) + " |")
+            for s, (peak, kinds, grown) in enumerate(zip(c["ledger"], c["by_kind"], rss)):
+                rate = [f"{c['tokens_per_s']:.0f}", f"{c['tokens_per_s'] / keep:.3f}"] if s == 0 else ["", ""]
+                cells = [label if s == 0 else "", str(s), _mib(peak), _mib(kinds["activations"]),
+                         _mib(kinds["offloaded"]), _mib(kinds["views"]), _mib(grown), *rate]
+                lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -318,6 +318,7 @@ class _Loop:
 
     def _finish(self, last: dict, rates: list[float]) -> None:
         traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None)
+        at_peak = self._gather(self.engine.ledger_at_peak())
         if not self.is_main:
             return
         if self.tracer:
@@ -332,6 +333,7 @@ class _Loop:
                    "peak_memory_bytes": last.get("peak_memory_bytes")}
         if "ledger_peak_bytes_per_rank" in last:
             summary["ledger_peak_bytes_per_stage"] = self._per_stage(last["ledger_peak_bytes_per_rank"])
+            summary["ledger_at_peak_by_kind_per_rank"] = at_peak
         if "rss_growth_bytes_per_rank" in last:
             summary["rss_growth_bytes_per_stage"] = self._per_stage(last["rss_growth_bytes_per_rank"])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

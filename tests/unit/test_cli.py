@@ -63,6 +63,10 @@ def _tiny_text(tmp_path):
     (["--global-batch", "6", "--micro-batch-size", "4"], "not a multiple"),
     (["--seq-len", "4096"], "max_seq_len"),
     (["--resume", "nowhere"], "not a ratrain run directory"),
+    (["--activation", "keep,fast"], "activation policy must be one of keep, recompute, offload"),
+    (["--pp", "2", "--activation", "keep,keep,keep"], "lists 3 policies for 2 stages"),
+    (["--pp", "2", "--policy", "baseline", "--activation", "recompute,keep"], "use --policy ratrain"),
+    (["--dtype", "bfloat16", "--view-window", "-1"], "--view-window must be >= 0"),
 ])
 def test_user_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, needle):
     code, out, err = run_cli(monkeypatch, capsys, "train", "--no-progress", *args)
@@ -146,6 +150,22 @@ def test_a_broken_plan_file_is_refused_with_the_table(monkeypatch, capsys, tmp_p
     assert code == 2
     assert "fails the schedule checks" in err and ">>" in err and "Rank 1" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_plan_file_is_read_even_for_one_process(monkeypatch, capsys, tmp_path):
+    """With pp = dp = 1 a plan file is checked and run, never ignored (random bytes: refused)."""
+    (tmp_path / "junk.json").write_bytes(bytes(range(256)) * 3)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(tmp_path / "junk.json"),
+                           "--no-progress")
+    assert code == 2 and "is not a ratrain plan" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+    run_cli(monkeypatch, capsys, "plan", "--activation", "offload", "--out", str(tmp_path / "p.json"))
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--plan", str(tmp_path / "p.json"),
+                             "--steps", "2", "--no-progress", "--run-dir", "one")
+    assert code == 0, err
+    ran = json.loads((tmp_path / "one" / "plan.json").read_text())
+    assert any(a.startswith("O") for a in ran["programs"][0].split())  # the plan's offload ran
+    assert "peak memory held (ledger): stage 0:" in out
 
 
 def test_too_little_data_is_refused_before_the_run(monkeypatch, capsys, tmp_path):

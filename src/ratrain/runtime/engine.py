@@ -44,6 +44,9 @@ class _UnitStateMixin:
         return peak_memory_bytes(self.stage.device)
 
     def ledger_peak_bytes(self) -> int | None:
+        return None  # the plain engine keeps no ledger
+
+    def ledger_at_peak(self) -> dict[str, int] | None:
         return None
 
 
@@ -109,6 +112,10 @@ class PipelineEngine(_UnitStateMixin):
     def ledger_peak_bytes(self) -> int:
         """The peak of the bytes the executor and the units' training state held."""
         return self.stage.ledger.peak
+
+    def ledger_at_peak(self) -> dict[str, int]:
+        """Those bytes by kind, at the peak."""
+        return dict(self.stage.ledger.at_peak)
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
         return self.executor.train_step(self.program, batches, lr, step)

@@ -61,6 +61,7 @@ class UnitState:
         self.ledger.hold(("gradients", self), "gradients", [self.grad])
         self._sync = None  # the all-reduce in flight
         self._view_ready = None  # the prefetch copy's event
+        self._folding = None  # (event, [(master, pinned copy of its view's gradient)]) in flight
 
     @property
     def has_view(self) -> bool:
@@ -103,13 +104,39 @@ class UnitState:
             self.ledger.release(("views", self))
 
     def fold_grads(self) -> None:
-        """After a backward: add the view's gradients, in fp32, to the masters' accumulation."""
+        """After a backward: add the view's gradients, in fp32, to the masters' accumulation.
+
+        From a GPU view to host masters the gradients leave on the copy stream into pinned
+        buffers, and are added on the host only when something next reads the accumulation
+        (the next fold of this unit, the sync, the norm, the update): by then the copy is long
+        done, so the compute stream never waits for it."""
         if not self.has_view:
             return
+        if self.copies.stream is None or self.home == self.device:
+            for p, m in zip(self.params, self.masters):
+                if p.grad is not None:
+                    m.grad.add_(p.grad.to(self.home, torch.float32))
+                    p.grad = None
+            return
+        self._finish_fold()
+        staged, done = [], None
         for p, m in zip(self.params, self.masters):
             if p.grad is not None:
-                m.grad.add_(p.grad.to(self.home, torch.float32))
+                host = self.copies.host_empty(p.grad)
+                done = self.copies.copy(host, p.grad)
+                staged.append((m, host))
                 p.grad = None
+        self._folding = (done, staged)
+
+    def _finish_fold(self) -> None:
+        if self._folding is None:
+            return
+        done, staged = self._folding
+        self._folding = None
+        if done is not None:
+            done.synchronize()
+        for m, host in staged:
+            m.grad.add_(host.float())
 
     # -- sync, norm, update -------------------------------------------------------------------
 
@@ -120,6 +147,7 @@ class UnitState:
     def start_sync(self, group) -> dist.Work | None:
         """Start summing the gradients over the data-parallel group (the loss is already scaled
         by 1/dp, so the sum is the mean). Nothing may touch them until wait_sync."""
+        self._finish_fold()
         if self.grad is not None:
             self._sync = dist.all_reduce(self.grad, group=group, async_op=True)
         return self._sync
@@ -138,6 +166,7 @@ class UnitState:
         real gradients), which moved the clipping coefficient away from the reference's."""
         if self.grad is None:
             return None
+        self._finish_fold()
         norms = torch.stack([torch.linalg.vector_norm(m.grad) for m in self.masters])
         return (norms * norms).sum()
 
@@ -146,6 +175,7 @@ class UnitState:
         AdamW step on the masters, zero the gradients. A view made before is now stale."""
         if self.optimizer is None:
             return
+        self._finish_fold()
         if grad_factor is not None:
             self.grad.mul_(grad_factor)
         self.optimizer.step()
@@ -154,5 +184,6 @@ class UnitState:
             t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)])
 
     def zero_grad(self) -> None:
+        self._finish_fold()
         if self.grad is not None:
             self.grad.zero_()
