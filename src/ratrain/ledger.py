@@ -1,0 +1,68 @@
+"""Bytes held, by kind, and their peak: the one account the executor keeps of real tensors
+(runtime/memory_ledger.py) and the simulator keeps of predicted ones (sim/), so the two are
+compared kind by kind. Pure Python.
+
+Holders register storages under an owner key (a unit's masters, one micro-batch's saved
+activations, a receive buffer). A storage counts once, however many owners hold it, under the
+kind of the latest owner that registered it (a received buffer becomes an activation when the
+stage's first unit takes it as input), until every owner has let go.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+
+KINDS = ("views", "masters", "gradients", "optimizer", "activations", "offloaded", "buffers")
+"""views: compute-precision parameter copies; masters: fp32 weights in their home tier;
+gradients: fp32 accumulation buffers; optimizer: AdamW moments and step counters; activations:
+what a unit keeps for its backward on the compute device (saved tensors, inputs, outputs);
+offloaded: saved tensors moved to the host tier; buffers: transfers in flight and activation
+gradients between units."""
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.peak = 0
+        self.at_peak: dict[str, int] = dict(self.bytes)
+        self._size: dict[Hashable, tuple[str, int]] = {}  # storage -> (kind, bytes)
+        self._holders: dict[Hashable, set[Hashable]] = defaultdict(set)
+        self._owned: dict[Hashable, set[Hashable]] = defaultdict(set)
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def hold_storage(self, owner: Hashable, kind: str, storage: Hashable, nbytes: int) -> None:
+        """`owner` keeps `storage` (of `nbytes`) alive."""
+        if owner in self._holders[storage]:
+            return
+        if self._holders[storage]:
+            old, nbytes = self._size[storage]
+            self.bytes[old] -= nbytes
+        self._size[storage] = (kind, nbytes)
+        self.bytes[kind] += nbytes
+        self._holders[storage].add(owner)
+        self._owned[owner].add(storage)
+        self._note_peak()
+
+    def release(self, owner: Hashable) -> None:
+        """`owner` lets go of everything it registered."""
+        for storage in self._owned.pop(owner, ()):
+            holders = self._holders[storage]
+            holders.discard(owner)
+            if not holders:
+                del self._holders[storage]
+                kind, size = self._size.pop(storage)
+                self.bytes[kind] -= size
+
+    def reset_peak(self) -> None:
+        self.peak = self.total
+        self.at_peak = dict(self.bytes)
+
+    def _note_peak(self) -> None:
+        total = self.total
+        if total > self.peak:
+            self.peak = total
+            self.at_peak = dict(self.bytes)

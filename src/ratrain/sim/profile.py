@@ -1,0 +1,234 @@
+"""Hardware profiles: what a device computes, holds and moves, and how devices are linked.
+
+A profile is a YAML file, loaded by preset name (sim/profiles/NAME.yaml) or by path; `ratrain
+profile` writes one for the machine it runs on. Every figure is in SI units: bytes, seconds,
+FLOP/s, bytes/s. Unknown keys, wrong types and out-of-range values are refused with their path
+(`device.memory_bytes: expected a number, got 'lots'`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ratrain.errors import UserError
+
+PRESET_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass
+class Link:
+    """An alpha-beta link: moving n bytes takes latency + n / bandwidth."""
+
+    bandwidth: float
+    latency: float = 0.0
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass
+class LinkClass:
+    """Links of one reach (within a node, or between nodes). `collective` is the per-link
+    bandwidth and per-hop latency a ring all-reduce achieves (it may differ from point to point:
+    a collective library's protocol, or a NIC shared by more ranks)."""
+
+    p2p: Link
+    collective: Link
+
+
+@dataclass
+class ComputeRate:
+    """Dense math: peak FLOP/s and the fraction of it a model's units achieve."""
+
+    peak_flops: float
+    efficiency: float = 0.5
+
+    @property
+    def achieved(self) -> float:
+        return self.peak_flops * self.efficiency
+
+
+@dataclass
+class UnitTimes:
+    """Measured seconds of one unit kind's forward and backward on one shape."""
+
+    forward_s: float
+    backward_s: float
+
+
+@dataclass
+class MeasuredShape:
+    """A measured table entry: each unit kind's times for one model, shape and dtype.
+    `recompute` is a forward with autograd on; `forward` is as the executor runs it (with
+    autograd, or without for a recomputed unit: `forward_no_grad_s`)."""
+
+    model: str
+    seq_len: int
+    micro_batch_size: int
+    dtype: str
+    embedding: UnitTimes
+    block: UnitTimes
+    head: UnitTimes
+    block_forward_no_grad_s: float | None = None
+
+
+@dataclass
+class Device:
+    name: str
+    memory_bytes: float
+    """The per-device budget (usable memory for training)."""
+    compute: dict[str, ComputeRate]
+    """Per compute dtype: float32, bfloat16, float16."""
+    memory_bandwidth: float
+    """Bytes/s of elementwise work on the device: optimizer update, norms, gradient folds."""
+    host_link: Link | None = None
+    """Host<->device copies; None where the host memory is the device's memory (a CPU)."""
+    cores: int | None = None
+    """CPU only: cores the ranks of one node share (None: every rank has a device of its own)."""
+    action_overhead_s: float = 0.0
+    """The executor's own time per action (Python, bookkeeping)."""
+
+
+@dataclass
+class HardwareProfile:
+    name: str
+    description: str
+    device: Device
+    devices_per_node: int
+    intra_node: LinkClass
+    inter_node: LinkClass
+    measured: list[MeasuredShape] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
+    """Where each assumed figure comes from (key: the figure's path)."""
+
+    def link(self, same_node: bool) -> LinkClass:
+        return self.intra_node if same_node else self.inter_node
+
+    def rate(self, dtype: str) -> ComputeRate:
+        if dtype not in self.device.compute:
+            raise UserError(f"profile {self.name} has no compute rate for {dtype}; it knows "
+                            f"{', '.join(self.device.compute)}")
+        return self.device.compute[dtype]
+
+    def measured_for(self, model: str, seq_len: int, micro_batch_size: int,
+                     dtype: str) -> MeasuredShape | None:
+        for m in self.measured:
+            if (m.model, m.seq_len, m.micro_batch_size, m.dtype) == (model, seq_len, micro_batch_size, dtype):
+                return m
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_profile(spec: str | Path) -> HardwareProfile:
+    """A preset by name, or a profile YAML file by path."""
+    path = Path(spec)
+    if not path.is_file():
+        if str(spec) not in presets():
+            raise UserError(f"no hardware profile {str(spec)!r}: not a file, and not one of the "
+                            f"presets {', '.join(presets())}")
+        path = PRESET_DIR / f"{spec}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot parse profile {path}: {str(e).splitlines()[0]}") from None
+    return from_dict(data, str(path))
+
+
+def from_dict(data: Any, where: str = "profile") -> HardwareProfile:
+    return _build(HardwareProfile, data, "", where)
+
+
+def _build(cls, data: Any, path: str, where: str):
+    """`cls` from plain data, each field checked against its annotation."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: {path or 'the profile'}: expected a mapping, got {_name(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: {_join(path, unknown[0])}: unknown key (known: {', '.join(fields)})")
+    values = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise UserError(f"{where}: {_join(path, name)}: missing")
+            continue
+        values[name] = _value(_TYPES[cls][name], data[name], _join(path, name), where)
+    return cls(**values)
+
+
+def _value(kind, value: Any, path: str, where: str):
+    if isinstance(kind, tuple):  # (container, item kind)
+        container, item = kind
+        if container is list:
+            if not isinstance(value, list):
+                raise UserError(f"{where}: {path}: expected a list, got {_name(value)}")
+            return [_value(item, v, f"{path}[{i}]", where) for i, v in enumerate(value)]
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: {path}: expected a mapping, got {_name(value)}")
+        return {str(k): _value(item, v, _join(path, str(k)), where) for k, v in value.items()}
+    if kind == "optional-link":
+        return None if value is None else _build(Link, value, path, where)
+    if kind == "optional-int":
+        return None if value is None else _value(int, value, path, where)
+    if kind == "optional-float":
+        return None if value is None else _value(float, value, path, where)
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, path, where)
+    if kind is str:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {path}: expected a string, got {_name(value)}")
+        return value
+    if isinstance(value, str):  # YAML 1.1 reads 4.0e10 (no sign in the exponent) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{where}: {path}: expected a number, got {_name(value)}")
+    if kind is int and value != int(value):
+        raise UserError(f"{where}: {path}: expected a whole number, got {value!r}")
+    if value < 0 or (value == 0 and path.split(".")[-1] in _POSITIVE):
+        raise UserError(f"{where}: {path}: must be {'positive' if value == 0 else '>= 0'}, got {value!r}")
+    return kind(value)
+
+
+_POSITIVE = {"bandwidth", "peak_flops", "efficiency", "memory_bytes", "memory_bandwidth",
+             "devices_per_node", "cores", "seq_len", "micro_batch_size"}
+
+_TYPES = {
+    Link: {"bandwidth": float, "latency": float},
+    LinkClass: {"p2p": Link, "collective": Link},
+    ComputeRate: {"peak_flops": float, "efficiency": float},
+    UnitTimes: {"forward_s": float, "backward_s": float},
+    MeasuredShape: {"model": str, "seq_len": int, "micro_batch_size": int, "dtype": str,
+                    "embedding": UnitTimes, "block": UnitTimes, "head": UnitTimes,
+                    "block_forward_no_grad_s": "optional-float"},
+    Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
+             "memory_bandwidth": float, "host_link": "optional-link", "cores": "optional-int",
+             "action_overhead_s": float},
+    HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
+                      "intra_node": LinkClass, "inter_node": LinkClass,
+                      "measured": (list, MeasuredShape), "notes": (dict, str)},
+}
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _name(value: Any) -> str:
+    return repr(value) if isinstance(value, (str, int, float, bool)) or value is None else type(value).__name__

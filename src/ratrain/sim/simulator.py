@@ -1,0 +1,388 @@
+"""A discrete-event simulator of one training step: it walks the very per-stage programs the
+executor walks, costed by the cost model on a hardware profile.
+
+Each simulated rank has what a real one has: its walker (the thread that issues actions, which
+also runs compute: F, B, R, U), a copy engine, a send and a receive link (full duplex, each
+first come first served), and its collectives. A point-to-point transfer starts once both sides
+have issued it and both links are free; a unit's gradient sync once it is issued and the rank's
+links are free; the norm reduction and the step's end once every stage has issued them. Waits
+block the walker until what they wait for has completed, as the executor's do.
+
+Data-parallel replicas run identical programs on identical costs, so each stage is simulated
+once; its replicas appear in the size of its gradient ring and, on a machine whose ranks share
+cores (a CPU profile's `cores`), in how many compute at once: compute on a node progresses at
+min(1, cores / busy ranks of the node) of full speed (processor sharing).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from ratrain.config import ModelConfig
+from ratrain.ledger import Ledger
+from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.ir import START_OF, WAIT_OF, Action, Op
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.sim.cost_model import OPS, StageCosts, StageSetup
+from ratrain.sim.profile import HardwareProfile
+
+
+@dataclass
+class RankTimeline:
+    stage: int
+    end: float = 0.0
+    compute: float = 0.0  # seconds the walker computed
+    exposed: float = 0.0  # seconds the walker waited on a transfer or collective in progress
+    actions: list[tuple[str, float, float]] = field(default_factory=list)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # async: start to end
+    memory: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes held)
+    peak: int = 0
+    at_peak: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bubble(self) -> float:
+        """Fraction of the step the walker did not compute."""
+        return 1.0 - self.compute / self.end if self.end else 0.0
+
+
+@dataclass
+class SimResult:
+    step_time: float
+    tokens_per_step: int
+    ranks: list[RankTimeline]  # one per stage (replicas are identical)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_time
+
+    @property
+    def bubble(self) -> float:
+        return sum(r.bubble for r in self.ranks) / len(self.ranks)
+
+    def summary(self) -> dict:
+        return {
+            "step_time_s": self.step_time, "tokens_per_s": self.tokens_per_s,
+            "bubble": self.bubble,
+            "stages": [{"stage": r.stage, "bubble": r.bubble, "exposed_comm_s": r.exposed,
+                        "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak}
+                       for r in self.ranks],
+        }
+
+    def trace_events(self) -> tuple[dict, dict]:
+        """(actions, async spans) per stage in the executor's trace format (trace.py)."""
+        us = 1e6
+        actions = {r.stage: [(0, n, t0 * us, t1 * us) for n, t0, t1 in r.actions] for r in self.ranks}
+        spans = {r.stage: [(0, n, t0 * us, t1 * us) for n, t0, t1 in r.spans] for r in self.ranks}
+        return actions, spans
+
+
+def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
+                 micro_batch_size: int, seq_len: int, dtype: str) -> list[StageSetup]:
+    """Per stage: its units, choices and the links its traffic crosses under the plan's rank
+    order (ranks fill nodes of `devices_per_node` in rank order)."""
+    grid = RankGrid(plan.pp, plan.dp, plan.rank_order)
+    node = lambda r: r // profile.devices_per_node  # noqa: E731
+    same_node = lambda ranks: len({node(r) for r in ranks}) == 1  # noqa: E731
+    unit_activation = plan.unit_activation
+    setups = []
+    for s, (units, program) in enumerate(zip(plan.stage_units, plan.programs)):
+        def p2p(t: int):
+            if not 0 <= t < plan.pp:
+                return None
+            return profile.link(same_node([grid.rank(s, 0), grid.rank(t, 0)])).p2p
+        setups.append(StageSetup(
+            profile=profile, model=model, micro_batch_size=micro_batch_size, seq_len=seq_len,
+            dtype=dtype, n_micro=plan.n_micro, units=units,
+            activation={u: unit_activation[u] for u in units},
+            view_units=frozenset(a.layer for a in program if a.op is Op.PREFETCH),
+            state_home=plan.state_home, dp=plan.dp, pp=plan.pp,
+            p2p_prev=p2p(s - 1), p2p_next=p2p(s + 1),
+            replicas=profile.link(same_node(grid.replica_ranks(s))).collective,
+            pipeline=profile.link(same_node(grid.pipeline_ranks(0))).collective,
+            clip=plan.clip,
+        ))
+    return setups
+
+
+def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
+             micro_batch_size: int, seq_len: int, dtype: str = "float32") -> SimResult:
+    """One steady-state training step of `plan` (optimizer state already allocated)."""
+    setups = stage_setups(plan, model, profile, micro_batch_size=micro_batch_size,
+                          seq_len=seq_len, dtype=dtype)
+    grid = RankGrid(plan.pp, plan.dp, plan.rank_order)
+    node_of = [grid.rank(s, 0) // profile.devices_per_node for s in range(plan.pp)]
+    weight = [sum(1 for r in grid.replica_ranks(s) if r // profile.devices_per_node == node_of[s])
+              for s in range(plan.pp)]
+    sim = _Simulation(plan, [StageCosts(s) for s in setups], profile, node_of, weight)
+    sim.run()
+    tokens = plan.n_micro * plan.dp * micro_batch_size * seq_len
+    return SimResult(max(r.end for r in sim.timelines), tokens, sim.timelines)
+
+
+class _Op:
+    """An asynchronous operation in flight: started by one action, completed at `done`."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.start: float | None = None
+        self.done: float | None = None
+
+
+class _Simulation:
+    def __init__(self, plan: PipelinePlan, costs: list[StageCosts], profile: HardwareProfile,
+                 node_of: list[int], weight: list[int]):
+        self.plan, self.costs, self.profile = plan, costs, profile
+        self.cores = profile.device.cores
+        self.node_of, self.weight = node_of, weight
+        self.synchronous_copies = profile.device.host_link is None
+        self.now = 0.0
+        self._events: list = []
+        self._seq = itertools.count()
+        n = plan.pp
+        self.timelines = [RankTimeline(s) for s in range(n)]
+        self.pc = [0] * n
+        self.blocked: list[tuple[_Op, float] | None] = [None] * n  # a wait: (its op, since)
+        self.step_end: dict[int, tuple[Action, float]] = {}  # stages inside E: (E, since)
+        self.ops: list[dict[Action, _Op]] = [{} for _ in range(n)]
+        self.send_free = [0.0] * n
+        self.recv_free = [0.0] * n
+        self.copy_free = [0.0] * n
+        self.posted: dict[tuple, list] = {}  # p2p key -> [(stage, op, issued)] of both sides
+        self.gathering: dict[Op, dict[int, tuple[_Op, float]]] = {Op.GRAD_NORM: {}, Op.STEP_END: {}}
+        self.ledgers = [Ledger() for _ in range(n)]
+        # compute on a node shared by its ranks: job -> [stage, remaining work, weight]
+        self.jobs: dict[int, list] = {}
+        self._job_ids = itertools.count()
+        self._version = 0
+        self._settled = 0.0
+        for s, c in enumerate(costs):
+            for owner, kind, key, nbytes in c.state_owners():
+                self.ledgers[s].hold_storage(owner, kind, key, nbytes)
+            if plan.view_window == 0:  # resident views stay allocated between steps
+                for u in c.s.view_units:
+                    self.ledgers[s].hold_storage(("views", u), "views", ("view", u), c.view_bytes(u))
+            self.ledgers[s].reset_peak()
+            self._note_memory(s)
+
+    # -- the event loop -----------------------------------------------------------------------
+
+    def _at(self, t: float, fn, *args) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn, args))
+
+    def run(self) -> None:
+        for s in range(self.plan.pp):
+            self._at(0.0, self._advance, s)
+        while self._events:
+            t, _, fn, args = heapq.heappop(self._events)
+            self.now = t
+            fn(*args)
+        stuck = [s for s in range(self.plan.pp) if self.pc[s] < len(self.plan.programs[s])]
+        if stuck:
+            raise RuntimeError(f"simulation stuck: stages {stuck} at "
+                               f"{[str(self.plan.programs[s][self.pc[s]]) for s in stuck]}")
+
+    def _advance(self, s: int) -> None:
+        """Issue stage s's actions from its program counter until one occupies or blocks it."""
+        program = self.plan.programs[s]
+        c = self.costs[s]
+        while self.pc[s] < len(program):
+            a = program[self.pc[s]]
+            cost = OPS[a.op]
+            kind = cost.kind
+            if kind == "copy" and self.synchronous_copies:
+                kind = "compute"
+            if kind == "wait":
+                op = self.ops[s].get(Action(START_OF[a.op], a.layer, a.mb))
+                if op is None:
+                    raise RuntimeError(f"stage {s}: {a} waits for a start that never ran")
+                if op.done is None or op.done > self.now:
+                    self.blocked[s] = (op, self.now)  # _complete wakes it
+                    return
+                if self._finish_wait(s, a, self.now):
+                    return
+                continue
+            self.pc[s] += 1
+            start = self.now
+            if kind == "compute":
+                op = None
+                if cost.kind == "copy":  # a synchronous copy: its wait finds it done
+                    op = self.ops[s][a] = _Op(str(a))
+                    op.start = start
+                self._compute(s, a, cost.duration(c, a) + c.overhead, op=op)
+                return
+            if kind == "step_end":
+                self._gather(s, a, Op.STEP_END, cost.duration(c, a), blocking=True)
+                return
+            if kind == "norm":  # the local squared norm first, then its reduction
+                self._compute(s, a, c.norm_local() + c.overhead, then=lambda: self._gather(
+                    s, a, Op.GRAD_NORM, cost.duration(c, a), blocking=False))
+                return
+            if kind in ("copy", "sync", "send", "recv"):
+                op = self.ops[s][a] = _Op(str(a))
+                if kind == "copy":
+                    op.start = max(start, self.copy_free[s])
+                    op.done = self.copy_free[s] = op.start + cost.duration(c, a)
+                    self._at(op.done, self._complete, s, op)
+                elif kind == "sync":
+                    op.start = max(start, self.send_free[s], self.recv_free[s])
+                    op.done = op.start + cost.duration(c, a)
+                    self.send_free[s] = self.recv_free[s] = op.done
+                    self._at(op.done, self._complete, s, op)
+                else:
+                    self._post(s, a, op, cost.duration(c, a))
+            self._record_memory(s, a)
+            self.timelines[s].actions.append((str(a), start, start + c.overhead))
+            if c.overhead:
+                self._at(start + c.overhead, self._advance, s)
+                return
+
+    def _finish_wait(self, s: int, a: Action, since: float) -> bool:
+        """The wait `a` returns now; True when the walker is busy for its overhead."""
+        self._record_memory(s, a)
+        overhead = self.costs[s].overhead
+        self.timelines[s].actions.append((str(a), since, self.now + overhead))
+        self.pc[s] += 1
+        if overhead:
+            self._at(self.now + overhead, self._advance, s)
+            return True
+        return False
+
+    def _wake(self, s: int) -> None:
+        """Something completed: if stage s waits for it, the wait returns."""
+        if self.blocked[s] is None:
+            return
+        op, since = self.blocked[s]
+        if op.done is None or op.done > self.now:
+            return
+        self.blocked[s] = None
+        # exposed: the part of the wait during which the operation itself ran
+        self.timelines[s].exposed += max(0.0, self.now - max(since, op.start))
+        if not self._finish_wait(s, self.plan.programs[s][self.pc[s]], since):
+            self._advance(s)
+
+    def _complete(self, s: int, op: _Op) -> None:
+        self.timelines[s].spans.append((op.name, op.start, op.done))
+        self._wake(s)
+
+    # -- compute: processor sharing on a node -------------------------------------------------
+
+    def _compute(self, s: int, a: Action, seconds: float, then=None, op: _Op | None = None) -> None:
+        start = self.now
+
+        def done() -> None:
+            if op is not None:
+                op.done = self.now
+            self.timelines[s].compute += self.now - start
+            self.timelines[s].actions.append((str(a), start, self.now))
+            self._record_memory(s, a)
+            if then is not None:
+                then()
+            else:
+                self._advance(s)
+
+        if self.cores is None:
+            self._at(self.now + seconds, done)
+            return
+        self._settle()
+        self.jobs[next(self._job_ids)] = [s, seconds, self.weight[s], done]
+        self._reschedule()
+
+    def _rate(self, node: int) -> float:
+        busy = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
+        return min(1.0, self.cores / busy) if busy else 1.0
+
+    def _settle(self) -> None:
+        """Advance every running job's remaining work to now."""
+        elapsed = self.now - self._settled
+        if elapsed > 0:
+            rates = {n: self._rate(n) for n in set(self.node_of)}
+            for job in self.jobs.values():
+                job[1] -= elapsed * rates[self.node_of[job[0]]]
+        self._settled = self.now
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if not self.jobs:
+            return
+        rates = {n: self._rate(n) for n in set(self.node_of)}
+        job_id, job = min(self.jobs.items(), key=lambda kv: kv[1][1] / rates[self.node_of[kv[1][0]]])
+        finish = self.now + max(job[1], 0.0) / rates[self.node_of[job[0]]]
+        self._at(finish, self._job_done, job_id, self._version)
+
+    def _job_done(self, job_id: int, version: int) -> None:
+        if version != self._version:
+            return  # superseded: the set of running jobs changed since
+        self._settle()
+        _, _, _, done = self.jobs.pop(job_id)
+        self._reschedule()
+        done()
+
+    # -- communication ------------------------------------------------------------------------
+
+    def _post(self, s: int, a: Action, op: _Op, seconds: float) -> None:
+        """One side of a transfer; it starts when the other side is posted too."""
+        sending = a.op in (Op.SEND_ACT, Op.SEND_GRAD)
+        peer = s + 1 if a.op in (Op.SEND_ACT, Op.RECV_GRAD) else s - 1
+        flow = "act" if a.op in (Op.SEND_ACT, Op.RECV_ACT) else "grad"
+        src, dst = (s, peer) if sending else (peer, s)
+        key = (flow, src, dst, a.layer, a.mb)
+        sides = self.posted.setdefault(key, [])
+        sides.append((s, op, self.now))
+        if len(sides) < 2:
+            return
+        del self.posted[key]
+        start = max(self.now, self.send_free[src], self.recv_free[dst])
+        end = start + seconds
+        self.send_free[src] = self.recv_free[dst] = end
+        for stage, side, _ in sides:
+            side.start, side.done = start, end
+            self._at(end, self._complete, stage, side)
+
+    def _gather(self, s: int, a: Action, kind: Op, seconds: float, blocking: bool) -> None:
+        """A collective over the pipeline: it runs once every stage has issued it. The step's
+        end (blocking) holds the walker inside it; the norm (not blocking) is waited by WN."""
+        op = self.ops[s][a] = _Op(str(a))
+        members = self.gathering[kind]
+        members[s] = (op, self.now)
+        if blocking:
+            self.step_end[s] = (a, self.now)
+        else:
+            self._at(self.now, self._advance, s)
+        if len(members) < self.plan.pp:
+            return
+        for stage, (member, _) in members.items():
+            member.start, member.done = self.now, self.now + seconds
+            self._at(member.done, self._complete_gathered, stage, member, blocking)
+        members.clear()
+
+    def _complete_gathered(self, s: int, op: _Op, blocking: bool) -> None:
+        self.timelines[s].spans.append((op.name, op.start, op.done))
+        if not blocking:
+            self._wake(s)
+            return
+        a, since = self.step_end.pop(s)
+        timeline = self.timelines[s]
+        timeline.exposed += op.done - op.start
+        self._record_memory(s, a)
+        timeline.actions.append((str(a), since, self.now))
+        timeline.end = self.now
+        self._advance(s)
+
+    # -- memory -------------------------------------------------------------------------------
+
+    def _record_memory(self, s: int, a: Action) -> None:
+        before = self.ledgers[s].total
+        OPS[a.op].memory(self.costs[s], a, self.ledgers[s])
+        if self.ledgers[s].total != before:
+            self._note_memory(s)
+
+    def _note_memory(self, s: int) -> None:
+        ledger, timeline = self.ledgers[s], self.timelines[s]
+        timeline.memory.append((self.now, ledger.total))
+        timeline.peak, timeline.at_peak = ledger.peak, dict(ledger.at_peak)
+
+
+assert set(OPS) == set(Op), "every op needs a cost"
+assert all(START_OF[w] in WAIT_OF for w in START_OF)

@@ -1,0 +1,121 @@
+"""What one unit of a LLaMA-family model costs on one micro-batch, in closed form: FLOPs of its
+forward and backward (attention included), the bytes of its parameters, of the activation it
+passes on, and of what autograd saves for its backward, exactly as ratrain's units save it.
+
+The saved-bytes formulas follow models/llama.py op by op (fp32 on CPU; a test checks them
+against torch's saved-tensor hooks for several presets and shapes). In a lower precision the
+same tensors are counted at the compute dtype's size, with the fp32 statistics (RMSNorm's rstd,
+attention's log-sum-exp, the loss's log-softmax) at 4 bytes: an approximation, since autocast
+saves some casts of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.config import ModelConfig
+from ratrain.models.params import unit_param_counts
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class UnitShape:
+    model: ModelConfig
+    micro_batch_size: int
+    seq_len: int
+    dtype: str = "float32"
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def elt(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+def unit_kind(model: ModelConfig, unit: int) -> str:
+    if unit == 0:
+        return "embedding"
+    return "head" if unit == model.n_layers + 1 else "block"
+
+
+def forward_flops(shape: UnitShape, kind: str) -> float:
+    """Multiply-adds x 2 of the forward; causal attention counts the half it computes."""
+    m, t = shape.model, shape.tokens
+    if kind == "embedding":
+        return 0.0  # a gather: memory-bound, see moved_bytes
+    if kind == "head":
+        return 2.0 * t * m.dim * m.vocab_size
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    linear = 2.0 * t * (m.dim * (q + 2 * kv) + q * m.dim + 3 * m.dim * m.ffn_dim)
+    attention = 4.0 * shape.micro_batch_size * m.n_heads * shape.seq_len ** 2 * m.head_dim
+    return linear + (attention / 2 if m.position == "rope" else attention)
+
+
+def backward_flops(shape: UnitShape, kind: str) -> float:
+    """Gradients of inputs and of weights: twice the forward's matrix products."""
+    return 2.0 * forward_flops(shape, kind)
+
+
+def moved_bytes(shape: UnitShape, kind: str) -> float:
+    """Memory traffic of a unit whose cost is not its FLOPs (the embedding's gather/scatter)."""
+    return 2.0 * shape.tokens * shape.model.dim * shape.elt if kind == "embedding" else 0.0
+
+
+def param_count(model: ModelConfig, unit: int) -> int:
+    return unit_param_counts(model)[unit]
+
+
+def param_tensors(model: ModelConfig, kind: str) -> int:
+    """Tensors a unit's parameters come in (AdamW keeps a 4-byte step counter for each)."""
+    if kind == "embedding":
+        return 1
+    if kind == "head":
+        return 1 + (0 if model.tie_embeddings else 1)
+    return 9 + (3 if model.qkv_bias else 0)
+
+
+def output_bytes(shape: UnitShape, kind: str) -> int:
+    """The tensor a unit passes on: hidden states, or the head's scaled loss (a 4-byte scalar)."""
+    return 4 if kind == "head" else shape.tokens * shape.model.dim * shape.elt
+
+
+def input_bytes(shape: UnitShape, kind: str) -> int:
+    """A unit's input: token ids (int64) for the embedding, hidden states otherwise."""
+    return shape.tokens * 8 if kind == "embedding" else shape.tokens * shape.model.dim * shape.elt
+
+
+def saved_bytes(shape: UnitShape, kind: str) -> int:
+    """What autograd saves in the unit's forward for this micro-batch alone: without its input
+    and parameters (which the executor holds anyway), the cached rotary tables (table_bytes:
+    one storage for every block and micro-batch) and the targets (views of the step's one
+    int64 tensor, as the loader gives them)."""
+    m, b, s, e = shape.model, shape.micro_batch_size, shape.seq_len, shape.elt
+    t, d = shape.tokens, shape.model.dim
+    if kind == "embedding":
+        return 0  # the token ids, which are the input
+    if kind == "head":
+        # RMSNorm: rstd, normed, weighted (the matmul's input); the loss: the log-softmax
+        # output (fp32) and its 4-byte normalizer.
+        out = 4 * t + 2 * t * d * e + 4 * t * m.vocab_size + 4
+        if m.norm_head:  # F.normalize of the weight: the normalized copy and two row norms
+            out += m.vocab_size * d * e + 2 * 4 * m.vocab_size
+        return out
+    # Two RMSNorms (rstd, normed, weighted each; the second also its input h), q, k, v as
+    # attention reads them (k, v after repeat_interleave: full width), attention's output,
+    # the MLP's gate, silu(gate), up and their product.
+    out = 9 * t * d * e + 2 * 4 * t + 4 * t * m.ffn_dim * e
+    if m.position == "rope":
+        out += 4 * b * m.n_heads * s  # attention's log-sum-exp
+    else:
+        out += 4 * b * m.n_heads * s * s  # ALiBi: attention through the masked path
+    return out
+
+
+def table_bytes(shape: UnitShape, kind: str) -> int:
+    """The rotary cos and sin tables a block's forward saves: cached per shape (models/llama.py),
+    so one storage serves every block and micro-batch."""
+    m = shape.model
+    return 2 * shape.seq_len * m.head_dim * shape.elt if kind == "block" and m.position == "rope" else 0

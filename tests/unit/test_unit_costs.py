@@ -1,0 +1,58 @@
+"""The closed-form unit costs: what autograd saves in each unit's forward, byte for byte as
+torch's saved-tensor hooks see it, for each position encoding, GQA, NormHead and several shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ratrain.models.llama import build_units, lm_loss
+from ratrain.models.params import unit_param_counts
+from ratrain.models.presets import get_preset
+from ratrain.sim import unit_costs as uc
+
+
+def _saved_storages(unit, x, targets=None) -> dict[int, int]:
+    params = {p.untyped_storage().data_ptr() for p in unit.parameters()}
+    x = x.detach().requires_grad_(x.is_floating_point())
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params and key != x.untyped_storage().data_ptr():
+            seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = unit(x)
+        if targets is not None:
+            y = lm_loss(y, targets)
+    return seen, y
+
+
+@pytest.mark.parametrize("preset,batch,seq", [("tiny", 2, 128), ("tiny-gqa", 3, 64),
+                                              ("tiny-alibi", 2, 96), ("small", 1, 256)])
+def test_saved_bytes_match_what_autograd_saves(preset, batch, seq):
+    model = get_preset(preset)
+    model.n_layers = 1
+    embedding, block, head = build_units(model, 0)
+    tokens = torch.randint(0, model.vocab_size, (batch, seq + 1))
+    x, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # as the loader
+    shape = uc.UnitShape(model, batch, seq)
+    saved, h = _saved_storages(embedding, x)
+    assert sum(saved.values()) == uc.saved_bytes(shape, "embedding") == 0
+    saved, h = _saved_storages(block, h)
+    assert sum(saved.values()) == uc.saved_bytes(shape, "block") + uc.table_bytes(shape, "block")
+    saved, loss = _saved_storages(head, h, targets)
+    assert sum(saved.values()) == uc.saved_bytes(shape, "head") + targets.untyped_storage().nbytes()
+    assert uc.output_bytes(shape, "block") == h.untyped_storage().nbytes()
+
+
+def test_flops_count_attention_and_parameters():
+    model = get_preset("llama2-7b")
+    shape = uc.UnitShape(model, 1, 4096)
+    block = uc.forward_flops(shape, "block")
+    assert block == pytest.approx(2 * 4096 * (unit_param_counts(model)[1] - 2 * 4096)
+                                  + 2 * 32 * 4096 ** 2 * 128)  # 2 x params x tokens + causal QK, AV
+    assert uc.backward_flops(shape, "block") == 2 * block
+    assert uc.forward_flops(shape, "head") == 2 * 4096 * 4096 * 32000
