@@ -141,6 +141,20 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
     return cfg
 
 
+def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
+    """Run `plan_file`: its layout, unless the flags say otherwise (then the plan's checks
+    report the clash)."""
+    cfg.parallel.plan_file = str(Path(plan_file).resolve())
+    try:
+        layout = json.loads(Path(plan_file).read_text())
+        cfg.parallel.pp = opts["pp"] or layout["pp"]
+        cfg.parallel.dp = opts["dp"] or layout["dp"]
+        cfg.parallel.rank_order = opts["rank_order"] or layout.get("rank_order", "pp-dp")
+        cfg.parallel.policy = opts["policy"] or layout.get("policy", cfg.parallel.policy)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # the plan's checks explain what is wrong with the file
+
+
 @cli.command()
 @config_options
 @click.option("--plan", "plan_file", type=click.Path(), help="Run this plan (JSON from `ratrain plan --out`) instead of building one.")
@@ -156,15 +170,7 @@ def train(plan_file, run_dir, resume_dir, trace, progress, as_json, **opts) -> N
 
     cfg = build_config(opts, resume_dir)
     if plan_file:
-        cfg.parallel.plan_file = str(Path(plan_file).resolve())
-        try:  # the plan's layout, unless the flags say otherwise (then load_plan reports the clash)
-            layout = json.loads(Path(plan_file).read_text())
-            cfg.parallel.pp = opts["pp"] or layout["pp"]
-            cfg.parallel.dp = opts["dp"] or layout["dp"]
-            cfg.parallel.rank_order = opts["rank_order"] or layout.get("rank_order", "pp-dp")
-            cfg.parallel.policy = opts["policy"] or layout.get("policy", cfg.parallel.policy)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # training's checks of the plan explain what is wrong with the file
+        use_plan_file(cfg, plan_file, opts)
     if resume_dir:
         run_dir = Path(resume_dir)
     elif run_dir:
@@ -231,6 +237,60 @@ def plan(out, as_json, **opts) -> None:
 
 
 @cli.command()
+@config_options
+@click.option("--plan", "plan_file", type=click.Path(), help="Simulate this plan (JSON from `ratrain plan --out`) instead of the one the flags describe.")
+@click.option("--profile", "profile_spec", default="cpu-local", show_default=True, help="Hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.")
+@click.option("--trace", "trace_file", type=click.Path(), help="Write the simulated timeline here (Chrome trace JSON, as trace.json; open in ui.perfetto.dev).")
+@click.option("--json", "as_json", is_flag=True, help="Print the prediction as JSON on stdout.")
+def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
+    """Predict one training step on a hardware profile: step time, tokens/s, bubble, exposed
+    communication and peak memory per stage, by simulating the very programs the executor runs."""
+    from ratrain.layout import plan_for_config
+    from ratrain.sim.profile import load_profile
+    from ratrain.sim.simulator import simulate as run_simulation
+    from ratrain.trace import write_chrome_trace
+    from ratrain.train import load_plan
+
+    cfg = build_config(opts)
+    if plan_file:
+        use_plan_file(cfg, plan_file, opts)
+    cfg.validate()
+    hw = load_profile(profile_spec)
+    hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
+    plan = load_plan(cfg) if plan_file else plan_for_config(cfg, hw.device.host_link is not None)
+    t = cfg.train
+    result = run_simulation(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,
+                            seq_len=t.seq_len, dtype=t.dtype)
+    if trace_file:
+        actions, spans = result.trace_events()
+        write_chrome_trace(trace_file, actions,
+                           {s: f"stage {s} (simulated, {hw.name})" for s in actions}, spans)
+    summary = {"model": cfg.model.name, "profile": hw.name, "pp": plan.pp, "dp": plan.dp,
+               "n_micro": plan.n_micro, "global_batch": t.global_batch, "seq_len": t.seq_len,
+               "micro_batch_size": t.micro_batch_size, "dtype": t.dtype, "policy": plan.policy,
+               "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy}, "
+               f"{plan.n_micro} micro-batches of {t.micro_batch_size} x {t.seq_len} tokens per "
+               f"replica, global batch {t.global_batch} sequences, {t.dtype}")
+    click.echo(f"step {result.step_time:.4g} s, {result.tokens_per_s:,.0f} tokens/s, "
+               f"bubble {result.bubble:.1%}")
+    rows = []
+    for r in result.ranks:
+        fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"
+        kinds = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in r.at_peak.items() if v)
+        rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", _fmt_bytes(r.device_peak),
+                     fits, _fmt_bytes(r.peak), kinds])
+    click.echo(_table(rows, ["stage", "bubble", "exposed comm", "device peak",
+                             f"fits {_fmt_bytes(hw.device.memory_bytes)}", "all tiers",
+                             "all tiers at their peak, by kind"]))
+    if trace_file:
+        click.echo(f"wrote {trace_file}")
+
+
+@cli.command()
 @click.option("--dtype", "compute_dtype", default="bfloat16", show_default=True,
               type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the weights column.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
@@ -293,6 +353,31 @@ def export(run_dir: str, out: str) -> None:
         units[u].load_state_dict(state["weights"])
     save_hf(units, cfg.model, out)
     click.echo(f"exported {ckpt.name} of {run_dir} to {out}")
+
+
+@cli.command()
+@click.option("--model", default="tiny", show_default=True, help="Model preset whose units are timed (embedding, one decoder block, head).")
+@click.option("--seq-len", type=int, default=256, show_default=True)
+@click.option("--micro-batch-size", type=int, default=2, show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype (masters stay fp32).")
+@click.option("--ranks", type=int, help="Processes measuring at once, 1 thread each: the load training puts on the machine.  [default: 2 on CPU (at most the cores), 1 on CUDA]")
+@click.option("--out", type=click.Path(), help="Where to write the profile (YAML, for the simulator).  [default: profile-<hostname>.yaml]")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON on stdout instead of the table.")
+def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json) -> None:
+    """Measure this machine (unit times, compute rate, memory bandwidth, links, the executor's
+    overhead) and write a hardware profile the simulator takes as is."""
+    from ratrain.profiling import default_out, measure, summary_rows
+
+    path = Path(out) if out else default_out()
+    measured = measure(model, seq_len, micro_batch_size, dtype, ranks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measured.save(path)
+    if as_json:
+        click.echo(json.dumps(measured.to_dict(), indent=2))
+        return
+    header, rows = summary_rows(measured)
+    click.echo(_table(rows, header))
+    click.echo(f"wrote {path}")
 
 
 def main() -> None:

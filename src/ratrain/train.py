@@ -27,6 +27,7 @@ from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
+from ratrain.layout import plan_for_config
 from ratrain.metrics import MetricsLog, RssGrowth, plot_loss
 from ratrain.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
@@ -34,7 +35,7 @@ from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.launch import launch_local, under_torchrun
 from ratrain.runtime.process_groups import init_groups, pick_backend
 from ratrain.schedule.errors import ScheduleError
-from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.schedule.plan import PipelinePlan
 from ratrain.trace import Tracer, write_chrome_trace
 
 
@@ -87,27 +88,11 @@ def computes_on_cuda(cfg: RunConfig) -> bool:
 
 
 def plan_for(cfg: RunConfig) -> PipelinePlan:
-    """The pipeline plan of this config (a request the schedule can't satisfy is a UserError).
-
-    Views appear where they differ from the masters: a compute dtype other than fp32, or masters
-    on the host of a GPU. On a CPU-only run the host is the device's own memory, so fp32 views
-    would be copies of the masters in the same memory: there are none."""
+    """The pipeline plan of this config: its plan file's, checked, or the one its flags ask
+    for on this machine's device (layout.plan_for_config)."""
     if cfg.parallel.plan_file:
         return load_plan(cfg)
-    p = cfg.parallel
-    views = cfg.train.dtype != "float32" or (p.state_home == "host" and computes_on_cuda(cfg))
-    policies = p.activation_per_stage
-    try:
-        return build_plan(
-            cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule, policy=p.policy,
-            activation=policies[0] if len(policies) == 1 else policies,
-            units_per_stage=p.partition,
-            # float16 needs the global norm to see an overflow anywhere, clipping or not
-            clip=cfg.train.grad_clip > 0 or cfg.train.dtype == "float16",
-            rank_order=p.rank_order, view_window=p.view_window if views else None,
-            state_home=p.state_home)
-    except ScheduleError as e:
-        raise UserError(str(e)) from None
+    return plan_for_config(cfg, host_is_separate=computes_on_cuda(cfg))
 
 
 def needs_executor(cfg: RunConfig) -> bool:

@@ -4,24 +4,13 @@ mistake (no traceback), before any run directory is created."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from ratrain.cli import main
 from ratrain.data.tokenizer import train_bpe
 from ratrain.data.corpus import stdlib_files
 
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["ratrain", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+from .cli_runner import run_cli
 
 
 @pytest.fixture(autouse=True)

@@ -141,3 +141,29 @@ def test_predicted_peak_equals_the_executors_ledger(activation, window):
     predicted = simulate(plan, cfg.model, _profile(), micro_batch_size=2, seq_len=64).ranks[0].peak
     measured = _executor_ledger(cfg, plan)
     assert abs(predicted - measured) <= 64, (predicted, measured)  # a few scalars' rounding
+
+
+def test_simulate_command(tmp_path, monkeypatch, capsys):
+    import json
+
+    from .cli_runner import run_cli
+
+    def run(*args):
+        return run_cli(monkeypatch, capsys, "simulate", *args)
+    code, out, _ = run("--pp", "2", "--activation", "recompute,keep", "--json",
+                       "--trace", str(tmp_path / "sim.json"))
+    assert code == 0
+    got = json.loads(out)
+    assert got["pp"] == 2 and got["step_time_s"] > 0 and 0 < got["bubble"] < 1
+    stage0, stage1 = got["stages"]
+    assert stage0["peak_by_kind"]["activations"] < stage1["peak_by_kind"]["activations"] * 2
+    trace = json.loads((tmp_path / "sim.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    code, out, _ = run("--model", "llama2-7b", "--profile", "mt3000", "--pp", "8", "--dp", "4",
+                       "--seq-len", "4096", "--global-batch", "32", "--micro-batch-size", "1",
+                       "--dtype", "float16", "--activation", "recompute", "--state-home", "host",
+                       "--view-window", "1")
+    assert code == 0 and "mt3000" in out and "fits" in out
+    code, _, err = run("--profile", "no-such-profile")
+    assert code == 2 and "no hardware profile 'no-such-profile'" in err
+    assert len(err.strip().splitlines()) == 1

@@ -92,6 +92,9 @@ class Device:
     """CPU only: cores the ranks of one node share (None: every rank has a device of its own)."""
     action_overhead_s: float = 0.0
     """The executor's own time per action (Python, bookkeeping)."""
+    process_overhead_bytes: float = 0.0
+    """What a training process grows by beyond the ledger's peak: allocator caching, autograd's
+    transient gradients, communication buffers (measured RSS growth minus ledger peak)."""
 
 
 @dataclass
@@ -219,7 +222,7 @@ _TYPES = {
                     "block_forward_no_grad_s": "optional-float"},
     Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
              "memory_bandwidth": float, "host_link": "optional-link", "cores": "optional-int",
-             "action_overhead_s": float},
+             "action_overhead_s": float, "process_overhead_bytes": float},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,
                       "measured": (list, MeasuredShape), "notes": (dict, str)},

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ratrain.config import ModelConfig
 from ratrain.ledger import Ledger
 from ratrain.runtime.grid import RankGrid
-from ratrain.schedule.ir import START_OF, WAIT_OF, Action, Op
+from ratrain.schedule.ir import START_OF, Action, Op
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.sim.cost_model import OPS, StageCosts, StageSetup
 from ratrain.sim.profile import HardwareProfile
@@ -40,6 +40,14 @@ class RankTimeline:
     memory: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes held)
     peak: int = 0
     at_peak: dict[str, int] = field(default_factory=dict)
+    held_before_training: int = 0  # masters and gradients: allocated before the first step
+    device_peak: int = 0  # the peak of what lives on the compute device (not in the host tier)
+
+    def rss_growth(self, process_overhead: float) -> float:
+        """The predicted peak RSS growth of the rank over its size before the first step (as
+        metrics.jsonl measures it): what the ledger adds from then on, optimizer state
+        included, plus what a process grows beyond the ledger (the profile's overhead)."""
+        return self.peak - self.held_before_training + process_overhead
 
     @property
     def bubble(self) -> float:
@@ -52,6 +60,7 @@ class SimResult:
     step_time: float
     tokens_per_step: int
     ranks: list[RankTimeline]  # one per stage (replicas are identical)
+    process_overhead: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -66,7 +75,9 @@ class SimResult:
             "step_time_s": self.step_time, "tokens_per_s": self.tokens_per_s,
             "bubble": self.bubble,
             "stages": [{"stage": r.stage, "bubble": r.bubble, "exposed_comm_s": r.exposed,
-                        "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak}
+                        "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak,
+                        "device_peak_bytes": r.device_peak,
+                        "rss_growth_bytes": r.rss_growth(self.process_overhead)}
                        for r in self.ranks],
         }
 
@@ -118,7 +129,8 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
     sim = _Simulation(plan, [StageCosts(s) for s in setups], profile, node_of, weight)
     sim.run()
     tokens = plan.n_micro * plan.dp * micro_batch_size * seq_len
-    return SimResult(max(r.end for r in sim.timelines), tokens, sim.timelines)
+    return SimResult(max(r.end for r in sim.timelines), tokens, sim.timelines,
+                     profile.device.process_overhead_bytes)
 
 
 class _Op:
@@ -137,6 +149,11 @@ class _Simulation:
         self.cores = profile.device.cores
         self.node_of, self.weight = node_of, weight
         self.synchronous_copies = profile.device.host_link is None
+        # What lives in the host tier, where it is not the device's own memory (a GPU's host).
+        self.host_kinds = [set() if self.synchronous_copies else
+                           {"offloaded"} | ({"masters", "gradients", "optimizer"}
+                                            if c.s.state_home == "host" else set())
+                           for c in costs]
         self.now = 0.0
         self._events: list = []
         self._seq = itertools.count()
@@ -165,6 +182,8 @@ class _Simulation:
                     self.ledgers[s].hold_storage(("views", u), "views", ("view", u), c.view_bytes(u))
             self.ledgers[s].reset_peak()
             self._note_memory(s)
+            at_start = self.ledgers[s].bytes
+            self.timelines[s].held_before_training = at_start["masters"] + at_start["gradients"]
 
     # -- the event loop -----------------------------------------------------------------------
 
@@ -382,7 +401,5 @@ class _Simulation:
         ledger, timeline = self.ledgers[s], self.timelines[s]
         timeline.memory.append((self.now, ledger.total))
         timeline.peak, timeline.at_peak = ledger.peak, dict(ledger.at_peak)
-
-
-assert set(OPS) == set(Op), "every op needs a cost"
-assert all(START_OF[w] in WAIT_OF for w in START_OF)
+        on_device = ledger.total - sum(ledger.bytes[k] for k in self.host_kinds[s])
+        timeline.device_peak = max(timeline.device_peak, on_device)

@@ -1,0 +1,32 @@
+"""The pipeline plan a run config asks for, without touching a device: what `ratrain train`
+runs, `ratrain plan` shows and `ratrain simulate` predicts."""
+
+from __future__ import annotations
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+from ratrain.schedule.errors import ScheduleError
+from ratrain.schedule.plan import PipelinePlan, build_plan
+
+
+def plan_for_config(cfg: RunConfig, host_is_separate: bool) -> PipelinePlan:
+    """The plan of cfg's layout and lifecycle flags (a request the schedule can't satisfy is a
+    UserError).
+
+    Views appear where they differ from the masters: a compute dtype other than fp32, or masters
+    on a host that is not the compute device's memory (`host_is_separate`: a GPU). On a
+    CPU-only run fp32 views would be copies of the masters in the same memory: there are none."""
+    p = cfg.parallel
+    views = cfg.train.dtype != "float32" or (p.state_home == "host" and host_is_separate)
+    policies = p.activation_per_stage
+    try:
+        return build_plan(
+            cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule, policy=p.policy,
+            activation=policies[0] if len(policies) == 1 else policies,
+            units_per_stage=p.partition,
+            # float16 needs the global norm to see an overflow anywhere, clipping or not
+            clip=cfg.train.grad_clip > 0 or cfg.train.dtype == "float16",
+            rank_order=p.rank_order, view_window=p.view_window if views else None,
+            state_home=p.state_home)
+    except ScheduleError as e:
+        raise UserError(str(e)) from None

@@ -1,0 +1,536 @@
+"""`ratrain profile`: measure the machine this runs on and write a `HardwareProfile`
+(sim/profile.py) that the simulator takes as is.
+
+Everything is measured under the load training puts on the machine: `ranks` local processes of
+one thread each (launch_local), started together behind a barrier before each measurement, each
+taking the median of its repeats after warm-ups; the profile holds the median over the ranks.
+
+* Unit times: ratrain's single-process executor runs a few steps of the plan `ratrain train`
+  would run for the model cut to one decoder block, with its tracer on; each unit kind's forward
+  and backward are the medians of its traced actions (saved-tensor hooks and ledger included),
+  the block's forward without grad comes from a recompute plan, and what a step took beyond its
+  actions' durations, per action, is the executor's own overhead.
+* Process overhead: what the process grew by (peak RSS over its size before the first step; on
+  CUDA peak allocated) beyond the executor's ledger, over a few steps.
+* Compute rate: a square matmul gives the peak; the block's FLOPs (sim/unit_costs.py) over its
+  measured forward + backward give the efficiency.
+* Memory bandwidth: a fused AdamW step, charged 28 bytes per parameter as the cost model does.
+* Links: always between 2 local ranks (gloo over loopback, NCCL with >= 2 GPUs), fitted to
+  latency + bytes / bandwidth. They are local figures: inter_node is a copy, to be replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ratrain.config import RunConfig, TrainConfig
+from ratrain.errors import UserError
+from ratrain.metrics import RssGrowth
+from ratrain.models.presets import get_preset
+from ratrain.optim import make_optimizer
+from ratrain.runtime.engine import PipelineEngine
+from ratrain.runtime.grid import RankGrid
+from ratrain.runtime.launch import launch_local
+from ratrain.runtime.process_groups import init_groups
+from ratrain.runtime.stage import DTYPES
+from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
+                                 MeasuredShape, UnitTimes)
+from ratrain.sim.unit_costs import UnitShape, backward_flops, forward_flops
+from ratrain.trace import Tracer
+from ratrain.train import plan_for
+
+WARMUP, REPEATS = 3, 10  # per timing; the median of 10 is stable on a noisy 2-core VM
+STEP_WARMUP, STEP_REPEATS = 2, 6  # executor steps traced for the unit times
+# Small transfers on a loaded 2-core machine are bimodal (a wake-up sometimes waits out a
+# scheduler slice of a few ms): enough repeats that the median does not flip between modes.
+LINK_WARMUP, LINK_REPEATS = 2, 15
+N_MICRO = 4  # micro-batches of the traced executor steps
+MATMUL_N = {"cpu": 1024, "cuda": 8192}
+ADAMW_SHAPES = [(1024, 1024)] * 4  # ~4M fp32 parameters: well beyond any cache
+UPDATE_BYTES_PER_PARAM = 28  # what the cost model charges: reads p, g, m, v; writes p, m, v
+LINK_SIZES = [4096 * 4**k for k in range(7)] + [32 << 20]  # 4 KiB .. 16 MiB, and 32 MiB
+KINDS = ("embedding", "block", "head")  # units 0, 1, 2 with n_layers = 1
+INTER_NODE_NOTE = "not measured: the local loopback figures; set them for your network"
+
+
+# --- the request ---------------------------------------------------------------------------------
+
+
+def profile_config(model: str, seq_len: int, micro_batch_size: int, dtype: str) -> RunConfig:
+    """The run whose units are measured: the preset cut to one decoder block (a unit's time does
+    not depend on how many others there are), N_MICRO micro-batches per step. Validating it
+    turns an unknown preset, a bad dtype or a too long sequence into a UserError."""
+    _require_positive("--seq-len", seq_len)
+    _require_positive("--micro-batch-size", micro_batch_size)
+    m = dataclasses.replace(get_preset(model), n_layers=1)
+    cfg = RunConfig(model=m, train=TrainConfig(seq_len=seq_len, micro_batch_size=micro_batch_size,
+                                               global_batch=N_MICRO * micro_batch_size,
+                                               dtype=dtype))
+    cfg.validate()
+    return cfg
+
+
+def _require_positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise UserError(f"{flag} must be >= 1, got {value}")
+
+
+def default_ranks(on_cuda: bool) -> int:
+    """On a CPU 2 ranks (the load of a 2-stage run), at most one per core; on a GPU 1."""
+    return 1 if on_cuda else min(2, os.cpu_count() or 1)
+
+
+def default_out() -> Path:
+    return Path(f"profile-{platform.node()}.yaml")
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+
+def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
+            dtype: str = "float32", ranks: int | None = None) -> HardwareProfile:
+    """Measure this machine (about 15 s for the defaults on 2 CPU cores)."""
+    cfg = profile_config(model, seq_len, micro_batch_size, dtype)
+    on_cuda = torch.cuda.is_available()
+    ranks = default_ranks(on_cuda) if ranks is None else ranks
+    _require_positive("--ranks", ranks)
+    with tempfile.TemporaryDirectory(prefix="ratrain-profile-") as tmp:
+        per_rank = _launch(ranks, _compute_rank, (cfg,), Path(tmp, "compute"))
+        links = _launch(2, _link_rank, (), Path(tmp, "links"))[0]
+    return _build_profile(cfg, model, ranks, on_cuda, per_rank, links)
+
+
+def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:
+    """Run fn(*args, out_dir) in `world` processes of 1 thread; the results they wrote."""
+    out_dir.mkdir(parents=True)
+    launch_local(world, fn, (*args, str(out_dir)), out_dir / "errors", threads=1)
+    return [json.loads(p.read_text()) for p in sorted(out_dir.glob("result_*.json"))]
+
+
+# --- timing --------------------------------------------------------------------------------------
+
+
+def _sync_of(device: torch.device) -> Callable[[], None]:
+    """What makes a timing include the device's queued work (CUDA runs asynchronously)."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def _timed(fn, sync) -> tuple[object, float]:
+    sync()
+    t0 = time.perf_counter()
+    result = fn()
+    sync()
+    return result, time.perf_counter() - t0
+
+
+def _median_s(fn, sync, warmup: int = WARMUP, repeats: int = REPEATS) -> float:
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_timed(fn, sync)[1] for _ in range(repeats))
+
+
+# --- the compute ranks ---------------------------------------------------------------------------
+
+
+def _compute_rank(cfg: RunConfig, out_dir: str) -> None:
+    """One of the concurrent measuring processes: each measurement in turn, every rank starting
+    it at the same time (a gloo barrier), so each sees the others' load."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    groups = init_groups(RankGrid(world, 1)) if world > 1 else None
+    if groups is None:
+        dist.init_process_group("gloo")
+    device = groups.device if groups else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(rank)
+    sync = _sync_of(device)
+    # first: before other measurements leave freed memory in the allocator for it to reuse
+    steps = [("process_overhead_bytes", _process_overhead_bytes, (cfg, device, groups)),
+             ("units", _executor_times, (cfg, device, sync, groups)),
+             ("matmul_s", _matmul_times, (cfg.train.dtype, device, sync)),
+             ("adamw_s", _adamw_s, (cfg.train, device, sync)),
+]
+    if device.type == "cuda":
+        steps.append(("host_copies_s", _host_copy_times, (device, sync)))
+    result = {}
+    for name, fn, args in steps:
+        dist.barrier()
+        result[name] = fn(*args)
+    Path(out_dir, f"result_{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None):
+    """The measuring ranks as a pipeline, one stage each with one decoder block (one process:
+    the single-process executor), and its micro-batches (the same on every stage)."""
+    pp = groups.grid.pp if groups else 1
+    run = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, n_layers=pp),
+        parallel=dataclasses.replace(cfg.parallel, pp=pp, activation=activation))
+    engine = PipelineEngine(run, plan_for(run), groups, tracer, device=device)
+    m, t = run.model, run.train
+    shape = (t.micro_batch_size, t.seq_len)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(m.vocab_size, shape, generator=g),
+                torch.randint(m.vocab_size, shape, generator=g)) for _ in range(run.n_micro)]
+    return engine, batches
+
+
+def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
+    """Unit times as training spends them (saved-tensor hooks, ledger, the pipeline's
+    communication threads included), read from the executor's own trace of a few steps of
+    `_pipeline`, once keeping activations and once recomputing them (for the block's forward
+    without grad). The executor's own time per action is what a step took beyond its actions'
+    durations, per action, plus the median of its cheapest kind of non-compute action
+    (starting a transfer, say)."""
+    out: dict = {}
+    for activation in ("keep", "recompute"):
+        tracer = Tracer(keep_steps=STEP_REPEATS)
+        engine, batches = _pipeline(cfg, device, groups, activation, tracer)
+        walls = []
+        for step in range(STEP_WARMUP + STEP_REPEATS):
+            _, wall = _timed(lambda: engine.train_step(batches, cfg.train.lr, step), sync)
+            walls.append(wall)
+        durations: dict[str, list[float]] = {}
+        for _, name, t0, t1 in tracer.events():
+            durations.setdefault(_action_class(name, engine.cfg.model.n_layers), []).append((t1 - t0) / 1e6)
+        median = {key: statistics.median(v) for key, v in durations.items()}
+        if activation == "keep":
+            out.update({kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
+                        if f"F {kind}" in median})
+            actions = sum(len(v) for v in durations.values()) / STEP_REPEATS
+            traced = sum(sum(v) for v in durations.values()) / STEP_REPEATS
+            cheapest = min((v for k, v in median.items() if k.startswith("op ")), default=0.0)
+            step_wall = statistics.median(walls[STEP_WARMUP:])
+            out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
+        else:
+            out["block_forward_no_grad"] = median["F block"]
+    return out
+
+
+def _action_class(name: str, n_layers: int) -> str:
+    """"F block", "B head", ... for compute actions; "op SA", "op WRG", ... for the rest."""
+    op = name.rstrip("0123456789.")
+    if op not in ("F", "B"):
+        return "U" if op == "U" else f"op {op}"
+    unit = int(name[len(op):].split(".")[0])
+    kind = "embedding" if unit == 0 else "head" if unit == n_layers + 1 else "block"
+    return f"{op} {kind}"
+
+
+def _rate_dtypes(dtype: str) -> list[str]:
+    """The dtypes whose peak is measured: the compute dtype, and float32 (the simulator's
+    fallback) when another is asked for."""
+    return [dtype] if dtype == "float32" else [dtype, "float32"]
+
+
+def _matmul_times(dtype: str, device: torch.device, sync) -> dict[str, float]:
+    """Seconds of an n x n matmul in each of _rate_dtypes, laid out as a Linear's forward
+    (x @ W.T): on a CPU without native bf16/fp16, torch's fallback gemm runs a @ b about 8x
+    slower than a @ b.T, which would make a 'peak' far below what the model's layers get."""
+    n = MATMUL_N[device.type]
+    out = {}
+    for name in _rate_dtypes(dtype):
+        a, b = (torch.randn(n, n, device=device, dtype=DTYPES[name]) for _ in range(2))
+        out[name] = _median_s(lambda: a @ b.T, sync)
+    return out
+
+
+def _adamw_s(train: TrainConfig, device: torch.device, sync) -> float:
+    """One fused AdamW step (ratrain's settings) over ADAMW_SHAPES, gradients in place."""
+    params = [torch.nn.Parameter(torch.randn(shape, device=device)) for shape in ADAMW_SHAPES]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return _median_s(make_optimizer(params, train).step, sync)
+
+
+def _process_overhead_bytes(cfg: RunConfig, device: torch.device, groups) -> float:
+    """What a training process grows by beyond the executor's ledger, over as many steps of
+    `_pipeline` as the unit times take: the process's growth (CPU: peak RSS over its size before the first step, as
+    metrics.jsonl reports it; CUDA: peak allocated) minus the ledger's growth over the same span
+    (its peak less the masters and gradients held before the first step)."""
+    engine, batches = _pipeline(cfg, device, groups, "keep")
+    held_before = engine.stage.ledger.total
+    growth = RssGrowth()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+    else:
+        growth.start()
+    for step in range(STEP_WARMUP + STEP_REPEATS):  # fragmentation grows over the steps
+        engine.train_step(batches, cfg.train.lr, step)
+    grown = (torch.cuda.max_memory_allocated(device) - start if device.type == "cuda"
+             else growth.peak() or 0)
+    return float(max(0, grown - (engine.stage.ledger.peak - held_before)))
+
+
+def _host_copy_times(device: torch.device, sync) -> dict[str, list[float]]:
+    """Pinned host <-> device copies of each of LINK_SIZES (CUDA only)."""
+    out = {"host_to_device": [], "device_to_host": []}
+    for size in LINK_SIZES:
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(size, dtype=torch.uint8, device=device)
+        out["host_to_device"].append(_median_s(lambda: dev.copy_(host, non_blocking=True), sync,
+                                               LINK_WARMUP, LINK_REPEATS))
+        out["device_to_host"].append(_median_s(lambda: host.copy_(dev, non_blocking=True), sync,
+                                               LINK_WARMUP, LINK_REPEATS))
+    return out
+
+
+# --- the link ranks ------------------------------------------------------------------------------
+
+
+def _link_backend() -> str:
+    """NCCL between two GPUs; with fewer, gloo on host tensors."""
+    return "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+
+
+def _link_rank(out_dir: str) -> None:
+    """One of 2 ranks: point-to-point (one way: half a ping-pong) and all_reduce seconds for
+    each of LINK_SIZES; rank 0 writes them."""
+    rank = int(os.environ["RANK"])
+    backend = _link_backend()
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    sync = _sync_of(device)
+    p2p, all_reduce = [], []
+    for size in LINK_SIZES:
+        buf = torch.zeros(size // 4, device=device)
+        p2p.append(_median_s(lambda: _ping_pong(buf, rank), sync, LINK_WARMUP, LINK_REPEATS) / 2)
+        all_reduce.append(_median_s(lambda: dist.all_reduce(buf), sync, LINK_WARMUP, LINK_REPEATS))
+    if rank == 0:
+        result = {"p2p_s": p2p, "all_reduce_s": all_reduce}
+        Path(out_dir, "result_0.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _ping_pong(buf: torch.Tensor, rank: int) -> None:
+    """buf to the other rank and back: an isend/irecv pair each way."""
+    peer = 1 - rank
+    first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
+    first(buf, peer).wait()
+    second(buf, peer).wait()
+
+
+def fit_link(sizes: list[float], times: list[float]) -> tuple[float, float]:
+    """(latency, bandwidth) of time = latency + bytes / bandwidth, by least squares on relative
+    residuals: timing noise grows with the time, and unweighted residuals of the largest sizes
+    would swamp the microseconds of latency the small ones show. A negative intercept (noise)
+    is clamped to 0."""
+    w = [1 / t**2 for t in times]
+    s = sum(w)
+    sx = sum(wi * x for wi, x in zip(w, sizes))
+    sy = sum(wi * t for wi, t in zip(w, times))
+    sxx = sum(wi * x * x for wi, x in zip(w, sizes))
+    sxy = sum(wi * x * t for wi, x, t in zip(w, sizes, times))
+    slope = (s * sxy - sx * sy) / (s * sxx - sx * sx)
+    if slope <= 0:
+        raise RuntimeError(f"link times do not grow with the size: {dict(zip(sizes, times))}")
+    return max(0.0, (sy - slope * sx) / s), 1 / slope
+
+
+# --- the profile ---------------------------------------------------------------------------------
+
+
+def _median_over_ranks(per_rank: list[dict], get) -> float:
+    return statistics.median(get(r) for r in per_rank)
+
+
+def _measured_shape(cfg: RunConfig, model: str, per_rank: list[dict]) -> MeasuredShape:
+    def times(kind: str) -> UnitTimes:  # over the ranks whose stage has the kind
+        having = [r for r in per_rank if kind in r["units"]]
+        return UnitTimes(*(_median_over_ranks(having, lambda r: r["units"][kind][i])
+                           for i in (0, 1)))
+
+    t = cfg.train
+    return MeasuredShape(model=model, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                         dtype=t.dtype, **{kind: times(kind) for kind in KINDS},
+                         block_forward_no_grad_s=_median_over_ranks(
+                             per_rank, lambda r: r["units"]["block_forward_no_grad"]))
+
+
+def _compute_rates(cfg: RunConfig, device_type: str, per_rank: list[dict],
+                   block: UnitTimes) -> dict[str, ComputeRate]:
+    """Peak from the matmul; efficiency = the block's FLOPs per measured second over the peak.
+    float32's efficiency, where only its matmul was measured, is the compute dtype's."""
+    dtype = cfg.train.dtype
+    shape = UnitShape(cfg.model, cfg.train.micro_batch_size, cfg.train.seq_len, dtype)
+    flops = forward_flops(shape, "block") + backward_flops(shape, "block")
+    achieved = flops / (block.forward_s + block.backward_s)
+    n = MATMUL_N[device_type]
+    peaks = {name: 2 * n**3 / _median_over_ranks(per_rank, lambda r: r["matmul_s"][name])
+             for name in _rate_dtypes(dtype)}
+    efficiency = achieved / peaks[dtype]
+    return {name: ComputeRate(peak, efficiency) for name, peak in peaks.items()}
+
+
+def _memory_bandwidth(per_rank: list[dict]) -> float:
+    params = sum(a * b for a, b in ADAMW_SHAPES)
+    return UPDATE_BYTES_PER_PARAM * params / _median_over_ranks(per_rank, lambda r: r["adamw_s"])
+
+
+def _host_link(per_rank: list[dict]) -> tuple[Link, str]:
+    """The slower direction of pinned copies (offload and reload both cross it)."""
+    fits = {}
+    for direction in ("host_to_device", "device_to_host"):
+        times = [_median_over_ranks(per_rank, lambda r: r["host_copies_s"][direction][i])
+                 for i in range(len(LINK_SIZES))]
+        fits[direction] = fit_link(LINK_SIZES, times)
+    note = "; ".join(f"{d}: {bw / 1e9:.3g} GB/s + {lat * 1e6:.3g} us"
+                     for d, (lat, bw) in fits.items())
+    latency, bandwidth = min(fits.values(), key=lambda f: f[1])
+    return Link(bandwidth, latency), f"pinned copies, the slower direction ({note})"
+
+
+def _links(links: dict) -> LinkClass:
+    """p2p: latency + bytes/bw. all_reduce over n = 2 ranks in a ring: 2(n-1)/n x bytes/bw +
+    2(n-1) x latency = bytes/bw + 2 x latency."""
+    p2p_latency, p2p_bw = fit_link(LINK_SIZES, links["p2p_s"])
+    ar_intercept, ar_bw = fit_link(LINK_SIZES, links["all_reduce_s"])
+    return LinkClass(p2p=Link(p2p_bw, p2p_latency), collective=Link(ar_bw, ar_intercept / 2))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
+                   per_rank: list[dict], links: dict) -> HardwareProfile:
+    device_type = "cuda" if on_cuda else "cpu"
+    measured = _measured_shape(cfg, model, per_rank)
+    compute = _compute_rates(cfg, device_type, per_rank, measured.block)
+    bandwidth = _memory_bandwidth(per_rank)
+    overhead = _median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
+    process_overhead = _median_over_ranks(per_rank, lambda r: r["process_overhead_bytes"])
+    intra = _links(links)
+    notes = _notes(cfg, ranks, device_type)
+    host_link = None
+    if on_cuda:
+        host_link, notes["device.host_link"] = _host_link(per_rank)
+        memory = torch.cuda.get_device_properties(0).total_memory
+        name, cores, per_node = torch.cuda.get_device_name(0), None, torch.cuda.device_count()
+    else:
+        memory = _ram_bytes() / ranks
+        notes["device.memory_bytes"] = (f"the machine's RAM ({_ram_bytes() / 2**30:.1f} GiB) / "
+                                        f"{ranks} rank(s)")
+        name, cores, per_node = _cpu_name(), os.cpu_count(), 64
+        notes["devices_per_node"] = "all local ranks are one node: loopback"
+    device = Device(name=name, memory_bytes=float(memory), compute=compute,
+                    memory_bandwidth=bandwidth, host_link=host_link, cores=cores,
+                    action_overhead_s=overhead, process_overhead_bytes=process_overhead)
+    return HardwareProfile(
+        name=f"measured-{platform.node()}", description=_description(cfg, model, ranks, name),
+        device=device, devices_per_node=per_node, intra_node=intra,
+        inter_node=copy.deepcopy(intra), measured=[measured], notes=notes)
+
+
+def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> str:
+    t = cfg.train
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"Measured by `ratrain profile` on {platform.node()} ({device_name}), {when}, torch "
+            f"{torch.__version__}: {model} units, micro-batch {t.micro_batch_size} x {t.seq_len} "
+            f"tokens, {t.dtype}, {ranks} concurrent rank(s) of 1 thread.")
+
+
+def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
+    dtype = cfg.train.dtype
+    n = MATMUL_N[device_type]
+    params = sum(a * b for a, b in ADAMW_SHAPES)
+    link_how = {"nccl": "NCCL between 2 GPUs",
+                "gloo": ("gloo over loopback between 2 local processes" if device_type == "cpu"
+                         else "gloo on host tensors between 2 local processes (one GPU: no "
+                              "NCCL peer)")}
+    notes = {
+        "measured": (f"unit times read from the executor's trace of {STEP_REPEATS} steps (after "
+                     f"{STEP_WARMUP}) of a pipeline of the {ranks} measuring rank(s), one stage "
+                     f"each with one decoder block, {N_MICRO} micro-batches; per kind the median "
+                     f"of its actions, then the median over ranks"),
+        f"device.compute.{dtype}": (f"peak: a {n}x{n} matmul a @ b.T in {dtype} (2N^3 FLOPs); "
+                                    f"efficiency: the block's forward + backward FLOPs "
+                                    f"(sim/unit_costs.py) per measured second, over that peak"),
+        "device.memory_bandwidth": (f"a fused AdamW step over {params / 1e6:.1f}M fp32 parameters, "
+                                    f"charged {UPDATE_BYTES_PER_PARAM} bytes per parameter"),
+        "device.action_overhead_s": ("the same traced steps: the step's wall time beyond its "
+                                     "actions' durations, per action, plus the median of the "
+                                     "cheapest kind of non-compute action"),
+        "device.process_overhead_bytes": (f"the same pipeline, {STEP_WARMUP + STEP_REPEATS} steps: the peak RSS growth over "
+                                          "the size before the first step (CUDA: peak allocated) "
+                                          "minus the ledger's growth, median over ranks"),
+        "intra_node": (f"{link_how[_link_backend()]}: point to point (half an isend/irecv "
+                       f"ping-pong) and all_reduce, {LINK_SIZES[0] // 1024} KiB to "
+                       f"{LINK_SIZES[-1] >> 20} MiB, fitted to latency + bytes / bandwidth (the "
+                       f"all_reduce as a ring of 2: bytes / bandwidth + 2 x latency)"),
+        "inter_node": INTER_NODE_NOTE,
+    }
+    if dtype != "float32":
+        notes["device.compute.float32"] = (f"peak: the {n}x{n} matmul in float32; efficiency: "
+                                           f"{dtype}'s, not measured for float32")
+    return notes
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+
+def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
+    """What `ratrain profile` prints: (header, rows) of its measured figures."""
+    d, m = profile.device, profile.measured[0]
+    rows = [[f"{kind} forward / backward",
+             f"{_fmt_s(getattr(m, kind).forward_s)} / {_fmt_s(getattr(m, kind).backward_s)}"]
+            for kind in KINDS]
+    rows.append(["block forward, no grad", _fmt_s(m.block_forward_no_grad_s)])
+    for dtype, rate in d.compute.items():
+        rows.append([f"peak {dtype} (matmul)", _fmt_rate(rate.peak_flops, "FLOP/s")])
+    rows.append([f"block efficiency ({m.dtype})", f"{d.compute[m.dtype].efficiency:.2f}"])
+    rows.append(["memory bandwidth (AdamW)", _fmt_rate(d.memory_bandwidth, "B/s")])
+    if d.host_link:
+        rows.append(["host link", _fmt_link(d.host_link)])
+    rows.append(["link p2p", _fmt_link(profile.intra_node.p2p)])
+    rows.append(["link all_reduce (per hop)", _fmt_link(profile.intra_node.collective)])
+    rows.append(["action overhead", _fmt_s(d.action_overhead_s)])
+    rows.append(["process memory beyond the ledger", f"{d.process_overhead_bytes / 2**20:.1f} MiB"])
+    rows.append(["memory per device", f"{d.memory_bytes / 2**30:.1f} GiB"])
+    return ["figure", "value"], rows
+
+
+def _fmt_s(s: float) -> str:
+    for scale, unit in ((1, "s"), (1e-3, "ms")):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e6:.3g} us"
+
+
+def _fmt_rate(x: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G")):
+        if x >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x / 1e6:.3g} M{unit}"
+
+
+def _fmt_link(link: Link) -> str:
+    return f"{_fmt_rate(link.bandwidth, 'B/s')} + {_fmt_s(link.latency)}"

@@ -1,0 +1,219 @@
+"""Hardware profiles: the presets load, the loader refuses broken files with the path of what is
+wrong (and nothing but a UserError escapes it), and `ratrain profile` measures this machine into
+a file the loader reads back."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+import yaml
+
+from ratrain import profiling
+from ratrain.errors import UserError
+from ratrain.sim.profile import (PRESET_DIR, HardwareProfile, MeasuredShape, UnitTimes,
+                                 load_profile, presets)
+
+from .cli_runner import run_cli
+
+
+def _numbers(data, path=""):
+    """(path, value) of every number in plain YAML data."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from _numbers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(data, (int, float)) and not isinstance(data, bool):
+        yield path, data
+
+
+def _preset_data(name: str) -> dict:
+    return yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+
+def test_there_are_presets():
+    assert {"cpu-local", "mt3000", "a100-40g-10gbe", "h100-80g-ib"} <= set(presets())
+
+
+@pytest.mark.parametrize("name", presets())
+def test_every_preset_loads_with_positive_figures(name):
+    profile = load_profile(name)
+    assert isinstance(profile, HardwareProfile)
+    assert [p for p, v in _numbers(_preset_data(name)) if v <= 0] == []
+    d = profile.device
+    assert d.memory_bytes > 0 and d.memory_bandwidth > 0 and d.compute
+    assert all(r.peak_flops > 0 and 0 < r.efficiency <= 1 for r in d.compute.values())
+    for links in (profile.intra_node, profile.inter_node):
+        assert links.p2p.bandwidth > 0 and links.collective.bandwidth > 0
+
+
+def test_mt3000_has_the_papers_20_gb():
+    assert load_profile("mt3000").device.memory_bytes == 20e9
+
+
+# --- load_profile's errors -----------------------------------------------------------------------
+
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _set(data: dict, dotted: str, value) -> dict:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        data = data[key]
+    data[last] = value
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: _set(d, "device.speed", 1), "device.speed: unknown key"),
+    (lambda d: _set(d, "device.memory_bytes", "lots"),
+     "device.memory_bytes: expected a number, got 'lots'"),
+    (lambda d: _set(d, "intra_node.p2p.bandwidth", -1e9), "intra_node.p2p.bandwidth: must be"),
+    (lambda d: d["device"].pop("name"), "device.name: missing"),
+    (lambda d: _set(d, "devices_per_node", [4]), "devices_per_node: expected a number"),
+])
+def test_broken_profiles_are_refused_with_the_path(tmp_path, edit, needle):
+    data = _preset_data("cpu-local")
+    edit(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(UserError) as e:
+        load_profile(path)
+    assert needle in str(e.value) and path in str(e.value)
+
+
+def test_a_file_that_is_not_yaml_is_refused(tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text("device: [unclosed\n  name: {")
+    with pytest.raises(UserError, match="cannot parse profile") as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_an_unknown_profile_name_is_refused():
+    with pytest.raises(UserError, match="no hardware profile 'nowhere'"):
+        load_profile("nowhere")
+
+
+def _paths(data, prefix=()):
+    """Every key path into nested dicts and lists."""
+    if isinstance(data, dict):
+        items = data.items()
+    else:
+        items = enumerate(data) if isinstance(data, list) else ()
+    for k, v in items:
+        yield prefix + (k,)
+        yield from _paths(v, prefix + (k,))
+
+
+def _mutate(data: dict, rng: random.Random) -> dict:
+    """One random damage: a key deleted, or a value replaced by a string, a list or a negative
+    number."""
+    data = copy.deepcopy(data)
+    *parents, last = rng.choice(list(_paths(data)))
+    holder = data
+    for key in parents:
+        holder = holder[key]
+    how = rng.choice(["delete", "string", "list", "negative"])
+    if how == "delete":
+        del holder[last]
+    else:
+        text = "".join(rng.choice("abc019.e-") for _ in range(rng.randint(0, 6)))
+        holder[last] = {"string": text, "list": [rng.random()] * rng.randint(0, 2),
+                        "negative": -rng.random() * 10 ** rng.randint(0, 12)}[how]
+    return data
+
+
+def test_random_damage_loads_or_raises_a_user_error(tmp_path):
+    rng = random.Random(0)
+    outcomes = {"loaded": 0, "refused": 0}
+    for i in range(60):
+        data = _mutate(_preset_data(rng.choice(presets())), rng)
+        path = tmp_path / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        try:
+            load_profile(str(path))
+            outcomes["loaded"] += 1
+        except UserError as e:
+            assert str(path) in str(e)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 30  # most damage must be noticed
+
+
+# --- ratrain profile -----------------------------------------------------------------------------
+
+
+def test_fit_link_recovers_latency_and_bandwidth():
+    sizes = profiling.LINK_SIZES
+    latency, bandwidth = profiling.fit_link(sizes, [50e-6 + s / 2e9 for s in sizes])
+    assert latency == pytest.approx(50e-6, rel=1e-6) and bandwidth == pytest.approx(2e9, rel=1e-6)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "no-such-model"], "unknown model preset 'no-such-model'"),
+    (["--seq-len", "4096"], "exceeds the model's max_seq_len 1024"),
+    (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
+    (["--ranks", "0"], "--ranks must be >= 1"),
+])
+def test_profile_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, needle):
+    out = tmp_path / "p.yaml"
+    code, _, err = run_cli(monkeypatch, capsys, "profile", "--out", str(out), *args)
+    assert code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.dist
+def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "sub" / "measured.yaml"
+    code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--model", "tiny",
+                                "--seq-len", "32", "--micro-batch-size", "1", "--ranks", "2",
+                                "--out", str(out))
+    assert code == 0, err
+    assert f"wrote {out}" in stdout and "block forward / backward" in stdout
+    profile = load_profile(str(out))
+    assert len(profile.measured) == 1
+    m = profile.measured_for("tiny", 32, 1, "float32")
+    assert m is not None
+    for times in (m.embedding, m.block, m.head):
+        assert times.forward_s > 0 and times.backward_s > 0
+    assert m.block.backward_s > m.block.forward_s
+    assert m.block_forward_no_grad_s > 0
+    rate = profile.rate("float32")
+    assert rate.peak_flops > 0 and 0 < rate.efficiency <= 1.5
+    for links in (profile.intra_node, profile.inter_node):
+        assert links.p2p.bandwidth > 0 and links.collective.bandwidth > 0
+    assert profile.device.memory_bandwidth > 0 and profile.device.action_overhead_s >= 0
+    assert profile.notes["inter_node"] == profiling.INTER_NODE_NOTE
+
+
+def _fake_profile() -> HardwareProfile:
+    profile = load_profile("cpu-local")
+    times = UnitTimes(1e-3, 2e-3)
+    profile.measured = [MeasuredShape("tiny", 256, 2, "float32", times, times, times, 9e-4)]
+    return profile
+
+
+def test_profile_json_and_default_out(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    asked = {}
+
+    def fake_measure(*args):
+        asked["args"] = args
+        return _fake_profile()
+
+    monkeypatch.setattr(profiling, "measure", fake_measure)
+    code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--json")
+    assert code == 0, err
+    assert asked["args"] == ("tiny", 256, 2, "float32", None)  # the defaults
+    assert json.loads(stdout) == _fake_profile().to_dict()
+    assert load_profile(str(profiling.default_out())).to_dict() == _fake_profile().to_dict()
