@@ -147,12 +147,14 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
     cfg.parallel.plan_file = str(Path(plan_file).resolve())
     try:
         layout = json.loads(Path(plan_file).read_text())
-        cfg.parallel.pp = opts["pp"] or layout["pp"]
-        cfg.parallel.dp = opts["dp"] or layout["dp"]
-        cfg.parallel.rank_order = opts["rank_order"] or layout.get("rank_order", "pp-dp")
-        cfg.parallel.policy = opts["policy"] or layout.get("policy", cfg.parallel.policy)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # the plan's checks explain what is wrong with the file
+    except (OSError, ValueError):
+        return  # the plan's checks explain what is wrong with the file
+    if not isinstance(layout, dict):
+        return
+    for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str)):
+        value = layout.get(key)
+        if opts[key] is None and isinstance(value, kind) and not isinstance(value, bool):
+            setattr(cfg.parallel, key, value)  # else the plan's checks report the clash
 
 
 @cli.command()

@@ -75,6 +75,10 @@ class DataConfig:
     val_fraction: float = 0.05
     cache_dir: str | None = None  # None: ~/.cache/ratrain (or $RATRAIN_CACHE)
 
+    def validate(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise UserError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+
 
 @dataclass
 class TrainConfig:
@@ -98,9 +102,16 @@ class TrainConfig:
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
 
     def validate(self) -> None:
-        for name in ("seq_len", "global_batch", "micro_batch_size", "steps"):
+        for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise UserError(f"train.{name} must be positive, got {getattr(self, name)}")
+        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "eval_every",
+                     "eval_batches", "checkpoint_every", "seed"):
+            if getattr(self, name) < 0:
+                raise UserError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UserError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.global_batch % self.micro_batch_size:
             raise UserError(
                 f"train.global_batch {self.global_batch} is not a multiple of "
@@ -128,6 +139,8 @@ class ParallelConfig:
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:
             raise UserError(f"--pp and --dp must be >= 1, got pp={self.pp} dp={self.dp}")
+        if self.threads_per_rank < 1:
+            raise UserError(f"parallel.threads_per_rank must be >= 1, got {self.threads_per_rank}")
         if self.policy not in ("ratrain", "baseline"):
             raise UserError(f"unknown policy {self.policy!r}; available: ratrain, baseline")
         if self.rank_order not in ("pp-dp", "dp-pp"):
@@ -161,6 +174,7 @@ class RunConfig:
 
     def validate(self) -> None:
         self.model.validate()
+        self.data.validate()
         self.train.validate()
         self.parallel.validate()
         per_rank = self.train.global_batch // self.parallel.dp
@@ -186,11 +200,23 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+    def from_dict(cls, d: Any) -> RunConfig:
+        """A config from plain data (a parsed YAML/JSON file): every key known, every value of
+        its field's type, or a UserError naming the path (`train.lr: expected a number, got
+        'fast'`)."""
+        if not isinstance(d, dict):
+            raise UserError(f"a run config must be a mapping of sections, got {_shown(d)}")
+        sections = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(map(str, set(d) - set(sections)))
+        if unknown:
+            raise UserError(f"unknown config section(s): {', '.join(unknown)} "
+                            f"(known: {', '.join(sections)})")
         parts = {}
-        for f in dataclasses.fields(cls):
-            sub = d.get(f.name, {}) or {}
-            parts[f.name] = _build(f.default_factory, sub, f.name)  # type: ignore[misc]
+        for name, f in sections.items():
+            sub = d.get(name) or {}
+            if not isinstance(sub, dict):
+                raise UserError(f"{name}: expected a mapping, got {_shown(sub)}")
+            parts[name] = _build(f.default_factory, sub, name)  # type: ignore[misc]
         return cls(**parts)
 
     def save(self, path: str | Path) -> None:
@@ -209,14 +235,61 @@ class RunConfig:
             raise UserError(f"config file not found: {path}")
         try:
             d = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise UserError(f"cannot parse config {path}: {e}") from None
+        except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot parse config {path}: {_parse_error(e)}") from None
         return cls.from_dict(d or {})
 
 
 def _build(factory, values: dict[str, Any], section: str):
-    known = {f.name for f in dataclasses.fields(factory)}
-    unknown = set(values) - known
+    fields = {f.name: f for f in dataclasses.fields(factory)}
+    unknown = sorted(map(str, set(values) - set(fields)))
     if unknown:
-        raise UserError(f"unknown key(s) in config section '{section}': {', '.join(sorted(unknown))}")
-    return factory(**values)
+        raise UserError(f"unknown key(s) in config section '{section}': {', '.join(unknown)}")
+    return factory(**{key: _typed(fields[key].type, value, f"{section}.{key}")
+                      for key, value in values.items()})
+
+
+def _typed(annotation: str, value: Any, path: str) -> Any:
+    """`value` as the field's type (annotations are strings here: `from __future__`), or a
+    UserError. YAML 1.1 reads 3e-3 (no dot, no sign) as a string: a float field takes it."""
+    optional = annotation.endswith("| None")
+    kind = annotation.removesuffix("| None").strip()
+    if value is None and optional:
+        return None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{path}: expected true or false, got {_shown(value)}")
+    if kind in ("int", "float"):
+        if kind == "float" and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{path}: expected a number, got {_shown(value)}")
+        if kind == "int" and value != int(value):
+            raise UserError(f"{path}: expected a whole number, got {_shown(value)}")
+        return int(value) if kind == "int" else float(value)
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{path}: expected a string, got {_shown(value)}")
+    if kind == "list[int]":
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return value
+        raise UserError(f"{path}: expected a list of whole numbers, got {_shown(value)}")
+    raise TypeError(f"config field {path} has a type the loader does not know: {annotation}")
+
+
+def _parse_error(e: Exception) -> str:
+    """A parser's complaint in one line (YAML's span several, with a caret drawing)."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.YAMLError) and mark is not None:
+        return f"{getattr(e, 'problem', None) or 'invalid YAML'} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split())
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -67,8 +67,8 @@ def load_plan(cfg: RunConfig) -> PipelinePlan:
         plan = PipelinePlan.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         raise UserError(f"plan file not found: {path}") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{path} is not a ratrain plan: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
     want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
             "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
             "policy": cfg.parallel.policy}
@@ -80,6 +80,8 @@ def load_plan(cfg: RunConfig) -> PipelinePlan:
         plan.validate()
     except ScheduleError as e:
         raise UserError(f"plan {path} fails the schedule checks: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise UserError(f"plan {path} is damaged: {type(e).__name__}: {e}") from None
     return plan
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ratrain.config import RunConfig
 from ratrain.data.tokenizer import train_bpe
 from ratrain.data.corpus import stdlib_files
 
@@ -163,3 +164,26 @@ def test_too_little_data_is_refused_before_the_run(monkeypatch, capsys, tmp_path
     assert code == 2, err
     assert "error:" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"),
+    ("train:\n  steps: 2.5\n", "train.steps: expected a whole number, got 2.5"),
+    ("train:\n  beta2: 1.5\n", "train.beta2 must be in [0, 1), got 1.5"),
+    ("parallel:\n  pp: two\n", "parallel.pp: expected a number, got 'two'"),
+    ("trian:\n  lr: 0.1\n", "unknown config section(s): trian"),
+    ("train: [1, 2]\n", "train: expected a mapping, got [1, 2]"),
+    ("train:\n  lr: [\n", "cannot parse config"),
+])
+def test_config_file_mistakes_are_named_with_their_path(monkeypatch, capsys, tmp_path, text, needle):
+    (tmp_path / "run.yaml").write_text(text)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(tmp_path / "run.yaml"),
+                           "--no-progress")
+    assert code == 2 and needle in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_yaml_3e_3_is_read_as_a_number(tmp_path):
+    (tmp_path / "run.yaml").write_text("train:\n  lr: 3e-3\n")  # YAML 1.1: a string
+    assert RunConfig.load(tmp_path / "run.yaml").train.lr == 3e-3
