@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from ratrain.errors import UserError
+from ratrain.plain_data import number, parse_error, shown, unknown_keys
 from ratrain.schedule.plan import ACTIVATIONS, STATE_HOMES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -205,9 +206,9 @@ class RunConfig:
         its field's type, or a UserError naming the path (`train.lr: expected a number, got
         'fast'`)."""
         if not isinstance(d, dict):
-            raise UserError(f"a run config must be a mapping of sections, got {_shown(d)}")
+            raise UserError(f"a run config must be a mapping of sections, got {shown(d)}")
         sections = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(map(str, set(d) - set(sections)))
+        unknown = unknown_keys(d, sections)
         if unknown:
             raise UserError(f"unknown config section(s): {', '.join(unknown)} "
                             f"(known: {', '.join(sections)})")
@@ -215,7 +216,7 @@ class RunConfig:
         for name, f in sections.items():
             sub = d.get(name) or {}
             if not isinstance(sub, dict):
-                raise UserError(f"{name}: expected a mapping, got {_shown(sub)}")
+                raise UserError(f"{name}: expected a mapping, got {shown(sub)}")
             parts[name] = _build(f.default_factory, sub, name)  # type: ignore[misc]
         return cls(**parts)
 
@@ -236,13 +237,13 @@ class RunConfig:
         try:
             d = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
         except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot parse config {path}: {_parse_error(e)}") from None
+            raise UserError(f"cannot parse config {path}: {parse_error(e)}") from None
         return cls.from_dict(d or {})
 
 
 def _build(factory, values: dict[str, Any], section: str):
     fields = {f.name: f for f in dataclasses.fields(factory)}
-    unknown = sorted(map(str, set(values) - set(fields)))
+    unknown = unknown_keys(values, fields)
     if unknown:
         raise UserError(f"unknown key(s) in config section '{section}': {', '.join(unknown)}")
     return factory(**{key: _typed(fields[key].type, value, f"{section}.{key}")
@@ -251,7 +252,7 @@ def _build(factory, values: dict[str, Any], section: str):
 
 def _typed(annotation: str, value: Any, path: str) -> Any:
     """`value` as the field's type (annotations are strings here: `from __future__`), or a
-    UserError. YAML 1.1 reads 3e-3 (no dot, no sign) as a string: a float field takes it."""
+    UserError. A float field takes a numeric string (YAML 1.1 reads 3e-3 as one)."""
     optional = annotation.endswith("| None")
     kind = annotation.removesuffix("| None").strip()
     if value is None and optional:
@@ -259,37 +260,18 @@ def _typed(annotation: str, value: Any, path: str) -> Any:
     if kind == "bool":
         if isinstance(value, bool):
             return value
-        raise UserError(f"{path}: expected true or false, got {_shown(value)}")
+        raise UserError(f"{path}: expected true or false, got {shown(value)}")
     if kind in ("int", "float"):
-        if kind == "float" and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"{path}: expected a number, got {_shown(value)}")
-        if kind == "int" and value != int(value):
-            raise UserError(f"{path}: expected a whole number, got {_shown(value)}")
-        return int(value) if kind == "int" else float(value)
+        try:
+            return number(value, whole=kind == "int", from_string=kind == "float")
+        except ValueError as e:
+            raise UserError(f"{path}: {e}") from None
     if kind == "str":
         if isinstance(value, str):
             return value
-        raise UserError(f"{path}: expected a string, got {_shown(value)}")
+        raise UserError(f"{path}: expected a string, got {shown(value)}")
     if kind == "list[int]":
         if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return value
-        raise UserError(f"{path}: expected a list of whole numbers, got {_shown(value)}")
+        raise UserError(f"{path}: expected a list of whole numbers, got {shown(value)}")
     raise TypeError(f"config field {path} has a type the loader does not know: {annotation}")
-
-
-def _parse_error(e: Exception) -> str:
-    """A parser's complaint in one line (YAML's span several, with a caret drawing)."""
-    mark = getattr(e, "problem_mark", None)
-    if isinstance(e, yaml.YAMLError) and mark is not None:
-        return f"{getattr(e, 'problem', None) or 'invalid YAML'} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(e).split())
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

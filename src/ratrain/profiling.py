@@ -48,6 +48,7 @@ from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.stage import DTYPES
 from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
                                  MeasuredShape, UnitTimes)
+from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.unit_costs import UnitShape, backward_flops, forward_flops
 from ratrain.trace import Tracer
 from ratrain.train import plan_for
@@ -60,7 +61,6 @@ LINK_WARMUP, LINK_REPEATS = 2, 15
 N_MICRO = 4  # micro-batches of the traced executor steps
 MATMUL_N = {"cpu": 1024, "cuda": 8192}
 ADAMW_SHAPES = [(1024, 1024)] * 4  # ~4M fp32 parameters: well beyond any cache
-UPDATE_BYTES_PER_PARAM = 28  # what the cost model charges: reads p, g, m, v; writes p, m, v
 LINK_SIZES = [4096 * 4**k for k in range(7)] + [32 << 20]  # 4 KiB .. 16 MiB, and 32 MiB
 KINDS = ("embedding", "block", "head")  # units 0, 1, 2 with n_layers = 1
 INTER_NODE_NOTE = "not measured: the local loopback figures; set them for your network"
@@ -157,11 +157,9 @@ def _compute_rank(cfg: RunConfig, out_dir: str) -> None:
     torch.manual_seed(rank)
     sync = _sync_of(device)
     # first: before other measurements leave freed memory in the allocator for it to reuse
-    steps = [("process_overhead_bytes", _process_overhead_bytes, (cfg, device, groups)),
-             ("units", _executor_times, (cfg, device, sync, groups)),
+    steps = [("units", _executor_times, (cfg, device, sync, groups)),
              ("matmul_s", _matmul_times, (cfg.train.dtype, device, sync)),
-             ("adamw_s", _adamw_s, (cfg.train, device, sync)),
-]
+             ("adamw_s", _adamw_s, (cfg.train, device, sync))]
     if device.type == "cuda":
         steps.append(("host_copies_s", _host_copy_times, (device, sync)))
     result = {}
@@ -195,11 +193,14 @@ def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
     `_pipeline`, once keeping activations and once recomputing them (for the block's forward
     without grad). The executor's own time per action is what a step took beyond its actions'
     durations, per action, plus the median of its cheapest kind of non-compute action
-    (starting a transfer, say)."""
+    (starting a transfer, say). The keep run also gives the process overhead: what the process
+    grew by beyond the ledger's growth (its peak less the masters and gradients held before the
+    first step); fragmentation grows over the steps, so it is taken over all of them."""
     out: dict = {}
     for activation in ("keep", "recompute"):
         tracer = Tracer(keep_steps=STEP_REPEATS)
         engine, batches = _pipeline(cfg, device, groups, activation, tracer)
+        held_before, grown = engine.stage.ledger.total, _growth_since_now(device)
         walls = []
         for step in range(STEP_WARMUP + STEP_REPEATS):
             _, wall = _timed(lambda: engine.train_step(batches, cfg.train.lr, step), sync)
@@ -216,6 +217,8 @@ def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
             cheapest = min((v for k, v in median.items() if k.startswith("op ")), default=0.0)
             step_wall = statistics.median(walls[STEP_WARMUP:])
             out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
+            ledger_growth = engine.stage.ledger.peak - held_before
+            out["process_overhead_bytes"] = float(max(0, grown() - ledger_growth))
         else:
             out["block_forward_no_grad"] = median["F block"]
     return out
@@ -257,24 +260,16 @@ def _adamw_s(train: TrainConfig, device: torch.device, sync) -> float:
     return _median_s(make_optimizer(params, train).step, sync)
 
 
-def _process_overhead_bytes(cfg: RunConfig, device: torch.device, groups) -> float:
-    """What a training process grows by beyond the executor's ledger, over as many steps of
-    `_pipeline` as the unit times take: the process's growth (CPU: peak RSS over its size before the first step, as
-    metrics.jsonl reports it; CUDA: peak allocated) minus the ledger's growth over the same span
-    (its peak less the masters and gradients held before the first step)."""
-    engine, batches = _pipeline(cfg, device, groups, "keep")
-    held_before = engine.stage.ledger.total
-    growth = RssGrowth()
+def _growth_since_now(device: torch.device) -> Callable[[], int]:
+    """How much the process has grown since this call, when asked: CPU, its peak RSS over its
+    size now (as metrics.jsonl reports it); CUDA, peak allocated over allocated now."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
-    else:
-        growth.start()
-    for step in range(STEP_WARMUP + STEP_REPEATS):  # fragmentation grows over the steps
-        engine.train_step(batches, cfg.train.lr, step)
-    grown = (torch.cuda.max_memory_allocated(device) - start if device.type == "cuda"
-             else growth.peak() or 0)
-    return float(max(0, grown - (engine.stage.ledger.peak - held_before)))
+        return lambda: torch.cuda.max_memory_allocated(device) - start
+    rss = RssGrowth()
+    rss.start()
+    return lambda: rss.peak() or 0
 
 
 def _host_copy_times(device: torch.device, sync) -> dict[str, list[float]]:
@@ -427,7 +422,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
     compute = _compute_rates(cfg, device_type, per_rank, measured.block)
     bandwidth = _memory_bandwidth(per_rank)
     overhead = _median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
-    process_overhead = _median_over_ranks(per_rank, lambda r: r["process_overhead_bytes"])
+    process_overhead = _median_over_ranks(per_rank, lambda r: r["units"]["process_overhead_bytes"])
     intra = _links(links)
     notes = _notes(cfg, ranks, device_type)
     host_link = None
@@ -479,7 +474,7 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
         "device.action_overhead_s": ("the same traced steps: the step's wall time beyond its "
                                      "actions' durations, per action, plus the median of the "
                                      "cheapest kind of non-compute action"),
-        "device.process_overhead_bytes": (f"the same pipeline, {STEP_WARMUP + STEP_REPEATS} steps: the peak RSS growth over "
+        "device.process_overhead_bytes": (f"the same traced steps ({STEP_WARMUP + STEP_REPEATS}, keep): the peak RSS growth over "
                                           "the size before the first step (CUDA: peak allocated) "
                                           "minus the ledger's growth, median over ranks"),
         "intra_node": (f"{link_how[_link_backend()]}: point to point (half an isend/irecv "

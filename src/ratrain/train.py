@@ -294,9 +294,13 @@ class _Loop:
                 meta["loss_scale"] = self.engine.loss_scale.state_dict()
             checkpoint.finalize(self.run_dir, step, meta)
 
+    @property
+    def grid(self) -> RankGrid:
+        return self.groups.grid if self.groups else RankGrid(1, 1)
+
     def _per_stage(self, per_rank: list[int]) -> list[int]:
         """The largest of each stage's replicas."""
-        grid = self.groups.grid if self.groups else RankGrid(1, 1)
+        grid = self.grid
         out = [0] * grid.pp
         for r, v in enumerate(per_rank):
             stage = grid.coords(r)[0]
@@ -309,7 +313,7 @@ class _Loop:
         if not self.is_main:
             return
         if self.tracer:
-            grid = self.groups.grid if self.groups else RankGrid(1, 1)
+            grid = self.grid
             labels = {r: "rank {} (stage {}, replica {})".format(r, *grid.coords(r)) for r in range(grid.world_size)}
             write_chrome_trace(self.run_dir / "trace.json", {r: t[0] for r, t in enumerate(traced)},
                                labels, {r: t[1] for r, t in enumerate(traced)})

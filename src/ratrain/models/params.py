@@ -5,7 +5,7 @@ from __future__ import annotations
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _block_params(cfg: ModelConfig) -> int:
@@ -34,12 +34,12 @@ def state_bytes(cfg: ModelConfig, compute_dtype: str = "bfloat16") -> dict[str, 
     Master weights, gradients and both Adam moments are fp32. In float32 the compute view is the
     master itself, so `total` counts it once.
     """
-    if compute_dtype not in _DTYPE_BYTES:
+    if compute_dtype not in DTYPE_BYTES:
         raise UserError(
-            f"unknown compute dtype {compute_dtype!r}; available: {', '.join(_DTYPE_BYTES)}"
+            f"unknown compute dtype {compute_dtype!r}; available: {', '.join(DTYPE_BYTES)}"
         )
     n = count_params(cfg)
-    compute = n * _DTYPE_BYTES[compute_dtype]
+    compute = n * DTYPE_BYTES[compute_dtype]
     out = {
         "params": n,
         "compute_weights": compute,

@@ -92,10 +92,11 @@ class PipelineEngine(_UnitStateMixin):
         self.cfg = cfg
         self.plan = plan
         self.groups = groups
-        stage = groups.stage if groups else 0
-        self.program = plan.programs[stage]
+        self.stage_index = groups.stage if groups else 0
+        self.program = plan.programs[self.stage_index]
         view_units = {a.layer for a in self.program if a.op is Op.PREFETCH}
-        self.stage = Stage(cfg, plan.stage_units[stage], groups.device if groups else device,
+        self.stage = Stage(cfg, plan.stage_units[self.stage_index],
+                           groups.device if groups else device,
                            modules, view_units=view_units, state_home=plan.state_home)
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
         # Views compute in the compute dtype end to end; masters under autocast keep fp32
@@ -124,8 +125,7 @@ class PipelineEngine(_UnitStateMixin):
         n = len(batches)
         if n not in self._eval_programs:
             # A replica with no validation share still joins the loss reduction at step end.
-            stage = self.groups.stage if self.groups else 0
             self._eval_programs[n] = (
-                build_eval_programs(self.plan.stage_units, n, self.plan.view_window)[stage]
+                build_eval_programs(self.plan.stage_units, n, self.plan.view_window)[self.stage_index]
                 if n else [Action(Op.STEP_END)])
         return self.executor.eval_step(self._eval_programs[n], batches)

@@ -10,9 +10,7 @@ from collections.abc import Hashable, Iterable
 
 import torch
 
-from ratrain.ledger import KINDS, Ledger
-
-__all__ = ["KINDS", "MemoryLedger"]
+from ratrain.ledger import Ledger
 
 
 class MemoryLedger(Ledger):

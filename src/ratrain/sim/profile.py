@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ratrain.errors import UserError
+from ratrain.plain_data import number, parse_error, shown, unknown_keys
 
 PRESET_DIR = Path(__file__).parent / "profiles"
 
@@ -147,7 +148,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
     try:
         data = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot parse profile {path}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"cannot parse profile {path}: {parse_error(e)}") from None
     return from_dict(data, str(path))
 
 
@@ -158,9 +159,9 @@ def from_dict(data: Any, where: str = "profile") -> HardwareProfile:
 def _build(cls, data: Any, path: str, where: str):
     """`cls` from plain data, each field checked against its annotation."""
     if not isinstance(data, dict):
-        raise UserError(f"{where}: {path or 'the profile'}: expected a mapping, got {_name(data)}")
+        raise UserError(f"{where}: {path or 'the profile'}: expected a mapping, got {shown(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = unknown_keys(data, fields)
     if unknown:
         raise UserError(f"{where}: {_join(path, unknown[0])}: unknown key (known: {', '.join(fields)})")
     values = {}
@@ -178,10 +179,10 @@ def _value(kind, value: Any, path: str, where: str):
         container, item = kind
         if container is list:
             if not isinstance(value, list):
-                raise UserError(f"{where}: {path}: expected a list, got {_name(value)}")
+                raise UserError(f"{where}: {path}: expected a list, got {shown(value)}")
             return [_value(item, v, f"{path}[{i}]", where) for i, v in enumerate(value)]
         if not isinstance(value, dict):
-            raise UserError(f"{where}: {path}: expected a mapping, got {_name(value)}")
+            raise UserError(f"{where}: {path}: expected a mapping, got {shown(value)}")
         return {str(k): _value(item, v, _join(path, str(k)), where) for k, v in value.items()}
     if kind == "optional-link":
         return None if value is None else _build(Link, value, path, where)
@@ -193,20 +194,15 @@ def _value(kind, value: Any, path: str, where: str):
         return _build(kind, value, path, where)
     if kind is str:
         if not isinstance(value, str):
-            raise UserError(f"{where}: {path}: expected a string, got {_name(value)}")
+            raise UserError(f"{where}: {path}: expected a string, got {shown(value)}")
         return value
-    if isinstance(value, str):  # YAML 1.1 reads 4.0e10 (no sign in the exponent) as a string
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{where}: {path}: expected a number, got {_name(value)}")
-    if kind is int and value != int(value):
-        raise UserError(f"{where}: {path}: expected a whole number, got {value!r}")
+    try:
+        value = number(value, whole=kind is int)
+    except ValueError as e:
+        raise UserError(f"{where}: {path}: {e}") from None
     if value < 0 or (value == 0 and path.split(".")[-1] in _POSITIVE):
         raise UserError(f"{where}: {path}: must be {'positive' if value == 0 else '>= 0'}, got {value!r}")
-    return kind(value)
+    return value
 
 
 _POSITIVE = {"bandwidth", "peak_flops", "efficiency", "memory_bytes", "memory_bandwidth",
@@ -231,7 +227,3 @@ _TYPES = {
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
-
-
-def _name(value: Any) -> str:
-    return repr(value) if isinstance(value, (str, int, float, bool)) or value is None else type(value).__name__

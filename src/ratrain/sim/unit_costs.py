@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
-from ratrain.models.params import unit_param_counts
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+from ratrain.models.params import DTYPE_BYTES, unit_param_counts
 
 
 @dataclass(frozen=True)
