@@ -1,0 +1,240 @@
+"""What runs in `ratrain profile`'s measuring processes (profiling.py starts them and turns
+their results into a profile): each rank times the units through the executor's trace, a
+matmul, an AdamW step and, on CUDA, host copies, every measurement started together behind a
+barrier; two ranks time their links. Each writes its medians as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ratrain.config import RunConfig, TrainConfig
+from ratrain.metrics import RssGrowth
+from ratrain.optim import make_optimizer
+from ratrain.runtime.engine import PipelineEngine
+from ratrain.runtime.grid import RankGrid
+from ratrain.runtime.process_groups import init_groups
+from ratrain.runtime.stage import DTYPES
+from ratrain.trace import Tracer
+from ratrain.train import plan_for
+
+WARMUP, REPEATS = 3, 10  # per timing; the median of 10 is stable on a noisy 2-core VM
+STEP_WARMUP, STEP_REPEATS = 2, 6  # executor steps traced for the unit times
+# Small transfers on a loaded 2-core machine are bimodal (a wake-up sometimes waits out a
+# scheduler slice of a few ms): enough repeats that the median does not flip between modes.
+LINK_WARMUP, LINK_REPEATS = 2, 15
+MATMUL_N = {"cpu": 1024, "cuda": 8192}
+ADAMW_SHAPES = [(1024, 1024)] * 4  # ~4M fp32 parameters: well beyond any cache
+LINK_SIZES = [4096 * 4**k for k in range(7)] + [32 << 20]  # 4 KiB .. 16 MiB, and 32 MiB
+KINDS = ("embedding", "block", "head")  # units 0, 1, 2 with n_layers = 1
+
+
+# --- timing --------------------------------------------------------------------------------------
+
+
+def _sync_of(device: torch.device) -> Callable[[], None]:
+    """What makes a timing include the device's queued work (CUDA runs asynchronously)."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def _timed(fn, sync) -> tuple[object, float]:
+    sync()
+    t0 = time.perf_counter()
+    result = fn()
+    sync()
+    return result, time.perf_counter() - t0
+
+
+def _median_s(fn, sync, warmup: int = WARMUP, repeats: int = REPEATS) -> float:
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_timed(fn, sync)[1] for _ in range(repeats))
+
+
+# --- the compute ranks ---------------------------------------------------------------------------
+
+
+def compute_rank(cfg: RunConfig, out_dir: str) -> None:
+    """One of the concurrent measuring processes: each measurement in turn, every rank starting
+    it at the same time (a gloo barrier), so each sees the others' load."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    groups = init_groups(RankGrid(world, 1)) if world > 1 else None
+    if groups is None:
+        dist.init_process_group("gloo")
+    device = groups.device if groups else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(rank)
+    sync = _sync_of(device)
+    # first: before other measurements leave freed memory in the allocator for it to reuse
+    steps = [("units", _executor_times, (cfg, device, sync, groups)),
+             ("matmul_s", _matmul_times, (cfg.train.dtype, device, sync)),
+             ("adamw_s", _adamw_s, (cfg.train, device, sync))]
+    if device.type == "cuda":
+        steps.append(("host_copies_s", _host_copy_times, (device, sync)))
+    result = {}
+    for name, fn, args in steps:
+        dist.barrier()
+        result[name] = fn(*args)
+    Path(out_dir, f"result_{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None):
+    """The measuring ranks as a pipeline, one stage each with one decoder block (one process:
+    the single-process executor), and its micro-batches (the same on every stage)."""
+    pp = groups.grid.pp if groups else 1
+    run = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, n_layers=pp),
+        parallel=dataclasses.replace(cfg.parallel, pp=pp, activation=activation))
+    engine = PipelineEngine(run, plan_for(run), groups, tracer, device=device)
+    m, t = run.model, run.train
+    shape = (t.micro_batch_size, t.seq_len)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(m.vocab_size, shape, generator=g),
+                torch.randint(m.vocab_size, shape, generator=g)) for _ in range(run.n_micro)]
+    return engine, batches
+
+
+def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
+    """Unit times as training spends them (saved-tensor hooks, ledger, the pipeline's
+    communication threads included), read from the executor's own trace of a few steps of
+    `_pipeline`, once keeping activations and once recomputing them (for the block's forward
+    without grad). The executor's own time per action is what a step took beyond its actions'
+    durations, per action, plus the median of its cheapest kind of non-compute action
+    (starting a transfer, say). The keep run also gives the process overhead: what the process
+    grew by beyond the ledger's growth (its peak less the masters and gradients held before the
+    first step); fragmentation grows over the steps, so it is taken over all of them."""
+    out: dict = {}
+    for activation in ("keep", "recompute"):
+        tracer = Tracer(keep_steps=STEP_REPEATS)
+        engine, batches = _pipeline(cfg, device, groups, activation, tracer)
+        held_before, grown = engine.stage.ledger.total, _growth_since_now(device)
+        walls = []
+        for step in range(STEP_WARMUP + STEP_REPEATS):
+            _, wall = _timed(lambda: engine.train_step(batches, cfg.train.lr, step), sync)
+            walls.append(wall)
+        durations: dict[str, list[float]] = {}
+        for _, name, t0, t1 in tracer.events():
+            durations.setdefault(_action_class(name, engine.cfg.model.n_layers), []).append((t1 - t0) / 1e6)
+        median = {key: statistics.median(v) for key, v in durations.items()}
+        if activation == "keep":
+            out.update({kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
+                        if f"F {kind}" in median})
+            actions = sum(len(v) for v in durations.values()) / STEP_REPEATS
+            traced = sum(sum(v) for v in durations.values()) / STEP_REPEATS
+            cheapest = min((v for k, v in median.items() if k.startswith("op ")), default=0.0)
+            step_wall = statistics.median(walls[STEP_WARMUP:])
+            out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
+            ledger_growth = engine.stage.ledger.peak - held_before
+            out["process_overhead_bytes"] = float(max(0, grown() - ledger_growth))
+        else:
+            out["block_forward_no_grad"] = median["F block"]
+    return out
+
+
+def _action_class(name: str, n_layers: int) -> str:
+    """"F block", "B head", ... for compute actions; "op SA", "op WRG", ... for the rest."""
+    op = name.rstrip("0123456789.")
+    if op not in ("F", "B"):
+        return "U" if op == "U" else f"op {op}"
+    unit = int(name[len(op):].split(".")[0])
+    kind = "embedding" if unit == 0 else "head" if unit == n_layers + 1 else "block"
+    return f"{op} {kind}"
+
+
+def rate_dtypes(dtype: str) -> list[str]:
+    """The dtypes whose peak is measured: the compute dtype, and float32 (the simulator's
+    fallback) when another is asked for."""
+    return [dtype] if dtype == "float32" else [dtype, "float32"]
+
+
+def _matmul_times(dtype: str, device: torch.device, sync) -> dict[str, float]:
+    """Seconds of an n x n matmul in each of _rate_dtypes, laid out as a Linear's forward
+    (x @ W.T): on a CPU without native bf16/fp16, torch's fallback gemm runs a @ b about 8x
+    slower than a @ b.T, which would make a 'peak' far below what the model's layers get."""
+    n = MATMUL_N[device.type]
+    out = {}
+    for name in rate_dtypes(dtype):
+        a, b = (torch.randn(n, n, device=device, dtype=DTYPES[name]) for _ in range(2))
+        out[name] = _median_s(lambda: a @ b.T, sync)
+    return out
+
+
+def _adamw_s(train: TrainConfig, device: torch.device, sync) -> float:
+    """One fused AdamW step (ratrain's settings) over ADAMW_SHAPES, gradients in place."""
+    params = [torch.nn.Parameter(torch.randn(shape, device=device)) for shape in ADAMW_SHAPES]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return _median_s(make_optimizer(params, train).step, sync)
+
+
+def _growth_since_now(device: torch.device) -> Callable[[], int]:
+    """How much the process has grown since this call, when asked: CPU, its peak RSS over its
+    size now (as metrics.jsonl reports it); CUDA, peak allocated over allocated now."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        return lambda: torch.cuda.max_memory_allocated(device) - start
+    rss = RssGrowth()
+    rss.start()
+    return lambda: rss.peak() or 0
+
+
+def _host_copy_times(device: torch.device, sync) -> dict[str, list[float]]:
+    """Pinned host <-> device copies of each of LINK_SIZES (CUDA only)."""
+    out = {"host_to_device": [], "device_to_host": []}
+    for size in LINK_SIZES:
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(size, dtype=torch.uint8, device=device)
+        out["host_to_device"].append(_median_s(lambda: dev.copy_(host, non_blocking=True), sync,
+                                               LINK_WARMUP, LINK_REPEATS))
+        out["device_to_host"].append(_median_s(lambda: host.copy_(dev, non_blocking=True), sync,
+                                               LINK_WARMUP, LINK_REPEATS))
+    return out
+
+
+# --- the link ranks ------------------------------------------------------------------------------
+
+
+def link_backend() -> str:
+    """NCCL between two GPUs; with fewer, gloo on host tensors."""
+    return "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+
+
+def link_rank(out_dir: str) -> None:
+    """One of 2 ranks: point-to-point (one way: half a ping-pong) and all_reduce seconds for
+    each of LINK_SIZES; rank 0 writes them."""
+    rank = int(os.environ["RANK"])
+    backend = link_backend()
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    sync = _sync_of(device)
+    p2p, all_reduce = [], []
+    for size in LINK_SIZES:
+        buf = torch.zeros(size // 4, device=device)
+        p2p.append(_median_s(lambda: _ping_pong(buf, rank), sync, LINK_WARMUP, LINK_REPEATS) / 2)
+        all_reduce.append(_median_s(lambda: dist.all_reduce(buf), sync, LINK_WARMUP, LINK_REPEATS))
+    if rank == 0:
+        result = {"p2p_s": p2p, "all_reduce_s": all_reduce}
+        Path(out_dir, "result_0.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _ping_pong(buf: torch.Tensor, rank: int) -> None:
+    """buf to the other rank and back: an isend/irecv pair each way."""
+    peer = 1 - rank
+    first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
+    first(buf, peer).wait()
+    second(buf, peer).wait()
