@@ -1,0 +1,53 @@
+"""The `ratrain` command line.
+
+Exit codes: 0 success, 2 a user's mistake (one clear line on stderr), 1 an internal failure.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ratrain.cli import plan_cmd, simulate_cmd, tools_cmd, train_cmd  # noqa: F401  (they register their commands)
+from ratrain.cli.group import cli
+from ratrain.errors import UserError
+
+__all__ = ["cli", "main"]
+
+
+def main() -> None:
+    from ratrain.runtime.launch import exit_without_teardown, under_torchrun
+
+    code = _run()
+    if under_torchrun():
+        exit_without_teardown(code)
+    sys.exit(code)
+
+
+def _run() -> int:
+    """Run the command line; map what a user can cause to one line on stderr and an exit code."""
+    from ratrain.runtime.launch import RankFailed
+    from ratrain.train import TrainingDiverged
+
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        return 2
+    except RankFailed as e:
+        click.echo(f"error: {e}", err=True)
+        return 2 if e.user_error else 1
+    except TrainingDiverged as e:
+        click.echo(f"error: {e}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    return 0

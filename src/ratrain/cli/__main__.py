@@ -1,0 +1,3 @@
+from ratrain.cli import main
+
+main()

@@ -1,0 +1,29 @@
+"""Plain-text output: byte sizes, counts, tables."""
+
+from __future__ import annotations
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def fmt_count(n: int) -> str:
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{suffix}"
+    return str(n)
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    """Plain-text table: first column left-aligned, the rest right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+
+    def line(cells) -> str:
+        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])

@@ -1,0 +1,116 @@
+"""The run-config flags shared by train, plan and simulate, and the config they build."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+
+
+def resolve_model(spec: str, cfg: RunConfig) -> None:
+    """A preset name, or a Hugging Face model directory (its weights become the starting point)."""
+    from ratrain.models.presets import get_preset
+
+    path = Path(spec)
+    if path.is_dir():
+        from ratrain.models.hf import config_from_hf
+
+        cfg.model = config_from_hf(path)
+        if any(path.glob("*.safetensors")):
+            cfg.train.init_from = str(path)
+    else:
+        cfg.model = get_preset(spec)
+
+
+# Flags that change the math or the data: not allowed to change when resuming a run.
+_FIXED_ON_RESUME = ("model", "data", "tokenizer", "seq_len", "global_batch", "micro_batch_size",
+                    "lr", "seed", "dtype", "config_file")
+
+_CONFIG_OPTIONS = [
+    click.option("--model", help="Preset name (see `ratrain models`) or a Hugging Face model directory.  [default: tiny]"),
+    click.option("--data", type=click.Path(), help="Text file, directory of text files, or pre-tokenized .bin.  [default: Python's standard library]"),
+    click.option("--tokenizer", help="'byte' or a tokenizer.json (or a directory holding one).  [default: byte]"),
+    click.option("--config", "config_file", type=click.Path(), help="YAML or JSON run config; flags override it."),
+    click.option("--steps", type=int, help="Optimizer steps."),
+    click.option("--seed", type=int),
+    click.option("--seq-len", type=int),
+    click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp)."),
+    click.option("--micro-batch-size", type=int),
+    click.option("--lr", type=float, help="Peak learning rate."),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the parameter views and activations; masters stay fp32 (float16 with dynamic loss scaling).  [default: float32]"),
+    click.option("--pp", type=int, help="Pipeline stages."),
+    click.option("--dp", type=int, help="Data-parallel replicas."),
+    click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
+    click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
+    click.option("--schedule", type=click.Choice(["1f1b", "gpipe"])),
+    click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
+    click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
+    click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
+    click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
+    click.option("--threads", type=int, help="CPU threads per rank."),
+    click.option("--eval-every", type=int),
+    click.option("--checkpoint-every", type=int),
+]
+
+_FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch": "train",
+           "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
+           "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
+           "schedule": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
+           "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
+           "state_home": "parallel"}
+_RENAMED = {"data": "path", "threads": "threads_per_rank"}
+
+
+def config_options(fn):
+    for option in reversed(_CONFIG_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
+    """The run config: a resumed run's, a --config file's or the default, then the flags given."""
+    if resume_dir:
+        given = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None]
+        if given:
+            names = ", ".join("--" + g.removesuffix("_file").replace("_", "-") for g in given)
+            raise UserError(f"cannot change {names} when resuming; start a new run instead")
+        if not (Path(resume_dir) / "config.yaml").is_file():
+            raise UserError(f"{resume_dir} is not a ratrain run directory (no config.yaml)")
+        cfg = RunConfig.load(Path(resume_dir) / "config.yaml")
+    elif opts["config_file"]:
+        cfg = RunConfig.load(opts["config_file"])
+    else:
+        from ratrain.models.presets import get_preset
+
+        cfg = RunConfig(model=get_preset("tiny"))
+    if opts["model"]:
+        resolve_model(opts["model"], cfg)
+    for key, section in _FIELDS.items():
+        if opts[key] is not None:
+            setattr(getattr(cfg, section), _RENAMED.get(key, key), opts[key])
+    if opts["partition"]:
+        try:
+            cfg.parallel.partition = [int(x) for x in opts["partition"].split(",")]
+        except ValueError:
+            raise UserError(f"--partition must be comma-separated integers, got {opts['partition']!r}") from None
+    return cfg
+
+
+def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
+    """Run `plan_file`: its layout, unless the flags say otherwise (then the plan's checks
+    report the clash)."""
+    cfg.parallel.plan_file = str(Path(plan_file).resolve())
+    try:
+        layout = json.loads(Path(plan_file).read_text())
+    except (OSError, ValueError):
+        return  # the plan's checks explain what is wrong with the file
+    if not isinstance(layout, dict):
+        return
+    for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str)):
+        value = layout.get(key)
+        if opts[key] is None and isinstance(value, kind) and not isinstance(value, bool):
+            setattr(cfg.parallel, key, value)  # else the plan's checks report the clash

@@ -1,0 +1,65 @@
+"""`ratrain simulate`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ratrain.cli.format import fmt_bytes, table
+from ratrain.cli.group import cli
+from ratrain.cli.options import build_config, config_options, use_plan_file
+
+
+@cli.command()
+@config_options
+@click.option("--plan", "plan_file", type=click.Path(), help="Simulate this plan (JSON from `ratrain plan --out`) instead of the one the flags describe.")
+@click.option("--profile", "profile_spec", default="cpu-local", show_default=True, help="Hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.")
+@click.option("--trace", "trace_file", type=click.Path(), help="Write the simulated timeline here (Chrome trace JSON, as trace.json; open in ui.perfetto.dev).")
+@click.option("--json", "as_json", is_flag=True, help="Print the prediction as JSON on stdout.")
+def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
+    """Predict one training step on a hardware profile: step time, tokens/s, bubble, exposed
+    communication and peak memory per stage, by simulating the very programs the executor runs."""
+    from ratrain.layout import plan_for_config
+    from ratrain.sim.profile import load_profile
+    from ratrain.sim.simulator import simulate as run_simulation
+    from ratrain.trace import write_chrome_trace
+    from ratrain.train import load_plan
+
+    cfg = build_config(opts)
+    if plan_file:
+        use_plan_file(cfg, plan_file, opts)
+    cfg.validate()
+    hw = load_profile(profile_spec)
+    hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
+    plan = load_plan(cfg) if plan_file else plan_for_config(cfg, hw.device.host_link is not None)
+    t = cfg.train
+    result = run_simulation(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,
+                            seq_len=t.seq_len, dtype=t.dtype)
+    if trace_file:
+        actions, spans = result.trace_events()
+        write_chrome_trace(trace_file, actions,
+                           {s: f"stage {s} (simulated, {hw.name})" for s in actions}, spans)
+    summary = {"model": cfg.model.name, "profile": hw.name, "pp": plan.pp, "dp": plan.dp,
+               "n_micro": plan.n_micro, "global_batch": t.global_batch, "seq_len": t.seq_len,
+               "micro_batch_size": t.micro_batch_size, "dtype": t.dtype, "policy": plan.policy,
+               "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy}, "
+               f"{plan.n_micro} micro-batches of {t.micro_batch_size} x {t.seq_len} tokens per "
+               f"replica, global batch {t.global_batch} sequences, {t.dtype}")
+    click.echo(f"step {result.step_time:.4g} s, {result.tokens_per_s:,.0f} tokens/s, "
+               f"bubble {result.bubble:.1%}")
+    rows = []
+    for r in result.ranks:
+        fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"
+        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_peak.items() if v)
+        rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", fmt_bytes(r.device_peak),
+                     fits, fmt_bytes(r.peak), kinds])
+    click.echo(table(rows, ["stage", "bubble", "exposed comm", "device peak",
+                             f"fits {fmt_bytes(hw.device.memory_bytes)}", "all tiers",
+                             "all tiers at their peak, by kind"]))
+    if trace_file:
+        click.echo(f"wrote {trace_file}")

@@ -1,0 +1,103 @@
+"""`ratrain models`, `tokenizer`, `export`, `profile`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ratrain.cli.format import fmt_bytes, fmt_count, table
+from ratrain.cli.group import cli
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+
+
+@cli.command()
+@click.option("--dtype", "compute_dtype", default="bfloat16", show_default=True,
+              type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the weights column.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+def models(compute_dtype: str, as_json: bool) -> None:
+    """List model presets with parameter counts and the bytes of their training state."""
+    from ratrain.models.params import state_bytes
+    from ratrain.models.presets import PRESETS
+
+    state_keys = ("compute_weights", "master_weights", "gradients", "optimizer", "total")
+    out = []
+    for name, m in PRESETS.items():
+        out.append({"name": name, "layers": m.n_layers, "dim": m.dim, "heads": m.n_heads,
+                    "kv_heads": m.n_kv_heads, "vocab": m.vocab_size, "position": m.position,
+                    "compute_dtype": compute_dtype, **state_bytes(m, compute_dtype)})
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    rows = [[r["name"], fmt_count(r["params"]), r["layers"], r["dim"], f"{r['heads']}/{r['kv_heads']}",
+             r["vocab"], r["position"], *(fmt_bytes(r[k]) for k in state_keys)] for r in out]
+    click.echo(table(rows, ["preset", "params", "layers", "dim", "heads/kv", "vocab", "pos",
+                             f"weights ({compute_dtype})", "fp32 master", "fp32 grads",
+                             "Adam (2 x fp32)", "total"]))
+
+
+@cli.command()
+@click.option("--data", type=click.Path(), help="Corpus to train on.  [default: Python's standard library]")
+@click.option("--vocab-size", type=int, default=512, show_default=True)
+@click.option("--out", type=click.Path(), required=True, help="Where to write tokenizer.json.")
+def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
+    """Train a small byte-level BPE tokenizer on a corpus and save it as tokenizer.json."""
+    from ratrain.data.corpus import stdlib_files, text_files
+    from ratrain.data.tokenizer import train_bpe
+
+    files = text_files(data) if data else stdlib_files()
+    out_path = Path(out)
+    if out_path.is_dir() or not out_path.suffix:
+        out_path = out_path / "tokenizer.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tok = train_bpe(files, vocab_size, out_path)
+    click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} files)")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
+def export(run_dir: str, out: str) -> None:
+    """Export a run's latest checkpoint as a Hugging Face model directory."""
+    from ratrain import checkpoint
+    from ratrain.models.hf import save_hf
+    from ratrain.models.llama import build_units
+
+    import torch
+
+    cfg = RunConfig.load(Path(run_dir) / "config.yaml")
+    ckpt = checkpoint.latest(Path(run_dir))
+    if ckpt is None:
+        raise UserError(f"no checkpoint in {run_dir}/checkpoints")
+    units = build_units(cfg.model, cfg.train.seed)
+    for u, state in checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu")).items():
+        units[u].load_state_dict(state["weights"])
+    save_hf(units, cfg.model, out)
+    click.echo(f"exported {ckpt.name} of {run_dir} to {out}")
+
+
+@cli.command()
+@click.option("--model", default="tiny", show_default=True, help="Model preset whose units are timed (embedding, one decoder block, head).")
+@click.option("--seq-len", type=int, default=256, show_default=True)
+@click.option("--micro-batch-size", type=int, default=2, show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype (masters stay fp32).")
+@click.option("--ranks", type=int, help="Processes measuring at once, 1 thread each: the load training puts on the machine.  [default: 2 on CPU (at most the cores), 1 on CUDA]")
+@click.option("--out", type=click.Path(), help="Where to write the profile (YAML, for the simulator).  [default: profile-<hostname>.yaml]")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON on stdout instead of the table.")
+def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json) -> None:
+    """Measure this machine (unit times, compute rate, memory bandwidth, links, the executor's
+    overhead) and write a hardware profile the simulator takes as is."""
+    from ratrain.profiling import default_out, measure, summary_rows
+
+    path = Path(out) if out else default_out()
+    measured = measure(model, seq_len, micro_batch_size, dtype, ranks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measured.save(path)
+    if as_json:
+        click.echo(json.dumps(measured.to_dict(), indent=2))
+        return
+    header, rows = summary_rows(measured)
+    click.echo(table(rows, header))
+    click.echo(f"wrote {path}")
