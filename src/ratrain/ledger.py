@@ -24,15 +24,12 @@ gradients between units."""
 class Ledger:
     def __init__(self) -> None:
         self.bytes: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.total = 0
         self.peak = 0
         self.at_peak: dict[str, int] = dict(self.bytes)
         self._size: dict[Hashable, tuple[str, int]] = {}  # storage -> (kind, bytes)
         self._holders: dict[Hashable, set[Hashable]] = defaultdict(set)
         self._owned: dict[Hashable, set[Hashable]] = defaultdict(set)
-
-    @property
-    def total(self) -> int:
-        return sum(self.bytes.values())
 
     def hold_storage(self, owner: Hashable, kind: str, storage: Hashable, nbytes: int) -> None:
         """`owner` keeps `storage` (of `nbytes`) alive."""
@@ -41,8 +38,10 @@ class Ledger:
         if self._holders[storage]:
             old, nbytes = self._size[storage]
             self.bytes[old] -= nbytes
+            self.total -= nbytes
         self._size[storage] = (kind, nbytes)
         self.bytes[kind] += nbytes
+        self.total += nbytes
         self._holders[storage].add(owner)
         self._owned[owner].add(storage)
         self._note_peak()
@@ -56,13 +55,13 @@ class Ledger:
                 del self._holders[storage]
                 kind, size = self._size.pop(storage)
                 self.bytes[kind] -= size
+                self.total -= size
 
     def reset_peak(self) -> None:
         self.peak = self.total
         self.at_peak = dict(self.bytes)
 
     def _note_peak(self) -> None:
-        total = self.total
-        if total > self.peak:
-            self.peak = total
+        if self.total > self.peak:
+            self.peak = self.total
             self.at_peak = dict(self.bytes)

@@ -114,3 +114,34 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and not isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash
+    if "run" in layout:
+        _use_run_settings(cfg, layout["run"], plan_file, opts)
+
+
+def _use_run_settings(cfg: RunConfig, run, plan_file: str, opts: dict) -> None:
+    """A planner's plan carries the model and training settings it was made for: the run takes
+    them; a flag that says otherwise, or a --model/--config of another model, is refused (the
+    plan's memory and speed hold only for what it was made for)."""
+    if not isinstance(run, dict):
+        raise UserError(f"{plan_file}: run: expected a mapping, got {type(run).__name__}")
+    try:
+        made_for = RunConfig.from_dict(run)
+    except UserError as e:
+        raise UserError(f"{plan_file}: run.{e}") from None
+    given_model = opts["model"] or opts["config_file"]
+    if given_model and cfg.model != made_for.model:
+        raise UserError(f"{plan_file} was made for model {made_for.model.name} "
+                        f"({made_for.model.n_layers} layers, dim {made_for.model.dim}); this run "
+                        f"has {cfg.model.name} ({cfg.model.n_layers} layers, dim {cfg.model.dim})")
+    cfg.model = made_for.model
+    for section, keys in (("train", ("seq_len", "global_batch", "micro_batch_size", "dtype")),
+                          ("parallel", ("state_home", "view_window", "partition"))):
+        for key in keys:
+            if key not in run.get(section, {}):
+                continue
+            want = getattr(getattr(made_for, section), key)
+            flag = opts.get(key)
+            if flag is not None and flag != want and key != "partition":
+                raise UserError(f"--{key.replace('_', '-')} {flag} differs from {want}, which "
+                                f"{plan_file} was made for; leave the flag out or make a new plan")
+            setattr(getattr(cfg, section), key, want)

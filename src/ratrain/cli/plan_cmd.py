@@ -1,4 +1,4 @@
-"""`ratrain plan`."""
+"""`ratrain plan`: show the programs of a layout, or search for the fastest plan that fits."""
 
 from __future__ import annotations
 
@@ -7,23 +7,38 @@ from pathlib import Path
 
 import click
 
+from ratrain.cli.format import table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options
+from ratrain.errors import UserError
 
 
 @cli.command()
 @config_options
-@click.option("--out", type=click.Path(), help="Write the plan as JSON here (for `ratrain train --plan`).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
-def plan(out, as_json, **opts) -> None:
-    """Show the per-rank programs of a run's pipeline plan (step x rank table).
+@click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.")
+@click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: 2 on cpu-local, else 8]")
+@click.option("--memory-budget", help="Bytes per device a plan may use: 20GB, 18GiB, 20e9.  [default: the profile's memory]")
+@click.option("--memory-margin", type=float, default=0.10, show_default=True, help="Fraction of the budget kept free for allocator fragmentation and library buffers.")
+@click.option("--top", type=int, default=3, show_default=True, help="How many of the fastest plans to list.")
+@click.option("--time-limit", type=float, default=25.0, show_default=True, help="Seconds the search may take; past it, the best plan found so far is given and said to be unproven.")
+@click.option("--out", type=click.Path(), help="Write the (best) plan here, with the model and training settings it was made for: `ratrain train --plan FILE` runs it as is.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (search: the candidates) as JSON on stdout.")
+def plan(profile_spec, devices, memory_budget, memory_margin, top, time_limit, out, as_json, **opts) -> None:
+    """Search for the fastest plan that fits a memory budget (--profile, --devices,
+    --memory-budget), or show the per-rank programs of the layout the flags describe (step x
+    rank table)."""
+    cfg = build_config(opts)
+    if profile_spec or devices or memory_budget:
+        _search(cfg, opts, profile_spec or "cpu-local", devices, memory_budget, memory_margin,
+                top, time_limit, out, as_json)
+    else:
+        _show(cfg, out, as_json)
 
-    Today this is the plan the flags describe; the resource-aware search comes with the planner.
-    """
+
+def _show(cfg, out, as_json) -> None:
     from ratrain.schedule import format_table
     from ratrain.train import plan_for
 
-    cfg = build_config(opts)
     cfg.validate()
     pipeline_plan = plan_for(cfg)
     if out:
@@ -43,3 +58,102 @@ def plan(out, as_json, **opts) -> None:
     click.echo(f"activations per unit: {activation}; views: {views}; "
                f"state home: {pipeline_plan.state_home}")
     click.echo(format_table(pipeline_plan.programs))
+
+
+def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_limit, out,
+            as_json) -> None:
+    from ratrain.planner import account, plan_file, search
+    from ratrain.planner.account import decimal_bytes
+    from ratrain.planner.budget import parse_bytes
+    from ratrain.sim.profile import load_profile
+
+    for flag in ("dp", "schedule", "activation", "view_window", "state_home", "partition",
+                 "rank_order"):
+        if opts.get(flag) is not None:
+            raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
+                            f"of a search (--profile/--devices/--memory-budget)")
+    cfg.validate()
+    hw = load_profile(profile_spec)
+    hw.rate(cfg.train.dtype)
+    devices = devices if devices is not None else (2 if hw.device.cores else 8)
+    if devices < 1:
+        raise UserError(f"--devices must be at least 1, got {devices}")
+    if top < 1:
+        raise UserError(f"--top must be at least 1, got {top}")
+    if not 0 <= margin < 1:
+        raise UserError(f"--memory-margin must be in [0, 1), got {margin}")
+    if time_limit <= 0:
+        raise UserError(f"--time-limit must be positive, got {time_limit}")
+    t = cfg.train
+    request = search.PlanRequest(
+        model=cfg.model, profile=hw, devices=devices, global_batch=t.global_batch,
+        seq_len=t.seq_len, dtype=t.dtype,
+        budget=parse_bytes(memory_budget) if memory_budget else None, margin=margin,
+        policy=cfg.parallel.policy, clip=t.grad_clip > 0 or t.dtype == "float16", top=top,
+        micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
+        pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
+        time_limit_s=time_limit)
+    found = search.search(request)
+    if not found.best:
+        raise UserError(account.account(request))
+    best = found.best[0]
+    search.check(best)
+    if out:
+        Path(out).write_text(json.dumps(plan_file.to_dict(best, cfg, request), indent=2))
+    if as_json:
+        click.echo(json.dumps(plan_file.summary(found), indent=2))
+        return
+    click.echo(_heading(found))
+    click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "pp x dp",
+                                    "micro-batches", "ranks", "state / views",
+                                    f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))
+    if out:
+        click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
+
+
+def _heading(found) -> str:
+    from ratrain.planner.account import decimal_bytes
+
+    r = found.request
+    used = found.best[0].layout.devices
+    text = (f"{r.model.name} on {r.profile.name}: {r.global_batch} x {r.seq_len} tokens per step, "
+            f"{r.dtype}, policy {r.policy}, budget {decimal_bytes(r.budget_bytes)} per device "
+            f"(plans keep {r.margin:.0%} free)\n"
+            f"searched {found.layouts} layouts, simulated {found.simulated} plans in "
+            f"{found.seconds:.1f} s")
+    if not found.complete:
+        text += " (time limit: the best found, not proven the best)"
+    if used < r.devices:
+        text += f"\nthe best plan uses {used} of the {r.devices} devices: more do not make it faster"
+    return text
+
+
+def _rows(found) -> list[list]:
+    from ratrain.planner.account import decimal_bytes
+
+    rows = []
+    n_units = found.request.model.n_layers + 2
+    for i, c in enumerate(found.best, 1):
+        L = c.layout
+        views = ("-" if L.lifecycle.view_window is None
+                 else "resident" if L.lifecycle.view_window == 0 else f"window {L.lifecycle.view_window}")
+        choices = c.choices(n_units)
+        summary = ",".join(choices) if len(choices) <= 4 else _runs(choices)
+        rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
+                     f"{c.result.bubble:.1%}", f"{L.pp} x {L.dp}",
+                     f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
+                     f"{L.lifecycle.state_home} / {views}", decimal_bytes(max(c.stage_bytes)), summary])
+    return rows
+
+
+def _runs(choices: list[str]) -> str:
+    """Per-stage choices in runs: keep x2,recompute x30."""
+    out, last, count = [], None, 0
+    for c in [*choices, None]:
+        if c == last:
+            count += 1
+            continue
+        if last is not None:
+            out.append(last if count == 1 else f"{last} x{count}")
+        last, count = c, 1
+    return ",".join(out)

@@ -1,34 +1,25 @@
-"""LLaMA-family models as schedulable units, named presets, sizes, and Hugging Face interop."""
+"""LLaMA-family models as schedulable units, named presets, sizes, and Hugging Face interop.
 
-from ratrain.models.hf import config_from_hf, load_hf_weights, save_hf
-from ratrain.models.llama import (
-    DecoderBlock,
-    Embedding,
-    Head,
-    LlamaModel,
-    build_unit,
-    build_units,
-    hf_param_name,
-    lm_loss,
-)
+Sizes and presets import without torch (the simulator and the planner use them); the modules
+and interop load on first use."""
+
+import importlib
+
 from ratrain.models.params import count_params, state_bytes, unit_param_counts
 from ratrain.models.presets import PRESETS, get_preset
 
-__all__ = [
-    "PRESETS",
-    "DecoderBlock",
-    "Embedding",
-    "Head",
-    "LlamaModel",
-    "build_unit",
-    "build_units",
-    "config_from_hf",
-    "count_params",
-    "get_preset",
-    "hf_param_name",
-    "lm_loss",
-    "load_hf_weights",
-    "save_hf",
-    "state_bytes",
-    "unit_param_counts",
-]
+_ON_FIRST_USE = {
+    "config_from_hf": "hf", "load_hf_weights": "hf", "save_hf": "hf",
+    "DecoderBlock": "llama", "Embedding": "llama", "Head": "llama", "LlamaModel": "llama",
+    "build_unit": "llama", "build_units": "llama", "hf_param_name": "llama", "lm_loss": "llama",
+}
+
+
+def __getattr__(name: str):
+    if name in _ON_FIRST_USE:
+        return getattr(importlib.import_module(f"ratrain.models.{_ON_FIRST_USE[name]}"), name)
+    raise AttributeError(f"module 'ratrain.models' has no attribute {name!r}")
+
+
+__all__ = ["PRESETS", "count_params", "get_preset", "state_bytes", "unit_param_counts",
+           *_ON_FIRST_USE]

@@ -22,6 +22,7 @@ simulated peak is comparable with the executor's ledger kind by kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 from ratrain.config import ModelConfig
@@ -57,7 +58,7 @@ class StageSetup:
     pipeline: Link  # the ring of one replica's stages
     clip: bool
 
-    @property
+    @cached_property
     def shape(self) -> uc.UnitShape:
         return uc.UnitShape(self.model, self.micro_batch_size, self.seq_len, self.dtype)
 
@@ -78,6 +79,7 @@ class StageCosts:
         self.bandwidth = p.device.memory_bandwidth
         self.host_link = p.device.host_link
         self.overhead = p.device.action_overhead_s
+        self._act_bytes = uc.output_bytes(setup.shape, "block")
 
     # -- compute ------------------------------------------------------------------------------
 
@@ -121,7 +123,7 @@ class StageCosts:
         return self.host_link.time(nbytes)
 
     def act_bytes(self) -> int:
-        return uc.output_bytes(self.s.shape, "block")
+        return self._act_bytes
 
     def grad_sync_bytes(self, u: int) -> int:
         return 4 * self.s.params(u)
@@ -129,16 +131,16 @@ class StageCosts:
     # -- memory: the executor's ledger calls, on named storages -------------------------------
 
     def state_owners(self) -> list[tuple[tuple, str, tuple, int]]:
-        """What a stage holds from one step to the next: masters, fp32 gradients, AdamW state
-        (from the first update on), and resident views (window 0: kept between steps)."""
-        out = []
-        for u in self.s.units:
-            n = self.s.params(u)
-            out.append((("masters", u), "masters", ("master", u), 4 * n))
-            out.append((("gradients", u), "gradients", ("gradbuf", u), 4 * n))
-            tensors = uc.param_tensors(self.s.model, self.s.kind(u))
-            out.append((("optimizer", u), "optimizer", ("optim", u), 8 * n + 4 * tensors))
-        return out
+        """What a stage holds from one step to the next: each unit's unit_state_owners."""
+        return [owner for u in self.s.units for owner in self.unit_state_owners(u)]
+
+    def unit_state_owners(self, u: int) -> list[tuple[tuple, str, tuple, int]]:
+        """A unit's masters, fp32 gradients and AdamW state (from the first update on)."""
+        n = self.s.params(u)
+        tensors = uc.param_tensors(self.s.model, self.s.kind(u))
+        return [(("masters", u), "masters", ("master", u), 4 * n),
+                (("gradients", u), "gradients", ("gradbuf", u), 4 * n),
+                (("optimizer", u), "optimizer", ("optim", u), 8 * n + 4 * tensors)]
 
     def tokens_bytes(self) -> int:
         """The loader gives a step's micro-batches as views of one int64 tensor."""
@@ -252,7 +254,7 @@ def _saved_copy(c: StageCosts, a: Action) -> float:
     return c.copy_time(sum(n for _, n in c.saved_storages(a.layer, a.mb)))
 
 
-def _ring(link: Link, nbytes: float, n: int) -> float:
+def ring(link: Link, nbytes: float, n: int) -> float:
     """Ring all-reduce of `nbytes` over n ranks: 2(n-1) steps of nbytes/n each."""
     if n <= 1:
         return 0.0
@@ -277,9 +279,9 @@ OPS: dict[Op, OpCost] = {
     Op.WAIT_SEND_GRAD: OpCost("wait", _zero, _wait_send_grad_memory),
     Op.RECV_GRAD: OpCost("recv", _p2p_time, _recv_memory),
     Op.WAIT_RECV_GRAD: OpCost("wait", _zero),
-    Op.GRAD_SYNC: OpCost("sync", lambda c, a: _ring(c.s.replicas, c.grad_sync_bytes(a.layer), c.s.dp)),
+    Op.GRAD_SYNC: OpCost("sync", lambda c, a: ring(c.s.replicas, c.grad_sync_bytes(a.layer), c.s.dp)),
     Op.WAIT_GRAD_SYNC: OpCost("wait", _zero),
-    Op.GRAD_NORM: OpCost("norm", lambda c, a: _ring(c.s.pipeline, 4, c.s.pp)),
+    Op.GRAD_NORM: OpCost("norm", lambda c, a: ring(c.s.pipeline, 4, c.s.pp)),
     Op.WAIT_GRAD_NORM: OpCost("wait", _zero),
     Op.UPDATE: OpCost("compute", lambda c, a: c.update(a.layer)),
     Op.OFFLOAD: OpCost("copy", _saved_copy, _offload_memory),
@@ -288,5 +290,5 @@ OPS: dict[Op, OpCost] = {
     Op.PREFETCH: OpCost("copy", lambda c, a: c.copy_time(c.view_bytes(a.layer)), _prefetch_memory),
     Op.WAIT_PREFETCH: OpCost("wait", _zero),
     Op.RELEASE: OpCost("free", _zero, _release_memory),
-    Op.STEP_END: OpCost("step_end", lambda c, a: _ring(c.s.pipeline, 8, c.s.pp) + _ring(c.s.replicas, 8, c.s.dp)),
+    Op.STEP_END: OpCost("step_end", lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp)),
 }

@@ -89,6 +89,9 @@ class Device:
     """Bytes/s of elementwise work on the device: optimizer update, norms, gradient folds."""
     host_link: Link | None = None
     """Host<->device copies; None where the host memory is the device's memory (a CPU)."""
+    host_memory_bytes: float | None = None
+    """Host-tier memory a device may fill (state kept on the host, offloaded activations):
+    its share of its node's; None: not limited (or no host tier)."""
     cores: int | None = None
     """CPU only: cores the ranks of one node share (None: every rank has a device of its own)."""
     action_overhead_s: float = 0.0
@@ -217,7 +220,8 @@ _TYPES = {
                     "embedding": UnitTimes, "block": UnitTimes, "head": UnitTimes,
                     "block_forward_no_grad_s": "optional-float"},
     Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
-             "memory_bandwidth": float, "host_link": "optional-link", "cores": "optional-int",
+             "memory_bandwidth": float, "host_link": "optional-link",
+             "host_memory_bytes": "optional-float", "cores": "optional-int",
              "action_overhead_s": float, "process_overhead_bytes": float},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,

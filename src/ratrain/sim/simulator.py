@@ -35,13 +35,14 @@ class RankTimeline:
     end: float = 0.0
     compute: float = 0.0  # seconds the walker computed
     exposed: float = 0.0  # seconds the walker waited on a transfer or collective in progress
-    actions: list[tuple[str, float, float]] = field(default_factory=list)
+    actions: list[tuple[Action, float, float]] = field(default_factory=list)
     spans: list[tuple[str, float, float]] = field(default_factory=list)  # async: start to end
     memory: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes held)
     peak: int = 0
     at_peak: dict[str, int] = field(default_factory=dict)
     held_before_training: int = 0  # masters and gradients: allocated before the first step
     device_peak: int = 0  # the peak of what lives on the compute device (not in the host tier)
+    host_peak: int = 0  # the peak of what lives in a host tier apart from the device
 
     def rss_growth(self, process_overhead: float) -> float:
         """The predicted peak RSS growth of the rank over its size before the first step (as
@@ -76,7 +77,7 @@ class SimResult:
             "bubble": self.bubble,
             "stages": [{"stage": r.stage, "bubble": r.bubble, "exposed_comm_s": r.exposed,
                         "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak,
-                        "device_peak_bytes": r.device_peak,
+                        "device_peak_bytes": r.device_peak, "host_peak_bytes": r.host_peak,
                         "rss_growth_bytes": r.rss_growth(self.process_overhead)}
                        for r in self.ranks],
         }
@@ -84,7 +85,7 @@ class SimResult:
     def trace_events(self) -> tuple[dict, dict]:
         """(actions, async spans) per stage in the executor's trace format (trace.py)."""
         us = 1e6
-        actions = {r.stage: [(0, n, t0 * us, t1 * us) for n, t0, t1 in r.actions] for r in self.ranks}
+        actions = {r.stage: [(0, str(a), t0 * us, t1 * us) for a, t0, t1 in r.actions] for r in self.ranks}
         spans = {r.stage: [(0, n, t0 * us, t1 * us) for n, t0, t1 in r.spans] for r in self.ranks}
         return actions, spans
 
@@ -136,10 +137,16 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
 class _Op:
     """An asynchronous operation in flight: started by one action, completed at `done`."""
 
-    def __init__(self, name: str):
-        self.name = name
+    __slots__ = ("action", "start", "done")
+
+    def __init__(self, action: Action):
+        self.action = action
         self.start: float | None = None
         self.done: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.action)
 
 
 class _Simulation:
@@ -162,7 +169,7 @@ class _Simulation:
         self.pc = [0] * n
         self.blocked: list[tuple[_Op, float] | None] = [None] * n  # a wait: (its op, since)
         self.step_end: dict[int, tuple[Action, float]] = {}  # stages inside E: (E, since)
-        self.ops: list[dict[Action, _Op]] = [{} for _ in range(n)]
+        self.ops: list[dict[tuple, _Op]] = [{} for _ in range(n)]  # (op, layer, mb) -> op
         self.send_free = [0.0] * n
         self.recv_free = [0.0] * n
         self.copy_free = [0.0] * n
@@ -213,7 +220,7 @@ class _Simulation:
             if kind == "copy" and self.synchronous_copies:
                 kind = "compute"
             if kind == "wait":
-                op = self.ops[s].get(Action(START_OF[a.op], a.layer, a.mb))
+                op = self.ops[s].get((START_OF[a.op], a.layer, a.mb))
                 if op is None:
                     raise RuntimeError(f"stage {s}: {a} waits for a start that never ran")
                 if op.done is None or op.done > self.now:
@@ -227,7 +234,7 @@ class _Simulation:
             if kind == "compute":
                 op = None
                 if cost.kind == "copy":  # a synchronous copy: its wait finds it done
-                    op = self.ops[s][a] = _Op(str(a))
+                    op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
                     op.start = start
                 self._compute(s, a, cost.duration(c, a) + c.overhead, op=op)
                 return
@@ -239,7 +246,7 @@ class _Simulation:
                     s, a, Op.GRAD_NORM, cost.duration(c, a), blocking=False))
                 return
             if kind in ("copy", "sync", "send", "recv"):
-                op = self.ops[s][a] = _Op(str(a))
+                op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
                 if kind == "copy":
                     op.start = max(start, self.copy_free[s])
                     op.done = self.copy_free[s] = op.start + cost.duration(c, a)
@@ -252,7 +259,7 @@ class _Simulation:
                 else:
                     self._post(s, a, op, cost.duration(c, a))
             self._record_memory(s, a)
-            self.timelines[s].actions.append((str(a), start, start + c.overhead))
+            self.timelines[s].actions.append((a, start, start + c.overhead))
             if c.overhead:
                 self._at(start + c.overhead, self._advance, s)
                 return
@@ -261,7 +268,7 @@ class _Simulation:
         """The wait `a` returns now; True when the walker is busy for its overhead."""
         self._record_memory(s, a)
         overhead = self.costs[s].overhead
-        self.timelines[s].actions.append((str(a), since, self.now + overhead))
+        self.timelines[s].actions.append((a, since, self.now + overhead))
         self.pc[s] += 1
         if overhead:
             self._at(self.now + overhead, self._advance, s)
@@ -294,7 +301,7 @@ class _Simulation:
             if op is not None:
                 op.done = self.now
             self.timelines[s].compute += self.now - start
-            self.timelines[s].actions.append((str(a), start, self.now))
+            self.timelines[s].actions.append((a, start, self.now))
             self._record_memory(s, a)
             if then is not None:
                 then()
@@ -362,7 +369,7 @@ class _Simulation:
     def _gather(self, s: int, a: Action, kind: Op, seconds: float, blocking: bool) -> None:
         """A collective over the pipeline: it runs once every stage has issued it. The step's
         end (blocking) holds the walker inside it; the norm (not blocking) is waited by WN."""
-        op = self.ops[s][a] = _Op(str(a))
+        op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
         members = self.gathering[kind]
         members[s] = (op, self.now)
         if blocking:
@@ -385,7 +392,7 @@ class _Simulation:
         timeline = self.timelines[s]
         timeline.exposed += op.done - op.start
         self._record_memory(s, a)
-        timeline.actions.append((str(a), since, self.now))
+        timeline.actions.append((a, since, self.now))
         timeline.end = self.now
         self._advance(s)
 
@@ -401,5 +408,6 @@ class _Simulation:
         ledger, timeline = self.ledgers[s], self.timelines[s]
         timeline.memory.append((self.now, ledger.total))
         timeline.peak, timeline.at_peak = ledger.peak, dict(ledger.at_peak)
-        on_device = ledger.total - sum(ledger.bytes[k] for k in self.host_kinds[s])
-        timeline.device_peak = max(timeline.device_peak, on_device)
+        on_host = sum(ledger.bytes[k] for k in self.host_kinds[s])
+        timeline.device_peak = max(timeline.device_peak, ledger.total - on_host)
+        timeline.host_peak = max(timeline.host_peak, on_host)

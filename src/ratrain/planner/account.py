@@ -1,0 +1,124 @@
+"""When no plan fits: the closest plan, where and by how much it overfills, and what would
+make a plan fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ratrain.planner.partition import least_memory
+from ratrain.planner.search import Candidate, Layout, PlanRequest, _Tables, evaluate, layouts
+from ratrain.planner.stage_cost import lower_bound
+
+GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
+          "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",)}
+
+
+def decimal_bytes(n: float) -> str:
+    """Bytes in decimal units, as budgets are written (20GB)."""
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 1e3:.1f} kB"
+
+
+def _smallest_layouts(request: PlanRequest) -> list[Layout]:
+    """Per pipeline degree and lifecycle, the layout that holds the least: micro-batches of one
+    sequence, and as many replicas as the devices allow (the fewest micro-batches in flight)."""
+    smallest: dict[tuple, Layout] = {}
+    for layout in layouts(dataclasses.replace(request, micro_batch_sizes=(1,))):
+        key = (layout.pp, layout.lifecycle, layout.activation)
+        if key not in smallest or layout.n_micro < smallest[key].n_micro:
+            smallest[key] = layout
+    return list(smallest.values())
+
+
+def _least(request: PlanRequest) -> tuple[float, Layout, list] | None:
+    """Over the layouts that hold the least, the partition whose largest stage is smallest by
+    the estimate: (its bytes, the layout, the partition)."""
+    tables = _Tables(request)
+    best = None
+    for layout in _smallest_layouts(request):
+        found = least_memory(tables(layout), layout.pp, layout.activation)
+        if found and (best is None or found[0] < best[0]):
+            best = (found[0], layout, found[1])
+    return best
+
+
+def closest(request: PlanRequest) -> Candidate | None:
+    """The plan whose largest stage is smallest, simulated."""
+    best = _least(request)
+    if best is None:
+        return None
+    _, layout, part = best
+    candidate = Candidate(layout, part, lower_bound([e for _, _, e in part], layout.n_micro))
+    return evaluate(request, candidate)
+
+
+def _fits_with(request: PlanRequest, **change) -> bool:
+    """Whether some plan fits by the estimate once `change` is made to the request."""
+    changed = dataclasses.replace(request, **change)
+    best = _least(changed)
+    return best is not None and best[0] <= changed.limit - changed.profile.device.process_overhead_bytes
+
+
+def account(request: PlanRequest) -> str:
+    """Why nothing fits, in a few lines: the first says what was asked."""
+    r, dev = request, request.profile.device
+    head = (f"no plan fits {decimal_bytes(r.budget_bytes)} per device ({decimal_bytes(r.limit)} after the "
+            f"{r.margin:.0%} margin) for {r.model.name} on {r.devices} {r.profile.name} devices, "
+            f"global batch {r.global_batch} x {r.seq_len} tokens, {r.dtype}, policy {r.policy}")
+    c = closest(request)
+    if c is None:
+        host = dev.host_memory_bytes
+        return (head + f"\n  even one unit per stage overfills the host tier "
+                f"({decimal_bytes(host or 0)} per device)")
+    lines = [head]
+    worst = max(range(len(c.stage_bytes)), key=lambda s: c.stage_bytes[s] - r.limit)
+    rank = c.result.ranks[worst]
+    by_kind = ", ".join(f"{name} {decimal_bytes(sum(rank.at_peak.get(k, 0) for k in kinds))}"
+                        for name, kinds in GROUPS.items()
+                        if sum(rank.at_peak.get(k, 0) for k in kinds))
+    L = c.layout
+    lines.append(
+        f"  closest: pp={L.pp} dp={L.dp}, micro-batch {L.micro_batch_size}, "
+        f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
+        f"{L.lifecycle.state_home}: stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
+        f"{decimal_bytes(c.stage_bytes[worst] - r.limit)} over ({by_kind}"
+        + (f", process overhead {decimal_bytes(dev.process_overhead_bytes)}" if dev.process_overhead_bytes else "")
+        + ")")
+    if max(c.host_bytes) > r.host_limit:
+        lines.append(f"  its host tier holds {decimal_bytes(max(c.host_bytes))}; the profile allows "
+                     f"{decimal_bytes(r.host_limit)} per device after the margin")
+    lines.extend("  " + hint for hint in _hints(request, c))
+    return "\n".join(lines)
+
+
+def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
+    r = request
+    hints = []
+    n_units = r.model.n_layers + 2
+    need = max(closest_candidate.stage_bytes) / (1.0 - r.margin)
+    hints.append(f"a budget of {decimal_bytes(need)} per device would fit the closest plan")
+    if r.devices < n_units:
+        for devices in sorted({min(n_units, r.devices * k) for k in (2, 4, 8, 16, 32)}):
+            if _fits_with(r, devices=devices, pipeline_degrees=None):
+                hints.append(f"{devices} devices would fit (more pipeline stages)")
+                break
+        else:
+            hints.append("more devices alone would not fit it: even one unit per stage overfills")
+    else:
+        hints.append("more devices would not help: every stage already holds one unit")
+    seq = r.seq_len // 2
+    while seq >= 128:
+        if _fits_with(r, seq_len=seq):
+            hints.append(f"--seq-len {seq} would fit")
+            break
+        seq //= 2
+    if r.profile.device.host_link is not None and r.policy == "baseline":
+        if _fits_with(r, policy="ratrain"):
+            hints.append("--policy ratrain fits: it can keep state on the host, per-stage "
+                         "recompute, offload and views in a window")
+    if r.dtype == "float32" and "bfloat16" in r.profile.device.compute:
+        if _fits_with(r, dtype="bfloat16"):
+            hints.append("--dtype bfloat16 would fit (views and activations at half the size)")
+    return hints

@@ -1,0 +1,61 @@
+"""What `ratrain plan --out` writes: the plan, the settings it was made for, and what the
+simulator predicts for it; and the search's summary for `--json`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ratrain.config import RunConfig
+from ratrain.planner.search import Candidate, SearchResult
+
+RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
+            "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window")}
+
+
+def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
+    """The model and the training settings the plan is for, resolved: `ratrain train --plan`
+    takes them where no flag says otherwise."""
+    layout = candidate.layout
+    return {
+        "model": dataclasses.asdict(cfg.model),
+        "train": {"seq_len": cfg.train.seq_len, "global_batch": cfg.train.global_batch,
+                  "micro_batch_size": layout.micro_batch_size, "dtype": cfg.train.dtype},
+        "parallel": {"pp": layout.pp, "dp": layout.dp, "policy": layout.lifecycle.policy,
+                     "rank_order": layout.rank_order, "state_home": layout.lifecycle.state_home,
+                     "view_window": layout.lifecycle.view_window or 0,
+                     "partition": [b - a for a, b, _ in candidate.partition]},
+    }
+
+
+def prediction(candidate: Candidate, request) -> dict:
+    r = candidate.result
+    return {"profile": request.profile.name, "step_time_s": r.step_time,
+            "tokens_per_s": r.tokens_per_s, "bubble": r.bubble,
+            "budget_bytes": request.budget_bytes, "margin": request.margin,
+            "stage_peak_bytes": candidate.stage_bytes, "stage_host_peak_bytes": candidate.host_bytes,
+            "stage_choices": candidate.choices(request.model.n_layers + 2)}
+
+
+def to_dict(candidate: Candidate, cfg: RunConfig, request=None) -> dict:
+    plan = candidate.plan.to_dict()
+    plan["run"] = run_settings(candidate, cfg)
+    if request is not None:
+        plan["prediction"] = prediction(candidate, request)
+    return plan
+
+
+def summary(found: SearchResult) -> dict:
+    r = found.request
+    return {
+        "model": r.model.name, "profile": r.profile.name, "devices": r.devices,
+        "global_batch": r.global_batch, "seq_len": r.seq_len, "dtype": r.dtype,
+        "policy": r.policy, "budget_bytes": r.budget_bytes, "margin": r.margin,
+        "layouts": found.layouts, "simulated": found.simulated, "seconds": found.seconds,
+        "complete": found.complete,
+        "plans": [{"pp": c.layout.pp, "dp": c.layout.dp,
+                   "micro_batch_size": c.layout.micro_batch_size, "n_micro": c.layout.n_micro,
+                   "rank_order": c.layout.rank_order, "state_home": c.layout.lifecycle.state_home,
+                   "view_window": c.layout.lifecycle.view_window,
+                   "partition": [b - a for a, b, _ in c.partition],
+                   **prediction(c, r)} for c in found.best],
+    }

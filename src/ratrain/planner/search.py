@@ -1,0 +1,290 @@
+"""The planner's search: the fastest plan that fits the memory budget, by simulated step time.
+
+Best-first branch and bound. A layout (pipeline and data-parallel degrees, micro-batch size,
+rank order, where state lives and how views are made) has a lower bound on its step time that
+no partition can beat (stage_cost.pipeline_bound); expanding it gives its partitions, each with
+the activation choice per stage that fits and a tighter bound (stage_cost.lower_bound); a
+partition popped off the queue is built into a plan and simulated. The search stops when the
+next bound cannot beat the K-th fastest plan found, so pruning never loses the best plan: it
+returns what simulating every candidate would.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ratrain.config import ModelConfig
+from ratrain.planner.partition import Partition, candidates
+from ratrain.planner.stage_cost import Lifecycle, UnitTable, lower_bound, pipeline_bound
+from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.sim.cost_model import ring
+from ratrain.sim.profile import HardwareProfile
+from ratrain.sim.simulator import SimResult, simulate
+
+DEFAULT_MARGIN = 0.10
+"""Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
+caching, communication libraries' buffers."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: ModelConfig
+    profile: HardwareProfile
+    devices: int
+    global_batch: int
+    seq_len: int
+    dtype: str = "float32"
+    budget: float | None = None  # bytes per device; None: the profile's memory
+    margin: float = DEFAULT_MARGIN
+    policy: str = "ratrain"
+    clip: bool = True
+    top: int = 5
+    micro_batch_sizes: tuple[int, ...] | None = None  # None: every one that divides the batch
+    pipeline_degrees: tuple[int, ...] | None = None  # None: 1 .. units
+    time_limit_s: float = 60.0
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.budget if self.budget is not None else self.profile.device.memory_bytes
+
+    @property
+    def host_limit(self) -> float:
+        host = self.profile.device.host_memory_bytes
+        return float("inf") if host is None else host * (1.0 - self.margin)
+
+    @property
+    def limit(self) -> float:
+        """What the simulated device peak of a stage, plus the process's own overhead beyond
+        the ledger (a measured profile's), may reach."""
+        return self.budget_bytes * (1.0 - self.margin)
+
+
+@dataclass(frozen=True)
+class Layout:
+    pp: int
+    dp: int
+    micro_batch_size: int
+    n_micro: int
+    rank_order: str
+    lifecycle: Lifecycle
+    activation: str  # "mixed" (per stage, per unit: ratrain) or one uniform choice (baseline)
+
+    @property
+    def devices(self) -> int:
+        return self.pp * self.dp
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    partition: Partition
+    bound: float
+    plan: PipelinePlan | None = None
+    result: SimResult | None = None
+    stage_bytes: list[float] = field(default_factory=list)  # simulated device peak + overhead
+    host_bytes: list[float] = field(default_factory=list)  # simulated host-tier peak
+
+    @property
+    def step_time(self) -> float:
+        return self.result.step_time if self.result else float("inf")
+
+    @property
+    def key(self) -> tuple:
+        return self.layout, tuple((a, b, est.choice) for a, b, est in self.partition)
+
+    def excess(self, limit: float, host_limit: float = float("inf")) -> float:
+        """Bytes by which the worst stage overfills the device (or the host tier)."""
+        if not self.stage_bytes:
+            return float("inf")
+        return max(max(self.stage_bytes) - limit, max(self.host_bytes) - host_limit)
+
+    def choices(self, n_units: int) -> list[str]:
+        return [est.choice.label(range(a, b), n_units) for a, b, est in self.partition]
+
+
+@dataclass
+class SearchResult:
+    request: PlanRequest
+    best: list[Candidate]  # fastest first, at most `top`
+    layouts: int  # considered
+    simulated: int
+    over_budget: list[Candidate]  # simulated, estimated to fit, but over the budget
+    seconds: float
+    complete: bool  # False: the time limit cut the search before the bound proved the best
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def lifecycles(request: PlanRequest) -> list[Lifecycle]:
+    """State homes and view windows worth trying on this profile and dtype. Views exist where
+    they differ from the masters (layout.plan_for_config): a compute dtype other than fp32, or
+    masters in a host tier. The baseline is GPU-style: state on the device, views resident."""
+    host_tier = request.profile.device.host_link is not None
+    out = []
+    for home in ("device", "host") if host_tier else ("device",):
+        if request.policy == "baseline" and home == "host":
+            continue
+        views = request.dtype != "float32" or home == "host"
+        if not views:
+            out.append(Lifecycle(home, None, request.policy))
+            continue
+        for window in (0, 1) if request.policy == "ratrain" else (0,):
+            out.append(Lifecycle(home, window, request.policy))
+    return out
+
+
+def layouts(request: PlanRequest) -> list[Layout]:
+    """Every layout on at most `devices` devices: pp x dp x micro-batch size dividing the
+    global batch into at least pp micro-batches per replica."""
+    n_units = request.model.n_layers + 2
+    g = request.global_batch
+    activations = ("mixed",) if request.policy == "ratrain" else ("keep", "recompute")
+    out = []
+    for pp in request.pipeline_degrees or range(1, min(n_units, request.devices) + 1):
+        for dp in _divisors(g):
+            if pp * dp > request.devices:
+                break
+            for mbs in request.micro_batch_sizes or _divisors(g // dp):
+                if (g // dp) % mbs or g // (dp * mbs) < pp:
+                    continue
+                orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
+                for life, order, act in itertools.product(lifecycles(request), orders, activations):
+                    out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act))
+    return out
+
+
+class _Tables:
+    """Unit tables shared by every layout of one shape and lifecycle."""
+
+    def __init__(self, request: PlanRequest):
+        self.request = request
+        self._cache: dict[tuple, UnitTable] = {}
+
+    def __call__(self, layout: Layout) -> UnitTable:
+        key = (layout.micro_batch_size, layout.n_micro, layout.lifecycle)
+        if key not in self._cache:
+            r = self.request
+            self._cache[key] = UnitTable(r.model, r.profile, layout.micro_batch_size, r.seq_len,
+                                         r.dtype, layout.n_micro, layout.lifecycle, r.clip,
+                                         r.host_limit)
+        return self._cache[key]
+
+
+def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
+    layout, n_units = candidate.layout, request.model.n_layers + 2
+    unit_activation = {}
+    for a, b, est in candidate.partition:
+        unit_activation.update(est.choice.per_unit(range(a, b), n_units))
+    activation = "keep" if layout.activation == "mixed" else layout.activation
+    return build_plan(request.model.n_layers, layout.pp, layout.dp, layout.n_micro,
+                      policy=layout.lifecycle.policy, activation=activation,
+                      units_per_stage=[b - a for a, b, _ in candidate.partition], clip=request.clip,
+                      rank_order=layout.rank_order, view_window=layout.lifecycle.view_window,
+                      state_home=layout.lifecycle.state_home,
+                      unit_activation=unit_activation if layout.activation == "mixed" else None,
+                      check=False)
+
+
+def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
+    """Build the candidate's plan and simulate it."""
+    candidate.plan = build(request, candidate)
+    candidate.result = simulate(candidate.plan, request.model, request.profile,
+                                micro_batch_size=candidate.layout.micro_batch_size,
+                                seq_len=request.seq_len, dtype=request.dtype)
+    overhead = request.profile.device.process_overhead_bytes
+    candidate.stage_bytes = [r.device_peak + overhead for r in candidate.result.ranks]
+    candidate.host_bytes = [r.host_peak for r in candidate.result.ranks]
+    return candidate
+
+
+def check(candidate: Candidate) -> None:
+    """Run the schedule checks on the plan of a kept candidate (the search builds unchecked)."""
+    candidate.plan.validate()
+
+
+def expand(request: PlanRequest, tables: _Tables, layout: Layout, limit: float) -> list[Candidate]:
+    """The layout's partitions whose estimated stages fit `limit` bytes, with their bounds."""
+    table = tables(layout)
+    out = []
+    for part in candidates(table, layout.pp, limit, layout.activation):
+        stages = [e for _, _, e in part]
+        out.append(Candidate(layout, part, lower_bound(stages, layout.n_micro,
+                                                       _tail(request, table, layout, part))))
+    return out
+
+
+def _tail(request: PlanRequest, table: UnitTable, layout: Layout, part: Partition) -> float:
+    """What stage 0 must still do after its last backward: synchronize the gradients still
+    unsynchronized (ratrain: its first unit's, the last it backwards; baseline: every one) over
+    the fastest link the profile has, then update (after the global norm, every unit)."""
+    first = part[0]
+    units = range(first[0], first[1])
+    synced = units if layout.lifecycle.policy == "baseline" else units[:1]
+    sync = 0.0
+    if layout.dp > 1:
+        links = (request.profile.intra_node.collective, request.profile.inter_node.collective)
+        sync = sum(min(ring(link, table.costs.grad_sync_bytes(u), layout.dp) for link in links)
+                   for u in synced)
+    update = first[2].update_s if request.clip else table.update[units[0]]
+    return sync + update
+
+
+def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
+    """The `top` fastest plans that fit, fastest first (exhaustive: simulate every candidate,
+    no pruning, no time limit; for checking the pruning)."""
+    started = time.perf_counter()
+    tables = _Tables(request)
+    overhead = request.profile.device.process_overhead_bytes
+    estimate_limit = request.limit - overhead
+    queue: list = []
+    order = itertools.count()
+    all_layouts = layouts(request)
+    for layout in all_layouts:
+        table = tables(layout)
+        work = table.total("forward", 0, table.n_units) + table.total("backward", 0, table.n_units)
+        heapq.heappush(queue, (pipeline_bound(work, layout.n_micro, layout.pp), next(order),
+                               "layout", (layout, estimate_limit)))
+    best: list[Candidate] = []
+    over: list[Candidate] = []
+    tightened: dict[Layout, int] = {}
+    seen: set = set()
+    simulated, complete = 0, True
+    while queue:
+        bound, _, kind, payload = heapq.heappop(queue)
+        if not exhaustive and len(best) >= request.top and bound >= best[-1].step_time:
+            break
+        if not exhaustive and time.perf_counter() - started > request.time_limit_s:
+            complete = False
+            break
+        if kind == "layout":
+            layout, limit = payload
+            for c in expand(request, tables, layout, limit):
+                heapq.heappush(queue, (c.bound, next(order), "candidate", (c, limit)))
+            continue
+        candidate, limit = payload
+        if candidate.key in seen:  # a tightened layout gives some partitions again
+            continue
+        seen.add(candidate.key)
+        evaluate(request, candidate)
+        simulated += 1
+        excess = candidate.excess(request.limit, request.host_limit)
+        if excess > 0:
+            over.append(candidate)
+            # The estimate was short of the simulated peak: ask the layout again for stages
+            # smaller by the difference (twice at most).
+            layout = candidate.layout
+            if tightened.get(layout, 0) < 2:
+                tightened[layout] = tightened.get(layout, 0) + 1
+                heapq.heappush(queue, (candidate.bound, next(order), "layout",
+                                       (layout, limit - excess)))
+            continue
+        best.append(candidate)
+        best.sort(key=lambda c: c.step_time)
+        del best[request.top if not exhaustive else len(best):]
+    return SearchResult(request, best, len(all_layouts), simulated, over,
+                        time.perf_counter() - started, complete)

@@ -1,0 +1,154 @@
+"""The planner: bounds that hold, estimates near the simulator, and a search that returns what
+simulating every plan of a small space returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from ratrain.errors import UserError
+from ratrain.models.presets import get_preset
+from ratrain.planner import account, search
+from ratrain.planner.budget import parse_bytes
+from ratrain.planner.partition import Partition
+from ratrain.planner.stage_cost import StageChoice, lower_bound
+from ratrain.sim.profile import load_profile
+
+TINY = get_preset("tiny")
+
+
+def _request(budget=None, devices=2, policy="ratrain", profile="cpu-local", **kw):
+    return search.PlanRequest(model=kw.pop("model", TINY), profile=load_profile(profile),
+                              devices=devices, global_batch=kw.pop("global_batch", 8),
+                              seq_len=kw.pop("seq_len", 256), dtype=kw.pop("dtype", "float32"),
+                              budget=budget, policy=policy, **kw)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("20GB", 20 * 10**9), ("20e9", 20 * 10**9), ("18GiB", 18 * 2**30), ("512 MiB", 512 * 2**20),
+    ("1000", 1000), (" 1.5gb ", 1_500_000_000), (4096, 4096),
+])
+def test_budgets_as_users_write_them(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "20 GBs", "-5GB", "0", "1e400", "", "GB"])
+def test_a_budget_that_is_not_one_is_named(text):
+    with pytest.raises(UserError, match="--memory-budget"):
+        parse_bytes(text)
+
+
+def _every_plan(request: search.PlanRequest) -> list[search.Candidate]:
+    """Every layout x every partition x every activation choice of every stage, simulated."""
+    n = request.model.n_layers + 2
+    tables = search._Tables(request)
+    out = []
+    for layout in search.layouts(request):
+        table = tables(layout)
+        for cuts in itertools.combinations(range(1, n), layout.pp - 1):
+            edges = [0, *cuts, n]
+            options = []
+            for s in range(layout.pp):
+                blocks = table.blocks(edges[s], edges[s + 1])
+                if layout.activation == "mixed":
+                    stage = [StageChoice(recompute=k) for k in range(blocks + 1)]
+                else:
+                    stage = [{"keep": StageChoice(),
+                              "recompute": StageChoice(recompute=blocks)}[layout.activation]]
+                options.append([(edges[s], edges[s + 1],
+                                 table.estimate(edges[s], edges[s + 1], s, layout.pp, c))
+                                for c in stage])
+            for part in itertools.product(*options):
+                part: Partition = list(part)
+                c = search.Candidate(layout, part, lower_bound([e for _, _, e in part], layout.n_micro))
+                out.append(search.evaluate(request, c))
+    return out
+
+
+@pytest.mark.parametrize("budget, devices, policy", [
+    (None, 2, "ratrain"), (45e6, 2, "ratrain"), (60e6, 2, "ratrain"), (60e6, 2, "baseline"),
+    (40e6, 4, "ratrain"), (80e6, 4, "baseline"),
+])
+def test_search_returns_what_simulating_every_plan_returns(budget, devices, policy):
+    request = _request(budget, devices, policy, top=1)
+    every = _every_plan(request)
+    fits = [c for c in every if c.excess(request.limit, request.host_limit) <= 0]
+    found = search.search(request)
+    if not fits:
+        assert not found.best
+        return
+    fastest = min(c.step_time for c in fits)
+    assert found.best, "the search found nothing where some plan fits"
+    assert found.best[0].step_time == pytest.approx(fastest, rel=1e-9)
+    assert found.simulated < len(every)  # it pruned
+
+
+@pytest.fixture(scope="module")
+def every_plan_on_two_profiles():
+    return [(request, _every_plan(request)) for request in (
+        _request(devices=4), _request(60e6, 4, "baseline"),
+        _request(devices=2, profile="mt3000", dtype="float16"))]
+
+
+def test_the_bound_never_exceeds_the_simulated_step(every_plan_on_two_profiles):
+    checked = 0
+    for _, plans in every_plan_on_two_profiles:
+        for c in plans:
+            assert c.bound <= c.step_time * (1 + 1e-9), (c.layout, c.partition)
+            checked += 1
+    assert checked > 500
+
+
+def test_estimated_stage_memory_is_near_the_simulated_peak(every_plan_on_two_profiles):
+    """Never more than 5% under the simulated peak (and the search re-plans a layout whose
+    simulated plan overfills); over it by 5% in the median. The estimate is conservative: it
+    adds a recomputation's transient and the gradient buffers to the peak of the micro-batches
+    in flight, where in the program they sometimes come after a release (up to +45% on the
+    smallest stages here, where those transients weigh most)."""
+    errors = []
+    for request, plans in every_plan_on_two_profiles:
+        for c in plans:
+            for (_, _, est), simulated in zip(c.partition, c.result.ranks):
+                errors.append((est.bytes - simulated.device_peak) / simulated.device_peak)
+    assert min(errors) > -0.05
+    assert statistics.median(errors) < 0.05
+    assert len(errors) > 1000
+
+
+def test_nothing_fits_gives_the_closest_plan_and_what_would_fit():
+    request = _request(30e6)
+    assert not search.search(request).best
+    text = account.account(request)
+    lines = text.splitlines()
+    assert lines[0].startswith("no plan fits 30.00 MB per device (27.00 MB after the 10% margin)")
+    assert "closest: pp=" in lines[1] and "over (states" in lines[1]
+    assert any("budget of" in line for line in lines)
+    assert any("devices would fit" in line for line in lines)
+
+
+def test_more_devices_than_units_is_said_to_be_no_help():
+    text = account.account(_request(10e6, devices=8))
+    assert "more devices would not help" in text
+
+
+def test_the_planner_runs_without_torch():
+    code = ("import sys, ratrain.planner.search, ratrain.planner.account, ratrain.sim.simulator; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_four_models_on_mt3000_plan_with_stages_within_the_budget():
+    for name in ("llama2-7b",):
+        request = _request(20e9, 1024, model=get_preset(name), profile="mt3000",
+                           global_batch=1024, seq_len=4096, dtype="float16", top=1)
+        found = search.search(request)
+        assert found.complete and found.best
+        assert max(found.best[0].stage_bytes) <= 20e9 * 0.9
+        baseline = search.search(dataclasses.replace(request, policy="baseline"))
+        assert found.best[0].step_time <= baseline.best[0].step_time
