@@ -46,7 +46,7 @@ def test_a_budget_that_is_not_one_is_named(text):
 def _every_plan(request: search.PlanRequest) -> list[search.Candidate]:
     """Every layout x every partition x every activation choice of every stage, simulated."""
     n = request.model.n_layers + 2
-    tables = search._Tables(request)
+    tables = search.UnitTables(request)
     out = []
     for layout in search.layouts(request):
         table = tables(layout)

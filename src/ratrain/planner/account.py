@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ratrain.planner.partition import least_memory
-from ratrain.planner.search import Candidate, Layout, PlanRequest, _Tables, evaluate, layouts
+from ratrain.planner.search import Candidate, Layout, PlanRequest, UnitTables, evaluate, layouts
 from ratrain.planner.stage_cost import lower_bound
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
@@ -35,7 +35,7 @@ def _smallest_layouts(request: PlanRequest) -> list[Layout]:
 def _least(request: PlanRequest) -> tuple[float, Layout, list] | None:
     """Over the layouts that hold the least, the partition whose largest stage is smallest by
     the estimate: (its bytes, the layout, the partition)."""
-    tables = _Tables(request)
+    tables = UnitTables(request)
     best = None
     for layout in _smallest_layouts(request):
         found = least_memory(tables(layout), layout.pp, layout.activation)
@@ -114,6 +114,16 @@ def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
             hints.append(f"--seq-len {seq} would fit")
             break
         seq //= 2
+    table = UnitTables(r)(closest_candidate.layout)
+    block = table.state[1] + table.view[1] if n_units > 2 else 0
+    if block > 0.5 * r.limit:
+        hints.append(f"one decoder block's training state ({decimal_bytes(block)}: fp32 masters, "
+                     f"gradients, AdamW moments and its view) takes {block / r.limit:.0%} of the "
+                     f"budget; sharding it across the data-parallel replicas is not built yet")
+    host = r.profile.device.host_memory_bytes
+    if host is not None and table.state[1] > r.host_limit:
+        hints.append(f"state on the host would need {decimal_bytes(table.state[1])} per block; "
+                     f"the profile's host tier allows {decimal_bytes(r.host_limit)} per device")
     if r.profile.device.host_link is not None and r.policy == "baseline":
         if _fits_with(r, policy="ratrain"):
             hints.append("--policy ratrain fits: it can keep state on the host, per-stage "

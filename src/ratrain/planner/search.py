@@ -158,7 +158,7 @@ def layouts(request: PlanRequest) -> list[Layout]:
     return out
 
 
-class _Tables:
+class UnitTables:
     """Unit tables shared by every layout of one shape and lifecycle."""
 
     def __init__(self, request: PlanRequest):
@@ -207,7 +207,7 @@ def check(candidate: Candidate) -> None:
     candidate.plan.validate()
 
 
-def expand(request: PlanRequest, tables: _Tables, layout: Layout, limit: float) -> list[Candidate]:
+def expand(request: PlanRequest, tables: UnitTables, layout: Layout, limit: float) -> list[Candidate]:
     """The layout's partitions whose estimated stages fit `limit` bytes, with their bounds."""
     table = tables(layout)
     out = []
@@ -238,7 +238,7 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
     """The `top` fastest plans that fit, fastest first (exhaustive: simulate every candidate,
     no pruning, no time limit; for checking the pruning)."""
     started = time.perf_counter()
-    tables = _Tables(request)
+    tables = UnitTables(request)
     overhead = request.profile.device.process_overhead_bytes
     estimate_limit = request.limit - overhead
     queue: list = []

@@ -1,0 +1,68 @@
+"""`ratrain plan` as a search: its table, its plan file, and one clear account when nothing
+fits."""
+
+from __future__ import annotations
+
+import json
+
+from .cli_runner import run_cli
+
+SEARCH = ("plan", "--model", "tiny", "--profile", "cpu-local", "--devices", "2")
+
+
+def test_the_search_lists_the_fastest_plans_and_writes_the_best(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--memory-budget", "60MB",
+                                   "--top", "2", "--out", str(out))
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    assert lines[0].startswith("tiny on cpu-local: 8 x 256 tokens per step")
+    assert "budget 60.00 MB per device" in lines[0]
+    rows = [line for line in lines if line[:2] in ("1 ", "2 ")]
+    assert len(rows) == 2
+    plan = json.loads(out.read_text())
+    assert plan["run"]["model"]["name"] == "tiny"
+    assert plan["run"]["parallel"]["pp"] * plan["run"]["parallel"]["dp"] <= 2
+    assert max(plan["prediction"]["stage_peak_bytes"]) <= 60e6 * 0.9
+
+
+def test_json_gives_the_candidates(monkeypatch, capsys):
+    code, stdout, _ = run_cli(monkeypatch, capsys, *SEARCH, "--json", "--top", "3")
+    assert code == 0
+    summary = json.loads(stdout)
+    times = [p["step_time_s"] for p in summary["plans"]]
+    assert len(times) == 3 and times == sorted(times)
+    assert summary["complete"] is True
+
+
+def test_nothing_fits_is_an_account_and_exit_2(monkeypatch, capsys):
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--memory-budget", "20MB")
+    assert code == 2 and stdout == ""
+    assert stderr.startswith("error: no plan fits 20.00 MB per device")
+    assert "closest: pp=" in stderr and "over (states" in stderr and "budget of" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_budget_that_is_not_one(monkeypatch, capsys):
+    code, _, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--memory-budget", "plenty")
+    assert code == 2
+    assert stderr.strip().splitlines() == [
+        "error: --memory-budget: expected bytes such as 20GB, 18GiB or 20e9, got 'plenty'"]
+
+
+def test_what_the_planner_chooses_is_not_a_flag_of_the_search(monkeypatch, capsys):
+    code, _, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--dp", "2")
+    assert code == 2 and "--dp is the planner's to choose" in stderr
+
+
+def test_a_planned_run_refuses_a_flag_it_was_not_made_for(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert run_cli(monkeypatch, capsys, *SEARCH, "--out", str(out))[0] == 0
+    code, _, stderr = run_cli(monkeypatch, capsys, "train", "--plan", str(out), "--seq-len", "128",
+                              "--run-dir", str(tmp_path / "run"))
+    assert code == 2
+    assert "--seq-len 128 differs from 256" in stderr
+    assert not (tmp_path / "run").exists()
+    code, _, stderr = run_cli(monkeypatch, capsys, "train", "--plan", str(out), "--model",
+                              "tiny-gqa", "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and "was made for model tiny" in stderr
