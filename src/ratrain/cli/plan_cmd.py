@@ -16,7 +16,7 @@ from ratrain.errors import UserError
 @cli.command()
 @config_options
 @click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.")
-@click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: 2 on cpu-local, else 8]")
+@click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: a profile's device groups; else 2 on a CPU profile, 8 otherwise]")
 @click.option("--memory-budget", help="Bytes per device a plan may use: 20GB, 18GiB, 20e9.  [default: the profile's memory]")
 @click.option("--memory-margin", type=float, default=0.10, show_default=True, help="Fraction of the budget kept free for allocator fragmentation and library buffers.")
 @click.option("--top", type=int, default=3, show_default=True, help="How many of the fastest plans to list.")
@@ -75,9 +75,13 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     cfg.validate()
     hw = load_profile(profile_spec)
     hw.rate(cfg.train.dtype)
-    devices = devices if devices is not None else (2 if hw.device.cores else 8)
+    if devices is None:
+        devices = hw.device_count or (2 if hw.device.cores else 8)
     if devices < 1:
         raise UserError(f"--devices must be at least 1, got {devices}")
+    if hw.device_count and devices > hw.device_count:
+        raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
+                        f"in its groups")
     if top < 1:
         raise UserError(f"--top must be at least 1, got {top}")
     if not 0 <= margin < 1:
@@ -105,7 +109,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         return
     click.echo(_heading(found))
     click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "pp x dp",
-                                    "micro-batches", "ranks", "state / views",
+                                    "micro-batches", "ranks", "state / views", "units per stage",
                                     f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))
     if out:
         click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
@@ -125,6 +129,9 @@ def _heading(found) -> str:
         text += " (time limit: the best found, not proven the best)"
     if used < r.devices:
         text += f"\nthe best plan uses {used} of the {r.devices} devices: more do not make it faster"
+    if r.profile.groups:
+        names = [r.profile.groups[g].name for g in found.best[0].layout.groups]
+        text += "\nthe best plan's stages on device groups: " + ", ".join(names)
     return text
 
 
@@ -142,7 +149,8 @@ def _rows(found) -> list[list]:
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     f"{L.lifecycle.state_home} / {views}", decimal_bytes(max(c.stage_bytes)), summary])
+                     f"{L.lifecycle.state_home} / {views}", _runs([str(b - a) for a, b, _ in c.partition]),
+                     decimal_bytes(max(c.stage_bytes)), summary])
     return rows
 
 

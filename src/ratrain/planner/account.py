@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ratrain.planner.partition import least_memory
+from ratrain.planner.partition import least_excess
 from ratrain.planner.search import Candidate, Layout, PlanRequest, UnitTables, evaluate, layouts
 from ratrain.planner.stage_cost import lower_bound
 
@@ -26,19 +26,19 @@ def _smallest_layouts(request: PlanRequest) -> list[Layout]:
     sequence, and as many replicas as the devices allow (the fewest micro-batches in flight)."""
     smallest: dict[tuple, Layout] = {}
     for layout in layouts(dataclasses.replace(request, micro_batch_sizes=(1,))):
-        key = (layout.pp, layout.lifecycle, layout.activation)
+        key = (layout.pp, layout.lifecycle, layout.activation, layout.rank_order)
         if key not in smallest or layout.n_micro < smallest[key].n_micro:
             smallest[key] = layout
     return list(smallest.values())
 
 
 def _least(request: PlanRequest) -> tuple[float, Layout, list] | None:
-    """Over the layouts that hold the least, the partition whose largest stage is smallest by
-    the estimate: (its bytes, the layout, the partition)."""
+    """Over the layouts that hold the least, the partition that overfills its devices the
+    least by the estimate: (that excess in bytes, the layout, the partition)."""
     tables = UnitTables(request)
     best = None
     for layout in _smallest_layouts(request):
-        found = least_memory(tables(layout), layout.pp, layout.activation)
+        found = least_excess(tables(layout), layout.activation)
         if found and (best is None or found[0] < best[0]):
             best = (found[0], layout, found[1])
     return best
@@ -58,7 +58,7 @@ def _fits_with(request: PlanRequest, **change) -> bool:
     """Whether some plan fits by the estimate once `change` is made to the request."""
     changed = dataclasses.replace(request, **change)
     best = _least(changed)
-    return best is not None and best[0] <= changed.limit - changed.profile.device.process_overhead_bytes
+    return best is not None and best[0] <= 0
 
 
 def account(request: PlanRequest) -> str:
@@ -73,7 +73,8 @@ def account(request: PlanRequest) -> str:
         return (head + f"\n  even one unit per stage overfills the host tier "
                 f"({decimal_bytes(host or 0)} per device)")
     lines = [head]
-    worst = max(range(len(c.stage_bytes)), key=lambda s: c.stage_bytes[s] - r.limit)
+    groups = c.layout.groups
+    worst = max(range(len(c.stage_bytes)), key=lambda s: c.stage_bytes[s] - r.limit_of(groups[s]))
     rank = c.result.ranks[worst]
     by_kind = ", ".join(f"{name} {decimal_bytes(sum(rank.at_peak.get(k, 0) for k in kinds))}"
                         for name, kinds in GROUPS.items()
@@ -83,12 +84,15 @@ def account(request: PlanRequest) -> str:
         f"  closest: pp={L.pp} dp={L.dp}, micro-batch {L.micro_batch_size}, "
         f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
         f"{L.lifecycle.state_home}: stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
-        f"{decimal_bytes(c.stage_bytes[worst] - r.limit)} over ({by_kind}"
+        f"{decimal_bytes(c.stage_bytes[worst] - r.limit_of(groups[worst]))} over ({by_kind}"
         + (f", process overhead {decimal_bytes(dev.process_overhead_bytes)}" if dev.process_overhead_bytes else "")
         + ")")
-    if max(c.host_bytes) > r.host_limit:
-        lines.append(f"  its host tier holds {decimal_bytes(max(c.host_bytes))}; the profile allows "
-                     f"{decimal_bytes(r.host_limit)} per device after the margin")
+    over_host = [s for s, g in enumerate(groups) if c.host_bytes[s] > r.host_limit_of(g)]
+    if over_host:
+        s = over_host[0]
+        lines.append(f"  its host tier holds {decimal_bytes(c.host_bytes[s])} for stage {s}; the "
+                     f"profile allows {decimal_bytes(r.host_limit_of(groups[s]))} per device after "
+                     f"the margin")
     lines.extend("  " + hint for hint in _hints(request, c))
     return "\n".join(lines)
 
@@ -114,7 +118,7 @@ def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
             hints.append(f"--seq-len {seq} would fit")
             break
         seq //= 2
-    table = UnitTables(r)(closest_candidate.layout)
+    table = UnitTables(r)(closest_candidate.layout)[0]
     block = table.state[1] + table.view[1] if n_units > 2 else 0
     if block > 0.5 * r.limit:
         hints.append(f"one decoder block's training state ({decimal_bytes(block)}: fp32 masters, "

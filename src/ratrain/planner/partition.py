@@ -3,33 +3,34 @@ choice that makes it fit, balanced by the stages' busy time.
 
 A stage's busy time and bytes only grow when it takes another unit, so "can p stages each stay
 within T and fit?" is answered by filling stages greedily, and the least such T by bisection.
-Stages hold different numbers of micro-batches (1F1B), so the balanced partition is uneven where
-memory calls for it: the first stages take fewer units, or recompute more.
+Stages hold different numbers of micro-batches (1F1B), and on a heterogeneous cluster run on
+devices of different speed and memory (one unit table per stage), so the balanced partition is
+uneven where memory or speed call for it.
+
+Each stage's table carries its device's byte limit; `slack` lowers every limit by that much
+(the search asks again with less when a simulated plan overfills).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import combinations
 from math import comb
 
 from ratrain.planner.stage_cost import StageEstimate, UnitTable
 
 Partition = list[tuple[int, int, StageEstimate]]
+Tables = Sequence[UnitTable]  # one per stage
 
 EVERY_PARTITION_UP_TO = 64
 """Models small enough to have at most this many partitions get every one of them."""
 
 
-def _fit(table: UnitTable, a: int, b: int, s: int, pp: int, limit: float,
-         choices: str) -> StageEstimate | None:
-    return table.cheapest_fit(a, b, s, pp, limit, choices)
-
-
-def _greedy(table: UnitTable, pp: int, limit: float, choices: str, most: float,
+def _greedy(tables: Tables, choices: str, most: float, limit_of: Callable[[int], float],
             from_front: bool = True) -> Partition | None:
-    """Fill stages one by one with as many units as stay within `most` seconds busy and fit;
-    from the front (the first stages take the most) or from the back."""
-    n, m = table.n_units, table.n_micro
+    """Fill stages one by one with as many units as stay within `most` seconds busy and within
+    `limit_of(stage)` bytes; from the front (the first stages take the most) or the back."""
+    pp, n, m = len(tables), tables[0].n_units, tables[0].n_micro
     bounds: Partition = []
     edge = 0 if from_front else n
     for i in range(pp):
@@ -39,7 +40,7 @@ def _greedy(table: UnitTable, pp: int, limit: float, choices: str, most: float,
         remaining = n - edge if from_front else edge
         for size in range(1, remaining - left + 1):
             a, b = (edge, edge + size) if from_front else (edge - size, edge)
-            est = _fit(table, a, b, s, pp, limit, choices)
+            est = tables[s].cheapest_fit(a, b, s, pp, limit_of(s), choices)
             if est is None or est.busy_s(m) > most:
                 break
             best = (a, b, est)
@@ -52,21 +53,26 @@ def _greedy(table: UnitTable, pp: int, limit: float, choices: str, most: float,
     return bounds if from_front else bounds[::-1]
 
 
-def balanced(table: UnitTable, pp: int, limit: float, choices: str) -> list[Partition]:
+def _within(tables: Tables, slack: float) -> Callable[[int], float]:
+    return lambda s: tables[s].limit - slack
+
+
+def balanced(tables: Tables, choices: str, slack: float = 0.0) -> list[Partition]:
     """The partitions (front- and back-filled) with the least bottleneck busy time; [] when
-    no partition into `pp` stages fits `limit` bytes per stage."""
-    n = table.n_units
+    none fits."""
+    n, pp, m = tables[0].n_units, len(tables), tables[0].n_micro
     if pp > n:
         return []
-    m = table.n_micro
-    hi = m * (table.total("forward", 0, n) + table.total("backward", 0, n)
-              + (n - 2) * table.recompute[min(1, n - 1)]) + table.total("update", 0, n) + 1.0
-    if _greedy(table, pp, limit, choices, hi) is None:
+    limit_of = _within(tables, slack)
+    hi = max(m * (t.total("forward", 0, n) + t.total("backward", 0, n)
+                  + (n - 2) * t.recompute[min(1, n - 1)]) + t.total("update", 0, n)
+             for t in tables) + 1.0
+    if _greedy(tables, choices, hi, limit_of) is None:
         return []
     lo = 0.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _greedy(table, pp, limit, choices, mid) is None:
+        if _greedy(tables, choices, mid, limit_of) is None:
             lo = mid
         else:
             hi = mid
@@ -74,73 +80,77 @@ def balanced(table: UnitTable, pp: int, limit: float, choices: str) -> list[Part
             break
     out = []
     for front in (True, False):
-        part = _greedy(table, pp, limit, choices, hi, from_front=front)
+        part = _greedy(tables, choices, hi, limit_of, from_front=front)
         if part is not None and part not in out:
             out.append(part)
     return out
 
 
-def neighbours(table: UnitTable, part: Partition, limit: float, choices: str) -> list[Partition]:
+def neighbours(tables: Tables, part: Partition, choices: str, slack: float = 0.0) -> list[Partition]:
     """The partitions one unit away: each boundary moved by one where both stages still fit."""
     pp, out = len(part), []
+    limit_of = _within(tables, slack)
     for i in range(pp - 1):
         (a, b, _), (_, d, _) = part[i], part[i + 1]
         for cut in (b - 1, b + 1):
             if not (a < cut < d):
                 continue
-            left = _fit(table, a, cut, i, pp, limit, choices)
-            right = _fit(table, cut, d, i + 1, pp, limit, choices)
+            left = tables[i].cheapest_fit(a, cut, i, pp, limit_of(i), choices)
+            right = tables[i + 1].cheapest_fit(cut, d, i + 1, pp, limit_of(i + 1), choices)
             if left and right:
                 out.append(part[:i] + [(a, cut, left), (cut, d, right)] + part[i + 2:])
     return out
 
 
-def every(table: UnitTable, pp: int, limit: float, choices: str) -> list[Partition] | None:
+def every(tables: Tables, choices: str, slack: float = 0.0) -> list[Partition] | None:
     """Every partition that fits, or None when there are more than EVERY_PARTITION_UP_TO."""
-    n = table.n_units
+    n, pp = tables[0].n_units, len(tables)
     if pp > n or comb(n - 1, pp - 1) > EVERY_PARTITION_UP_TO:
         return None
+    limit_of = _within(tables, slack)
     out = []
     for cuts in combinations(range(1, n), pp - 1):
         edges = [0, *cuts, n]
-        stages = [_fit(table, edges[s], edges[s + 1], s, pp, limit, choices) for s in range(pp)]
+        stages = [tables[s].cheapest_fit(edges[s], edges[s + 1], s, pp, limit_of(s), choices)
+                  for s in range(pp)]
         if all(stages):
             out.append([(edges[s], edges[s + 1], e) for s, e in enumerate(stages)])
     return out
 
 
-def candidates(table: UnitTable, pp: int, limit: float, choices: str) -> list[Partition]:
+def candidates(tables: Tables, choices: str, slack: float = 0.0) -> list[Partition]:
     """What the search simulates for this layout: every partition of a small model; otherwise
     the balanced ones and their neighbours."""
-    small = every(table, pp, limit, choices)
+    small = every(tables, choices, slack)
     if small is not None:
         return small
-    found = balanced(table, pp, limit, choices)
+    found = balanced(tables, choices, slack)
     out = list(found)
     for part in found:
-        for near in neighbours(table, part, limit, choices):
+        for near in neighbours(tables, part, choices, slack):
             if near not in out:
                 out.append(near)
     return out
 
 
-def least_memory(table: UnitTable, pp: int, choices: str) -> tuple[float, Partition] | None:
-    """The partition into `pp` stages whose largest stage (estimated) is smallest, whatever its
-    time, and that largest stage's bytes; None when some unit alone overfills the host tier."""
-    n = table.n_units
+def least_excess(tables: Tables, choices: str) -> tuple[float, Partition] | None:
+    """The partition whose stages overfill their limits the least, whatever its time, and
+    that excess in bytes (<= 0: it fits); None when no partition is possible at all."""
+    n, pp = tables[0].n_units, len(tables)
     if pp > n:
         return None
-    lo, hi = 0.0, 1.0
-    while _greedy(table, pp, hi, choices, float("inf")) is None:
-        hi *= 2
+    unbounded = float("inf")
+    lo, hi = -min(t.limit for t in tables), 1.0
+    while _greedy(tables, choices, unbounded, _within(tables, -hi)) is None:
+        hi = 2 * hi + 1
         if hi > 1e18:
             return None
-    for _ in range(60):
+    for _ in range(80):
         mid = (lo + hi) / 2
-        if _greedy(table, pp, mid, choices, float("inf")) is None:
+        if _greedy(tables, choices, unbounded, _within(tables, -mid)) is None:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-4 * hi:
+        if hi - lo <= 1e-4 * max(abs(hi), 1.0):
             break
-    return hi, _greedy(table, pp, hi, choices, float("inf"))
+    return hi, _greedy(tables, choices, unbounded, _within(tables, -hi))

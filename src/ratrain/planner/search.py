@@ -22,7 +22,7 @@ from ratrain.planner.stage_cost import Lifecycle, UnitTable, lower_bound, pipeli
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.cost_model import ring
 from ratrain.sim.profile import HardwareProfile
-from ratrain.sim.simulator import SimResult, simulate
+from ratrain.sim.simulator import SimResult, simulate, stage_groups
 
 DEFAULT_MARGIN = 0.10
 """Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
@@ -46,20 +46,34 @@ class PlanRequest:
     pipeline_degrees: tuple[int, ...] | None = None  # None: 1 .. units
     time_limit_s: float = 60.0
 
-    @property
-    def budget_bytes(self) -> float:
-        return self.budget if self.budget is not None else self.profile.device.memory_bytes
+    def device(self, group: int = 0):
+        return self.profile.for_group(group).device
+
+    def budget_of(self, group: int = 0) -> float:
+        """Bytes per device of the group: its memory, or the budget asked for where lower."""
+        memory = self.device(group).memory_bytes
+        return memory if self.budget is None else min(self.budget, memory)
 
     @property
-    def host_limit(self) -> float:
-        host = self.profile.device.host_memory_bytes
+    def budget_bytes(self) -> float:
+        return self.budget_of(0)
+
+    def limit_of(self, group: int = 0) -> float:
+        """What the simulated device peak of a stage on the group, plus the process's own
+        overhead beyond the ledger (a measured profile's), may reach."""
+        return self.budget_of(group) * (1.0 - self.margin)
+
+    def host_limit_of(self, group: int = 0) -> float:
+        host = self.device(group).host_memory_bytes
         return float("inf") if host is None else host * (1.0 - self.margin)
 
     @property
     def limit(self) -> float:
-        """What the simulated device peak of a stage, plus the process's own overhead beyond
-        the ledger (a measured profile's), may reach."""
-        return self.budget_bytes * (1.0 - self.margin)
+        return self.limit_of(0)
+
+    @property
+    def host_limit(self) -> float:
+        return self.host_limit_of(0)
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,7 @@ class Layout:
     rank_order: str
     lifecycle: Lifecycle
     activation: str  # "mixed" (per stage, per unit: ratrain) or one uniform choice (baseline)
+    groups: tuple[int, ...] = ()  # the device group of each stage (heterogeneous profiles)
 
     @property
     def devices(self) -> int:
@@ -95,11 +110,12 @@ class Candidate:
     def key(self) -> tuple:
         return self.layout, tuple((a, b, est.choice) for a, b, est in self.partition)
 
-    def excess(self, limit: float, host_limit: float = float("inf")) -> float:
-        """Bytes by which the worst stage overfills the device (or the host tier)."""
+    def excess(self, request: PlanRequest) -> float:
+        """Bytes by which the worst stage overfills its device (or its host tier)."""
         if not self.stage_bytes:
             return float("inf")
-        return max(max(self.stage_bytes) - limit, max(self.host_bytes) - host_limit)
+        return max(max(b - request.limit_of(g), h - request.host_limit_of(g))
+                   for b, h, g in zip(self.stage_bytes, self.host_bytes, self.layout.groups))
 
     def choices(self, n_units: int) -> list[str]:
         return [est.choice.label(range(a, b), n_units) for a, b, est in self.partition]
@@ -154,25 +170,41 @@ def layouts(request: PlanRequest) -> list[Layout]:
                     continue
                 orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
                 for life, order, act in itertools.product(lifecycles(request), orders, activations):
-                    out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act))
+                    groups = stage_groups(pp, dp, order, request.profile)
+                    if groups is not None:
+                        out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
+                                          tuple(groups)))
     return out
 
 
 class UnitTables:
-    """Unit tables shared by every layout of one shape and lifecycle."""
+    """Unit tables, one per stage of a layout, shared by every layout of one shape, lifecycle
+    and device group."""
 
     def __init__(self, request: PlanRequest):
         self.request = request
         self._cache: dict[tuple, UnitTable] = {}
 
-    def __call__(self, layout: Layout) -> UnitTable:
-        key = (layout.micro_batch_size, layout.n_micro, layout.lifecycle)
+    def __call__(self, layout: Layout) -> list[UnitTable]:
+        return [self.table(layout, g) for g in layout.groups]
+
+    def table(self, layout: Layout, group: int) -> UnitTable:
+        key = (layout.micro_batch_size, layout.n_micro, layout.lifecycle, group)
         if key not in self._cache:
             r = self.request
-            self._cache[key] = UnitTable(r.model, r.profile, layout.micro_batch_size, r.seq_len,
-                                         r.dtype, layout.n_micro, layout.lifecycle, r.clip,
-                                         r.host_limit)
+            profile = r.profile.for_group(group)
+            self._cache[key] = UnitTable(
+                r.model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
+                layout.lifecycle, r.clip, r.limit_of(group) - profile.device.process_overhead_bytes,
+                r.host_limit_of(group))
         return self._cache[key]
+
+    def least_work(self, layout: Layout) -> float:
+        """One micro-batch's forward and backward through the model, each unit on the fastest
+        device of the layout's groups."""
+        tables = [self.table(layout, g) for g in set(layout.groups)]
+        return sum(min(t.forward[u] + t.backward[u] for t in tables)
+                   for u in range(tables[0].n_units))
 
 
 def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
@@ -196,8 +228,8 @@ def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
     candidate.result = simulate(candidate.plan, request.model, request.profile,
                                 micro_batch_size=candidate.layout.micro_batch_size,
                                 seq_len=request.seq_len, dtype=request.dtype)
-    overhead = request.profile.device.process_overhead_bytes
-    candidate.stage_bytes = [r.device_peak + overhead for r in candidate.result.ranks]
+    overheads = [request.device(g).process_overhead_bytes for g in candidate.layout.groups]
+    candidate.stage_bytes = [r.device_peak + o for r, o in zip(candidate.result.ranks, overheads)]
     candidate.host_bytes = [r.host_peak for r in candidate.result.ranks]
     return candidate
 
@@ -207,14 +239,15 @@ def check(candidate: Candidate) -> None:
     candidate.plan.validate()
 
 
-def expand(request: PlanRequest, tables: UnitTables, layout: Layout, limit: float) -> list[Candidate]:
-    """The layout's partitions whose estimated stages fit `limit` bytes, with their bounds."""
-    table = tables(layout)
+def expand(request: PlanRequest, tables: UnitTables, layout: Layout, slack: float) -> list[Candidate]:
+    """The layout's partitions whose estimated stages fit their devices less `slack` bytes,
+    with their bounds."""
+    per_stage = tables(layout)
     out = []
-    for part in candidates(table, layout.pp, limit, layout.activation):
+    for part in candidates(per_stage, layout.activation, slack):
         stages = [e for _, _, e in part]
         out.append(Candidate(layout, part, lower_bound(stages, layout.n_micro,
-                                                       _tail(request, table, layout, part))))
+                                                       _tail(request, per_stage[0], layout, part))))
     return out
 
 
@@ -239,16 +272,12 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
     no pruning, no time limit; for checking the pruning)."""
     started = time.perf_counter()
     tables = UnitTables(request)
-    overhead = request.profile.device.process_overhead_bytes
-    estimate_limit = request.limit - overhead
     queue: list = []
     order = itertools.count()
     all_layouts = layouts(request)
     for layout in all_layouts:
-        table = tables(layout)
-        work = table.total("forward", 0, table.n_units) + table.total("backward", 0, table.n_units)
-        heapq.heappush(queue, (pipeline_bound(work, layout.n_micro, layout.pp), next(order),
-                               "layout", (layout, estimate_limit)))
+        bound = pipeline_bound(tables.least_work(layout), layout.n_micro, layout.pp)
+        heapq.heappush(queue, (bound, next(order), "layout", (layout, 0.0)))
     best: list[Candidate] = []
     over: list[Candidate] = []
     tightened: dict[Layout, int] = {}
@@ -262,17 +291,17 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
             complete = False
             break
         if kind == "layout":
-            layout, limit = payload
-            for c in expand(request, tables, layout, limit):
-                heapq.heappush(queue, (c.bound, next(order), "candidate", (c, limit)))
+            layout, slack = payload
+            for c in expand(request, tables, layout, slack):
+                heapq.heappush(queue, (c.bound, next(order), "candidate", (c, slack)))
             continue
-        candidate, limit = payload
+        candidate, slack = payload
         if candidate.key in seen:  # a tightened layout gives some partitions again
             continue
         seen.add(candidate.key)
         evaluate(request, candidate)
         simulated += 1
-        excess = candidate.excess(request.limit, request.host_limit)
+        excess = candidate.excess(request)
         if excess > 0:
             over.append(candidate)
             # The estimate was short of the simulated peak: ask the layout again for stages
@@ -281,7 +310,7 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
             if tightened.get(layout, 0) < 2:
                 tightened[layout] = tightened.get(layout, 0) + 1
                 heapq.heappush(queue, (candidate.bound, next(order), "layout",
-                                       (layout, limit - excess)))
+                                       (layout, slack + excess)))
             continue
         best.append(candidate)
         best.sort(key=lambda c: c.step_time)

@@ -73,11 +73,13 @@ class UnitTable:
 
     def __init__(self, model: ModelConfig, profile: HardwareProfile, micro_batch_size: int,
                  seq_len: int, dtype: str, n_micro: int, lifecycle: Lifecycle, clip: bool,
-                 host_limit: float = float("inf")):
+                 limit: float = float("inf"), host_limit: float = float("inf")):
+        """`limit` and `host_limit`: the bytes a stage's estimate may reach on the device and in
+        its host tier."""
         self.model, self.profile, self.lifecycle = model, profile, lifecycle
         self.n_units = model.n_layers + 2
         self.n_micro = n_micro
-        self.host_limit = host_limit
+        self.limit, self.host_limit = limit, host_limit
         units = range(self.n_units)
         views = lifecycle.view_window is not None
         dummy = Link(1.0)

@@ -102,6 +102,16 @@ class Device:
 
 
 @dataclass
+class DeviceGroup:
+    """Devices of one kind in a heterogeneous cluster. Ranks fill the groups in the order they
+    are listed: the first `count` ranks are the first group's."""
+
+    name: str
+    count: int
+    device: Device
+
+
+@dataclass
 class HardwareProfile:
     name: str
     description: str
@@ -112,6 +122,31 @@ class HardwareProfile:
     measured: list[MeasuredShape] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
     """Where each assumed figure comes from (key: the figure's path)."""
+    groups: list[DeviceGroup] = field(default_factory=list)
+    """A heterogeneous cluster: groups of devices that differ in speed and memory (`device` is
+    then the first group's). Empty: every device is `device`."""
+
+    @property
+    def device_count(self) -> int | None:
+        """How many devices the groups have (None: as many as asked for)."""
+        return sum(g.count for g in self.groups) if self.groups else None
+
+    def group_of_rank(self, rank: int) -> int:
+        """Index of the group a global rank's device belongs to (0 without groups)."""
+        for i, g in enumerate(self.groups):
+            if rank < g.count:
+                return i
+            rank -= g.count
+        if self.groups:
+            raise UserError(f"profile {self.name}: rank {rank} is beyond its "
+                            f"{self.device_count} devices")
+        return 0
+
+    def for_group(self, index: int) -> HardwareProfile:
+        """This profile as if every device were group `index`'s."""
+        if not self.groups:
+            return self
+        return dataclasses.replace(self, device=self.groups[index].device, groups=[])
 
     def link(self, same_node: bool) -> LinkClass:
         return self.intra_node if same_node else self.inter_node
@@ -156,6 +191,9 @@ def load_profile(spec: str | Path) -> HardwareProfile:
 
 
 def from_dict(data: Any, where: str = "profile") -> HardwareProfile:
+    if isinstance(data, dict) and "device" not in data and isinstance(data.get("groups"), list) \
+            and data["groups"] and isinstance(data["groups"][0], dict) and "device" in data["groups"][0]:
+        data = {**data, "device": data["groups"][0]["device"]}  # a cluster of groups
     return _build(HardwareProfile, data, "", where)
 
 
@@ -209,7 +247,7 @@ def _value(kind, value: Any, path: str, where: str):
 
 
 _POSITIVE = {"bandwidth", "peak_flops", "efficiency", "memory_bytes", "memory_bandwidth",
-             "devices_per_node", "cores", "seq_len", "micro_batch_size"}
+             "devices_per_node", "cores", "seq_len", "micro_batch_size", "count"}
 
 _TYPES = {
     Link: {"bandwidth": float, "latency": float},
@@ -223,9 +261,11 @@ _TYPES = {
              "memory_bandwidth": float, "host_link": "optional-link",
              "host_memory_bytes": "optional-float", "cores": "optional-int",
              "action_overhead_s": float, "process_overhead_bytes": float},
+    DeviceGroup: {"name": str, "count": int, "device": Device},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,
-                      "measured": (list, MeasuredShape), "notes": (dict, str)},
+                      "measured": (list, MeasuredShape), "notes": (dict, str),
+                      "groups": (list, DeviceGroup)},
 }
 
 

@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ratrain.config import ModelConfig
+from ratrain.errors import UserError
 from ratrain.ledger import Ledger
 from ratrain.runtime.grid import RankGrid
 from ratrain.schedule.ir import START_OF, Action, Op
@@ -92,9 +93,14 @@ class SimResult:
 
 def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
                  micro_batch_size: int, seq_len: int, dtype: str) -> list[StageSetup]:
-    """Per stage: its units, choices and the links its traffic crosses under the plan's rank
-    order (ranks fill nodes of `devices_per_node` in rank order)."""
+    """Per stage: its units, choices, device and the links its traffic crosses under the plan's
+    rank order (ranks fill nodes of `devices_per_node`, and a profile's device groups, in rank
+    order)."""
     grid = RankGrid(plan.pp, plan.dp, plan.rank_order)
+    groups = stage_groups(plan.pp, plan.dp, plan.rank_order, profile)
+    if groups is None:
+        raise UserError(f"profile {profile.name}: under rank order {plan.rank_order}, some stage's "
+                        f"replicas fall on devices of different groups; every stage must be on one")
     node = lambda r: r // profile.devices_per_node  # noqa: E731
     same_node = lambda ranks: len({node(r) for r in ranks}) == 1  # noqa: E731
     unit_activation = plan.unit_activation
@@ -105,7 +111,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
                 return None
             return profile.link(same_node([grid.rank(s, 0), grid.rank(t, 0)])).p2p
         setups.append(StageSetup(
-            profile=profile, model=model, micro_batch_size=micro_batch_size, seq_len=seq_len,
+            profile=profile.for_group(groups[s]), model=model, micro_batch_size=micro_batch_size, seq_len=seq_len,
             dtype=dtype, n_micro=plan.n_micro, units=units,
             activation={u: unit_activation[u] for u in units},
             view_units=frozenset(a.layer for a in program if a.op is Op.PREFETCH),
@@ -116,6 +122,23 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             clip=plan.clip,
         ))
     return setups
+
+
+def stage_groups(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> list[int] | None:
+    """The device group of each stage (all 0 without groups); None when some stage's replicas
+    fall on devices of different groups, or there are more ranks than devices."""
+    if not profile.groups:
+        return [0] * pp
+    if pp * dp > profile.device_count:
+        return None
+    grid = RankGrid(pp, dp, rank_order)
+    out = []
+    for s in range(pp):
+        groups = {profile.group_of_rank(r) for r in grid.replica_ranks(s)}
+        if len(groups) > 1:
+            return None
+        out.append(groups.pop())
+    return out
 
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
@@ -155,12 +178,12 @@ class _Simulation:
         self.plan, self.costs, self.profile = plan, costs, profile
         self.cores = profile.device.cores
         self.node_of, self.weight = node_of, weight
-        self.synchronous_copies = profile.device.host_link is None
+        self.synchronous_copies = [c.host_link is None for c in costs]
         # What lives in the host tier, where it is not the device's own memory (a GPU's host).
-        self.host_kinds = [set() if self.synchronous_copies else
+        self.host_kinds = [set() if synchronous else
                            {"offloaded"} | ({"masters", "gradients", "optimizer"}
                                             if c.s.state_home == "host" else set())
-                           for c in costs]
+                           for c, synchronous in zip(costs, self.synchronous_copies)]
         self.now = 0.0
         self._events: list = []
         self._seq = itertools.count()
@@ -217,7 +240,7 @@ class _Simulation:
             a = program[self.pc[s]]
             cost = OPS[a.op]
             kind = cost.kind
-            if kind == "copy" and self.synchronous_copies:
+            if kind == "copy" and self.synchronous_copies[s]:
                 kind = "compute"
             if kind == "wait":
                 op = self.ops[s].get((START_OF[a.op], a.layer, a.mb))
