@@ -163,7 +163,7 @@ def main() -> None:
                                 "measured_per_round": [g["step_time_s"] for g in got]},
                 "ledger_bytes": {"predicted": [r.peak for r in sim.ranks], "measured": ledger,
                                  "same_every_round": all(g["ledger"] == got[0]["ledger"] for g in got)},
-                "rss_growth_bytes": {"predicted": [r.rss_growth(sim.process_overhead) for r in sim.ranks],
+                "rss_growth_bytes": {"predicted": [r.rss_growth(used.device) for r in sim.ranks],
                                      "measured": rss},
                 "predicted_bubble": sim.bubble,
             })

@@ -19,6 +19,7 @@ from ratrain.plain_data import number, parse_error, shown, unknown_keys
 from ratrain.schedule.plan import ACTIVATIONS, STATE_HOMES
 
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -100,10 +101,13 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"  # compute dtype: float32, bfloat16 or float16 (masters stay fp32; float16 with loss scaling)
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end of the run)
+    keep_checkpoints: int = 2  # the newest this many complete checkpoints are kept
+    checkpoint_on_interrupt: bool = False  # Ctrl-C: finish the step, save a checkpoint, then stop
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
 
     def validate(self) -> None:
-        for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps"):
+        for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
+                     "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise UserError(f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "eval_every",
@@ -136,10 +140,14 @@ class ParallelConfig:
     threads_per_rank: int = 1
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
     plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
+    comm_timeout_s: float = 300.0  # longest wait for a peer before the run ends naming it
 
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:
             raise UserError(f"--pp and --dp must be >= 1, got pp={self.pp} dp={self.dp}")
+        if not 0 < self.comm_timeout_s <= MAX_COMM_TIMEOUT_S:  # also NaN; inf overflows timedelta
+            raise UserError(f"parallel.comm_timeout_s must be in (0, {MAX_COMM_TIMEOUT_S}] seconds, "
+                            f"got {self.comm_timeout_s}")
         if self.threads_per_rank < 1:
             raise UserError(f"parallel.threads_per_rank must be >= 1, got {self.threads_per_rank}")
         if self.policy not in ("ratrain", "baseline"):

@@ -203,7 +203,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
     compute = _compute_rates(cfg, device_type, per_rank, measured.block)
     bandwidth = _memory_bandwidth(per_rank)
     overhead = _median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
-    process_overhead = _median_over_ranks(per_rank, lambda r: r["units"]["process_overhead_bytes"])
+    process_overhead = _median_over_ranks(per_rank, lambda r: r["units"]["process_overhead_per_byte"])
     intra = _links(links)
     notes = _notes(cfg, ranks, device_type)
     host_link = None
@@ -219,7 +219,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
                     memory_bandwidth=bandwidth, host_link=host_link, cores=cores,
-                    action_overhead_s=overhead, process_overhead_bytes=process_overhead)
+                    action_overhead_s=overhead, process_overhead_per_byte=process_overhead)
     return HardwareProfile(
         name=f"measured-{platform.node()}", description=_description(cfg, model, ranks, name),
         device=device, devices_per_node=per_node, intra_node=intra,
@@ -255,9 +255,10 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
         "device.action_overhead_s": ("the same traced steps: the step's wall time beyond its "
                                      "actions' durations, per action, plus the median of the "
                                      "cheapest kind of non-compute action"),
-        "device.process_overhead_bytes": (f"the same traced steps ({STEP_WARMUP + STEP_REPEATS}, keep): the peak RSS growth over "
-                                          "the size before the first step (CUDA: peak allocated) "
-                                          "minus the ledger's growth, median over ranks"),
+        "device.process_overhead_per_byte": (f"the same traced steps ({STEP_WARMUP + STEP_REPEATS}, keep): the peak RSS growth over "
+                                             "the size before the first step (CUDA: peak allocated) "
+                                             "minus the ledger's growth, per byte of the ledger's "
+                                             "growth (it grows with the stage), median over ranks"),
         "intra_node": (f"{link_how[link_backend()]}: point to point (half an isend/irecv "
                        f"ping-pong) and all_reduce, {LINK_SIZES[0] // 1024} KiB to "
                        f"{LINK_SIZES[-1] >> 20} MiB, fitted to latency + bytes / bandwidth (the "
@@ -289,7 +290,7 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
     rows.append(["link p2p", _fmt_link(profile.intra_node.p2p)])
     rows.append(["link all_reduce (per hop)", _fmt_link(profile.intra_node.collective)])
     rows.append(["action overhead", _fmt_s(d.action_overhead_s)])
-    rows.append(["process memory beyond the ledger", f"{d.process_overhead_bytes / 2**20:.1f} MiB"])
+    rows.append(["process memory beyond the ledger", f"{d.process_overhead_per_byte:.2f} x its growth"])
     rows.append(["memory per device", f"{d.memory_bytes / 2**30:.1f} GiB"])
     return ["figure", "value"], rows
 

@@ -135,7 +135,7 @@ def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
             step_wall = statistics.median(walls[STEP_WARMUP:])
             out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
             ledger_growth = engine.stage.ledger.peak - held_before
-            out["process_overhead_bytes"] = float(max(0, grown() - ledger_growth))
+            out["process_overhead_per_byte"] = max(0.0, grown() - ledger_growth) / ledger_growth
         else:
             out["block_forward_no_grad"] = median["F block"]
     return out

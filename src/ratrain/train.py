@@ -13,8 +13,8 @@ import gc
 import json
 import math
 import os
+import signal
 import time
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ratrain import checkpoint
+from ratrain.checkpoint import rng
 from ratrain.config import RunConfig
 from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
@@ -32,32 +33,18 @@ from ratrain.metrics import MetricsLog, RssGrowth, plot_loss
 from ratrain.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
 from ratrain.runtime.grid import RankGrid
-from ratrain.runtime.launch import launch_local, under_torchrun
+from ratrain.run_dir import check_run_dir, new_run_dir, resume_point
+from ratrain.runtime import timed_comm
+from ratrain.runtime.launch import (Interrupted, ask_to_stop_on_sigint, launch_local,
+                                    stop_requested, under_torchrun)
 from ratrain.runtime.process_groups import init_groups, pick_backend
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.trace import Tracer, write_chrome_trace
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError):
     """The loss stopped being a finite number; the run ends with the last good checkpoint kept."""
-
-
-def new_run_dir(base: str | Path, model_name: str) -> Path:
-    """A fresh run directory under `base`, with `base/latest` pointing at it."""
-    base = Path(base)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = base / f"{stamp}-{model_name}"
-    suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = base / f"{stamp}-{model_name}-{suffix}"
-    run_dir.mkdir(parents=True)
-    link = base / "latest"
-    if link.is_symlink() or not link.exists():
-        link.unlink(missing_ok=True)
-        link.symlink_to(run_dir.name)
-    return run_dir
 
 
 def load_plan(cfg: RunConfig) -> PipelinePlan:
@@ -130,126 +117,153 @@ def prepare(cfg: RunConfig, progress: bool = True) -> PipelinePlan | None:
     if cfg.parallel.state_home == "host" and cfg.parallel.dp > 1 and computes_on_cuda(cfg):
         raise UserError("--state-home host with --dp > 1 on GPUs needs the gradient sync on the "
                         "host, which NCCL cannot do; use --state-home device")
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != cfg.parallel.pp * cfg.parallel.dp:
+        raise UserError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but --pp "
+                        f"{cfg.parallel.pp} x --dp {cfg.parallel.dp} needs {cfg.parallel.pp * cfg.parallel.dp}")
     distributed = cfg.parallel.pp * cfg.parallel.dp > 1 or under_torchrun()
     return plan_for(cfg) if distributed or needs_executor(cfg) else None
-
-
-def check_resumable(run_dir: Path, steps: int) -> None:
-    ckpt = checkpoint.latest(run_dir)
-    if ckpt is None:
-        raise UserError(f"no checkpoint to resume from in {run_dir / 'checkpoints'}")
-    done = checkpoint.load_meta(ckpt)["step"]
-    if done >= steps:
-        raise UserError(f"{run_dir} already reached step {done}; "
-                        f"pass --steps N with N > {done} to train further")
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
           trace: bool = True) -> dict:
     """Train as configured; returns the run summary (also written to run_dir/summary.json).
-    With no run_dir, a new one under runs/ is made once the input has been checked.
+    With no run_dir, a new one under runs/ is made once the input has been checked. `resume`
+    continues from the newest checkpoint of run_dir that verifies.
 
-    Under torchrun this runs on every rank and only rank 0 returns the summary (others: {})."""
+    Under torchrun this runs on every rank and only rank 0 returns the summary (others: {}).
+    Raises Interrupted when Ctrl-C stopped the run."""
     plan = prepare(cfg, progress)
+    check_run_dir(run_dir or Path("runs"), cfg)
+    ckpt = resume_point(Path(run_dir), cfg) if resume else None
     run_dir = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
-    if resume:
-        check_resumable(run_dir, cfg.train.steps)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cfg.parallel.pp * cfg.parallel.dp
+    summary_path = run_dir / "summary.json"
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
+        summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
         cfg.save(run_dir / "config.yaml")
         if plan:
             (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
-    args = (cfg.to_dict(), str(run_dir), resume, progress, trace)
-    if under_torchrun() or world == 1:
-        rank_main(*args)
+    args = (cfg.to_dict(), str(run_dir), str(ckpt) if ckpt else None, progress, trace)
+    if under_torchrun():
+        stopped = rank_main(*args)
     else:
-        launch_local(world, rank_main, args, error_dir=run_dir / "errors",
-                     threads=cfg.parallel.threads_per_rank)
-    summary_path = run_dir / "summary.json"
+        try:
+            if world == 1:
+                stopped = rank_main(*args)
+            else:
+                stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
+                                       threads=cfg.parallel.threads_per_rank,
+                                       checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
+        finally:  # every rank is gone: what an unfinished save left is of no use
+            checkpoint.remove_partials(run_dir)
+    if stopped and not summary_path.exists():
+        saved = checkpoint.latest(run_dir)
+        raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
+                          f"saved checkpoint {saved} (continue with --resume {run_dir})")
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
 
 
-def rank_main(cfg_dict: dict, run_dir: str, resume: bool, progress: bool, trace: bool) -> None:
+def rank_main(cfg_dict: dict, run_dir: str, resume_from: str | None, progress: bool,
+              trace: bool) -> bool:
+    """One rank's run, from the checkpoint `resume_from` if given; returns whether Ctrl-C
+    stopped it early (--checkpoint-on-interrupt: after saving a checkpoint)."""
     cfg = RunConfig.from_dict(cfg_dict)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = under_torchrun() or cfg.parallel.pp * cfg.parallel.dp > 1
     rank = int(os.environ.get("RANK", 0))
+    plan = plan_for(cfg) if distributed or needs_executor(cfg) else None
     if distributed:
         p = cfg.parallel
-        groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend)
+        groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s)
         tracer = Tracer() if trace else None
-        engine = PipelineEngine(cfg, plan_for(cfg), groups, tracer)
+        engine = PipelineEngine(cfg, plan, groups, tracer)
     else:
         groups, tracer = None, None
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if needs_executor(cfg):
+        if plan:
             tracer = Tracer() if trace else None
-            engine = PipelineEngine(cfg, plan_for(cfg), None, tracer, device=device)
+            engine = PipelineEngine(cfg, plan, None, tracer, device=device)
         else:
             engine = LocalEngine(cfg, device)
-    # A failure propagates without destroy_process_group: that is collective and would wait on
-    # ranks that may be stuck or gone. The launcher (ours or torchrun) takes the others down.
-    _Loop(cfg, run_dir, engine, groups, tracer, rank, progress).run(resume)
+    previous = signal.getsignal(signal.SIGINT)
+    if cfg.train.checkpoint_on_interrupt:
+        ask_to_stop_on_sigint()
+    try:
+        # A failure propagates without destroy_process_group: that is collective and would wait
+        # on ranks that may be stuck or gone. The launcher (ours or torchrun) takes them down.
+        loop = _Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan)
+        stopped = loop.run(Path(resume_from) if resume_from else None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if distributed:
-        del engine, groups  # the groups must be gone before the backend they belong to
-        _shut_down_together()
+        del engine, groups, loop  # the groups must be gone before the backend they belong to
+        _shut_down_together(cfg.parallel.comm_timeout_s)
+    return stopped
 
 
-def _shut_down_together() -> None:
+def _shut_down_together(timeout_s: float) -> None:
     """Tear the process groups down once every rank is done with them: a rank that closes its
     connections while a peer still uses them can take the peer down."""
-    dist.barrier()
+    timed_comm.barrier(timeout_s, "end of run", "the last barrier")
     gc.collect()
     dist.destroy_process_group()
 
 
 class _Loop:
-    def __init__(self, cfg: RunConfig, run_dir: Path, engine, groups, tracer, rank: int, progress: bool):
-        self.cfg, self.run_dir, self.engine = cfg, run_dir, engine
+    def __init__(self, cfg: RunConfig, run_dir: Path, engine, groups, tracer, rank: int,
+                 progress: bool, plan: PipelinePlan | None = None):
+        self.cfg, self.run_dir, self.engine, self.plan = cfg, run_dir, engine, plan
         self.groups, self.tracer, self.rank = groups, tracer, rank
         self.is_main = rank == 0
         self.progress = progress and self.is_main
         dp, replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
         self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, replica)
 
-    def _barrier(self) -> None:
+    def _barrier(self, when: str, action: str) -> None:
         if self.groups:
-            dist.barrier()
+            timed_comm.barrier(self.cfg.parallel.comm_timeout_s, when, action)
 
-    def _gather(self, obj) -> list:
+    def _gather(self, obj, when: str, action: str) -> list:
         if not self.groups:
             return [obj]
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
+        return timed_comm.all_gather_object(obj, self.cfg.parallel.comm_timeout_s, when, action,
+                                            self.groups.device)
 
-    def run(self, resume: bool) -> None:
+    def run(self, ckpt: Path | None) -> bool:
+        """Train to the configured step, from `ckpt` if given; returns whether Ctrl-C stopped
+        the run early (after a checkpoint)."""
         t = self.cfg.train
-        start = self._resume() if resume else 0
-        log = MetricsLog(self.run_dir / "metrics.jsonl", start if resume else None) if self.is_main else None
+        if ckpt:
+            self._resume(ckpt)
+        start = self.loader.step
+        log = MetricsLog(self.run_dir / "metrics.jsonl", start if ckpt else None) if self.is_main else None
         tokens_per_step = t.global_batch * t.seq_len
         bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
-        self._barrier()
+        self._barrier("start of training", "the first barrier")
         if self.tracer:
             self.tracer.reset_origin()
         rss = RssGrowth()
         rss.start()
         rates, row = [], {}
         for step in range(start, t.steps):
-            batches = self.loader.step_batches(step)
+            batches = next(self.loader)
             lr = lr_at(step, t)
             t0 = time.perf_counter()
             result = self.engine.train_step(batches, lr, step)
             elapsed = time.perf_counter() - t0
             if not math.isfinite(result.loss):
-                raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; lower the learning rate")
-            peaks, ledger, growth = zip(*self._gather(
-                (self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(), rss.peak())))
+                newest = checkpoint.complete_dirs(self.run_dir)
+                kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
+                raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; {kept}; "
+                                       "lower the learning rate")
+            peaks, ledger, growth, stops = zip(*self._gather(
+                (self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(), rss.peak(),
+                 stop_requested()), f"step {step + 1}", "the metrics gather"))
             row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                    "tokens_per_s": tokens_per_step / elapsed, "step_time_s": elapsed,
                    "peak_memory_bytes": max(peaks)}
@@ -270,29 +284,41 @@ class _Loop:
                 log.write(row)
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-            if step + 1 == t.steps or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+            stop = any(stops) and step + 1 < t.steps  # every rank sees the same: all stop
+            if stop or step + 1 == t.steps or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
                 self._checkpoint(step + 1)
+            if stop:
+                bar.close()
+                return True
         bar.close()
         self._finish(row, rates)
+        return False
 
-    def _resume(self) -> int:
-        ckpt = checkpoint.latest(self.run_dir)
+    def _resume(self, ckpt: Path) -> None:
+        """Weights, optimizer states, loss scale, loader position and random generators."""
+        meta = checkpoint.load_meta(ckpt)
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device))
-        meta = checkpoint.load_meta(ckpt)
         if self.engine.loss_scale and "loss_scale" in meta:
             self.engine.loss_scale.load_state_dict(meta["loss_scale"])
-        return meta["step"]
+        self.loader.load_state_dict(meta["loader"])
+        # A rank of another layout has another job: it starts its generators afresh.
+        if str(self.rank) in meta["rng"] and len(meta["rng"]) == self.grid.world_size:
+            rng.restore(meta["rng"][str(self.rank)])
 
     def _checkpoint(self, step: int) -> None:
+        files = {}
         if not self.groups or self.groups.replica == 0:
-            checkpoint.save_units(self.run_dir, step, self.engine.unit_states())
-        self._barrier()
+            files = checkpoint.save_units(self.run_dir, step, self.engine.unit_states())
+        saved = self._gather((files, rng.capture()), f"step {step}", "the checkpoint's gather")
         if self.is_main:
-            meta = {"step": step, "config": self.cfg.to_dict()}
+            meta = {"config": self.cfg.to_dict(), "plan": self.plan.to_dict() if self.plan else None,
+                    "loader": self.loader.state_dict(),
+                    "rng": {str(r): generators for r, (_, generators) in enumerate(saved)}}
             if self.engine.loss_scale:  # every rank's scale is the same: same norms, same skips
                 meta["loss_scale"] = self.engine.loss_scale.state_dict()
-            checkpoint.finalize(self.run_dir, step, meta)
+            written = {name: entry for files, _ in saved for name, entry in files.items()}
+            checkpoint.finalize(self.run_dir, step, meta, written, self.cfg.train.keep_checkpoints)
 
     @property
     def grid(self) -> RankGrid:
@@ -308,8 +334,9 @@ class _Loop:
         return out
 
     def _finish(self, last: dict, rates: list[float]) -> None:
-        traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None)
-        at_peak = self._gather(self.engine.ledger_at_peak())
+        traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None,
+                              "end of run", "the trace gather")
+        at_peak = self._gather(self.engine.ledger_at_peak(), "end of run", "the memory gather")
         if not self.is_main:
             return
         if self.tracer:

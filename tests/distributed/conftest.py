@@ -70,3 +70,21 @@ def final_units(run_dir, n_units):
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_behind():
+    """Kill what a failed test's runs (test_failure.start) left running."""
+    yield
+    import os
+    import signal
+
+    from .test_failure import STARTED
+
+    while STARTED:
+        proc = STARTED.pop()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -144,15 +144,14 @@ def test_the_planner_runs_without_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_the_four_models_on_mt3000_plan_with_stages_within_the_budget():
-    for name in ("llama2-7b",):
-        request = _request(20e9, 1024, model=get_preset(name), profile="mt3000",
-                           global_batch=1024, seq_len=4096, dtype="float16", top=1)
-        found = search.search(request)
-        assert found.complete and found.best
-        assert max(found.best[0].stage_bytes) <= 20e9 * 0.9
-        baseline = search.search(dataclasses.replace(request, policy="baseline"))
-        assert found.best[0].step_time <= baseline.best[0].step_time
+def test_llama2_7b_on_1024_mt3000_fits_and_ratrain_is_no_slower_than_baseline():
+    request = _request(20e9, 1024, model=get_preset("llama2-7b"), profile="mt3000",
+                       global_batch=1024, seq_len=4096, dtype="float16", top=1)
+    found = search.search(request)
+    assert found.complete and found.best
+    assert max(found.best[0].stage_bytes) <= 20e9 * 0.9
+    baseline = search.search(dataclasses.replace(request, policy="baseline"))
+    assert found.best[0].step_time <= baseline.best[0].step_time
 
 
 def _two_groups(ratio: float = 2.0):

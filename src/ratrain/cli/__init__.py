@@ -11,7 +11,7 @@ import click
 
 from ratrain.cli import plan_cmd, simulate_cmd, tools_cmd, train_cmd  # noqa: F401  (they register their commands)
 from ratrain.cli.group import cli
-from ratrain.errors import UserError
+from ratrain.errors import RunFailure, UserError
 
 __all__ = ["cli", "main"]
 
@@ -27,8 +27,7 @@ def main() -> None:
 
 def _run() -> int:
     """Run the command line; map what a user can cause to one line on stderr and an exit code."""
-    from ratrain.runtime.launch import RankFailed
-    from ratrain.train import TrainingDiverged
+    from ratrain.runtime.launch import Interrupted, RankFailed
 
     try:
         cli.main(standalone_mode=False)
@@ -44,9 +43,12 @@ def _run() -> int:
     except RankFailed as e:
         click.echo(f"error: {e}", err=True)
         return 2 if e.user_error else 1
-    except TrainingDiverged as e:
+    except RunFailure as e:
         click.echo(f"error: {e}", err=True)
         return 1
+    except Interrupted as e:
+        click.echo(str(e), err=True)
+        return 130
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130

@@ -10,7 +10,6 @@ import click
 from ratrain.cli.format import fmt_bytes, fmt_count, table
 from ratrain.cli.group import cli
 from ratrain.config import RunConfig
-from ratrain.errors import UserError
 
 
 @cli.command()
@@ -60,17 +59,16 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
 @click.argument("run_dir", type=click.Path())
 @click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
 def export(run_dir: str, out: str) -> None:
-    """Export a run's latest checkpoint as a Hugging Face model directory."""
+    """Export a run's newest checkpoint that verifies as a Hugging Face model directory."""
+    import torch
+
     from ratrain import checkpoint
     from ratrain.models.hf import save_hf
     from ratrain.models.llama import build_units
-
-    import torch
+    from ratrain.run_dir import resume_point
 
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
-    ckpt = checkpoint.latest(Path(run_dir))
-    if ckpt is None:
-        raise UserError(f"no checkpoint in {run_dir}/checkpoints")
+    ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
     units = build_units(cfg.model, cfg.train.seed)
     for u, state in checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu")).items():
         units[u].load_state_dict(state["weights"])

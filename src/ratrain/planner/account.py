@@ -85,7 +85,8 @@ def account(request: PlanRequest) -> str:
         f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
         f"{L.lifecycle.state_home}: stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
         f"{decimal_bytes(c.stage_bytes[worst] - r.limit_of(groups[worst]))} over ({by_kind}"
-        + (f", process overhead {decimal_bytes(dev.process_overhead_bytes)}" if dev.process_overhead_bytes else "")
+        + (f", process beyond the ledger {decimal_bytes(c.stage_bytes[worst] - rank.device_peak)}"
+           if c.stage_bytes[worst] > rank.device_peak else "")
         + ")")
     over_host = [s for s, g in enumerate(groups) if c.host_bytes[s] > r.host_limit_of(g)]
     if over_host:

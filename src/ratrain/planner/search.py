@@ -195,8 +195,7 @@ class UnitTables:
             profile = r.profile.for_group(group)
             self._cache[key] = UnitTable(
                 r.model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
-                layout.lifecycle, r.clip, r.limit_of(group) - profile.device.process_overhead_bytes,
-                r.host_limit_of(group))
+                layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group))
         return self._cache[key]
 
     def least_work(self, layout: Layout) -> float:
@@ -228,8 +227,9 @@ def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
     candidate.result = simulate(candidate.plan, request.model, request.profile,
                                 micro_batch_size=candidate.layout.micro_batch_size,
                                 seq_len=request.seq_len, dtype=request.dtype)
-    overheads = [request.device(g).process_overhead_bytes for g in candidate.layout.groups]
-    candidate.stage_bytes = [r.device_peak + o for r, o in zip(candidate.result.ranks, overheads)]
+    devices = [request.device(g) for g in candidate.layout.groups]
+    candidate.stage_bytes = [r.device_peak + d.process_overhead(r.ledger_growth)
+                             for r, d in zip(candidate.result.ranks, devices)]
     candidate.host_bytes = [r.host_peak for r in candidate.result.ranks]
     return candidate
 

@@ -62,6 +62,7 @@ class StageEstimate:
     update_s: float  # every unit's update, once per step
     bytes: float  # device-resident peak, estimated
     host_bytes: float = 0.0  # peak in a host tier apart from the device, estimated
+    units: tuple[int, int] = (0, 0)  # [a, b)
 
     def busy_s(self, n_micro: int) -> float:
         return n_micro * (self.forward_s + self.backward_s + self.recompute_s) + self.update_s
@@ -100,6 +101,8 @@ class UnitTable:
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.saved = [uc.saved_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.state = [sum(owner[3] for owner in c.unit_state_owners(u)) for u in units]
+        # masters and gradients: held before the first step, so not part of the ledger's growth
+        self.held = [8 * setup.params(u) for u in units]
         self.view = [c.view_bytes(u) if views else 0 for u in units]
         self.act = c.act_bytes()
         self.table = uc.table_bytes(shape, "block")
@@ -107,7 +110,8 @@ class UnitTable:
         self.host_tier = profile.device.host_link is not None
         self.states_on_device = not (lifecycle.state_home == "host" and self.host_tier)
         self._sums = {name: [0, *accumulate(getattr(self, name))]
-                      for name in ("forward", "backward", "update", "out", "saved", "state", "view")}
+                      for name in ("forward", "backward", "update", "out", "saved", "state", "view",
+                                   "held")}
         block = 1 if self.n_units > 2 else 0
         self.block_saved = self.saved[block] if block else 0
 
@@ -157,10 +161,14 @@ class UnitTable:
         if choice.offload and self.host_tier:
             host += in_flight * k * (self.block_saved + self.table)
         return StageEstimate(choice, forward, self.total("backward", a, b), recompute,
-                             self.total("update", a, b), held, host)
+                             self.total("update", a, b), held, host, (a, b))
 
     def _fits(self, est: StageEstimate, limit: float) -> StageEstimate | None:
-        return est if est.bytes <= limit and est.host_bytes <= self.host_limit else None
+        """The estimate if it fits `limit` with the process's overhead beyond the ledger."""
+        growth = est.bytes - (self.total("held", *est.units) if self.states_on_device else 0)
+        device = self.profile.device
+        total = est.bytes + device.process_overhead(max(0.0, growth))
+        return est if total <= limit and est.host_bytes <= self.host_limit else None
 
     def cheapest_fit(self, a: int, b: int, stage: int, pp: int, limit: float,
                      choices: str) -> StageEstimate | None:

@@ -107,7 +107,8 @@ class PipelineEngine(_UnitStateMixin):
             raise ValueError("float16 needs the global gradient norm (N, WN) in the program to "
                              "detect overflow; build the plan with clip=True")
         self.executor = Executor(self.stage, act_shape, groups=groups, clip=cfg.train.grad_clip,
-                                 tracer=tracer, act_dtype=act_dtype, loss_scale=self.loss_scale)
+                                 tracer=tracer, act_dtype=act_dtype, loss_scale=self.loss_scale,
+                                 comm_timeout_s=cfg.parallel.comm_timeout_s)
         self._eval_programs: dict[int, list] = {}
 
     def ledger_peak_bytes(self) -> int:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ratrain.models.llama import lm_loss
 from ratrain.optim import set_lr
-from ratrain.runtime import p2p
+from ratrain.runtime import p2p, timed_comm
 from ratrain.runtime.loss_scale import DynamicLossScale
 from ratrain.runtime.saved_activations import SavedActivations
 from ratrain.runtime.stage import Stage
@@ -45,6 +45,7 @@ class Executor:
         tracer: Tracer | None = None,
         act_dtype: torch.dtype = torch.float32,
         loss_scale: DynamicLossScale | None = None,
+        comm_timeout_s: float = 300.0,
     ):
         self.stage = stage
         self.ledger = stage.ledger
@@ -57,6 +58,7 @@ class Executor:
         self.pp = groups.grid.pp if groups else 1
         self.clip = clip
         self.tracer = tracer
+        self.comm_timeout_s = comm_timeout_s
         self.recompute: set[int] = set()
         self._handlers = {
             Op.FORWARD: self._forward,
@@ -104,6 +106,7 @@ class Executor:
 
     def _run(self, program: Program, batches, step: int, training: bool) -> None:
         self.batches = batches
+        self.step = step
         self.n_micro = len(batches)
         self.training = training
         self.act: dict[tuple[int, int], torch.Tensor] = {}  # unit output (with graph when local)
@@ -114,6 +117,7 @@ class Executor:
         self.losses: list[torch.Tensor] = []
         self._loss = float("nan")
         self._norm: tuple[object, torch.Tensor] | None = None  # (work, squared norm) after N
+        self.syncs: dict[int, object] = {}  # unit -> its gradient sync in flight
         self._grad_norm = None
         self._grad_factor = None  # what U multiplies the gradients by: clipping, 1/loss scale
         self._skip = False
@@ -278,7 +282,9 @@ class Executor:
 
     def _wait(self, a: Action) -> torch.Tensor:
         work, t = self.pending.pop(Action(START_OF[a.op], a.layer, a.mb))
-        work.wait()
+        g = self.groups
+        peer = g.next_rank if a.op in (Op.WAIT_SEND_ACT, Op.WAIT_RECV_GRAD) else g.prev_rank
+        self._timed_wait(work, a, f"rank {peer}")
         if a.op is Op.WAIT_SEND_GRAD:
             self.ledger.release(("grad", a.layer, a.mb))
         return t
@@ -289,12 +295,24 @@ class Executor:
     def _wait_recv_grad(self, a: Action) -> None:
         self.grad[(a.layer, a.mb)] = self._wait(a)
 
+    def _timed_wait(self, work, a: Action, peer: str) -> None:
+        when = f"step {self.step + 1}" if self.training else "validation"
+        timed_comm.wait(work, self.comm_timeout_s, when, str(a), peer)
+
+    def _ranks_text(self, ranks) -> str:
+        return timed_comm.ranks_text(ranks, self.groups.rank)
+
     # -- training state -----------------------------------------------------------------------
 
     def _grad_sync(self, a: Action):
-        return self.stage.state[a.layer].start_sync(self.groups.replicas)
+        work = self.syncs[a.layer] = self.stage.state[a.layer].start_sync(self.groups.replicas)
+        return work
 
     def _wait_grad_sync(self, a: Action) -> None:
+        work = self.syncs.pop(a.layer, None)
+        if work is not None:
+            g = self.groups
+            self._timed_wait(work, a, self._ranks_text(g.grid.replica_ranks(g.stage)))
         self.stage.state[a.layer].wait_sync()
 
     def _grad_norm(self, a: Action):
@@ -308,7 +326,8 @@ class Executor:
     def _wait_grad_norm(self, a: Action) -> None:
         work, sq = self._norm
         if work is not None:
-            work.wait()
+            g = self.groups
+            self._timed_wait(work, a, self._ranks_text(g.grid.pipeline_ranks(g.replica)))
         self._norm = None
         scale = self.loss_scale.scale if self.loss_scale else 1.0
         total = float(sq.sqrt()) / scale
@@ -334,10 +353,13 @@ class Executor:
         """
         local = torch.stack(self.losses).sum().float() if self.losses else torch.zeros(())
         total = torch.stack([local.cpu(), torch.tensor(float(len(self.losses)))]).to(self.stage.device)
+        g = self.groups
         if self.pp > 1:
-            dist.all_reduce(total, group=self.groups.pipeline)
+            self._timed_wait(dist.all_reduce(total, group=g.pipeline, async_op=True), a,
+                             self._ranks_text(g.grid.pipeline_ranks(g.replica)))
         if self.dp > 1:
-            dist.all_reduce(total, group=self.groups.replicas)
+            self._timed_wait(dist.all_reduce(total, group=g.replicas, async_op=True), a,
+                             self._ranks_text(g.grid.replica_ranks(g.stage)))
         self._loss = float(total[0] / total[1])
         syncing = [u for u, state in self.stage.state.items() if state.syncing]
         if self.pending or syncing or self._norm or self.act or self.grad or self.saved:

@@ -1,18 +1,27 @@
 """Start pp x dp local processes, or join the ones torchrun started.
 
 A failing rank takes every other rank down with it: the parent watches all children, terminates
-the rest as soon as one fails, and reports the *first* failure once (later failures of the other
-ranks are only echoes of it: closed connections, timeouts).
+the rest as soon as one fails (SIGTERM, then SIGKILL for one that does not go: a stopped or hung
+process), and reports the *first* failure once (later failures of the other ranks are only echoes
+of it: closed connections, timeouts).
+
+Ctrl-C reaches the parent (the ranks ignore SIGINT: a terminal sends it to all of them). Without
+--checkpoint-on-interrupt the parent stops every rank at once; with it, it passes the SIGINT on
+as a request that the ranks honour together at the end of the step (see `stop_requested`), and a
+second Ctrl-C stops them at once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing import util as mp_util
@@ -21,7 +30,16 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from ratrain.errors import UserError
+from ratrain.errors import RunFailure, UserError
+
+STOP_GRACE_S = 3.0  # how long a rank gets to go on SIGTERM before SIGKILL
+_TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+
+_stop_requested = False
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped the run (CLI exit code 130)."""
 
 
 class RankFailed(Exception):
@@ -44,28 +62,57 @@ def _free_port() -> int:
 
 
 def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
-    """Leave the exception where the launcher will find it, with when it happened."""
+    """Leave the exception where the launcher will find it, with when it happened; whole or not
+    at all (a full disk must not leave half a report)."""
     error_dir.mkdir(parents=True, exist_ok=True)
-    (error_dir / f"rank_{rank}.json").write_text(json.dumps({
+    tmp = error_dir / f"rank_{rank}.json.tmp"
+    tmp.write_text(json.dumps({
         "rank": rank,
         "time": time.time(),
         "type": type(exc).__name__,
         "message": str(exc),
         "user_error": isinstance(exc, UserError),
+        "clear": isinstance(exc, (UserError, RunFailure)),  # its message says it all
         "traceback": "".join(traceback.format_exception(exc)),
     }))
+    tmp.rename(error_dir / f"rank_{rank}.json")
 
 
-def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path, fn, args) -> None:
+def ask_to_stop_on_sigint() -> None:
+    """From now on SIGINT asks this process to stop after the current step (stop_requested)."""
+    global _stop_requested
+    if signal.getsignal(signal.SIGINT) is not _request_stop:  # a request already made stands
+        _stop_requested = False
+        signal.signal(signal.SIGINT, _request_stop)
+
+
+def _request_stop(signum, frame) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def stop_requested() -> bool:
+    return _stop_requested
+
+
+def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path,
+           checkpoint_on_interrupt: bool, fn, args) -> None:
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if checkpoint_on_interrupt:
+        ask_to_stop_on_sigint()
+    else:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides
     torch.set_num_threads(threads)
     code = 0
     try:
         fn(*args)
     except BaseException as e:
-        record_failure(error_dir, local_rank, e)
         code = 1
+        try:
+            record_failure(error_dir, local_rank, e)
+        except OSError:
+            pass  # the launcher reports the exit code instead
     exit_without_teardown(code)
 
 
@@ -80,32 +127,102 @@ def exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
-def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1) -> None:
-    """Run `fn(*args)` in `world` spawned processes; raise RankFailed if any of them fails."""
+def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1,
+                 checkpoint_on_interrupt: bool = False) -> bool:
+    """Run `fn(*args)` in `world` spawned processes; raise RankFailed if any of them fails,
+    Interrupted on Ctrl-C without `checkpoint_on_interrupt`. Returns whether Ctrl-C asked the
+    ranks to stop early (they then saved a checkpoint and ended cleanly).
+
+    The ranks report failures into a private temporary directory (the run's disk may be the
+    one that filled); the reports are copied to `error_dir` afterwards, where there is room."""
     for stale in Path(error_dir).glob("rank_*.json"):  # from an earlier attempt of a resumed run
         stale.unlink()
-    # We report the first failure ourselves; torch's "Terminating process ..." lines are noise.
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    ctx = mp.start_processes(_child, args=(world, _free_port(), threads, Path(error_dir), fn, args),
-                             nprocs=world, join=False, start_method="spawn")
+    reports = Path(tempfile.mkdtemp(prefix="ratrain-errors-"))
     try:
-        while not ctx.join():
+        return _launch(world, fn, args, reports, threads, checkpoint_on_interrupt)
+    finally:
+        for report in reports.glob("rank_*.json"):
+            try:
+                Path(error_dir).mkdir(parents=True, exist_ok=True)
+                shutil.copy(report, Path(error_dir) / report.name)
+            except OSError:
+                pass
+        shutil.rmtree(reports, ignore_errors=True)
+
+
+def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
+            checkpoint_on_interrupt: bool) -> bool:
+    # We report the first failure ourselves; torch's "Terminating process ..." lines are noise,
+    # and so is the resource tracker's warning about the semaphores of a rank that was killed
+    # (it takes -W options from this process when the first spawn starts it; it cleans up).
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    if _TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_QUIET)
+    ctx = mp.start_processes(
+        _child, args=(world, _free_port(), threads, Path(error_dir), checkpoint_on_interrupt, fn, args),
+        nprocs=world, join=False, start_method="spawn")
+    procs = ctx.processes
+    asked_to_stop = False
+    while True:
+        try:
+            failed = _first_to_fail(procs)
+            break
+        except KeyboardInterrupt:
+            if asked_to_stop or not checkpoint_on_interrupt:
+                _stop(procs)
+                raise Interrupted(f"interrupted: stopped all {world} ranks") from None
+            asked_to_stop = True
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGINT)
+    if failed is None:
+        return asked_to_stop
+    # Signals seen now were not ours: a rank killed from outside leaves no report, and the
+    # others then fail on the closed connection, so its death is the cause.
+    killed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode is not None and p.exitcode < 0]
+    _stop(procs)
+    if killed:
+        rank, code = killed[0]
+        raise RankFailed(rank, f"process died ({signal.Signals(-code).name})")
+    raise _first_failure(error_dir, failed, f"process died (exit code {procs[failed].exitcode})")
+
+
+def _first_to_fail(procs) -> int | None:
+    """Wait until a process exits with an error (its index) or all exit cleanly (None)."""
+    running = {p.sentinel: i for i, p in enumerate(procs)}
+    while running:
+        for sentinel in multiprocessing.connection.wait(list(running)):
+            i = running.pop(sentinel)
+            procs[i].join()
+            if procs[i].exitcode != 0:
+                return i
+    return None
+
+
+def _stop(procs) -> None:
+    """SIGTERM every process still running; SIGKILL those still there after STOP_GRACE_S (a
+    stopped process keeps a SIGTERM pending)."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+def _first_failure(error_dir: Path, rank: int, fallback: str) -> RankFailed:
+    reports = []
+    for path in Path(error_dir).glob("rank_*.json"):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
             pass
-    except mp.ProcessExitedException as e:
-        sig = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-        raise _first_failure(ctx, error_dir, e.error_index, f"process died ({sig})") from None
-
-
-def _first_failure(ctx, error_dir: Path, rank: int, fallback: str) -> RankFailed:
-    # A rank killed from outside leaves no report; the others then fail on the closed connection.
-    # Their reports are echoes, so a death by a signal the launcher did not send comes first.
-    for i, proc in enumerate(ctx.processes):
-        code = proc.exitcode
-        if code is not None and code < 0 and -code != signal.SIGTERM:
-            return RankFailed(i, f"process died ({signal.Signals(-code).name})")
-    reports = [json.loads(p.read_text()) for p in Path(error_dir).glob("rank_*.json")]
     if not reports:
         return RankFailed(rank, fallback)
     first = min(reports, key=lambda r: r["time"])
-    message = first["message"] if first["user_error"] else f"{first['type']}: {first['message']}"
+    message = first["message"] if first.get("clear") else f"{first['type']}: {first['message']}"
     return RankFailed(first["rank"], message, first["user_error"])

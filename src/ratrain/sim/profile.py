@@ -98,7 +98,15 @@ class Device:
     """The executor's own time per action (Python, bookkeeping)."""
     process_overhead_bytes: float = 0.0
     """What a training process grows by beyond the ledger's peak: allocator caching, autograd's
-    transient gradients, communication buffers (measured RSS growth minus ledger peak)."""
+    transient gradients, communication buffers (measured RSS growth minus ledger peak): a fixed
+    part, plus `process_overhead_per_byte` for every byte the ledger grows by in training."""
+    process_overhead_per_byte: float = 0.0
+    """The part of the process overhead that grows with the stage: allocator fragmentation and
+    transients grow with what the stage allocates (the ledger's growth from before the first
+    step to its peak)."""
+
+    def process_overhead(self, ledger_growth: float) -> float:
+        return self.process_overhead_bytes + self.process_overhead_per_byte * ledger_growth
 
 
 @dataclass
@@ -260,7 +268,8 @@ _TYPES = {
     Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
              "memory_bandwidth": float, "host_link": "optional-link",
              "host_memory_bytes": "optional-float", "cores": "optional-int",
-             "action_overhead_s": float, "process_overhead_bytes": float},
+             "action_overhead_s": float, "process_overhead_bytes": float,
+             "process_overhead_per_byte": float},
     DeviceGroup: {"name": str, "count": int, "device": Device},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,

@@ -45,11 +45,17 @@ class RankTimeline:
     device_peak: int = 0  # the peak of what lives on the compute device (not in the host tier)
     host_peak: int = 0  # the peak of what lives in a host tier apart from the device
 
-    def rss_growth(self, process_overhead: float) -> float:
+    @property
+    def ledger_growth(self) -> int:
+        """What the ledger adds from before the first step to its peak (optimizer state
+        included)."""
+        return self.peak - self.held_before_training
+
+    def rss_growth(self, device) -> float:
         """The predicted peak RSS growth of the rank over its size before the first step (as
-        metrics.jsonl measures it): what the ledger adds from then on, optimizer state
-        included, plus what a process grows beyond the ledger (the profile's overhead)."""
-        return self.peak - self.held_before_training + process_overhead
+        metrics.jsonl measures it): the ledger's growth plus what a process grows beyond the
+        ledger (the profile's overhead, `device.process_overhead`)."""
+        return self.ledger_growth + device.process_overhead(self.ledger_growth)
 
     @property
     def bubble(self) -> float:
@@ -62,7 +68,7 @@ class SimResult:
     step_time: float
     tokens_per_step: int
     ranks: list[RankTimeline]  # one per stage (replicas are identical)
-    process_overhead: float = 0.0
+    device: object = None  # the profile's Device: its process overhead
 
     @property
     def tokens_per_s(self) -> float:
@@ -79,7 +85,7 @@ class SimResult:
             "stages": [{"stage": r.stage, "bubble": r.bubble, "exposed_comm_s": r.exposed,
                         "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak,
                         "device_peak_bytes": r.device_peak, "host_peak_bytes": r.host_peak,
-                        "rss_growth_bytes": r.rss_growth(self.process_overhead)}
+                        "rss_growth_bytes": r.rss_growth(self.device)}
                        for r in self.ranks],
         }
 
@@ -154,7 +160,7 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
     sim.run()
     tokens = plan.n_micro * plan.dp * micro_batch_size * seq_len
     return SimResult(max(r.end for r in sim.timelines), tokens, sim.timelines,
-                     profile.device.process_overhead_bytes)
+                     profile.device)
 
 
 class _Op:

@@ -1,0 +1,134 @@
+"""Checkpoints by unit, verified by a manifest.
+
+`RUN/checkpoints/step_000010/` holds, per unit, `unit_0003.safetensors` (weights) and
+`unit_0003.optim.pt` (AdamW state), and `manifest.json` (store.py, manifest.py). Files are named
+by unit, not by rank, so a run saved with one pipeline layout resumes with any other. Every
+process writes its units into `step_N.partial/`; the main process then writes the manifest, last,
+and renames the directory. Loading verifies the manifest first, and the newest checkpoint that
+verifies is the one a run resumes from.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from ratrain.checkpoint import manifest
+from ratrain.checkpoint.store import optim_file, read_unit, weights_file, write_unit
+from ratrain.errors import RunFailure, UserError
+
+__all__ = ["CheckpointDamaged", "CheckpointWriteError", "checkpoint_dir", "complete_dirs", "finalize", "latest",
+           "load_meta", "load_units", "remove_partials", "save_units", "scan"]
+
+
+class CheckpointDamaged(UserError):
+    """A checkpoint that does not verify was asked for by name (exit code 2)."""
+
+
+class CheckpointWriteError(RunFailure):
+    """A checkpoint could not be written (a full disk); the earlier ones are untouched."""
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def _partial(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir, step).with_suffix(".partial")
+
+
+def complete_dirs(run_dir: Path) -> list[Path]:
+    """The checkpoint directories that finished saving (verified or not), oldest first."""
+    found = [p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+             if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def save_units(run_dir: Path, step: int, states: dict[int, dict]) -> dict[str, dict]:
+    """Write this process's units into the partial directory of `step`; returns their files'
+    manifest entries. On failure (a full disk) the partial directory is removed."""
+    partial = _partial(run_dir, step)
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for unit, state in states.items():
+            files.update(write_unit(partial, unit, state))
+        return files
+    except OSError as e:
+        raise _write_failed(run_dir, step, e) from None
+
+
+def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep: int) -> Path:
+    """Called once, after every process has saved its units: write the manifest (`meta` plus
+    `files`), mark the checkpoint complete, keep only the newest `keep`."""
+    final = checkpoint_dir(run_dir, step)
+    partial = _partial(run_dir, step)
+    try:
+        manifest.write(partial, {**meta, "step": step, "files": files})
+        if final.exists():  # saved again after a resume from an earlier step: the old one lost
+            shutil.rmtree(final)
+        partial.rename(final)
+        manifest.sync_dir(final.parent)
+    except OSError as e:
+        raise _write_failed(run_dir, step, e) from None
+    for old in complete_dirs(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    remove_partials(run_dir)
+    return final
+
+
+def _write_failed(run_dir: Path, step: int, e: OSError) -> CheckpointWriteError:
+    shutil.rmtree(_partial(run_dir, step), ignore_errors=True)
+    kept = [p.name for p in complete_dirs(run_dir)]
+    return CheckpointWriteError(
+        f"could not write checkpoint step_{step:06d} in {Path(run_dir) / 'checkpoints'}: "
+        f"{e.strerror or e}; the partial checkpoint was removed, "
+        + (f"the earlier ones are intact ({', '.join(kept)})" if kept else "there is no earlier one"))
+
+
+def remove_partials(run_dir: Path) -> None:
+    """Remove what saves that never finished left behind (no run reads them)."""
+    for partial in (Path(run_dir) / "checkpoints").glob("step_*.partial"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def scan(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies (None if none does), and each newer one that does
+    not, with what is wrong with it."""
+    skipped = []
+    for ckpt in reversed(complete_dirs(run_dir)):
+        wrong = manifest.problem(ckpt)
+        if wrong is None:
+            return ckpt, skipped
+        skipped.append((ckpt, wrong))
+    return None, skipped
+
+
+def latest(run_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies."""
+    return scan(run_dir)[0]
+
+
+def load_meta(ckpt: Path) -> dict:
+    """The checkpoint's manifest: step, config, plan, loader and generator states, files."""
+    meta, wrong = manifest.read(ckpt)
+    if wrong:
+        raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
+    return meta
+
+
+def load_units(ckpt: Path, units, device: torch.device | str) -> dict[int, dict]:
+    """The states of `units`, each file checked against the manifest before it is read."""
+    files = load_meta(ckpt)["files"]
+    states = {}
+    for u in units:
+        if weights_file(u) not in files:
+            raise CheckpointDamaged(f"checkpoint {ckpt} has no unit {u}: was it saved from another model?")
+        for name in (weights_file(u), optim_file(u)):
+            wrong = manifest.file_problem(ckpt, name, files[name]) if name in files else None
+            if wrong:
+                raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
+        states[u] = read_unit(Path(ckpt), u, files, torch.device(device))
+    return states

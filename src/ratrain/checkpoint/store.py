@@ -1,0 +1,60 @@
+"""One unit's files in a checkpoint: its weights as safetensors, its AdamW state in torch's
+format (loaded with weights_only=True, so a checkpoint cannot run code)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ratrain.checkpoint import manifest
+
+
+def weights_file(unit: int) -> str:
+    return f"unit_{unit:04d}.safetensors"
+
+
+def optim_file(unit: int) -> str:
+    return f"unit_{unit:04d}.optim.pt"
+
+
+def write_unit(directory: Path, unit: int, state: dict) -> dict[str, dict]:
+    """Write unit `unit`'s weights and optimizer state, each flushed to disk; returns their
+    manifest entries."""
+    written = {}
+    path = directory / weights_file(unit)
+    try:
+        save_file({k: t.detach().cpu().contiguous() for k, t in state["weights"].items()}, path)
+    except SafetensorError as e:  # how safetensors reports a failed write (a full disk)
+        raise OSError(str(e).split("I/O error: ")[-1]) from e
+    written[path.name] = _synced(path)
+    if state["optim"] is not None:
+        path = directory / optim_file(unit)
+        # Through memory: torch.save reports a failed write (a full disk) as an opaque
+        # RuntimeError ("unexpected pos 64 vs 0"); a plain write raises OSError(ENOSPC).
+        buffer = io.BytesIO()
+        torch.save(state["optim"], buffer)
+        with open(path, "wb") as f:
+            f.write(buffer.getbuffer())
+        written[path.name] = _synced(path)
+    return written
+
+
+def _synced(path: Path) -> dict:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    return manifest.digest(path)
+
+
+def read_unit(ckpt: Path, unit: int, files: dict, device: torch.device) -> dict:
+    """Unit `unit`'s state from a checkpoint whose manifest lists `files`. The caller has
+    verified the files (or verifies them now, see load_units)."""
+    weights = load_file(ckpt / weights_file(unit), device=str(device))
+    optim = None
+    if optim_file(unit) in files:
+        optim = torch.load(ckpt / optim_file(unit), map_location=device, weights_only=True)
+    return {"weights": weights, "optim": optim}

@@ -1,0 +1,83 @@
+"""The run directory: made fresh, checked before a run starts, and where a resumed run goes on
+from."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from ratrain import checkpoint
+from ratrain.config import ModelConfig, RunConfig
+from ratrain.errors import UserError
+from ratrain.models.params import count_params
+
+
+def new_run_dir(base: str | Path, model_name: str) -> Path:
+    """A fresh run directory under `base`, with `base/latest` pointing at it."""
+    base = Path(base)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = base / f"{stamp}-{model_name}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = base / f"{stamp}-{model_name}-{suffix}"
+    run_dir.mkdir(parents=True)
+    link = base / "latest"
+    if link.is_symlink() or not link.exists():
+        link.unlink(missing_ok=True)
+        link.symlink_to(run_dir.name)
+    return run_dir
+
+
+def checkpoint_bytes(model: ModelConfig) -> int:
+    """About what one checkpoint takes on disk: fp32 weights and AdamW's two fp32 moments."""
+    return 12 * count_params(model)
+
+
+def check_run_dir(run_dir: Path, cfg: RunConfig) -> None:
+    """The run directory can be made, written, and has room for a checkpoint."""
+    existing = Path(run_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"cannot make run directory {run_dir}: {existing} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UserError(f"run directory {run_dir} is not writable: {e.strerror or e}") from None
+    free, need = shutil.disk_usage(existing).free, checkpoint_bytes(cfg.model)
+    if free < need:
+        raise UserError(f"not enough disk space for {run_dir}: {free / 2**20:.1f} MiB free, a "
+                        f"checkpoint of {cfg.model.name} takes about {need / 2**20:.1f} MiB")
+
+
+def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
+    """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
+    skips and why; a UserError if there is none, if it is of another model, or (unless
+    `done_ok`) if the run already reached cfg.train.steps."""
+    ckpt, skipped = checkpoint.scan(run_dir)
+    where = Path(run_dir) / "checkpoints"
+    if ckpt is None:
+        if skipped:
+            raise checkpoint.CheckpointDamaged(f"no checkpoint in {where} verifies: " + "; ".join(
+                f"{path.name}: {why}" for path, why in skipped))
+        raise UserError(f"no checkpoint in {where}")
+    if int(os.environ.get("RANK", 0)) == 0:
+        for path, why in skipped:
+            print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
+                  file=sys.stderr)
+    meta = checkpoint.load_meta(ckpt)
+    saved = RunConfig.from_dict(meta["config"]).model
+    if saved != cfg.model:
+        diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
+                         for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
+        raise UserError(f"checkpoint {ckpt} is of another model: {diff}")
+    if not done_ok and meta["step"] >= cfg.train.steps:
+        raise UserError(f"{run_dir} already reached step {meta['step']}; "
+                        f"pass --steps N with N > {meta['step']} to train further")
+    return ckpt

@@ -1,0 +1,72 @@
+"""Ctrl-C stops every rank within seconds; with --checkpoint-on-interrupt the ranks first finish
+the step together and save a checkpoint, from which a resumed run continues exactly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ratrain import checkpoint
+from ratrain.checkpoint import manifest
+
+from .test_failure import _gone, _spawned_children, endless_config, losses, start, wait_for_steps
+
+pytestmark = pytest.mark.dist
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "ratrain.cli", "train", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_ctrl_c_with_checkpoint_on_interrupt_saves_a_checkpoint_that_resumes_exactly(corpus, tmp_path):
+    cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
+    run_dir = tmp_path / "run"
+    # A terminal's Ctrl-C: SIGINT to the launcher and every rank (one process group).
+    proc = start(cfg_file, run_dir, "--checkpoint-on-interrupt")
+    wait_for_steps(proc, run_dir, 3)
+    children = _spawned_children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.time()
+    _, stderr = proc.communicate(timeout=60)
+    assert time.time() - sent < 15
+    assert proc.returncode == 130
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    found = re.fullmatch(r"interrupted after step (\d+); saved checkpoint (\S+) "
+                         r"\(continue with --resume (\S+)\)", lines[0])
+    assert found and found[3] == str(run_dir), lines[0]
+    step = int(found[1])
+    assert found[2] == str(checkpoint.checkpoint_dir(run_dir, step))
+    assert manifest.problem(checkpoint.checkpoint_dir(run_dir, step)) is None
+    assert sorted(losses(run_dir)) == list(range(1, step + 1))
+    assert all(_gone(child) for child in children)
+
+    _train("--resume", str(run_dir), "--steps", str(step + 3))
+    _train("--config", str(cfg_file), "--run-dir", str(tmp_path / "straight"), "--steps", str(step + 3))
+    assert losses(run_dir) == losses(tmp_path / "straight")  # bit for bit, every step
+
+
+def test_ctrl_c_stops_all_ranks_within_seconds(corpus, tmp_path):
+    cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
+    run_dir = tmp_path / "run"
+    proc = start(cfg_file, run_dir)
+    wait_for_steps(proc, run_dir, 2)
+    children = _spawned_children(proc.pid)
+    assert len(children) == 2
+    os.kill(proc.pid, signal.SIGINT)
+    sent = time.time()
+    _, stderr = proc.communicate(timeout=60)
+    assert time.time() - sent < 10
+    assert proc.returncode == 130
+    assert stderr.strip() == "interrupted: stopped all 2 ranks", stderr
+    assert all(_gone(child) for child in children)
+    assert not checkpoint.complete_dirs(run_dir)

@@ -1,0 +1,216 @@
+"""Bad input to `ratrain train` and `export`: one line on stderr, exit code 2, no traceback, and
+nothing left behind (no run directory, no process), checked before any process starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ratrain import checkpoint
+from ratrain.data.corpus import stdlib_files
+
+from .cli_runner import run_cli
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+
+
+def _small_config(tmp_path: Path, **train) -> Path:
+    """A model and corpus small enough that a few steps in this process take a second."""
+    data = tmp_path / "text"
+    data.mkdir(exist_ok=True)
+    shutil.copy(next(f for f in stdlib_files() if f.name == "textwrap.py"), data)
+    cfg = {"model": {"name": "small", "vocab_size": 257, "dim": 32, "n_layers": 2, "n_heads": 2,
+                     "ffn_dim": 64, "max_seq_len": 64},
+           "data": {"path": str(data)},
+           "train": {"seq_len": 16, "global_batch": 4, "micro_batch_size": 2, "steps": 2,
+                     "eval_batches": 0, "checkpoint_every": 1, **train}}
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def _refused(monkeypatch, capsys, needle: str, *args: str) -> str:
+    before = set(_children())  # earlier tests' helpers (multiprocessing's resource tracker) stay
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    assert set(_children()) <= before
+    return lines[0]
+
+
+def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(_small_config(tmp_path)),
+                           "--run-dir", name, "--no-progress")
+    assert code == 0, err
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--pp", "0"], "--pp and --dp must be >= 1, got pp=0 dp=1"),
+    (["--dp", "-2"], "--pp and --dp must be >= 1, got pp=1 dp=-2"),
+    (["--keep-checkpoints", "0"], "train.keep_checkpoints must be positive, got 0"),
+    (["--comm-timeout", "0"], "parallel.comm_timeout_s must be in (0, 604800] seconds, got 0"),
+    (["--comm-timeout", "inf"], "parallel.comm_timeout_s must be in (0, 604800] seconds, got inf"),
+    (["--resume", "auto"], "--resume auto needs --run-dir"),
+])
+def test_bad_flags(monkeypatch, capsys, tmp_path, args, needle):
+    _refused(monkeypatch, capsys, needle, "train", "--no-progress", *args)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_world_size_that_does_not_fit_pp_x_dp(tmp_path):
+    # In a process of its own: under torchrun the CLI ends its process with os._exit.
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-m", "ratrain.cli", "train", "--config",
+                           str(_small_config(tmp_path)), "--pp", "3", "--global-batch", "12",
+                           "--run-dir", "run", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: torchrun started 2 processes, but --pp 3 x --dp 1 "
+                                   "needs 3"), proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plan_file_that_does_not_fit_the_flags_or_the_model(monkeypatch, capsys, tmp_path):
+    code, _, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", "p.json")
+    assert code == 0
+    _refused(monkeypatch, capsys, "does not fit this run: dp=1 (run has 2)",
+             "train", "--plan", "p.json", "--pp", "2", "--dp", "2", "--global-batch", "16", "--no-progress")
+    _refused(monkeypatch, capsys, "n_layers=4 (run has 2)",
+             "train", "--plan", "p.json", "--config", str(_small_config(tmp_path)), "--no-progress")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_checkpoint_of_another_model(monkeypatch, capsys, tmp_path):
+    run = _trained_run(monkeypatch, capsys, tmp_path)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"]["dim"] = 64
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    before = sorted(p.name for p in run.rglob("*"))
+    _refused(monkeypatch, capsys, "is of another model: dim=32 (run has 64)",
+             "train", "--resume", str(run), "--steps", "4", "--no-progress")
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def _flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (_truncate, "unit_0001.safetensors is truncated"),
+    (_flip_a_bit, "unit_0001.safetensors does not match its sha256"),
+])
+def test_a_damaged_checkpoint_and_none_to_fall_back_to(monkeypatch, capsys, tmp_path, damage, needle):
+    run = _trained_run(monkeypatch, capsys, tmp_path)
+    for ckpt in checkpoint.complete_dirs(run):  # both kept checkpoints: steps 1 and 2
+        damage(ckpt / "unit_0001.safetensors")
+    before = sorted(p.name for p in run.rglob("*"))
+    line = _refused(monkeypatch, capsys, "no checkpoint in", "train", "--resume", str(run),
+                    "--steps", "4", "--no-progress")
+    assert f"verifies: step_000002: {needle}" in line and f"step_000001: {needle}" in line
+    _refused(monkeypatch, capsys, needle, "export", str(run), "--out", "hf")
+    assert sorted(p.name for p in run.rglob("*")) == before and not (tmp_path / "hf").exists()
+
+
+def test_a_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(monkeypatch, capsys, tmp_path):
+    cfg = _small_config(tmp_path, lr=1e5, warmup_steps=0, steps=30)
+    line = _refused(monkeypatch, capsys, "lower the learning rate",
+                    "train", "--config", str(cfg), "--run-dir", "run", "--no-progress")
+    step = int(line.split(" at step ")[1].split(";")[0])
+    assert f"the last good checkpoint is step_{step - 1:06d}" in line
+    assert checkpoint.latest(tmp_path / "run").name == f"step_{step - 1:06d}"
+
+
+def test_resume_auto_refuses_another_run_in_the_same_directory(monkeypatch, capsys, tmp_path):
+    run = _trained_run(monkeypatch, capsys, tmp_path)
+    _refused(monkeypatch, capsys, "was started with train.lr = 0.003, this run has 0.01",
+             "train", "--config", str(_small_config(tmp_path)), "--lr", "0.01", "--run-dir", str(run),
+             "--resume", "auto", "--steps", "4", "--no-progress")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(_small_config(tmp_path)),
+                           "--run-dir", str(run), "--resume", "auto", "--steps", "3", "--no-progress")
+    assert code == 0, err
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_run_dir_under_a_file(monkeypatch, capsys, tmp_path):
+    (tmp_path / "afile").write_text("")
+    _refused(monkeypatch, capsys, "is not a directory",
+             "train", "--run-dir", "afile/run", "--no-progress")
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """Mount a tmpfs of the given options (root only); skip where that is not allowed."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs",
+                                                str(where)], capture_output=True).returncode:
+            pytest.skip("cannot mount a tmpfs here")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_an_unwritable_run_dir(monkeypatch, capsys, tmp_path, mount_tmpfs):
+    readonly = mount_tmpfs("ro,size=1m")
+    _refused(monkeypatch, capsys, "is not writable: Read-only file system",
+             "train", "--run-dir", str(readonly / "run"), "--no-progress")
+
+
+def test_a_disk_without_room_for_a_checkpoint(monkeypatch, capsys, tmp_path, mount_tmpfs):
+    small = mount_tmpfs("size=1m")
+    line = _refused(monkeypatch, capsys, "not enough disk space",
+                    "train", "--run-dir", str(small / "run"), "--no-progress")
+    assert "1.0 MiB free, a checkpoint of tiny takes about 39.2 MiB" in line  # 3.4M params x 12 B
+    assert not (small / "run").exists()
+
+
+def test_free_space_is_checked_where_the_run_dir_will_be(monkeypatch, capsys, tmp_path):
+    """The same check without a mount: the free space as the filesystem reports it."""
+    asked = []
+
+    def usage(path):
+        asked.append(Path(path))
+        return shutil._ntuple_diskusage(10 * 2**30, 10 * 2**30 - 2**20, 2**20)
+
+    monkeypatch.setattr("ratrain.run_dir.shutil.disk_usage", usage)
+    _refused(monkeypatch, capsys, "not enough disk space for new/run: 1.0 MiB free",
+             "train", "--run-dir", "new/run", "--no-progress")
+    assert asked == [tmp_path] and not (tmp_path / "new").exists()

@@ -1,0 +1,130 @@
+"""Checkpoints verified by their manifest: a missing, truncated or altered file is named, the
+newest checkpoint that verifies is the one used, only the last K are kept, and a save that fails
+(a full disk) leaves the earlier checkpoints as they were."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+import torch
+
+from ratrain import checkpoint
+from ratrain.checkpoint import manifest, store
+
+
+def _states(seed: float) -> dict[int, dict]:
+    """Two units as the engines give them: weights and an AdamW state dict."""
+    out = {}
+    for u in (0, 1):
+        p = torch.nn.Parameter(torch.full((3, 4), float(seed + u)))
+        opt = torch.optim.AdamW([p], lr=1e-3)
+        p.grad = torch.ones_like(p)
+        opt.step()
+        out[u] = {"weights": {"w": p.detach().clone(), "b": torch.arange(4.0) + u},
+                  "optim": opt.state_dict()}
+    return out
+
+
+def _save(run_dir, step, keep=2, seed=None):
+    files = checkpoint.save_units(run_dir, step, _states(step if seed is None else seed))
+    return checkpoint.finalize(run_dir, step, {"config": {}, "loader": {"step": step}, "rng": {}},
+                               files, keep)
+
+
+def test_a_saved_checkpoint_verifies_and_loads_what_was_saved(tmp_path):
+    ckpt = _save(tmp_path, 3)
+    assert ckpt.name == "step_000003" and manifest.problem(ckpt) is None
+    meta = checkpoint.load_meta(ckpt)
+    assert meta["step"] == 3 and meta["loader"] == {"step": 3}
+    assert set(meta["files"]) == {"unit_0000.safetensors", "unit_0000.optim.pt",
+                                  "unit_0001.safetensors", "unit_0001.optim.pt"}
+    loaded = checkpoint.load_units(ckpt, [0, 1], "cpu")
+    want = _states(3)
+    for u in (0, 1):
+        assert torch.equal(loaded[u]["weights"]["w"], want[u]["weights"]["w"])
+        assert torch.equal(loaded[u]["optim"]["state"][0]["exp_avg"], want[u]["optim"]["state"][0]["exp_avg"])
+    assert not list((tmp_path / "checkpoints").glob("*.partial"))
+
+
+def _flip_a_bit(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda c: (c / "unit_0001.safetensors").unlink(), "unit_0001.safetensors is missing"),
+    (lambda c: (c / "unit_0001.optim.pt").write_bytes((c / "unit_0001.optim.pt").read_bytes()[:100]),
+     "unit_0001.optim.pt is truncated (100 of "),
+    (lambda c: _flip_a_bit(c / "unit_0000.safetensors"),
+     "unit_0000.safetensors does not match its sha256"),
+    (lambda c: (c / "manifest.json").unlink(), "no manifest.json"),
+    (lambda c: (c / "manifest.json").write_text("{\"format\": 1, \"step\": "), "manifest.json is unreadable"),
+    (lambda c: (c / "manifest.json").write_text(json.dumps({"format": 1, "step": 4, "files": {
+        "../escape": {"bytes": 1, "sha256": "0"}}})), "manifest.json is damaged"),
+])
+def test_damage_is_named_and_the_newest_good_checkpoint_is_used(tmp_path, damage, needle):
+    _save(tmp_path, 2)
+    newest = _save(tmp_path, 4)
+    damage(newest)
+    ckpt, skipped = checkpoint.scan(tmp_path)
+    assert ckpt.name == "step_000002"
+    assert [(p.name, needle in why) for p, why in skipped] == [("step_000004", True)], skipped
+    assert checkpoint.latest(tmp_path).name == "step_000002"
+
+
+def test_loading_a_damaged_unit_by_name_is_a_user_error(tmp_path):
+    ckpt = _save(tmp_path, 2)
+    _flip_a_bit(ckpt / "unit_0001.optim.pt")
+    assert checkpoint.load_units(ckpt, [0], "cpu")  # unit 0's files are intact
+    with pytest.raises(checkpoint.CheckpointDamaged, match="unit_0001.optim.pt does not match"):
+        checkpoint.load_units(ckpt, [0, 1], "cpu")
+    with pytest.raises(checkpoint.CheckpointDamaged, match="has no unit 7"):
+        checkpoint.load_units(ckpt, [7], "cpu")
+
+
+def test_only_the_newest_k_are_kept_and_stale_partials_go(tmp_path):
+    (tmp_path / "checkpoints" / "step_000001.partial").mkdir(parents=True)  # a crashed save
+    for step in (2, 4, 6, 8):
+        _save(tmp_path, step, keep=3)
+    names = [p.name for p in sorted((tmp_path / "checkpoints").iterdir())]
+    assert names == ["step_000004", "step_000006", "step_000008"]
+    # Ordered by step, not by name: step 1000000 is newer than step 999999.
+    _save(tmp_path, 999_999, keep=2)
+    _save(tmp_path, 1_000_000, keep=2)
+    assert [p.name for p in checkpoint.complete_dirs(tmp_path)] == ["step_999999", "step_1000000"]
+
+
+def test_a_disk_that_fills_while_saving_leaves_the_earlier_checkpoints(tmp_path, monkeypatch):
+    good = _save(tmp_path, 2)
+    real_write = store.write_unit
+    calls = []
+
+    def write_then_fill(directory, unit, state):
+        calls.append(unit)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(directory, unit, state)
+
+    monkeypatch.setattr(checkpoint, "write_unit", write_then_fill)
+    with pytest.raises(checkpoint.CheckpointWriteError) as e:
+        checkpoint.save_units(tmp_path, 4, _states(4))
+    assert "could not write checkpoint step_000004" in str(e.value)
+    assert "No space left on device" in str(e.value) and "intact (step_000002)" in str(e.value)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
+    assert manifest.problem(good) is None
+
+
+def test_a_manifest_that_cannot_be_written_removes_the_partial(tmp_path, monkeypatch):
+    _save(tmp_path, 2)
+    files = checkpoint.save_units(tmp_path, 4, _states(4))
+
+    def full(directory, meta):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(manifest, "write", full)
+    with pytest.raises(checkpoint.CheckpointWriteError, match="step_000004"):
+        checkpoint.finalize(tmp_path, 4, {"config": {}}, files, keep=2)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
