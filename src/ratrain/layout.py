@@ -9,15 +9,18 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 
 
+def has_views(dtype: str, state_home: str, host_is_separate: bool) -> bool:
+    """Whether compute views differ from the masters: a compute dtype other than fp32, or
+    masters on a host that is not the compute device's memory (`host_is_separate`: a GPU). On a
+    CPU-only run fp32 views would be copies of the masters in the same memory: there are none."""
+    return dtype != "float32" or (state_home == "host" and host_is_separate)
+
+
 def plan_for_config(cfg: RunConfig, host_is_separate: bool) -> PipelinePlan:
     """The plan of cfg's layout and lifecycle flags (a request the schedule can't satisfy is a
-    UserError).
-
-    Views appear where they differ from the masters: a compute dtype other than fp32, or masters
-    on a host that is not the compute device's memory (`host_is_separate`: a GPU). On a
-    CPU-only run fp32 views would be copies of the masters in the same memory: there are none."""
+    UserError), with views where they differ from the masters (has_views)."""
     p = cfg.parallel
-    views = cfg.train.dtype != "float32" or (p.state_home == "host" and host_is_separate)
+    views = has_views(cfg.train.dtype, p.state_home, host_is_separate)
     policies = p.activation_per_stage
     try:
         return build_plan(

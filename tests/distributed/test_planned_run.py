@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ratrain.metrics import read_metrics
+from ratrain.runtime.grid import RankGrid
 
 pytestmark = pytest.mark.dist
 
@@ -34,8 +35,7 @@ def test_a_planned_run_holds_what_was_planned(corpus, tmp_path):
     world = planned["run"]["parallel"]["pp"] * planned["run"]["parallel"]["dp"]
     assert len(held) == world
     predicted = planned["prediction"]["stage_peak_bytes"]
-    stage_of = [r // planned["dp"] if planned["rank_order"] == "pp-dp" else r % planned["pp"]
-                for r in range(world)]
+    grid = RankGrid(planned["pp"], planned["dp"], planned["rank_order"])
     for rank, measured in enumerate(held):
         assert measured <= budget * 0.9
-        assert measured == pytest.approx(predicted[stage_of[rank]], rel=0.01)
+        assert measured == pytest.approx(predicted[grid.coords(rank)[0]], rel=0.01)

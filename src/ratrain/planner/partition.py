@@ -65,7 +65,7 @@ def balanced(tables: Tables, choices: str, slack: float = 0.0) -> list[Partition
         return []
     limit_of = _within(tables, slack)
     hi = max(m * (t.total("forward", 0, n) + t.total("backward", 0, n)
-                  + (n - 2) * t.recompute[min(1, n - 1)]) + t.total("update", 0, n)
+                  + (n - 2) * t.forward[min(1, n - 1)]) + t.total("update", 0, n)
              for t in tables) + 1.0
     if _greedy(tables, choices, hi, limit_of) is None:
         return []

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from ratrain.config import ModelConfig
+from ratrain.layout import has_views
 from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.stage_cost import Lifecycle, UnitTable, lower_bound, pipeline_bound
 from ratrain.schedule.plan import PipelinePlan, build_plan
@@ -137,16 +138,15 @@ def _divisors(n: int) -> list[int]:
 
 
 def lifecycles(request: PlanRequest) -> list[Lifecycle]:
-    """State homes and view windows worth trying on this profile and dtype. Views exist where
-    they differ from the masters (layout.plan_for_config): a compute dtype other than fp32, or
-    masters in a host tier. The baseline is GPU-style: state on the device, views resident."""
+    """State homes and view windows worth trying on this profile and dtype; views only where
+    they differ from the masters (layout.has_views). The baseline is GPU-style: state on the
+    device, views resident."""
     host_tier = request.profile.device.host_link is not None
     out = []
     for home in ("device", "host") if host_tier else ("device",):
         if request.policy == "baseline" and home == "host":
             continue
-        views = request.dtype != "float32" or home == "host"
-        if not views:
+        if not has_views(request.dtype, home, host_tier):
             out.append(Lifecycle(home, None, request.policy))
             continue
         for window in (0, 1) if request.policy == "ratrain" else (0,):

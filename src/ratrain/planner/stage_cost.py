@@ -94,8 +94,8 @@ class UnitTable:
         shape = setup.shape
         o = c.overhead
         self.forward = [c.forward(u) + o for u in units]
+        # a recomputation (R) is the forward with autograd again, priced as `forward`
         self.forward_no_grad = [c.forward(u, with_grad=False) + o for u in units]
-        self.recompute = [c.forward(u) + o for u in units]
         self.backward = [c.backward(u) + o for u in units]
         self.update = [c.update(u) + o for u in units]
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
@@ -135,7 +135,7 @@ class UnitTable:
         if not choice.offload and k:
             # a recomputed block's forward runs without autograd, and again (with it) as R
             forward -= k * (self.forward[1] - self.forward_no_grad[1])
-            recompute = k * self.recompute[1]
+            recompute = k * self.forward[1]
         states = self.total("state", a, b) if self.states_on_device else 0
         window = self.lifecycle.view_window
         if window is None or window == 0:
