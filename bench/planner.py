@@ -10,7 +10,10 @@ training plus the masters and gradients allocated before it), against the budget
 
 Part 2, predicted: `ratrain plan` for llama2-7b, baichuan2-13b, qwen2.5-32b and llama2-70b on
 1024 `mt3000` devices under 20e9 bytes, sequence length 4096, a global batch of 1024 sequences
-(LLaMA-2's 4M tokens), float16; each policy gets its own best plan, with the time the search took.
+(LLaMA-2's 4M tokens), float16; each policy gets its own best plan, with the time the search took
+(which may shard the training state over the replicas: the table says so).
+
+`--skip-measured` keeps the measured part already in `--out` (with its date and arguments).
 
     python bench/planner.py [--profile FILE] [--budget 70MB] [--steps 12] [--rounds 3]
                             [--skip-measured] [--skip-models] [--out bench/results/planner.json]
@@ -121,6 +124,7 @@ def paper_models() -> list[dict]:
                              micro_batch_size=c.layout.micro_batch_size,
                              rank_order=c.layout.rank_order,
                              state_home=c.layout.lifecycle.state_home,
+                             shard_state=c.layout.lifecycle.shard_state,
                              view_window=c.layout.lifecycle.view_window,
                              partition=[b - a for a, b, _ in c.partition],
                              stage_choices=c.choices(request.model.n_layers + 2),
@@ -149,6 +153,12 @@ def main() -> None:
     if not args.skip_measured:
         with tempfile.TemporaryDirectory() as tmp:
             result["measured"] = measured(args, Path(tmp))
+    elif Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        if "measured" in old:
+            result["measured"] = old["measured"]
+            result["measured_run"] = old.get("measured_run") or {
+                "date": old.get("date"), "argv": old.get("argv"), "machine": old.get("machine")}
     if not args.skip_models:
         result["paper_models"] = paper_models()
     Path(args.out).write_text(json.dumps(result, indent=2))
@@ -183,9 +193,11 @@ def report(result: dict) -> str:
                 if "tokens_per_s" not in e:
                     lines.append(f"| {row['model']} | {policy} | nothing fits | - | - | - | {e['seconds']:.1f} |")
                     continue
+                sharded = ", sharded" if e.get("shard_state") else ""
+                views = ("-" if e["view_window"] is None else "resident" if e["view_window"] == 0
+                         else f"window {e['view_window']}")
                 plan = (f"pp={e['pp']} dp={e['dp']}, {e['n_micro']} x {e['micro_batch_size']}, "
-                        f"{e['rank_order']}, state {e['state_home']}, views "
-                        f"{'-' if e['view_window'] is None else e['view_window']}")
+                        f"{e['rank_order']}, state {e['state_home']}{sharded}, views {views}")
                 lines.append(f"| {row['model']} | {policy} | {plan} | {e['tokens_per_s']:,.0f} | "
                              f"{e['step_time_s']:.1f} | {e['max_stage_bytes'] / 1e9:.2f} | {e['seconds']:.1f} |")
             r, b = row["ratrain"], row["baseline"]

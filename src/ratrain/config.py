@@ -135,6 +135,7 @@ class ParallelConfig:
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
+    shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1
@@ -167,6 +168,9 @@ class ParallelConfig:
             raise UserError(f"--view-window must be >= 0, got {self.view_window}")
         if self.state_home not in STATE_HOMES:
             raise UserError(f"state home must be one of {', '.join(STATE_HOMES)}, got {self.state_home!r}")
+        if self.shard_state and self.dp < 2 and not self.plan_file:
+            raise UserError("--shard-state splits the masters and optimizer state over data-parallel "
+                            f"replicas; --dp {self.dp} has none to split over")
 
     @property
     def activation_per_stage(self) -> list[str]:

@@ -25,15 +25,17 @@ def unit_parameters(unit: nn.Module, owned: set[int]) -> list[nn.Parameter]:
     return params
 
 
-def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW | None:
-    """AdamW with weight decay on matrices only (norm gains and biases are not decayed)."""
+def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig,
+                   decay: list[bool] | None = None) -> torch.optim.AdamW | None:
+    """AdamW with weight decay on matrices only (norm gains and biases are not decayed);
+    `decay` says it per parameter where the tensors are not the model's own (a shard's 1-D
+    pieces of matrices)."""
     if not params:
         return None
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+    decay = decay or [p.dim() >= 2 for p in params]
+    groups = [{"params": [p for p, d in zip(params, decay) if d], "weight_decay": cfg.weight_decay},
+              {"params": [p for p, d in zip(params, decay) if not d], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
     # fused: one kernel per tensor, so the arithmetic is the same whatever the grouping of
     # parameters into optimizers (every pipeline layout updates bit for bit alike), and on a CPU
     # (host-resident optimizer state) it ran 6x faster than the per-tensor loop (tiny preset

@@ -58,7 +58,7 @@ def load_plan(cfg: RunConfig) -> PipelinePlan:
         raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
     want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
             "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
-            "policy": cfg.parallel.policy}
+            "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state}
     have = {k: getattr(plan, k) for k in want}
     if have != want:
         diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
@@ -276,7 +276,8 @@ class _Loop:
             if self.engine.loss_scale:
                 row["loss_scale"] = self.engine.loss_scale.scale
                 row["skipped"] = result.skipped
-            if self.val and (step + 1 == t.steps or (t.eval_every and (step + 1) % t.eval_every == 0)):
+            # every replica joins the loss reduction, those with no validation share too
+            if t.eval_batches > 0 and (step + 1 == t.steps or (t.eval_every and (step + 1) % t.eval_every == 0)):
                 row["val_loss"] = self.engine.eval_loss(self.val)
             if step > start:  # the first step pays for warm-up allocations
                 rates.append(row["tokens_per_s"])
@@ -308,8 +309,12 @@ class _Loop:
 
     def _checkpoint(self, step: int) -> None:
         files = {}
+        states = self.engine.unit_states()
         if not self.groups or self.groups.replica == 0:
-            files = checkpoint.save_units(self.run_dir, step, self.engine.unit_states())
+            files = checkpoint.save_units(self.run_dir, step, states)
+        else:
+            for _ in states:  # sharded state: join each unit's gather
+                pass
         saved = self._gather((files, rng.capture()), f"step {step}", "the checkpoint's gather")
         if self.is_main:
             meta = {"config": self.cfg.to_dict(), "plan": self.plan.to_dict() if self.plan else None,

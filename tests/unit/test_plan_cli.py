@@ -66,3 +66,24 @@ def test_a_planned_run_refuses_a_flag_it_was_not_made_for(monkeypatch, capsys, t
     code, _, stderr = run_cli(monkeypatch, capsys, "train", "--plan", str(out), "--model",
                               "tiny-gqa", "--run-dir", str(tmp_path / "run"))
     assert code == 2 and "was made for model tiny" in stderr
+
+
+def test_a_sharded_plan_says_so_in_the_table_the_json_and_the_plan_file(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    args = ("plan", "--model", "tiny", "--profile", "mt3000", "--devices", "4", "--dtype",
+            "float16", "--memory-budget", "40MB", "--micro-batch-size", "2", "--top", "1")
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--out", str(out))
+    assert code == 0, stderr
+    row = next(line for line in stdout.splitlines() if line.startswith("1 "))
+    assert "2 x 2" in row and "device, sharded / resident" in row
+    plan = json.loads(out.read_text())
+    assert plan["shard_state"] is True and plan["dp"] == 2
+    assert plan["run"]["parallel"]["shard_state"] is True
+    code, stdout, _ = run_cli(monkeypatch, capsys, *args, "--json")
+    assert code == 0 and json.loads(stdout)["plans"][0]["shard_state"] is True
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out), "--profile",
+                                   "mt3000", "--json")
+    assert code == 0, stderr
+    got = json.loads(stdout)
+    assert got["shard_state"] is True
+    assert got["step_time_s"] == plan["prediction"]["step_time_s"]

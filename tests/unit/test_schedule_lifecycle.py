@@ -235,6 +235,9 @@ def test_baseline_and_ratrain_refuse_or_build_as_documented():
     (dict(unit_activation={6: "keep"}), "unit_activation names unit 6, .* units 0..5"),
     (dict(unit_activation={2: "swap"}), "unknown activation policy 'swap'"),
     (dict(state_home="disk"), "unknown state home 'disk'; choose one of device, host"),
+    (dict(shard_state=True, view_window=0), "dp=1 has none to split over"),
+    (dict(shard_state=True, dp=2, view_window=0, state_home="host"), "cannot be combined with state home 'host'"),
+    (dict(shard_state=True, dp=2), "needs compute views .* not None"),
 ])
 def test_bad_lifecycle_requests_rejected(kwargs, message):
     with pytest.raises(ScheduleConfigError, match=message):
@@ -275,6 +278,33 @@ def test_plan_round_trips_with_lifecycle_fields():
     again.validate()
     resident = build_plan(4, 2, 1, 2, view_window=0)
     assert PipelinePlan.from_dict(json.loads(json.dumps(resident.to_dict()))) == resident
+
+
+def test_sharded_plan_round_trips_and_changes_no_program():
+    sharded = build_plan(4, 2, 2, 4, view_window=1, shard_state=True)
+    d = json.loads(json.dumps(sharded.to_dict()))
+    assert d["shard_state"] is True
+    again = PipelinePlan.from_dict(d)
+    assert again == sharded
+    again.validate()
+    assert sharded.programs == build_plan(4, 2, 2, 4, view_window=1).programs
+    del d["shard_state"]  # older plans: whole state on every replica
+    assert PipelinePlan.from_dict(d).shard_state is False
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d.update(shard_state="yes"), "shard_state must be true or false"),
+    (lambda d: d.update(pp=3), "pp=3, but the plan has 2 programs for 2 stages"),
+    # a stage that computes unit 1 on its masters: there is no whole master to compute on
+    (lambda d: d["programs"].__setitem__(0, " ".join(
+        t for t in d["programs"][0].split() if t not in ("P1", "WP1", "X1"))),
+     "makes no view of units \\[1\\]"),
+])
+def test_sharded_plan_validation(edit, match):
+    d = build_plan(4, 2, 2, 4, view_window=1, shard_state=True).to_dict()
+    edit(d)
+    with pytest.raises(ScheduleError, match=match):
+        PipelinePlan.from_dict(d).validate()
 
 
 def test_legacy_plan_loads():

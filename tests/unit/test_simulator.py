@@ -14,7 +14,7 @@ from ratrain.models.presets import get_preset
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
 from ratrain.sim import unit_costs as uc
-from ratrain.sim.cost_model import OPS
+from ratrain.sim.cost_model import OPS, SHARDED_OPS, ops_for
 from ratrain.sim.profile import Link, MeasuredShape, UnitTimes, load_profile
 from ratrain.sim.simulator import simulate
 
@@ -92,9 +92,13 @@ def test_a_slow_link_is_exposed_and_ratrain_hides_it_where_baseline_cannot():
 
 def test_every_op_has_a_cost_and_a_memory_effect():
     assert set(OPS) == set(Op)
-    for op, cost in OPS.items():
-        assert cost.kind in {"compute", "copy", "send", "recv", "sync", "norm", "wait", "step_end", "free"}
-        assert callable(cost.duration) and callable(cost.memory), op
+    assert set(ops_for(True)) == set(Op) and set(SHARDED_OPS) <= set(Op)
+    for table in (OPS, ops_for(True)):
+        for op, cost in table.items():
+            assert cost.kind in {"compute", "copy", "send", "recv", "sync", "norm", "wait", "step_end", "free"}
+            assert callable(cost.duration) and callable(cost.memory), op
+    assert ops_for(False) is OPS
+    assert ops_for(True)[Op.PREFETCH].kind == "sync"  # an all-gather on the replicas' links
 
 
 def test_memory_timeline_of_a_small_program_is_hand_computable():
@@ -116,6 +120,89 @@ def test_memory_timeline_of_a_small_program_is_hand_computable():
     assert timeline.peak == states + acts + uc.table_bytes(shape, "block") + 2 * tokens
     assert timeline.memory[-1][1] == states  # everything of the step let go
     assert set(timeline.at_peak) == set(KINDS)
+
+
+D, F, V = 256, 688, 512  # tiny: dim, MLP, vocabulary
+TINY_SIZES = [[V * D], [D, D * D, D * D, D * D, D * D, D, D * F, D * F, F * D],
+              [D, D * D, D * D, D * D, D * D, D, D * F, D * F, F * D], [D, V * D]]
+"""The parameter tensors of tiny with 2 blocks, unit by unit, as its modules list them."""
+
+
+def _slice(sizes: list[int], dp: int) -> tuple[int, int, int]:
+    """Replica 0's slice of a unit sharded over dp: (S, N_pad, tensors it meets)."""
+    n = sum(sizes)
+    s = -(-n // dp)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return s, s * dp, sum(1 for start in starts if start < s)
+
+
+def _sharded_setup(dp: int, bandwidth: float = 1e9, link: Link = Link(1e8, 1e-3)):
+    p = _profile(f=0.0, b=0.0)
+    p.device = dataclasses.replace(p.device, memory_bandwidth=bandwidth)
+    for links in (p.intra_node, p.inter_node):
+        links.collective = link
+    plan = build_plan(2, 1, dp, 1, clip=True, view_window=0, shard_state=True)
+    return plan, simulate(plan, _model(2), p, micro_batch_size=2, seq_len=256)
+
+
+@pytest.mark.parametrize("dp", [2, 7])
+def test_sharded_gather_sync_update_and_norm_take_their_formulas(dp):
+    """Sharded state over dp replicas (fp32, S = ceil(N / dp), N_pad = dp S): P is a cast of
+    the slice ((4 + 4) S at memory bandwidth) and a ring all-gather of the 4 N_pad-byte view,
+    GS a ring reduce-scatter of the 4 N_pad-byte gradient ((dp-1)/dp of it, dp-1 latencies), U
+    updates S parameters (36 bytes each with clipping), N reads 4 S bytes a unit and then
+    sums over the replicas, blocking (a ring all-reduce of 4 bytes)."""
+    bw, link = 1e9, Link(1e8, 1e-3)
+    plan, r = _sharded_setup(dp, bw, link)
+    timeline = r.ranks[0]
+    spans = {name: t1 - t0 for name, t0, t1 in timeline.spans}
+    actions = {str(a): (t0, t1) for a, t0, t1 in timeline.actions}
+    half = lambda nbytes: (dp - 1) / dp * nbytes / link.bandwidth + (dp - 1) * link.latency  # noqa: E731
+    for u, sizes in enumerate(TINY_SIZES):
+        s, padded, _ = _slice(sizes, dp)
+        assert spans[f"P{u}"] == pytest.approx(8 * s / bw + half(4 * padded), rel=1e-12)
+        assert spans[f"GS{u}"] == pytest.approx(half(4 * padded), rel=1e-12)
+        t0, t1 = actions[f"U{u}"]
+        assert t1 - t0 == pytest.approx(36 * s / bw, rel=1e-12)
+    t0, t1 = actions["N"]
+    assert t1 - t0 == pytest.approx(sum(4 * _slice(sizes, dp)[0] for sizes in TINY_SIZES) / bw)
+    # the walker sums over the replicas before it goes on (pp=1: the pipeline's part is free)
+    all_reduce = 2 * (dp - 1) / dp * 4 / link.bandwidth + 2 * (dp - 1) * link.latency
+    first_update = min(t for a, (t, _) in actions.items() if a.startswith("U"))
+    assert first_update - t1 == pytest.approx(all_reduce, rel=1e-9)
+    # the gathers run one after another on the replicas' links before the first forward
+    assert actions["F0.0"][0] == pytest.approx(sum(spans[f"P{u}"] for u in range(4)), rel=1e-12)
+
+
+@pytest.mark.parametrize("dp", [2, 3, 7])
+def test_memory_of_a_sharded_program_is_hand_computable(dp):
+    """Replica 0 holds per unit: masters 4 S, gradients 4 (N_pad + S) (the whole accumulation
+    buffer and the shard's), AdamW 8 S + 4 per tensor its slice meets (allocated at the first
+    update: a steady-state step starts with it), the resident view 4 N_pad (fp32 here)."""
+    plan, r = _sharded_setup(dp)
+    masters = gradients = optimizer = views = 0
+    for sizes in TINY_SIZES:
+        s, padded, pieces = _slice(sizes, dp)
+        masters += 4 * s
+        gradients += 4 * (padded + s)
+        optimizer += 8 * s + 4 * pieces
+        views += 4 * padded
+    timeline = r.ranks[0]
+    assert timeline.held_before_training == masters + gradients
+    assert timeline.memory[0][1] == masters + gradients + optimizer + views
+    assert timeline.memory[-1][1] == masters + gradients + optimizer + views  # views stay
+    at_peak = timeline.at_peak
+    assert (at_peak["masters"], at_peak["gradients"], at_peak["optimizer"], at_peak["views"]) == (
+        masters, gradients, optimizer, views)
+
+
+def test_sharded_views_in_a_window_are_held_from_gather_to_release():
+    m = _model(2)
+    plan = build_plan(2, 1, 2, 1, clip=True, view_window=1, shard_state=True)
+    r = simulate(plan, m, _profile(), micro_batch_size=2, seq_len=256)
+    views = [4 * _slice(sizes, 2)[1] for sizes in TINY_SIZES]
+    assert r.ranks[0].at_peak["views"] <= max(a + b for a, b in zip(views, views[1:]))
+    assert r.ranks[0].memory[-1][1] == r.ranks[0].memory[0][1]  # nothing resident between steps
 
 
 def _executor_ledger(cfg: RunConfig, plan, steps: int = 2) -> int:

@@ -56,3 +56,37 @@ def test_flops_count_attention_and_parameters():
                                   + 2 * 32 * 4096 ** 2 * 128)  # 2 x params x tokens + causal QK, AV
     assert uc.backward_flops(shape, "block") == 2 * block
     assert uc.forward_flops(shape, "head") == 2 * 4096 * 4096 * 32000
+
+
+@pytest.mark.parametrize("preset,tied", [("tiny", False), ("tiny-gqa", False), ("tiny-alibi", False),
+                                         ("tiny", True)])
+def test_param_sizes_are_the_units_parameters_in_order(preset, tied):
+    """Sharded state slices each unit's parameters flattened in `parameters()` order: the
+    closed form must list the same tensors in the same order (q/k/v biases, a tied head)."""
+    from ratrain.optim import unit_parameters
+
+    model = get_preset(preset)
+    model.n_layers, model.tie_embeddings = 1, tied
+    owned: set[int] = set()
+    for u, unit in enumerate(build_units(model, 0)):
+        kind = uc.unit_kind(model, u)
+        sizes = [p.numel() for p in unit_parameters(unit, owned)]
+        assert uc.param_sizes(model, kind) == sizes
+        assert uc.param_tensors(model, kind) == len(sizes)
+        assert sum(sizes) == uc.param_count(model, u)
+
+
+def test_a_shard_is_a_slice_of_the_flattened_parameters():
+    """tiny's block (791,040 parameters in 9 tensors) over 7 replicas: slices of 113,006, the
+    last padded by 2; replica 0's slice meets the first norm, q and k, replica 6's only down."""
+    model = get_preset("tiny")
+    d, f = 256, 688
+    sizes = [d, d * d, d * d, d * d, d * d, d, d * f, d * f, f * d]
+    n = sum(sizes)
+    assert uc.param_sizes(model, "block") == sizes and n == 791_040
+    s = -(-n // 7)
+    assert uc.shard(model, 1, 7) == uc.Shard(size=s, padded=7 * s, real=s, pieces=3)
+    assert uc.shard(model, 1, 7, rank=6) == uc.Shard(size=s, padded=7 * s, real=n - 6 * s, pieces=1)
+    assert uc.shard(model, 1, 3) == uc.Shard(size=n // 3, padded=n, real=n // 3, pieces=7)
+    assert uc.shard(model, 0, 2) == uc.Shard(size=512 * d // 2, padded=512 * d, real=512 * d // 2,
+                                             pieces=1)

@@ -11,6 +11,7 @@ verifies is the one a run resumes from.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -46,14 +47,16 @@ def complete_dirs(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
-def save_units(run_dir: Path, step: int, states: dict[int, dict]) -> dict[str, dict]:
-    """Write this process's units into the partial directory of `step`; returns their files'
-    manifest entries. On failure (a full disk) the partial directory is removed."""
+def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[tuple[int, dict]],
+               ) -> dict[str, dict]:
+    """Write this process's units (a mapping, or (unit, state) pairs made as they are read)
+    into the partial directory of `step`; returns their files' manifest entries. On failure (a
+    full disk) the partial directory is removed."""
     partial = _partial(run_dir, step)
     try:
         partial.mkdir(parents=True, exist_ok=True)
         files = {}
-        for unit, state in states.items():
+        for unit, state in (states.items() if isinstance(states, Mapping) else states):
             files.update(write_unit(partial, unit, state))
         return files
     except OSError as e:

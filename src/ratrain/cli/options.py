@@ -50,6 +50,7 @@ _CONFIG_OPTIONS = [
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
+    click.option("--shard-state/--no-shard-state", default=None, help="Each data-parallel replica holds 1/dp of every unit's fp32 masters and AdamW state (ZeRO-style): gradients are reduce-scattered, each replica updates its slice, and the compute views are all-gathered. Needs --dp >= 2 and --state-home device.  [default: off]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -61,7 +62,7 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
-           "state_home": "parallel"}
+           "state_home": "parallel", "shard_state": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
@@ -110,9 +111,10 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
         return  # the plan's checks explain what is wrong with the file
     if not isinstance(layout, dict):
         return
-    for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str)):
+    for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
+                      ("shard_state", bool)):
         value = layout.get(key)
-        if opts[key] is None and isinstance(value, kind) and not isinstance(value, bool):
+        if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash
     if "run" in layout:
         _use_run_settings(cfg, layout["run"], plan_file, opts)
@@ -135,7 +137,7 @@ def _use_run_settings(cfg: RunConfig, run, plan_file: str, opts: dict) -> None:
                         f"has {cfg.model.name} ({cfg.model.n_layers} layers, dim {cfg.model.dim})")
     cfg.model = made_for.model
     for section, keys in (("train", ("seq_len", "global_batch", "micro_batch_size", "dtype")),
-                          ("parallel", ("state_home", "view_window", "partition"))):
+                          ("parallel", ("state_home", "shard_state", "view_window", "partition"))):
         for key in keys:
             if key not in run.get(section, {}):
                 continue

@@ -55,8 +55,10 @@ def _show(cfg, out, as_json) -> None:
              else f"window {pipeline_plan.view_window}")
     activation = "; ".join(f"stage {s}: " + ",".join(choices)
                            for s, choices in enumerate(pipeline_plan.activation))
+    sharded = (f", sharded over the {pipeline_plan.dp} replicas"
+               if pipeline_plan.shard_state else "")
     click.echo(f"activations per unit: {activation}; views: {views}; "
-               f"state home: {pipeline_plan.state_home}")
+               f"state home: {pipeline_plan.state_home}{sharded}")
     click.echo(format_table(pipeline_plan.programs))
 
 
@@ -68,7 +70,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     from ratrain.sim.profile import load_profile
 
     for flag in ("dp", "schedule", "activation", "view_window", "state_home", "partition",
-                 "rank_order"):
+                 "rank_order", "shard_state"):
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")
@@ -142,14 +144,12 @@ def _rows(found) -> list[list]:
     n_units = found.request.model.n_layers + 2
     for i, c in enumerate(found.best, 1):
         L = c.layout
-        views = ("-" if L.lifecycle.view_window is None
-                 else "resident" if L.lifecycle.view_window == 0 else f"window {L.lifecycle.view_window}")
         choices = c.choices(n_units)
         summary = ",".join(choices) if len(choices) <= 4 else _runs(choices)
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     f"{L.lifecycle.state_home} / {views}", _runs([str(b - a) for a, b, _ in c.partition]),
+                     L.lifecycle.label(), _runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])
     return rows
 

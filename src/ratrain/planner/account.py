@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ratrain.planner.partition import least_excess
-from ratrain.planner.search import Candidate, Layout, PlanRequest, UnitTables, evaluate, layouts
-from ratrain.planner.stage_cost import lower_bound
+from ratrain.planner.partition import fits, least_excess
+from ratrain.planner.search import (Candidate, Layout, PlanRequest, UnitTables, evaluate,
+                                    layouts, lifecycles)
+from ratrain.planner.stage_cost import Lifecycle, UnitTable, lower_bound
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
           "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",)}
@@ -34,11 +35,13 @@ def _smallest_layouts(request: PlanRequest) -> list[Layout]:
 
 def _least(request: PlanRequest) -> tuple[float, Layout, list] | None:
     """Over the layouts that hold the least, the partition that overfills its devices the
-    least by the estimate: (that excess in bytes, the layout, the partition)."""
+    least by the estimate: (that excess in bytes, the layout, the partition). A layout that
+    cannot beat the best so far is left after one greedy pass."""
     tables = UnitTables(request)
     best = None
     for layout in _smallest_layouts(request):
-        found = least_excess(tables(layout), layout.activation)
+        found = least_excess(tables(layout), layout.activation,
+                             below=None if best is None else best[0])
         if found and (best is None or found[0] < best[0]):
             best = (found[0], layout, found[1])
     return best
@@ -57,8 +60,13 @@ def closest(request: PlanRequest) -> Candidate | None:
 def _fits_with(request: PlanRequest, **change) -> bool:
     """Whether some plan fits by the estimate once `change` is made to the request."""
     changed = dataclasses.replace(request, **change)
-    best = _least(changed)
-    return best is not None and best[0] <= 0
+    tables = UnitTables(changed)
+    # the deepest pipelines and sharded state first: the likeliest to fit
+    for layout in sorted(_smallest_layouts(changed),
+                         key=lambda lay: (-lay.pp, not lay.lifecycle.shard_state)):
+        if fits(tables(layout), layout.activation):
+            return True
+    return False
 
 
 def account(request: PlanRequest) -> str:
@@ -83,7 +91,8 @@ def account(request: PlanRequest) -> str:
     lines.append(
         f"  closest: pp={L.pp} dp={L.dp}, micro-batch {L.micro_batch_size}, "
         f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
-        f"{L.lifecycle.state_home}: stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
+        f"{L.lifecycle.state_home}{', sharded' if L.lifecycle.shard_state else ''}: "
+        f"stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
         f"{decimal_bytes(c.stage_bytes[worst] - r.limit_of(groups[worst]))} over ({by_kind}"
         + (f", process beyond the ledger {decimal_bytes(c.stage_bytes[worst] - rank.device_peak)}"
            if c.stage_bytes[worst] > rank.device_peak else "")
@@ -98,19 +107,61 @@ def account(request: PlanRequest) -> str:
     return "\n".join(lines)
 
 
+def _sharded_block(request: PlanRequest, dp: int) -> float:
+    """Bytes of one decoder block's state and view, sharded over `dp` replicas (resident view)."""
+    r = request
+    life = Lifecycle("device", 0, r.policy, shard_state=True)
+    table = UnitTable(r.model, r.profile, 1, r.seq_len, r.dtype, 1, life, r.clip, dp=dp)
+    return table.state[1] + table.view[1]
+
+
+def _sharding_hint(request: PlanRequest) -> str:
+    """What sharding a block's state over the replicas (ZeRO-style) makes of it: the least dp
+    (dividing the global batch) that brings it under half the budget, and whether the devices
+    allow that dp."""
+    r = request
+    degrees = [d for d in range(2, r.global_batch + 1) if r.global_batch % d == 0]
+    if not degrees:
+        return "sharding it needs 2 or more data-parallel replicas: the global batch has 1 sequence"
+    for dp in degrees:
+        sharded = _sharded_block(r, dp)
+        if sharded <= 0.5 * r.limit:
+            break
+    else:
+        return (f"even sharded over dp={dp} replicas it takes {decimal_bytes(sharded)} "
+                f"({sharded / r.limit:.0%}): the fp32 gradient buffer and the view stay whole")
+    what = (f"sharded across dp={dp} data-parallel replicas (ZeRO-style) it would take "
+            f"{decimal_bytes(sharded)} ({sharded / r.limit:.0%})")
+    if dp > r.devices:
+        return what + f": dp={dp} needs more than the {r.devices} devices"
+    return what + (f"; the search tried dp >= {dp} with at most {r.devices // dp} stages, which "
+                   f"did not fit")
+
+
 def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
     r = request
     hints = []
     n_units = r.model.n_layers + 2
     need = max(closest_candidate.stage_bytes) / (1.0 - r.margin)
     hints.append(f"a budget of {decimal_bytes(need)} per device would fit the closest plan")
-    if r.devices < n_units:
-        for devices in sorted({min(n_units, r.devices * k) for k in (2, 4, 8, 16, 32)}):
+    # More devices help by more pipeline stages (up to one unit each) and, where the state can
+    # be sharded, by more replicas to shard it over (up to one sequence each).
+    shards = any(life.shard_state for life in lifecycles(r))
+    most = n_units * (r.global_batch if shards else 1)
+    if r.profile.device_count:
+        most = min(most, r.profile.device_count)
+    if r.devices < most:
+        for devices in sorted({min(most, r.devices * k) for k in (2, 4, 8, 16, 32)}):
             if _fits_with(r, devices=devices, pipeline_degrees=None):
-                hints.append(f"{devices} devices would fit (more pipeline stages)")
+                hints.append(f"{devices} devices would fit (more pipeline stages"
+                             + (" or replicas to shard the state over)" if shards else ")"))
                 break
         else:
-            hints.append("more devices alone would not fit it: even one unit per stage overfills")
+            hints.append("more devices would not help: every stage already holds one unit, and "
+                         f"sharding the state over more replicas (up to {most} devices) does not "
+                         "fit either" if r.devices >= n_units else
+                         "more devices alone would not fit it: even one unit per stage overfills"
+                         + (", with its state sharded" if shards else ""))
     else:
         hints.append("more devices would not help: every stage already holds one unit")
     seq = r.seq_len // 2
@@ -119,12 +170,13 @@ def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
             hints.append(f"--seq-len {seq} would fit")
             break
         seq //= 2
-    table = UnitTables(r)(closest_candidate.layout)[0]
+    life = dataclasses.replace(closest_candidate.layout.lifecycle, shard_state=False)
+    table = UnitTable(r.model, r.profile, 1, r.seq_len, r.dtype, 1, life, r.clip)
     block = table.state[1] + table.view[1] if n_units > 2 else 0
     if block > 0.5 * r.limit:
         hints.append(f"one decoder block's training state ({decimal_bytes(block)}: fp32 masters, "
                      f"gradients, AdamW moments and its view) takes {block / r.limit:.0%} of the "
-                     f"budget; sharding it across the data-parallel replicas is not built yet")
+                     f"budget; " + _sharding_hint(r))
     host = r.profile.device.host_memory_bytes
     if host is not None and table.state[1] > r.host_limit:
         hints.append(f"state on the host would need {decimal_bytes(table.state[1])} per block; "

@@ -133,14 +133,24 @@ def candidates(tables: Tables, choices: str, slack: float = 0.0) -> list[Partiti
     return out
 
 
-def least_excess(tables: Tables, choices: str) -> tuple[float, Partition] | None:
+def fits(tables: Tables, choices: str) -> bool:
+    """Whether some partition fits every stage's limit (by the estimate), whatever its time."""
+    n, pp = tables[0].n_units, len(tables)
+    return pp <= n and _greedy(tables, choices, float("inf"), _within(tables, 0.0)) is not None
+
+
+def least_excess(tables: Tables, choices: str,
+                 below: float | None = None) -> tuple[float, Partition] | None:
     """The partition whose stages overfill their limits the least, whatever its time, and
-    that excess in bytes (<= 0: it fits); None when no partition is possible at all."""
+    that excess in bytes (<= 0: it fits); None when no partition is possible at all, or (with
+    `below`) none overfills by less than `below` bytes."""
     n, pp = tables[0].n_units, len(tables)
     if pp > n:
         return None
     unbounded = float("inf")
-    lo, hi = -min(t.limit for t in tables), 1.0
+    if below is not None and _greedy(tables, choices, unbounded, _within(tables, -below)) is None:
+        return None
+    lo, hi = -min(t.limit for t in tables), 1.0 if below is None else below
     while _greedy(tables, choices, unbounded, _within(tables, -hi)) is None:
         hi = 2 * hi + 1
         if hi > 1e18:

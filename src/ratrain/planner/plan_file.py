@@ -9,7 +9,8 @@ from ratrain.config import RunConfig
 from ratrain.planner.search import Candidate, SearchResult
 
 RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
-            "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window")}
+            "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window",
+                         "shard_state")}
 
 
 def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
@@ -23,6 +24,7 @@ def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
         "parallel": {"pp": layout.pp, "dp": layout.dp, "policy": layout.lifecycle.policy,
                      "rank_order": layout.rank_order, "state_home": layout.lifecycle.state_home,
                      "view_window": layout.lifecycle.view_window or 0,
+                     "shard_state": layout.lifecycle.shard_state,
                      "partition": [b - a for a, b, _ in candidate.partition]},
     }
 
@@ -56,6 +58,7 @@ def summary(found: SearchResult) -> dict:
                    "micro_batch_size": c.layout.micro_batch_size, "n_micro": c.layout.n_micro,
                    "rank_order": c.layout.rank_order, "state_home": c.layout.lifecycle.state_home,
                    "view_window": c.layout.lifecycle.view_window,
+                   "shard_state": c.layout.lifecycle.shard_state,
                    "partition": [b - a for a, b, _ in c.partition],
                    **prediction(c, r)} for c in found.best],
     }

@@ -1,10 +1,13 @@
 """The planner's search: the fastest plan that fits the memory budget, by simulated step time.
 
 Best-first branch and bound. A layout (pipeline and data-parallel degrees, micro-batch size,
-rank order, where state lives and how views are made) has a lower bound on its step time that
-no partition can beat (stage_cost.pipeline_bound); expanding it gives its partitions, each with
+rank order, where state lives, whether it is sharded over the replicas, how views are made) has
+a lower bound on its step time that no partition can beat (stage_cost.pipeline_bound);
+expanding it gives its partitions, each with
 the activation choice per stage that fits and a tighter bound (stage_cost.lower_bound); a
-partition popped off the queue is built into a plan and simulated. The search stops when the
+partition popped off the queue the first time gets a tighter bound still (`refine`: its 1F1B
+order walked stage by stage, stage_cost.pipeline_path) and goes back in the queue where that
+is higher; popped again, it is built into a plan and simulated. The search stops when the
 next bound cannot beat the K-th fastest plan found, so pruning never loses the best plan: it
 returns what simulating every candidate would.
 """
@@ -19,10 +22,12 @@ from dataclasses import dataclass, field
 from ratrain.config import ModelConfig
 from ratrain.layout import has_views
 from ratrain.planner.partition import Partition, candidates
-from ratrain.planner.stage_cost import Lifecycle, UnitTable, lower_bound, pipeline_bound
+from ratrain.planner.stage_cost import (Lifecycle, UnitTable, lower_bound, pipeline_bound,
+                                        pipeline_path)
+from ratrain.runtime.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.cost_model import ring
-from ratrain.sim.profile import HardwareProfile
+from ratrain.sim.profile import HardwareProfile, Link
 from ratrain.sim.simulator import SimResult, simulate, stage_groups
 
 DEFAULT_MARGIN = 0.10
@@ -102,6 +107,7 @@ class Candidate:
     result: SimResult | None = None
     stage_bytes: list[float] = field(default_factory=list)  # simulated device peak + overhead
     host_bytes: list[float] = field(default_factory=list)  # simulated host-tier peak
+    refined: bool = False  # `bound` is `refine`'s
 
     @property
     def step_time(self) -> float:
@@ -139,9 +145,12 @@ def _divisors(n: int) -> list[int]:
 
 def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     """State homes and view windows worth trying on this profile and dtype; views only where
-    they differ from the masters (layout.has_views). The baseline is GPU-style: state on the
-    device, views resident."""
+    they differ from the masters (layout.has_views). Sharded state (on the device, with views,
+    the gathered weights: always there) for layouts of dp >= 2 (`layouts` leaves it out of the
+    others). The baseline is GPU-style: state on the device, views resident; sharded too, as
+    DeepSpeed's ZeRO-1 with its pipeline engine."""
     host_tier = request.profile.device.host_link is not None
+    windows = (0, 1) if request.policy == "ratrain" else (0,)
     out = []
     for home in ("device", "host") if host_tier else ("device",):
         if request.policy == "baseline" and home == "host":
@@ -149,8 +158,11 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
         if not has_views(request.dtype, home, host_tier):
             out.append(Lifecycle(home, None, request.policy))
             continue
-        for window in (0, 1) if request.policy == "ratrain" else (0,):
+        for window in windows:
             out.append(Lifecycle(home, window, request.policy))
+    if has_views(request.dtype, "device", host_tier, shard_state=True):
+        out.extend(Lifecycle("device", window, request.policy, shard_state=True)
+                   for window in windows)
     return out
 
 
@@ -170,6 +182,8 @@ def layouts(request: PlanRequest) -> list[Layout]:
                     continue
                 orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
                 for life, order, act in itertools.product(lifecycles(request), orders, activations):
+                    if life.shard_state and dp < 2:
+                        continue  # nothing to shard over
                     groups = stage_groups(pp, dp, order, request.profile)
                     if groups is not None:
                         out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
@@ -189,13 +203,13 @@ class UnitTables:
         return [self.table(layout, g) for g in layout.groups]
 
     def table(self, layout: Layout, group: int) -> UnitTable:
-        key = (layout.micro_batch_size, layout.n_micro, layout.lifecycle, group)
+        key = (layout.micro_batch_size, layout.n_micro, layout.dp, layout.lifecycle, group)
         if key not in self._cache:
             r = self.request
             profile = r.profile.for_group(group)
             self._cache[key] = UnitTable(
                 r.model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
-                layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group))
+                layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group), layout.dp)
         return self._cache[key]
 
     def least_work(self, layout: Layout) -> float:
@@ -218,7 +232,7 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       rank_order=layout.rank_order, view_window=layout.lifecycle.view_window,
                       state_home=layout.lifecycle.state_home,
                       unit_activation=unit_activation if layout.activation == "mixed" else None,
-                      check=False)
+                      check=False, shard_state=layout.lifecycle.shard_state)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
@@ -246,25 +260,72 @@ def expand(request: PlanRequest, tables: UnitTables, layout: Layout, slack: floa
     out = []
     for part in candidates(per_stage, layout.activation, slack):
         stages = [e for _, _, e in part]
-        out.append(Candidate(layout, part, lower_bound(stages, layout.n_micro,
-                                                       _tail(request, per_stage[0], layout, part))))
+        out.append(Candidate(layout, part, lower_bound(
+            stages, layout.n_micro, _tail(request, per_stage[0], layout, part),
+            _lead(request, per_stage, layout, part))))
     return out
 
 
-def _tail(request: PlanRequest, table: UnitTable, layout: Layout, part: Partition) -> float:
+def _links(request: PlanRequest) -> tuple[Link, Link]:
+    return request.profile.intra_node.collective, request.profile.inter_node.collective
+
+
+def _tail(request: PlanRequest, table: UnitTable, layout: Layout, part: Partition,
+          links: tuple[Link, ...] | None = None) -> float:
     """What stage 0 must still do after its last backward: synchronize the gradients still
     unsynchronized (ratrain: its first unit's, the last it backwards; baseline: every one) over
-    the fastest link the profile has, then update (after the global norm, every unit)."""
+    the fastest of `links` (default: of the profile's), then update (after the global norm,
+    every unit; sharded, the norm first sums over the replicas)."""
+    links = links or _links(request)
     first = part[0]
     units = range(first[0], first[1])
     synced = units if layout.lifecycle.policy == "baseline" else units[:1]
     sync = 0.0
     if layout.dp > 1:
-        links = (request.profile.intra_node.collective, request.profile.inter_node.collective)
-        sync = sum(min(ring(link, table.costs.grad_sync_bytes(u), layout.dp) for link in links)
+        sync = sum(min(table.costs.grad_sync(u, link, layout.dp) for link in links)
                    for u in synced)
     update = first[2].update_s if request.clip else table.update[units[0]]
+    if request.clip and layout.lifecycle.shard_state:
+        update += min(ring(link, 4, layout.dp) for link in links)
     return sync + update
+
+
+def _lead(request: PlanRequest, tables: list[UnitTable], layout: Layout,
+          part: Partition) -> list[float] | None:
+    """Sharded: what each stage waits for before its first forward, the all-gather of its
+    first unit's view (over the fastest link the profile has); None otherwise."""
+    if not layout.lifecycle.shard_state:
+        return None
+    return [min(table.costs.gather(a, link) for link in _links(request))
+            for table, (a, _, _) in zip(tables, part)]
+
+
+def _layout_links(request: PlanRequest, layout: Layout) -> tuple[list[Link], list[Link]]:
+    """The links the layout's traffic crosses under its rank order, as the simulator's
+    stage_setups finds them: between stages s and s + 1 (point to point), and each stage's
+    replicas' ring."""
+    profile, grid = request.profile, RankGrid(layout.pp, layout.dp, layout.rank_order)
+    same = lambda ranks: len({r // profile.devices_per_node for r in ranks}) == 1  # noqa: E731
+    hops = [profile.link(same([grid.rank(s, 0), grid.rank(s + 1, 0)])).p2p
+            for s in range(layout.pp - 1)]
+    rings = [profile.link(same(grid.replica_ranks(s))).collective for s in range(layout.pp)]
+    return hops, rings
+
+
+def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> float:
+    """A tighter lower bound on the candidate's step than the one it was queued with: its 1F1B
+    order walked stage by stage (stage_cost.pipeline_path) on the links its rank order gives,
+    then stage 0's last sync and updates."""
+    layout, part = candidate.layout, candidate.partition
+    per_stage = tables(layout)
+    hops, rings = _layout_links(request, layout)
+    lead = ([t.costs.gather(a, link) for t, (a, _, _), link in zip(per_stage, part, rings)]
+            if layout.lifecycle.shard_state else [0.0] * layout.pp)
+    act = per_stage[0].act
+    path = pipeline_path([e for _, _, e in part], layout.n_micro, lead,
+                         [link.time(act) for link in hops],
+                         _tail(request, per_stage[0], layout, part, (rings[0],)))
+    return max(candidate.bound, path)
 
 
 def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
@@ -298,6 +359,13 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
         candidate, slack = payload
         if candidate.key in seen:  # a tightened layout gives some partitions again
             continue
+        if not exhaustive and not candidate.refined:
+            candidate.refined = True
+            tighter = refine(request, tables, candidate)
+            if tighter > bound:
+                candidate.bound = tighter
+                heapq.heappush(queue, (tighter, next(order), "candidate", (candidate, slack)))
+                continue
         seen.add(candidate.key)
         evaluate(request, candidate)
         simulated += 1

@@ -6,11 +6,16 @@ and the simulator price a unit alike; what is closed-form here is only how a sta
 up under 1F1B: stage s of p holds the activations of min(m, p - s) micro-batches when its
 first backward begins. The simulated memory timeline stays the authority; `lower_bound`
 gives what no plan of these stages can beat, which makes pruning safe.
+
+Sharded state (ZeRO-style, `Lifecycle.shard_state`) changes the units' sizes, not the shape of
+the sums: a unit table is made for one data-parallel degree, and the cost model's
+`unit_state_owners`, `view_bytes` and `update` give a replica's shard (sim/cost_model.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -28,6 +33,13 @@ class Lifecycle:
     state_home: str  # "device" or "host"
     view_window: int | None  # None: no views (they are the masters); 0: resident; K: window
     policy: str  # "ratrain" or "baseline"
+    shard_state: bool = False  # masters and AdamW state sharded over the replicas (device, views)
+
+    def label(self) -> str:
+        """The state home and views as the plan table shows them: "device, sharded / window 1"."""
+        views = ("-" if self.view_window is None
+                 else "resident" if self.view_window == 0 else f"window {self.view_window}")
+        return f"{self.state_home}{', sharded' if self.shard_state else ''} / {views}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,8 @@ class StageEstimate:
     bytes: float  # device-resident peak, estimated
     host_bytes: float = 0.0  # peak in a host tier apart from the device, estimated
     units: tuple[int, int] = (0, 0)  # [a, b)
+    recompute_first_s: float = 0.0  # of recompute_s, the stage's last unit's: placed before
+    # the wait for the gradient, it can run before the gradient arrives (the others cannot)
 
     def busy_s(self, n_micro: int) -> float:
         return n_micro * (self.forward_s + self.backward_s + self.recompute_s) + self.update_s
@@ -74,9 +88,9 @@ class UnitTable:
 
     def __init__(self, model: ModelConfig, profile: HardwareProfile, micro_batch_size: int,
                  seq_len: int, dtype: str, n_micro: int, lifecycle: Lifecycle, clip: bool,
-                 limit: float = float("inf"), host_limit: float = float("inf")):
+                 limit: float = float("inf"), host_limit: float = float("inf"), dp: int = 1):
         """`limit` and `host_limit`: the bytes a stage's estimate may reach on the device and in
-        its host tier."""
+        its host tier. `dp`: the replicas a sharded lifecycle splits the state over."""
         self.model, self.profile, self.lifecycle = model, profile, lifecycle
         self.n_units = model.n_layers + 2
         self.n_micro = n_micro
@@ -87,8 +101,9 @@ class UnitTable:
         setup = StageSetup(profile=profile, model=model, micro_batch_size=micro_batch_size,
                            seq_len=seq_len, dtype=dtype, n_micro=n_micro, units=units,
                            activation={}, view_units=frozenset(units) if views else frozenset(),
-                           state_home=lifecycle.state_home, dp=1, pp=1, p2p_prev=None,
-                           p2p_next=None, replicas=dummy, pipeline=dummy, clip=clip)
+                           state_home=lifecycle.state_home, dp=dp, pp=1, p2p_prev=None,
+                           p2p_next=None, replicas=dummy, pipeline=dummy, clip=clip,
+                           shard_state=lifecycle.shard_state)
         c = StageCosts(setup)
         self.costs = c
         shape = setup.shape
@@ -100,9 +115,11 @@ class UnitTable:
         self.update = [c.update(u) + o for u in units]
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.saved = [uc.saved_bytes(shape, uc.unit_kind(model, u)) for u in units]
-        self.state = [sum(owner[3] for owner in c.unit_state_owners(u)) for u in units]
+        owners = [c.unit_state_owners(u) for u in units]
+        self.state = [sum(owner[3] for owner in own) for own in owners]
         # masters and gradients: held before the first step, so not part of the ledger's growth
-        self.held = [8 * setup.params(u) for u in units]
+        self.held = [sum(owner[3] for owner in own if owner[1] in ("masters", "gradients"))
+                     for own in owners]
         self.view = [c.view_bytes(u) if views else 0 for u in units]
         self.act = c.act_bytes()
         self.table = uc.table_bytes(shape, "block")
@@ -160,8 +177,10 @@ class UnitTable:
         host = 0 if self.states_on_device else self.total("state", a, b)
         if choice.offload and self.host_tier:
             host += in_flight * k * (self.block_saved + self.table)
+        last_recomputed = not choice.offload and k and k == nb and b - 1 < self.n_units - 1
         return StageEstimate(choice, forward, self.total("backward", a, b), recompute,
-                             self.total("update", a, b), held, host, (a, b))
+                             self.total("update", a, b), held, host, (a, b),
+                             self.forward[1] if last_recomputed else 0.0)
 
     def _fits(self, est: StageEstimate, limit: float) -> StageEstimate | None:
         """The estimate if it fits `limit` with the process's overhead beyond the ledger."""
@@ -197,11 +216,15 @@ class UnitTable:
         return None
 
 
-def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0) -> float:
+def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0,
+                lead_s: Sequence[float] | None = None) -> float:
     """A 1F1B step can end no sooner than this (seconds); communication, copies and shared
     cores only add time. Stage 0's last backward comes after every other stage's, and after
-    `tail_s` more (its last sync and updates) the step ends. That last backward is no sooner
-    than, for each stage s:
+    `tail_s` more (its last sync and updates) the step ends. Stage s computes nothing before
+    `lead_s[s]` (sharded state: the all-gather of its first unit's view; default 0), so the
+    paths below that start at stage 0's first forward start no sooner than `lead_s[0]`, and
+    stage s's own work no sooner than `lead_s[s]`. That last backward is no sooner than, for
+    each stage s:
 
     - everything of s on its one walker (every forward, recomputation and backward), begun
       after the stages before it ran their forward of micro-batch 0, followed by the
@@ -212,6 +235,7 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
       forwards after its min(m, p - s) warm-up ones; then the backwards before s.
     """
     m, pp = n_micro, len(estimates)
+    lead = lead_s or [0.0] * pp
     forward_all = sum(e.forward_s for e in estimates)
     best, before_f, before_b = 0.0, 0.0, 0.0
     after = sum(e.backward_s for e in estimates)
@@ -219,13 +243,69 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
         after -= e.backward_s  # the backwards of the stages after s
         own = m * (e.forward_s + e.backward_s + e.recompute_s)
         warm = min(m, pp - s)
-        first_gradient = forward_all + after
+        first_gradient = lead[0] + forward_all + after
         rest = m * e.backward_s + (m - 1) * e.recompute_s + (m - warm) * e.forward_s
-        best = max(best, before_f + own + before_b, first_gradient + rest + before_b,
-                   own + e.update_s)
+        best = max(best, max(lead[0] + before_f, lead[s]) + own + before_b,
+                   first_gradient + rest + before_b, lead[s] + own + e.update_s)
         before_f += e.forward_s
         before_b += e.backward_s
     return best + tail_s
+
+
+def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence[float],
+                  hop_s: Sequence[float], tail_s: float = 0.0) -> float:
+    """A tighter bound than `lower_bound`, at O(stages x micro-batches): the earliest stage 0
+    can end its last backward when each stage runs its forwards and backwards in its 1F1B
+    order (schedule/builders.py: min(p - s - 1, m) warm-up forwards, then one forward and one
+    backward, then the cool-down backwards) on its one walker, a forward no sooner than the
+    previous stage's forward of that micro-batch plus `hop_s[s - 1]` (the activation's
+    transfer), a backward no sooner than the next stage's backward of it plus `hop_s[s]` (the
+    gradient's), and the stage's first forward no sooner than `lead_s[s]`; then `tail_s`.
+    The recomputation of a stage's last unit may run before the gradient arrives, the others
+    after it (as the programs place them). Everything else (copies, syncs, updates, shared
+    links and cores, action overheads outside compute) only adds time."""
+    m, pp = n_micro, len(estimates)
+    warm = [min(pp - s - 1, m) for s in range(pp)]
+    f_end = [[0.0] * m for _ in range(pp)]
+    b_end = [[0.0] * m for _ in range(pp)]
+    done_f = [0] * pp  # forwards finished per stage (in micro-batch order)
+    done_b = [0] * pp
+    walker = list(lead_s)  # when each stage's walker is next free
+    step = [0] * pp  # position in the stage's order: 2m actions
+    pending = list(range(pp))
+    while pending:
+        s = pending.pop()
+        e, w = estimates[s], warm[s]
+        while step[s] < 2 * m:
+            k = step[s]
+            # the k-th action: forwards 0..w-1, then F(i + w), B(i) pairs, then backwards
+            if k < w:
+                forward, i = True, k
+            elif k < 2 * m - w:
+                j = k - w
+                forward, i = j % 2 == 0, (j // 2 + w if j % 2 == 0 else j // 2)
+            else:
+                forward, i = False, k - m
+            if forward:
+                if s > 0 and done_f[s - 1] <= i:
+                    break  # waits for the previous stage's forward of i
+                ready = f_end[s - 1][i] + hop_s[s - 1] if s > 0 else 0.0
+                f_end[s][i] = walker[s] = max(walker[s], ready) + e.forward_s
+                done_f[s] += 1
+                if s + 1 < pp:
+                    pending.append(s + 1)
+            else:
+                if s + 1 < pp and done_b[s + 1] <= i:
+                    break  # waits for the next stage's backward of i
+                early = walker[s] + e.recompute_first_s
+                ready = b_end[s + 1][i] + hop_s[s] if s + 1 < pp else 0.0
+                b_end[s][i] = walker[s] = (max(early, ready) + e.backward_s
+                                           + e.recompute_s - e.recompute_first_s)
+                done_b[s] += 1
+                if s > 0:
+                    pending.append(s - 1)
+            step[s] += 1
+    return b_end[0][m - 1] + tail_s
 
 
 def pipeline_bound(work_per_micro: float, n_micro: int, pp: int) -> float:

@@ -17,7 +17,7 @@ from ratrain.models.llama import lm_loss
 from ratrain.optim import set_lr
 from ratrain.runtime.executor import Executor, StepResult
 from ratrain.runtime.loss_scale import DynamicLossScale
-from ratrain.runtime.stage import Stage
+from ratrain.runtime.stage import ShardOver, Stage
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import PipelinePlan, build_eval_programs
 
@@ -27,18 +27,19 @@ class _UnitStateMixin:
 
     loss_scale: DynamicLossScale | None = None
 
-    def unit_states(self) -> dict[int, dict]:
-        return {
-            u: {"weights": self.stage.weights(u),
-                "optim": (opt.state_dict() if (opt := self.stage.state[u].optimizer) else None)}
-            for u in self.stage.modules
-        }
+    def unit_states(self):
+        """(unit, its whole weights and optimizer state) for each unit of the stage, made one
+        at a time as the caller iterates: with sharded state each is a gather that every
+        replica of the stage must join, in the same order."""
+        for u in self.stage.modules:
+            yield u, {"weights": self.stage.weights(u),
+                      "optim": self.stage.state[u].optimizer_state()}
 
     def load_unit_states(self, states: dict[int, dict]) -> None:
         for u, state in states.items():
             self.stage.load_weights(u, state["weights"])
             if state["optim"] is not None:
-                self.stage.state[u].optimizer.load_state_dict(state["optim"])
+                self.stage.state[u].load_optimizer_state(state["optim"])
 
     def peak_memory_bytes(self) -> int:
         return peak_memory_bytes(self.stage.device)
@@ -95,9 +96,11 @@ class PipelineEngine(_UnitStateMixin):
         self.stage_index = groups.stage if groups else 0
         self.program = plan.programs[self.stage_index]
         view_units = {a.layer for a in self.program if a.op is Op.PREFETCH}
+        shard = (ShardOver(groups.replicas, groups.replica, groups.grid.dp)
+                 if plan.shard_state else None)
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],
                            groups.device if groups else device,
-                           modules, view_units=view_units, state_home=plan.state_home)
+                           modules, view_units=view_units, state_home=plan.state_home, shard=shard)
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
         # Views compute in the compute dtype end to end; masters under autocast keep fp32
         # activations between units.
@@ -124,9 +127,23 @@ class PipelineEngine(_UnitStateMixin):
 
     def eval_loss(self, batches) -> float:
         n = len(batches)
+        # Sharded views are gathers every replica joins, but replicas may get different numbers
+        # of validation micro-batches: the views are gathered around the program instead.
+        window = None if self.plan.shard_state else self.plan.view_window
         if n not in self._eval_programs:
             # A replica with no validation share still joins the loss reduction at step end.
             self._eval_programs[n] = (
-                build_eval_programs(self.plan.stage_units, n, self.plan.view_window)[self.stage_index]
+                build_eval_programs(self.plan.stage_units, n, window)[self.stage_index]
                 if n else [Action(Op.STEP_END)])
-        return self.executor.eval_step(self._eval_programs[n], batches)
+        if not self.plan.shard_state:
+            return self.executor.eval_step(self._eval_programs[n], batches)
+        states = self.stage.state.values()
+        for state in states:
+            state.prefetch()
+        for state in states:
+            state.wait_view()
+        loss = self.executor.eval_step(self._eval_programs[n], batches)
+        if self.plan.view_window:  # not resident: released as the training program would
+            for state in states:
+                state.release_view()
+        return loss

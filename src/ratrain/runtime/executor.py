@@ -145,7 +145,12 @@ class Executor:
         trace ends the span when the program waits for the work."""
         if work is None or action.op not in (Op.GRAD_SYNC, Op.GRAD_NORM):
             return None
-        return work.get_future() if self.stage.device.type == "cpu" else None
+        if self.stage.device.type != "cpu":
+            return None
+        try:
+            return work.get_future()
+        except RuntimeError:  # gloo's reduce-scatter (sharded state) has none
+            return None
 
     def _unit_input(self, u: int, mb: int) -> torch.Tensor:
         if u == 0:
@@ -237,10 +242,17 @@ class Executor:
     def _wait_reload(self, a: Action) -> None:
         self.saved[(a.layer, a.mb)].wait_reload(self.stage.copies)
 
-    def _prefetch(self, a: Action) -> None:
-        self.stage.state[a.layer].prefetch()
+    def _prefetch(self, a: Action):
+        work = self.stage.state[a.layer].prefetch()  # sharded: the all-gather
+        if work is not None:
+            self.pending[a] = (work, None)
+        return work
 
     def _wait_prefetch(self, a: Action) -> None:
+        gathered = self.pending.pop(Action(Op.PREFETCH, a.layer), None)
+        if gathered is not None:
+            g = self.groups
+            self._timed_wait(gathered[0], a, self._ranks_text(g.grid.replica_ranks(g.stage)))
         self.stage.state[a.layer].wait_view()
 
     def _release(self, a: Action) -> None:
@@ -316,9 +328,14 @@ class Executor:
         self.stage.state[a.layer].wait_sync()
 
     def _grad_norm(self, a: Action):
-        """Start reducing the stage's squared gradient norm over the pipeline stages."""
+        """Start reducing the stage's squared gradient norm over the pipeline stages (sharded:
+        first summed over the stage's replicas, each of which holds a slice)."""
         parts = [sq for s in self.stage.state.values() if (sq := s.sq_norm()) is not None]
         sq = (torch.stack(parts).sum() if parts else torch.zeros((), device=self.stage.device)).reshape(1)
+        if self.stage.sharded:  # each replica holds a slice of the stage's gradients
+            g = self.groups
+            self._timed_wait(dist.all_reduce(sq, group=g.replicas, async_op=True), a,
+                             self._ranks_text(g.grid.replica_ranks(g.stage)))
         work = dist.all_reduce(sq, group=self.groups.pipeline, async_op=True) if self.pp > 1 else None
         self._norm = (work, sq)
         return work

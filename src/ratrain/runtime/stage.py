@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -11,9 +13,19 @@ from ratrain.models.llama import build_units
 from ratrain.optim import make_optimizer, unit_parameters
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
+from ratrain.runtime.sharded_state import ShardedUnitState
 from ratrain.runtime.unit_state import UnitState
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ShardOver:
+    """The data-parallel group a stage's state is sharded over, and this rank's place in it."""
+
+    group: object
+    replica: int
+    replicas: int
 
 
 class Stage:
@@ -21,12 +33,15 @@ class Stage:
 
     `view_units` compute with a view of their masters (the program prefetches and releases it);
     the others compute with the masters themselves, fp32 on the compute device. `state_home`
-    places the masters, gradients and optimizer state: "device" or "host" (the CPU). Compute in
-    a lower precision runs under autocast, so the ops autocast keeps in fp32 stay there.
+    places the masters, gradients and optimizer state: "device" or "host" (the CPU). With
+    `shard`, every unit's state is sharded over the stage's replicas (runtime/sharded_state.py).
+    Compute in a lower precision runs under autocast, so the ops autocast keeps in fp32 stay
+    there.
     """
 
     def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None, *,
-                 view_units=(), state_home: str = "device", ledger: MemoryLedger | None = None):
+                 view_units=(), state_home: str = "device", ledger: MemoryLedger | None = None,
+                 shard: ShardOver | None = None):
         self.cfg = cfg
         self.units = units
         self.device = device
@@ -40,11 +55,21 @@ class Stage:
         home = torch.device("cpu") if state_home == "host" else device
         owned: set[int] = set()
         self.state: dict[int, UnitState] = {}
+        def new_optimizer(params, decay=None):
+            return make_optimizer(params, cfg.train, decay)
+
         for u, m in self.modules.items():
-            self.state[u] = UnitState(
-                unit_parameters(m, owned), lambda params: make_optimizer(params, cfg.train),
-                view_dtype=self.dtype if u in view_units else None, home=home,
-                copies=self.copies, ledger=self.ledger)
+            params = unit_parameters(m, owned)
+            if shard and params:
+                self.state[u] = ShardedUnitState(
+                    params, new_optimizer, view_dtype=self.dtype, group=shard.group,
+                    replica=shard.replica, replicas=shard.replicas, copies=self.copies,
+                    ledger=self.ledger)
+            else:
+                self.state[u] = UnitState(
+                    params, new_optimizer, view_dtype=self.dtype if u in view_units else None,
+                    home=home, copies=self.copies, ledger=self.ledger)
+        self.sharded = shard is not None
 
     def autocast(self):
         """Lower-precision compute under autocast; a no-op for fp32."""
@@ -62,12 +87,11 @@ class Stage:
         for m in self.modules.values():
             m.train(mode)
 
-    def _masters_by_param(self) -> dict[int, torch.Tensor]:
-        return {id(p): m for s in self.state.values() for p, m in zip(s.params, s.masters)}
-
     def weights(self, u: int) -> dict[str, torch.Tensor]:
-        """Unit u's state dict with the fp32 masters in place of any view."""
-        masters = self._masters_by_param()
+        """Unit u's state dict with its whole fp32 masters in place of any view (sharded: a
+        gather every replica joins)."""
+        state = self.state[u]
+        masters = dict(zip(map(id, state.params), state.full_masters()))
         return {name: masters.get(id(t), t).detach()
                 for name, t in self.modules[u].state_dict(keep_vars=True).items()}
 
@@ -77,6 +101,10 @@ class Stage:
         own = self.modules[u].state_dict(keep_vars=True)
         if set(own) != set(weights):
             raise KeyError(f"unit {u}: expected {sorted(own)}, got {sorted(weights)}")
-        masters = self._masters_by_param()
+        state = self.state[u]
+        name_of = {id(t): name for name, t in own.items()}
+        state.load_masters([weights[name_of[id(p)]] for p in state.params])
+        params = set(map(id, state.params))
         for name, t in own.items():
-            masters.get(id(t), t).copy_(weights[name])
+            if id(t) not in params:
+                t.copy_(weights[name])

@@ -187,3 +187,20 @@ class UnitState:
         self._finish_fold()
         if self.grad is not None:
             self.grad.zero_()
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def full_masters(self) -> list[torch.Tensor]:
+        """The fp32 masters, one per parameter in order (the whole unit)."""
+        return [m.detach() for m in self.masters]
+
+    @torch.no_grad()
+    def load_masters(self, tensors: list[torch.Tensor]) -> None:
+        for m, t in zip(self.masters, tensors):
+            m.copy_(t)
+
+    def optimizer_state(self) -> dict | None:
+        return self.optimizer.state_dict() if self.optimizer is not None else None
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)

@@ -52,6 +52,12 @@ class PipelinePlan:
     stage's order of compute) and released after it, so at most K + 1 are live."""
     state_home: str = "device"
     """Tier that holds the master weights and optimizer state: "device" or "host"."""
+    shard_state: bool = False
+    """Each data-parallel replica holds 1/dp of every unit's masters and optimizer state (a
+    contiguous slice of the unit's flattened parameters, ZeRO-style). It changes no program,
+    only what three actions do: `GS u` reduce-scatters the gradients (each replica gets the sum
+    of its slice), `U u` updates the slice, and `P u` all-gathers the slices into the compute
+    view, which therefore always differs from the masters (view_window is not None)."""
 
     @property
     def n_layers(self) -> int:
@@ -65,11 +71,23 @@ class PipelinePlan:
     def validate(self) -> None:
         """Run every check (checks.validate) and check that `activation` is what the programs
         do; call it on a plan read from a file before use."""
+        if not self.pp == len(self.programs) == len(self.stage_units):
+            raise ScheduleError(f"pp={self.pp}, but the plan has {len(self.programs)} programs "
+                                f"for {len(self.stage_units)} stages")
+        if not isinstance(self.shard_state, bool):
+            raise ScheduleError(f"shard_state must be true or false, got {self.shard_state!r}")
         validate(self.programs, self.stage_units, self.n_micro, self.dp)
         done = _activation_done(self.programs, self.stage_units, self.n_micro)
         if self.activation != done:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
                                 f"programs do: {done}")
+        check_sharding(self.shard_state, self.dp, self.state_home, self.view_window)
+        if self.shard_state:
+            for s, (program, units) in enumerate(zip(self.programs, self.stage_units)):
+                viewed = {a.layer for a in program if a.op is Op.PREFETCH}
+                if set(units) - viewed:
+                    raise ScheduleError(f"sharded state, but stage {s}'s program makes no view of "
+                                        f"units {sorted(set(units) - viewed)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,12 +103,14 @@ class PipelinePlan:
             "rank_order": self.rank_order,
             "view_window": self.view_window,
             "state_home": self.state_home,
+            "shard_state": self.shard_state,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PipelinePlan:
         """Read `to_dict`'s output. Older plans hold one activation string (the policy of every
-        decoder block) and no view_window or state_home (no view actions, masters on device)."""
+        decoder block) and no view_window, state_home or shard_state (no view actions, masters
+        on device, whole on every replica)."""
         stage_units = [range(start, stop) for start, stop in d["stage_units"]]
         activation = d["activation"]
         if isinstance(activation, str):
@@ -108,6 +128,7 @@ class PipelinePlan:
             rank_order=d.get("rank_order", "pp-dp"),
             view_window=d.get("view_window"),
             state_home=d.get("state_home", "device"),
+            shard_state=d.get("shard_state", False),
         )
 
 
@@ -228,6 +249,7 @@ def build_plan(
     state_home: str = "device",
     unit_activation: dict[int, str] | None = None,
     check: bool = True,
+    shard_state: bool = False,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -235,8 +257,8 @@ def build_plan(
     least `pp`, or some stage would idle through the whole step's steady state. `activation`
     is one policy for every decoder block or a list of one per stage (for that stage's decoder
     blocks); the embedding and the head keep, and `unit_activation` overrides any unit.
-    `view_window` and `clip`: see PipelinePlan. `state_home` is recorded for the executor; it
-    changes no program. `check` False skips the checks of the programs (a search that builds
+    `view_window`, `clip` and `shard_state`: see PipelinePlan. `state_home` and `shard_state`
+    are recorded for the executor; they change no program. `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
     _choice("schedule", schedule, SCHEDULES)
@@ -250,6 +272,7 @@ def build_plan(
     if view_window is not None and view_window < 0:
         raise ScheduleConfigError(
             f"view_window must be >= 0 (or None: the view is the master), got {view_window}")
+    check_sharding(shard_state, dp, state_home, view_window)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     name, builder = SCHEDULES[schedule]
     if n_micro < pp:
@@ -265,7 +288,24 @@ def build_plan(
     if check:
         validate(programs, stage_units, n_micro, dp)
     return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
-                        rank_order, view_window, state_home)
+                        rank_order, view_window, state_home, shard_state)
+
+
+def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None) -> None:
+    """Sharded state splits each unit's masters over the replicas: it needs more than one, the
+    state on the device (the collectives run where the state lives; NCCL only on the device),
+    and compute views (the gathered weights) in the programs."""
+    if not shard_state:
+        return
+    if dp < 2:
+        raise ScheduleConfigError(f"sharded state splits the masters over data-parallel replicas; "
+                                  f"dp={dp} has none to split over")
+    if state_home != "device":
+        raise ScheduleConfigError("sharded state lives on the device; it cannot be combined with "
+                                  f"state home {state_home!r}")
+    if view_window is None:
+        raise ScheduleConfigError("sharded state needs compute views (the gathered weights): "
+                                  "view_window must be 0 (resident) or a window >= 1, not None")
 
 
 def build_eval_programs(stage_units: list[range], n_micro: int,

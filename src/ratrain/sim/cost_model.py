@@ -14,6 +14,26 @@ long it takes, and what it does to the memory ledger.
     step_end    the loss reduction: blocks until every stage reached it (E)
     free        no time (X: dropping a view)
 
+Sharded state (the plan's `shard_state`, ZeRO-style): each of the dp replicas holds a slice of
+S = ceil(N / dp) of a unit's N parameters (unit_costs.shard; N_pad = dp S). It changes what
+four ops do; replica 0 is the one simulated:
+
+    P u    an all-gather, not a copy: kind "sync" (on the replicas' links, shared with the
+           syncs): cast the fp32 slice into its slot of the view ((4 + elt) S bytes at memory
+           bandwidth), then a ring all-gather of the elt N_pad-byte view (StageCosts.gather).
+           Its entry is in `SHARDED_OPS`, which `ops_for` lays over `OPS` for a sharded stage.
+    GS u   a ring reduce-scatter of the 4 N_pad-byte gradient: (dp-1)/dp of it over the link
+           plus (dp-1) latencies (`ring_half`), not the all-reduce's 2(dp-1)/dp
+           (StageCosts.grad_sync, which the planner's closed forms read too)
+    U u    updates S parameters, not N (StageCosts.update_params)
+    N      the local norm reads 4 S bytes a unit; before the pipeline's reduction the squared
+           norm is summed over the replicas: a blocking all-reduce of one fp32 scalar
+           (StageCosts.norm_replicas; the simulator's "norm" kind runs it on the replicas' links)
+
+The ledger (`unit_state_owners`, `view_bytes`): masters 4 S, gradients 4 (N_pad + S) (the full
+accumulation buffer and the shard's), AdamW 8 x (real elements of the slice) + 4 x (pieces:
+the parameter tensors the slice intersects), the view elt N_pad.
+
 Memory effects replay the executor's ledger calls action for action (runtime/executor.py and
 runtime/unit_state.py), on named storages with closed-form sizes (sim/unit_costs.py), so a
 simulated peak is comparable with the executor's ledger kind by kind.
@@ -57,6 +77,7 @@ class StageSetup:
     replicas: Link  # the ring of this stage's replicas
     pipeline: Link  # the ring of one replica's stages
     clip: bool
+    shard_state: bool = False  # masters and AdamW state sliced over the dp replicas (ZeRO-style)
 
     @cached_property
     def shape(self) -> uc.UnitShape:
@@ -67,6 +88,10 @@ class StageSetup:
 
     def params(self, u: int) -> int:
         return uc.param_count(self.model, u)
+
+    def shard(self, u: int) -> uc.Shard | None:
+        """Replica 0's shard of unit u's state; None where the state is not sharded."""
+        return uc.shard(self.model, u, self.dp) if self.shard_state else None
 
 
 class StageCosts:
@@ -104,17 +129,46 @@ class StageCosts:
             t += 12 * self.s.params(u) / self.bandwidth
         return t
 
+    def update_params(self, u: int) -> int:
+        """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
+        the S of the replica's shard."""
+        shard = self.s.shard(u)
+        return shard.size if shard else self.s.params(u)
+
     def update(self, u: int) -> float:
         scale = 8 if self.s.clip else 0  # the gradient multiplied by the clip/unscale factor
-        return (UPDATE_BYTES_PER_PARAM + scale) * self.s.params(u) / self.bandwidth
+        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.bandwidth
 
     def norm_local(self) -> float:
-        return 4 * sum(self.s.params(u) for u in self.s.units) / self.bandwidth
+        return 4 * sum(self.update_params(u) for u in self.s.units) / self.bandwidth
+
+    def norm_replicas(self) -> float:
+        """Sharded: the squared norm summed over the replicas first (a blocking all-reduce of
+        one fp32 scalar inside N); 0 otherwise (every replica has the whole sum)."""
+        return ring(self.s.replicas, 4, self.s.dp) if self.s.shard_state else 0.0
+
+    def grad_sync(self, u: int, link: Link | None = None, dp: int | None = None) -> float:
+        """Unit u's gradient sync (GS) over `link` among `dp` replicas (default: the stage's):
+        an all-reduce, or sharded, a reduce-scatter of the padded gradient."""
+        link, dp = link or self.s.replicas, dp or self.s.dp
+        if self.s.shard_state:
+            return ring_half(link, self.grad_sync_bytes(u), dp)
+        return ring(link, self.grad_sync_bytes(u), dp)
+
+    def gather(self, u: int, link: Link | None = None) -> float:
+        """Sharded P u: cast the replica's fp32 slice into its slot of the view (read 4 S,
+        write elt S), then all-gather the view over the replicas."""
+        shard = self.s.shard(u)
+        cast = (4 + self.s.shape.elt) * shard.size / self.bandwidth
+        return cast + ring_half(link or self.s.replicas, self.view_bytes(u), self.s.dp)
 
     # -- bytes --------------------------------------------------------------------------------
 
     def view_bytes(self, u: int) -> int:
-        return self.s.params(u) * self.s.shape.elt
+        """The compute view: the unit's parameters in the compute dtype; sharded, the flat
+        gathered buffer of N_pad elements (the parameters are views into it)."""
+        shard = self.s.shard(u)
+        return (shard.padded if shard else self.s.params(u)) * self.s.shape.elt
 
     def copy_time(self, nbytes: float) -> float:
         """Host<->device copy; without a host link, an in-memory copy (read + write)."""
@@ -126,7 +180,8 @@ class StageCosts:
         return self._act_bytes
 
     def grad_sync_bytes(self, u: int) -> int:
-        return 4 * self.s.params(u)
+        shard = self.s.shard(u)
+        return 4 * (shard.padded if shard else self.s.params(u))
 
     # -- memory: the executor's ledger calls, on named storages -------------------------------
 
@@ -135,12 +190,20 @@ class StageCosts:
         return [owner for u in self.s.units for owner in self.unit_state_owners(u)]
 
     def unit_state_owners(self, u: int) -> list[tuple[tuple, str, tuple, int]]:
-        """A unit's masters, fp32 gradients and AdamW state (from the first update on)."""
-        n = self.s.params(u)
-        tensors = uc.param_tensors(self.s.model, self.s.kind(u))
-        return [(("masters", u), "masters", ("master", u), 4 * n),
-                (("gradients", u), "gradients", ("gradbuf", u), 4 * n),
-                (("optimizer", u), "optimizer", ("optim", u), 8 * n + 4 * tensors)]
+        """A unit's masters, fp32 gradients and AdamW state (from the first update on).
+        Sharded: the slice's masters, the full accumulation buffer plus the shard's gradient,
+        AdamW over the slice's pieces (one 1-D parameter per tensor it intersects)."""
+        shard = self.s.shard(u)
+        if shard:
+            masters, gradients = 4 * shard.size, 4 * (shard.padded + shard.size)
+            optimizer = 8 * shard.real + 4 * shard.pieces
+        else:
+            n = self.s.params(u)
+            masters = gradients = 4 * n
+            optimizer = 8 * n + 4 * uc.param_tensors(self.s.model, self.s.kind(u))
+        return [(("masters", u), "masters", ("master", u), masters),
+                (("gradients", u), "gradients", ("gradbuf", u), gradients),
+                (("optimizer", u), "optimizer", ("optim", u), optimizer)]
 
     def tokens_bytes(self) -> int:
         """The loader gives a step's micro-batches as views of one int64 tensor."""
@@ -261,6 +324,14 @@ def ring(link: Link, nbytes: float, n: int) -> float:
     return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency
 
 
+def ring_half(link: Link, nbytes: float, n: int) -> float:
+    """Ring reduce-scatter, or all-gather, of `nbytes` (the whole) over n ranks: n-1 steps of
+    nbytes/n each (half an all-reduce)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+
+
 def _p2p_time(c: StageCosts, a: Action) -> float:
     toward_next = a.op in (Op.SEND_ACT, Op.RECV_GRAD)
     link = c.s.p2p_next if toward_next else c.s.p2p_prev
@@ -279,7 +350,7 @@ OPS: dict[Op, OpCost] = {
     Op.WAIT_SEND_GRAD: OpCost("wait", _zero, _wait_send_grad_memory),
     Op.RECV_GRAD: OpCost("recv", _p2p_time, _recv_memory),
     Op.WAIT_RECV_GRAD: OpCost("wait", _zero),
-    Op.GRAD_SYNC: OpCost("sync", lambda c, a: ring(c.s.replicas, c.grad_sync_bytes(a.layer), c.s.dp)),
+    Op.GRAD_SYNC: OpCost("sync", lambda c, a: c.grad_sync(a.layer)),
     Op.WAIT_GRAD_SYNC: OpCost("wait", _zero),
     Op.GRAD_NORM: OpCost("norm", lambda c, a: ring(c.s.pipeline, 4, c.s.pp)),
     Op.WAIT_GRAD_NORM: OpCost("wait", _zero),
@@ -292,3 +363,14 @@ OPS: dict[Op, OpCost] = {
     Op.RELEASE: OpCost("free", _zero, _release_memory),
     Op.STEP_END: OpCost("step_end", lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp)),
 }
+
+SHARDED_OPS: dict[Op, OpCost] = {
+    Op.PREFETCH: OpCost("sync", lambda c, a: c.gather(a.layer), _prefetch_memory),  # an all-gather
+}
+"""The entries that sharded state replaces (its kind changes); GS, U and N keep theirs and
+price the shard through StageCosts (module docstring)."""
+
+
+def ops_for(shard_state: bool) -> dict[Op, OpCost]:
+    """The op table of a stage: OPS, with SHARDED_OPS over it where the state is sharded."""
+    return {**OPS, **SHARDED_OPS} if shard_state else OPS

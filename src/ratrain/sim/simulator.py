@@ -6,7 +6,9 @@ also runs compute: F, B, R, U), a copy engine, a send and a receive link (full d
 first come first served), and its collectives. A point-to-point transfer starts once both sides
 have issued it and both links are free; a unit's gradient sync once it is issued and the rank's
 links are free; the norm reduction and the step's end once every stage has issued them. Waits
-block the walker until what they wait for has completed, as the executor's do.
+block the walker until what they wait for has completed, as the executor's do. With sharded
+state (the plan's `shard_state`) a prefetch is an all-gather on the rank's links like a sync,
+and the norm first sums over the replicas, blocking (sim/cost_model.py).
 
 Data-parallel replicas run identical programs on identical costs, so each stage is simulated
 once; its replicas appear in the size of its gradient ring and, on a machine whose ranks share
@@ -26,7 +28,7 @@ from ratrain.ledger import Ledger
 from ratrain.runtime.grid import RankGrid
 from ratrain.schedule.ir import START_OF, Action, Op
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.sim.cost_model import OPS, StageCosts, StageSetup
+from ratrain.sim.cost_model import StageCosts, StageSetup, ops_for
 from ratrain.sim.profile import HardwareProfile
 
 
@@ -125,7 +127,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             p2p_prev=p2p(s - 1), p2p_next=p2p(s + 1),
             replicas=profile.link(same_node(grid.replica_ranks(s))).collective,
             pipeline=profile.link(same_node(grid.pipeline_ranks(0))).collective,
-            clip=plan.clip,
+            clip=plan.clip, shard_state=plan.shard_state,
         ))
     return setups
 
@@ -182,6 +184,7 @@ class _Simulation:
     def __init__(self, plan: PipelinePlan, costs: list[StageCosts], profile: HardwareProfile,
                  node_of: list[int], weight: list[int]):
         self.plan, self.costs, self.profile = plan, costs, profile
+        self.op_tables = [ops_for(c.s.shard_state) for c in costs]  # sharded P: an all-gather
         self.cores = profile.device.cores
         self.node_of, self.weight = node_of, weight
         self.synchronous_copies = [c.host_link is None for c in costs]
@@ -244,7 +247,7 @@ class _Simulation:
         c = self.costs[s]
         while self.pc[s] < len(program):
             a = program[self.pc[s]]
-            cost = OPS[a.op]
+            cost = self.op_tables[s][a.op]
             kind = cost.kind
             if kind == "copy" and self.synchronous_copies[s]:
                 kind = "compute"
@@ -271,8 +274,11 @@ class _Simulation:
                 self._gather(s, a, Op.STEP_END, cost.duration(c, a), blocking=True)
                 return
             if kind == "norm":  # the local squared norm first, then its reduction
-                self._compute(s, a, c.norm_local() + c.overhead, then=lambda: self._gather(
-                    s, a, Op.GRAD_NORM, cost.duration(c, a), blocking=False))
+                def reduce(a=a, c=c, cost=cost) -> None:
+                    self._gather(s, a, Op.GRAD_NORM, cost.duration(c, a), blocking=False)
+                replicas = c.norm_replicas()  # sharded: summed over the replicas first
+                self._compute(s, a, c.norm_local() + c.overhead, then=reduce if not replicas
+                              else lambda: self._over_replicas(s, replicas, reduce))
                 return
             if kind in ("copy", "sync", "send", "recv"):
                 op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
@@ -395,6 +401,15 @@ class _Simulation:
             side.start, side.done = start, end
             self._at(end, self._complete, stage, side)
 
+    def _over_replicas(self, s: int, seconds: float, then) -> None:
+        """A blocking collective over stage s's replicas (sharded N's scalar all-reduce): on
+        the rank's links once they are free; the walker waits for it, then goes on with
+        `then`."""
+        start = max(self.now, self.send_free[s], self.recv_free[s])
+        end = self.send_free[s] = self.recv_free[s] = start + seconds
+        self.timelines[s].exposed += seconds  # as a wait: the part the collective ran
+        self._at(end, then)
+
     def _gather(self, s: int, a: Action, kind: Op, seconds: float, blocking: bool) -> None:
         """A collective over the pipeline: it runs once every stage has issued it. The step's
         end (blocking) holds the walker inside it; the norm (not blocking) is waited by WN."""
@@ -429,7 +444,7 @@ class _Simulation:
 
     def _record_memory(self, s: int, a: Action) -> None:
         before = self.ledgers[s].total
-        OPS[a.op].memory(self.costs[s], a, self.ledgers[s])
+        self.op_tables[s][a.op].memory(self.costs[s], a, self.ledgers[s])
         if self.ledgers[s].total != before:
             self._note_memory(s)
 

@@ -2,6 +2,9 @@
 forward and backward (attention included), the bytes of its parameters, of the activation it
 passes on, and of what autograd saves for its backward, exactly as ratrain's units save it.
 
+The parameters come as the unit's tensors in module order (`param_sizes`), which is how sharded
+state slices them: `shard` gives a replica's slice of a unit's flattened parameters.
+
 The saved-bytes formulas follow models/llama.py op by op (fp32 on CPU; a test checks them
 against torch's saved-tensor hooks for several presets and shapes). In a lower precision the
 same tensors are counted at the compute dtype's size, with the fp32 statistics (RMSNorm's rstd,
@@ -66,13 +69,54 @@ def param_count(model: ModelConfig, unit: int) -> int:
     return unit_param_counts(model)[unit]
 
 
+def param_sizes(model: ModelConfig, kind: str) -> list[int]:
+    """Elements of each of a unit's parameter tensors, in the order the unit's module lists
+    them (`parameters()`, which is the order its state flattens them in): a block's input norm,
+    q, k, v (each weight, then its bias where there is one), o, the second norm, gate, up,
+    down; the head's norm, then its output projection unless tied to the embedding."""
+    d = model.dim
+    if kind == "embedding":
+        return [model.vocab_size * d]
+    if kind == "head":
+        return [d] + ([] if model.tie_embeddings else [model.vocab_size * d])
+    q, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    bias = model.qkv_bias
+    attention = [d * q, *([q] if bias else []), d * kv, *([kv] if bias else []),
+                 d * kv, *([kv] if bias else []), q * d]
+    return [d, *attention, d, d * model.ffn_dim, d * model.ffn_dim, model.ffn_dim * d]
+
+
 def param_tensors(model: ModelConfig, kind: str) -> int:
     """Tensors a unit's parameters come in (AdamW keeps a 4-byte step counter for each)."""
-    if kind == "embedding":
-        return 1
-    if kind == "head":
-        return 1 + (0 if model.tie_embeddings else 1)
-    return 9 + (3 if model.qkv_bias else 0)
+    return len(param_sizes(model, kind))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One replica's part of a unit's state sharded over `dp` replicas (ZeRO-style): the unit's
+    parameters flattened and concatenated in order, padded with zeros to `padded` = dp x `size`
+    elements, of which replica r owns [r x size, (r + 1) x size). `real` of them are
+    parameters (the rest padding), in `pieces` of the original tensors (AdamW keeps one 1-D
+    parameter, with its 4-byte step, for each)."""
+
+    size: int  # S = ceil(N / dp)
+    padded: int  # N_pad = S x dp
+    real: int  # parameters in the slice: min(S, N - r S), at least 0
+    pieces: int  # parameter tensors that intersect the slice
+
+
+def shard(model: ModelConfig, unit: int, dp: int, rank: int = 0) -> Shard:
+    """Replica `rank`'s shard of unit `unit`'s state over `dp` replicas."""
+    sizes = param_sizes(model, unit_kind(model, unit))
+    n = sum(sizes)
+    size = -(-n // dp)
+    lo, hi = rank * size, min((rank + 1) * size, n)
+    pieces, offset = 0, 0
+    for numel in sizes:
+        if numel and offset < hi and offset + numel > lo:
+            pieces += 1
+        offset += numel
+    return Shard(size, size * dp, max(0, hi - lo), pieces)
 
 
 def output_bytes(shape: UnitShape, kind: str) -> int:
