@@ -7,12 +7,15 @@ one thread each (launch_local), started together behind a barrier before each me
 taking the median of its repeats after warm-ups; the profile holds the median over the ranks.
 
 * Unit times: ratrain's single-process executor runs a few steps of the plan `ratrain train`
-  would run for the model cut to one decoder block, with its tracer on; each unit kind's forward
-  and backward are the medians of its traced actions (saved-tensor hooks and ledger included),
-  the block's forward without grad comes from a recompute plan, and what a step took beyond its
-  actions' durations, per action, is the executor's own overhead.
+  would run, with its tracer on; each unit kind's forward and backward are the medians of its
+  traced actions (saved-tensor hooks and ledger included). Once in one process alone (a stage
+  of ALONE_BLOCKS blocks): the profile's unit times. Once in every measuring rank together, the
+  model cut to one decoder block per rank: how much slower a unit runs when all ranks compute
+  (`contention`), the block's forward without grad (from a recompute plan), and what a step
+  took beyond its actions' durations, per action: the executor's own overhead.
 * Process overhead: what the process grew by (peak RSS over its size before the first step; on
-  CUDA peak allocated) beyond the executor's ledger, over a few steps.
+  CUDA peak allocated) beyond the executor's ledger, over a few steps, on the two stages (one
+  block, ALONE_BLOCKS blocks): a fixed part and a part per byte of the ledger's growth.
 * Compute rate: a square matmul gives the peak; the block's FLOPs (sim/unit_costs.py) over its
   measured forward + backward give the efficiency.
 * Memory bandwidth: a fused AdamW step, charged 28 bytes per parameter as the cost model does.
@@ -38,8 +41,8 @@ from ratrain.config import RunConfig, TrainConfig
 from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
 from ratrain.profiling_ranks import (ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, STEP_REPEATS,
-                                     STEP_WARMUP, compute_rank, link_backend, link_rank,
-                                     rate_dtypes)
+                                     STEP_WARMUP, alone_rank, compute_rank, link_backend,
+                                     link_rank, rate_dtypes)
 from ratrain.runtime.launch import launch_local
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
@@ -47,6 +50,7 @@ from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, Lin
 from ratrain.sim.unit_costs import UnitShape, backward_flops, forward_flops
 
 N_MICRO = 4  # micro-batches of the traced executor steps
+ALONE_BLOCKS = 4  # decoder blocks of the stage a single process measures (tiny: the whole model)
 INTER_NODE_NOTE = "not measured: the local loopback figures; set them for your network"
 
 
@@ -93,8 +97,9 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
     _require_positive("--ranks", ranks)
     with tempfile.TemporaryDirectory(prefix="ratrain-profile-") as tmp:
         per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
+        alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"))[0]
         links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
-    return _build_profile(cfg, model, ranks, on_cuda, per_rank, links)
+    return _build_profile(cfg, model, ranks, on_cuda, per_rank, links, alone)
 
 
 def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:
@@ -128,17 +133,37 @@ def _median_over_ranks(per_rank: list[dict], get) -> float:
     return statistics.median(get(r) for r in per_rank)
 
 
-def _measured_shape(cfg: RunConfig, model: str, per_rank: list[dict]) -> MeasuredShape:
-    def times(kind: str) -> UnitTimes:  # over the ranks whose stage has the kind
-        having = [r for r in per_rank if kind in r["units"]]
-        return UnitTimes(*(_median_over_ranks(having, lambda r: r["units"][kind][i])
-                           for i in (0, 1)))
-
+def _measured_shape(cfg: RunConfig, model: str, per_rank: list[dict], alone: dict,
+                    contention: float) -> MeasuredShape:
+    """The units' times with the machine to themselves (the single process's); the block's
+    forward without grad, measured in the pipeline, taken back to the same footing."""
     t = cfg.train
     return MeasuredShape(model=model, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                         dtype=t.dtype, **{kind: times(kind) for kind in KINDS},
+                         dtype=t.dtype, **{kind: UnitTimes(*alone[kind]) for kind in KINDS},
                          block_forward_no_grad_s=_median_over_ranks(
-                             per_rank, lambda r: r["units"]["block_forward_no_grad"]))
+                             per_rank, lambda r: r["units"]["block_forward_no_grad"]) / (1 + contention))
+
+
+def contention_of(per_rank: list[dict], alone: dict) -> float:
+    """How much slower a unit runs while every measuring rank computes (the pipeline's ranks
+    share the machine's cores, caches and memory bandwidth) than alone: the median over the
+    unit kinds' forwards and backwards of pipeline / alone, less 1 (never below 0)."""
+    ratios = [_median_over_ranks([r for r in per_rank if kind in r["units"]],
+                                 lambda r: r["units"][kind][i]) / alone[kind][i]
+              for kind in KINDS for i in (0, 1)]
+    return max(0.0, statistics.median(ratios) - 1.0)
+
+
+def fit_process_overhead(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed bytes, bytes per byte of ledger growth) of the process's memory beyond the
+    ledger, through the two measured stages (ledger growth, process growth beyond it): the
+    line through them where the larger stage grew more beyond its ledger, else the larger of
+    the two as a fixed part; neither part negative."""
+    (g1, o1), (g2, o2) = sorted(points)
+    if not (g2 > g1 and o2 > o1):
+        return max(0.0, o1, o2), 0.0
+    per_byte = (o2 - o1) / (g2 - g1)
+    return max(0.0, o1 - per_byte * g1), per_byte
 
 
 def _compute_rates(cfg: RunConfig, device_type: str, per_rank: list[dict],
@@ -197,13 +222,19 @@ def _ram_bytes() -> int:
 
 
 def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
-                   per_rank: list[dict], links: dict) -> HardwareProfile:
+                   per_rank: list[dict], links: dict, alone: dict) -> HardwareProfile:
     device_type = "cuda" if on_cuda else "cpu"
-    measured = _measured_shape(cfg, model, per_rank)
+    # GPU ranks have a device each: what they share is not the compute's.
+    contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
+    measured = _measured_shape(cfg, model, per_rank, alone, contention)
     compute = _compute_rates(cfg, device_type, per_rank, measured.block)
     bandwidth = _memory_bandwidth(per_rank)
     overhead = _median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
-    process_overhead = _median_over_ranks(per_rank, lambda r: r["units"]["process_overhead_per_byte"])
+    pipeline_stage = (_median_over_ranks(per_rank, lambda r: r["units"]["ledger_growth"]),
+                      _median_over_ranks(per_rank, lambda r: r["units"]["process_growth"]
+                                         - r["units"]["ledger_growth"]))
+    fixed, per_byte = fit_process_overhead(
+        [pipeline_stage, (alone["ledger_growth"], alone["process_growth"] - alone["ledger_growth"])])
     intra = _links(links)
     notes = _notes(cfg, ranks, device_type)
     host_link = None
@@ -219,7 +250,8 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
                     memory_bandwidth=bandwidth, host_link=host_link, cores=cores,
-                    action_overhead_s=overhead, process_overhead_per_byte=process_overhead)
+                    action_overhead_s=overhead, process_overhead_bytes=fixed,
+                    process_overhead_per_byte=per_byte, contention=contention)
     return HardwareProfile(
         name=f"measured-{platform.node()}", description=_description(cfg, model, ranks, name),
         device=device, devices_per_node=per_node, intra_node=intra,
@@ -244,9 +276,15 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                               "NCCL peer)")}
     notes = {
         "measured": (f"unit times read from the executor's trace of {STEP_REPEATS} steps (after "
-                     f"{STEP_WARMUP}) of a pipeline of the {ranks} measuring rank(s), one stage "
-                     f"each with one decoder block, {N_MICRO} micro-batches; per kind the median "
-                     f"of its actions, then the median over ranks"),
+                     f"{STEP_WARMUP}) of one process alone with {ALONE_BLOCKS} decoder blocks, "
+                     f"{N_MICRO} micro-batches; per kind the median of its actions. The block's "
+                     f"forward without grad: from a pipeline of the {ranks} measuring rank(s) "
+                     f"(one block each, recomputing), divided by 1 + device.contention"),
+        "device.contention": (f"the same traced steps of a pipeline of the {ranks} measuring "
+                              f"rank(s), one stage each with one decoder block, all computing at "
+                              f"once: the median over the unit kinds' forwards and backwards of "
+                              f"their time there over their time alone, less 1 (0 on GPUs: each "
+                              f"rank has its own)"),
         f"device.compute.{dtype}": (f"peak: a {n}x{n} matmul a @ b.T in {dtype} (2N^3 FLOPs); "
                                     f"efficiency: the block's forward + backward FLOPs "
                                     f"(sim/unit_costs.py) per measured second, over that peak"),
@@ -255,10 +293,14 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
         "device.action_overhead_s": ("the same traced steps: the step's wall time beyond its "
                                      "actions' durations, per action, plus the median of the "
                                      "cheapest kind of non-compute action"),
-        "device.process_overhead_per_byte": (f"the same traced steps ({STEP_WARMUP + STEP_REPEATS}, keep): the peak RSS growth over "
-                                             "the size before the first step (CUDA: peak allocated) "
-                                             "minus the ledger's growth, per byte of the ledger's "
-                                             "growth (it grows with the stage), median over ranks"),
+        "device.process_overhead_bytes": (f"two stages, {STEP_WARMUP + STEP_REPEATS} keep steps "
+                                          f"each: the pipeline's one-block stages (median over "
+                                          f"ranks) and the single process's {ALONE_BLOCKS}-block "
+                                          f"one: the peak RSS growth over the size before the "
+                                          f"first step (CUDA: peak allocated) minus the ledger's "
+                                          f"growth, against the ledger's growth; the line "
+                                          f"through the two gives the fixed part and "
+                                          f"device.process_overhead_per_byte"),
         "intra_node": (f"{link_how[link_backend()]}: point to point (half an isend/irecv "
                        f"ping-pong) and all_reduce, {LINK_SIZES[0] // 1024} KiB to "
                        f"{LINK_SIZES[-1] >> 20} MiB, fitted to latency + bytes / bandwidth (the "
@@ -290,7 +332,9 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
     rows.append(["link p2p", _fmt_link(profile.intra_node.p2p)])
     rows.append(["link all_reduce (per hop)", _fmt_link(profile.intra_node.collective)])
     rows.append(["action overhead", _fmt_s(d.action_overhead_s)])
-    rows.append(["process memory beyond the ledger", f"{d.process_overhead_per_byte:.2f} x its growth"])
+    rows.append(["compute slowdown, all cores busy", f"{d.contention:.0%}"])
+    rows.append(["process memory beyond the ledger",
+                 f"{d.process_overhead_bytes / 2**20:.1f} MiB + {d.process_overhead_per_byte:.2f} x its growth"])
     rows.append(["memory per device", f"{d.memory_bytes / 2**30:.1f} GiB"])
     return ["figure", "value"], rows
 

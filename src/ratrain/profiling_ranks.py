@@ -88,12 +88,23 @@ def compute_rank(cfg: RunConfig, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None):
-    """The measuring ranks as a pipeline, one stage each with one decoder block (one process:
-    the single-process executor), and its micro-batches (the same on every stage)."""
+def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
+    """One process with the machine to itself: a stage of `blocks` decoder blocks (with the
+    embedding and the head) through the single-process executor, keeping activations. Its unit
+    times are those of a rank no other rank competes with; its memory is a second, larger
+    stage for the process overhead (beside the pipeline's one-block stages)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result = _traced_steps(cfg, device, _sync_of(device), None, "keep", blocks)
+    Path(out_dir, "result_0.json").write_text(json.dumps(result))
+
+
+def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None,
+              blocks: int = 1):
+    """The measuring ranks as a pipeline, one stage each with `blocks` decoder blocks (one
+    process: the single-process executor), and its micro-batches (the same on every stage)."""
     pp = groups.grid.pp if groups else 1
     run = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, n_layers=pp),
+        cfg, model=dataclasses.replace(cfg.model, n_layers=pp * blocks),
         parallel=dataclasses.replace(cfg.parallel, pp=pp, activation=activation))
     engine = PipelineEngine(run, plan_for(run), groups, tracer, device=device)
     m, t = run.model, run.train
@@ -108,36 +119,43 @@ def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
     """Unit times as training spends them (saved-tensor hooks, ledger, the pipeline's
     communication threads included), read from the executor's own trace of a few steps of
     `_pipeline`, once keeping activations and once recomputing them (for the block's forward
-    without grad). The executor's own time per action is what a step took beyond its actions'
-    durations, per action, plus the median of its cheapest kind of non-compute action
-    (starting a transfer, say). The keep run also gives the process overhead: what the process
-    grew by beyond the ledger's growth (its peak less the masters and gradients held before the
-    first step); fragmentation grows over the steps, so it is taken over all of them."""
-    out: dict = {}
-    for activation in ("keep", "recompute"):
-        tracer = Tracer(keep_steps=STEP_REPEATS)
-        engine, batches = _pipeline(cfg, device, groups, activation, tracer)
-        held_before, grown = engine.stage.ledger.total, _growth_since_now(device)
-        walls = []
-        for step in range(STEP_WARMUP + STEP_REPEATS):
-            _, wall = _timed(lambda: engine.train_step(batches, cfg.train.lr, step), sync)
-            walls.append(wall)
-        durations: dict[str, list[float]] = {}
-        for _, name, t0, t1 in tracer.events():
-            durations.setdefault(_action_class(name, engine.cfg.model.n_layers), []).append((t1 - t0) / 1e6)
-        median = {key: statistics.median(v) for key, v in durations.items()}
-        if activation == "keep":
-            out.update({kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
-                        if f"F {kind}" in median})
-            actions = sum(len(v) for v in durations.values()) / STEP_REPEATS
-            traced = sum(sum(v) for v in durations.values()) / STEP_REPEATS
-            cheapest = min((v for k, v in median.items() if k.startswith("op ")), default=0.0)
-            step_wall = statistics.median(walls[STEP_WARMUP:])
-            out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
-            ledger_growth = engine.stage.ledger.peak - held_before
-            out["process_overhead_per_byte"] = max(0.0, grown() - ledger_growth) / ledger_growth
-        else:
-            out["block_forward_no_grad"] = median["F block"]
+    without grad); see _traced_steps."""
+    out = _traced_steps(cfg, device, sync, groups, "keep")
+    recomputed = _traced_steps(cfg, device, sync, groups, "recompute")
+    out["block_forward_no_grad"] = recomputed["block_forward_no_grad"]
+    return out
+
+
+def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, activation: str,
+                  blocks: int = 1) -> dict:
+    """A few traced steps of `_pipeline`: each unit kind's forward and backward (the medians of
+    its actions), or with recompute the block's forward without grad. With keep also: the
+    executor's own time per action (what a step took beyond its actions' durations, per
+    action, plus the median of its cheapest kind of non-compute action, starting a transfer,
+    say) and the memory: the ledger's growth (its peak less the masters and gradients held
+    before the first step) and the process's, over all the steps (fragmentation grows)."""
+    tracer = Tracer(keep_steps=STEP_REPEATS)
+    engine, batches = _pipeline(cfg, device, groups, activation, tracer, blocks)
+    held_before, grown = engine.stage.ledger.total, _growth_since_now(device)
+    walls = []
+    for step in range(STEP_WARMUP + STEP_REPEATS):
+        _, wall = _timed(lambda: engine.train_step(batches, cfg.train.lr, step), sync)
+        walls.append(wall)
+    durations: dict[str, list[float]] = {}
+    for _, name, t0, t1 in tracer.events():
+        durations.setdefault(_action_class(name, engine.cfg.model.n_layers), []).append((t1 - t0) / 1e6)
+    median = {key: statistics.median(v) for key, v in durations.items()}
+    if activation != "keep":
+        return {"block_forward_no_grad": median["F block"]}
+    out: dict = {kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
+                 if f"F {kind}" in median}
+    actions = sum(len(v) for v in durations.values()) / STEP_REPEATS
+    traced = sum(sum(v) for v in durations.values()) / STEP_REPEATS
+    cheapest = min((v for k, v in median.items() if k.startswith("op ")), default=0.0)
+    step_wall = statistics.median(walls[STEP_WARMUP:])
+    out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
+    out["ledger_growth"] = engine.stage.ledger.peak - held_before
+    out["process_growth"] = grown()
     return out
 
 

@@ -158,6 +158,23 @@ def test_fit_link_recovers_latency_and_bandwidth():
     assert latency == pytest.approx(50e-6, rel=1e-6) and bandwidth == pytest.approx(2e9, rel=1e-6)
 
 
+def test_process_overhead_is_the_line_through_two_stages():
+    mib = 2**20
+    fixed, per_byte = profiling.fit_process_overhead([(70 * mib, 54 * mib), (25 * mib, 44 * mib)])
+    assert per_byte == pytest.approx(10 / 45) and fixed == pytest.approx(44 * mib - 25 * mib * 10 / 45)
+    # the larger stage grew no more beyond its ledger: a fixed overhead, the larger of the two
+    assert profiling.fit_process_overhead([(25.0, 50.0), (70.0, 40.0)]) == (50.0, 0.0)
+
+
+def test_contention_is_the_median_slowdown_over_alone():
+    alone = {"embedding": [1.0, 2.0], "block": [10.0, 20.0], "head": [3.0, 6.0]}
+    ranks = [{"units": {"embedding": [1.1, 2.2], "block": [12.0, 24.0]}},
+             {"units": {"block": [12.0, 24.0], "head": [3.0, 6.0]}}]
+    # forward and backward: block 1.2 (both ranks), embedding 1.1, head 1.0; the median is 1.1
+    assert profiling.contention_of(ranks, alone) == pytest.approx(0.1)
+    assert profiling.contention_of(ranks, {k: [2 * t for t in v] for k, v in alone.items()}) == 0.0
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--model", "no-such-model"], "unknown model preset 'no-such-model'"),
     (["--seq-len", "4096"], "exceeds the model's max_seq_len 1024"),
@@ -193,6 +210,9 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     for links in (profile.intra_node, profile.inter_node):
         assert links.p2p.bandwidth > 0 and links.collective.bandwidth > 0
     assert profile.device.memory_bandwidth > 0 and profile.device.action_overhead_s >= 0
+    d = profile.device
+    assert d.contention >= 0 and d.process_overhead_bytes >= 0 and d.process_overhead_per_byte >= 0
+    assert d.process_overhead_bytes + d.process_overhead_per_byte > 0
     assert profile.notes["inter_node"] == profiling.INTER_NODE_NOTE
 
 

@@ -26,8 +26,8 @@ def _profile(f: float = 1.0, b: float = 2.0, **device):
     p = load_profile("cpu-local")
     p.measured = [MeasuredShape("tiny", 256, 2, "float32", UnitTimes(f, b), UnitTimes(f, b),
                                 UnitTimes(f, b), block_forward_no_grad_s=f)]
-    p.device = dataclasses.replace(p.device, cores=None, memory_bandwidth=1e30,
-                                   action_overhead_s=0.0, **device)
+    p.device = dataclasses.replace(p.device, **{"cores": None, "memory_bandwidth": 1e30,
+                                                "action_overhead_s": 0.0, **device})
     for links in (p.intra_node, p.inter_node):
         links.p2p = links.collective = FAST
     return p
@@ -69,6 +69,23 @@ def test_grad_sync_takes_the_ring_formula(dp):
     spans = {name: t1 - t0 for name, t0, t1 in r.ranks[0].spans}
     nbytes = 4 * uc.param_count(_model(2), 1)
     assert spans["GS1"] == pytest.approx(2 * (dp - 1) / dp * nbytes / 1e8 + 2 * (dp - 1) * 1e-3)
+
+
+@pytest.mark.parametrize("cores,contention,pp,dp,slowdown", [
+    (2, 0.0, 1, 2, 1.0),    # two replicas on two cores: each has its own
+    (2, 0.25, 1, 2, 1.25),  # ... but they share caches and memory bandwidth
+    (2, 0.25, 1, 1, 1.0),   # alone: no contention
+    (2, 0.25, 1, 4, 2.5),   # four replicas on two cores: half a core each, and contended
+    (4, 0.3, 1, 2, 1.1),    # two of four cores busy: a third of the contention
+])
+def test_compute_shares_the_cores_and_contends_for_the_node(cores, contention, pp, dp, slowdown):
+    """Every replica of one stage computes at once: a unit takes its time alone x the
+    slowdown (processor sharing, then 1 + contention x (busy - 1) / (cores - 1))."""
+    alone = simulate(build_plan(2, pp, 1, 2, clip=False), _model(2), _profile(cores=cores),
+                     micro_batch_size=2, seq_len=256)
+    shared = simulate(build_plan(2, pp, dp, 2, clip=False), _model(2),
+                      _profile(cores=cores, contention=contention), micro_batch_size=2, seq_len=256)
+    assert shared.ranks[0].compute == pytest.approx(slowdown * alone.ranks[0].compute)
 
 
 def test_syncs_share_the_link_in_the_order_they_start():

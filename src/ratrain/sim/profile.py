@@ -105,6 +105,12 @@ class Device:
     transients grow with what the stage allocates (the ledger's growth from before the first
     step to its peak)."""
 
+    contention: float = 0.0
+    """CPU: how much slower compute runs while every core of the node is busy than alone
+    (shared caches and memory bandwidth), as a fraction: 0.2 = 20% slower. The simulator slows
+    a node's compute by 1 + contention x (busy ranks - 1) / (cores - 1), at most the full
+    factor, on top of processor sharing."""
+
     def process_overhead(self, ledger_growth: float) -> float:
         return self.process_overhead_bytes + self.process_overhead_per_byte * ledger_growth
 
@@ -269,7 +275,7 @@ _TYPES = {
              "memory_bandwidth": float, "host_link": "optional-link",
              "host_memory_bytes": "optional-float", "cores": "optional-int",
              "action_overhead_s": float, "process_overhead_bytes": float,
-             "process_overhead_per_byte": float},
+             "process_overhead_per_byte": float, "contention": float},
     DeviceGroup: {"name": str, "count": int, "device": Device},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,

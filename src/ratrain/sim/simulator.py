@@ -13,7 +13,9 @@ and the norm first sums over the replicas, blocking (sim/cost_model.py).
 Data-parallel replicas run identical programs on identical costs, so each stage is simulated
 once; its replicas appear in the size of its gradient ring and, on a machine whose ranks share
 cores (a CPU profile's `cores`), in how many compute at once: compute on a node progresses at
-min(1, cores / busy ranks of the node) of full speed (processor sharing).
+min(1, cores / busy ranks of the node) of full speed (processor sharing), slowed further by
+the profile's `contention` as more of the node's cores are busy (shared caches and memory
+bandwidth).
 """
 
 from __future__ import annotations
@@ -186,6 +188,7 @@ class _Simulation:
         self.plan, self.costs, self.profile = plan, costs, profile
         self.op_tables = [ops_for(c.s.shard_state) for c in costs]  # sharded P: an all-gather
         self.cores = profile.device.cores
+        self.contention = profile.device.contention
         self.node_of, self.weight = node_of, weight
         self.synchronous_copies = [c.host_link is None for c in costs]
         # What lives in the host tier, where it is not the device's own memory (a GPU's host).
@@ -351,8 +354,13 @@ class _Simulation:
         self._reschedule()
 
     def _rate(self, node: int) -> float:
+        """Each running job's speed on `node`: its share of the cores (processor sharing),
+        slowed by the contention of the busy cores for caches and memory bandwidth."""
         busy = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
-        return min(1.0, self.cores / busy) if busy else 1.0
+        if not busy:
+            return 1.0
+        shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
+        return min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
 
     def _settle(self) -> None:
         """Advance every running job's remaining work to now."""
