@@ -72,6 +72,17 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def assert_final_weights_match(run_dir, ref_dir, n_units):
+    """Every unit's weights in the run's newest checkpoint have the reference's shapes and
+    agree with them to a relative 1e-5; returns both runs' final units (run's, reference's)."""
+    units, ref_units = final_units(run_dir, n_units), final_units(ref_dir, n_units)
+    for u in range(n_units):
+        for name, ref_w in ref_units[u]["weights"].items():
+            assert units[u]["weights"][name].shape == ref_w.shape, (u, name)
+            assert rel(units[u]["weights"][name], ref_w) < 1e-5, (u, name)
+    return units, ref_units
+
+
 @pytest.fixture(autouse=True)
 def _no_run_left_behind():
     """Kill what a failed test's runs (test_failure.start) left running."""

@@ -16,7 +16,7 @@ from ratrain.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
 from ratrain.train import rank_main
 
-from .conftest import STEPS, final_units, micro_config, rel
+from .conftest import STEPS, assert_final_weights_match, micro_config
 
 pytestmark = pytest.mark.dist
 
@@ -39,11 +39,7 @@ def test_layout_matches_single_process(pp, dp, corpus, reference, tmp_path):
     assert len(val) == len(ref_val) == 2
     assert max(abs(a - b) / b for a, b in zip(val, ref_val)) < 1e-5
 
-    n_units = cfg.model.n_units
-    ref_units, units = final_units(ref_dir, n_units), final_units(tmp_path, n_units)
-    for u in range(n_units):
-        for name, ref_w in ref_units[u]["weights"].items():
-            assert rel(units[u]["weights"][name], ref_w) < 1e-5, (u, name)
+    assert_final_weights_match(tmp_path, ref_dir, cfg.model.n_units)
 
     trace = json.loads((tmp_path / "trace.json").read_text())
     tracks = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}

@@ -20,7 +20,7 @@ from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
 from ratrain.train import rank_main
 
-from .conftest import STEPS, final_units, micro_config, rel
+from .conftest import STEPS, assert_final_weights_match, micro_config
 
 pytestmark = pytest.mark.dist
 
@@ -80,9 +80,5 @@ def test_memory_choices_match_single_process(case, corpus, reference, tmp_path):
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     ref_val = [r["val_loss"] for r in ref_rows if "val_loss" in r]
     assert len(val) == len(ref_val) and max(abs(a - b) / b for a, b in zip(val, ref_val)) < 1e-5
-    n_units = cfg.model.n_units
-    ref_units, units = final_units(reference[1], n_units), final_units(run_dir, n_units)
-    for u in range(n_units):
-        for name, ref_w in ref_units[u]["weights"].items():
-            assert rel(units[u]["weights"][name], ref_w) < 1e-5, (u, name)
+    assert_final_weights_match(run_dir, reference[1], cfg.model.n_units)
     assert len(rows[-1]["ledger_peak_bytes_per_rank"]) == pp * dp

@@ -24,11 +24,12 @@ from ratrain.layout import has_views
 from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.stage_cost import (Lifecycle, UnitTable, lower_bound, pipeline_bound,
                                         pipeline_path)
-from ratrain.runtime.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.cost_model import ring
+from ratrain.sim.placement import stage_groups, stage_links
 from ratrain.sim.profile import HardwareProfile, Link
-from ratrain.sim.simulator import SimResult, simulate, stage_groups
+from ratrain.sim.result import SimResult
+from ratrain.sim.simulator import simulate
 
 DEFAULT_MARGIN = 0.10
 """Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
@@ -300,25 +301,13 @@ def _lead(request: PlanRequest, tables: list[UnitTable], layout: Layout,
             for table, (a, _, _) in zip(tables, part)]
 
 
-def _layout_links(request: PlanRequest, layout: Layout) -> tuple[list[Link], list[Link]]:
-    """The links the layout's traffic crosses under its rank order, as the simulator's
-    stage_setups finds them: between stages s and s + 1 (point to point), and each stage's
-    replicas' ring."""
-    profile, grid = request.profile, RankGrid(layout.pp, layout.dp, layout.rank_order)
-    same = lambda ranks: len({r // profile.devices_per_node for r in ranks}) == 1  # noqa: E731
-    hops = [profile.link(same([grid.rank(s, 0), grid.rank(s + 1, 0)])).p2p
-            for s in range(layout.pp - 1)]
-    rings = [profile.link(same(grid.replica_ranks(s))).collective for s in range(layout.pp)]
-    return hops, rings
-
-
 def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> float:
     """A tighter lower bound on the candidate's step than the one it was queued with: its 1F1B
     order walked stage by stage (stage_cost.pipeline_path) on the links its rank order gives,
     then stage 0's last sync and updates."""
     layout, part = candidate.layout, candidate.partition
     per_stage = tables(layout)
-    hops, rings = _layout_links(request, layout)
+    hops, rings, _ = stage_links(layout.pp, layout.dp, layout.rank_order, request.profile)
     lead = ([t.costs.gather(a, link) for t, (a, _, _), link in zip(per_stage, part, rings)]
             if layout.lifecycle.shard_state else [0.0] * layout.pp)
     act = per_stage[0].act

@@ -251,8 +251,7 @@ class Executor:
     def _wait_prefetch(self, a: Action) -> None:
         gathered = self.pending.pop(Action(Op.PREFETCH, a.layer), None)
         if gathered is not None:
-            g = self.groups
-            self._timed_wait(gathered[0], a, self._ranks_text(g.grid.replica_ranks(g.stage)))
+            self._timed_wait(gathered[0], a, self._replica_peers())
         self.stage.state[a.layer].wait_view()
 
     def _release(self, a: Action) -> None:
@@ -311,8 +310,15 @@ class Executor:
         when = f"step {self.step + 1}" if self.training else "validation"
         timed_comm.wait(work, self.comm_timeout_s, when, str(a), peer)
 
-    def _ranks_text(self, ranks) -> str:
-        return timed_comm.ranks_text(ranks, self.groups.rank)
+    def _replica_peers(self) -> str:
+        """The stage's other replicas, for a timed-out wait's message."""
+        g = self.groups
+        return timed_comm.ranks_text(g.grid.replica_ranks(g.stage), g.rank)
+
+    def _pipeline_peers(self) -> str:
+        """The replica's other stages, for a timed-out wait's message."""
+        g = self.groups
+        return timed_comm.ranks_text(g.grid.pipeline_ranks(g.replica), g.rank)
 
     # -- training state -----------------------------------------------------------------------
 
@@ -323,8 +329,7 @@ class Executor:
     def _wait_grad_sync(self, a: Action) -> None:
         work = self.syncs.pop(a.layer, None)
         if work is not None:
-            g = self.groups
-            self._timed_wait(work, a, self._ranks_text(g.grid.replica_ranks(g.stage)))
+            self._timed_wait(work, a, self._replica_peers())
         self.stage.state[a.layer].wait_sync()
 
     def _grad_norm(self, a: Action):
@@ -333,9 +338,8 @@ class Executor:
         parts = [sq for s in self.stage.state.values() if (sq := s.sq_norm()) is not None]
         sq = (torch.stack(parts).sum() if parts else torch.zeros((), device=self.stage.device)).reshape(1)
         if self.stage.sharded:  # each replica holds a slice of the stage's gradients
-            g = self.groups
-            self._timed_wait(dist.all_reduce(sq, group=g.replicas, async_op=True), a,
-                             self._ranks_text(g.grid.replica_ranks(g.stage)))
+            self._timed_wait(dist.all_reduce(sq, group=self.groups.replicas, async_op=True), a,
+                             self._replica_peers())
         work = dist.all_reduce(sq, group=self.groups.pipeline, async_op=True) if self.pp > 1 else None
         self._norm = (work, sq)
         return work
@@ -343,8 +347,7 @@ class Executor:
     def _wait_grad_norm(self, a: Action) -> None:
         work, sq = self._norm
         if work is not None:
-            g = self.groups
-            self._timed_wait(work, a, self._ranks_text(g.grid.pipeline_ranks(g.replica)))
+            self._timed_wait(work, a, self._pipeline_peers())
         self._norm = None
         scale = self.loss_scale.scale if self.loss_scale else 1.0
         total = float(sq.sqrt()) / scale
@@ -373,10 +376,10 @@ class Executor:
         g = self.groups
         if self.pp > 1:
             self._timed_wait(dist.all_reduce(total, group=g.pipeline, async_op=True), a,
-                             self._ranks_text(g.grid.pipeline_ranks(g.replica)))
+                             self._pipeline_peers())
         if self.dp > 1:
             self._timed_wait(dist.all_reduce(total, group=g.replicas, async_op=True), a,
-                             self._ranks_text(g.grid.replica_ranks(g.stage)))
+                             self._replica_peers())
         self._loss = float(total[0] / total[1])
         syncing = [u for u, state in self.stage.state.items() if state.syncing]
         if self.pending or syncing or self._norm or self.act or self.grad or self.saved:

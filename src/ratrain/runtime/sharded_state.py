@@ -85,8 +85,7 @@ class ShardedUnitState(UnitState):
         self.shard_grad = torch.zeros(self.shard, dtype=torch.float32, device=self.device)
         for piece, (i, a, b) in zip(self.pieces, self._piece_of):
             piece.grad = self.shard_grad[self._in_slice(i, a):self._in_slice(i, b)]
-        self._view = None  # the flat gathered buffer in the compute dtype
-        self._empty_view()
+        self._empty_view()  # `_view`: the flat gathered buffer in the compute dtype, once made
         self.ledger.hold(("masters", self), "masters", [self.master])
         self.ledger.hold(("gradients", self), "gradients", [self.grad, self.shard_grad])
         self._sync = None

@@ -22,133 +22,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 
 from ratrain.config import ModelConfig
-from ratrain.errors import UserError
 from ratrain.ledger import Ledger
 from ratrain.runtime.grid import RankGrid
 from ratrain.schedule.ir import START_OF, Action, Op
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.sim.cost_model import StageCosts, StageSetup, ops_for
+from ratrain.sim.cost_model import StageCosts, ops_for
+from ratrain.sim.placement import stage_setups
 from ratrain.sim.profile import HardwareProfile
-
-
-@dataclass
-class RankTimeline:
-    stage: int
-    end: float = 0.0
-    compute: float = 0.0  # seconds the walker computed
-    exposed: float = 0.0  # seconds the walker waited on a transfer or collective in progress
-    actions: list[tuple[Action, float, float]] = field(default_factory=list)
-    spans: list[tuple[str, float, float]] = field(default_factory=list)  # async: start to end
-    memory: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes held)
-    peak: int = 0
-    at_peak: dict[str, int] = field(default_factory=dict)
-    held_before_training: int = 0  # masters and gradients: allocated before the first step
-    device_peak: int = 0  # the peak of what lives on the compute device (not in the host tier)
-    host_peak: int = 0  # the peak of what lives in a host tier apart from the device
-
-    @property
-    def ledger_growth(self) -> int:
-        """What the ledger adds from before the first step to its peak (optimizer state
-        included)."""
-        return self.peak - self.held_before_training
-
-    def rss_growth(self, device) -> float:
-        """The predicted peak RSS growth of the rank over its size before the first step (as
-        metrics.jsonl measures it): the ledger's growth plus what a process grows beyond the
-        ledger (the profile's overhead, `device.process_overhead`)."""
-        return self.ledger_growth + device.process_overhead(self.ledger_growth)
-
-    @property
-    def bubble(self) -> float:
-        """Fraction of the step the walker did not compute."""
-        return 1.0 - self.compute / self.end if self.end else 0.0
-
-
-@dataclass
-class SimResult:
-    step_time: float
-    tokens_per_step: int
-    ranks: list[RankTimeline]  # one per stage (replicas are identical)
-    device: object = None  # the profile's Device: its process overhead
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_per_step / self.step_time
-
-    @property
-    def bubble(self) -> float:
-        return sum(r.bubble for r in self.ranks) / len(self.ranks)
-
-    def summary(self) -> dict:
-        return {
-            "step_time_s": self.step_time, "tokens_per_s": self.tokens_per_s,
-            "bubble": self.bubble,
-            "stages": [{"stage": r.stage, "bubble": r.bubble, "exposed_comm_s": r.exposed,
-                        "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak,
-                        "device_peak_bytes": r.device_peak, "host_peak_bytes": r.host_peak,
-                        "rss_growth_bytes": r.rss_growth(self.device)}
-                       for r in self.ranks],
-        }
-
-    def trace_events(self) -> tuple[dict, dict]:
-        """(actions, async spans) per stage in the executor's trace format (trace.py)."""
-        us = 1e6
-        actions = {r.stage: [(0, str(a), t0 * us, t1 * us) for a, t0, t1 in r.actions] for r in self.ranks}
-        spans = {r.stage: [(0, n, t0 * us, t1 * us) for n, t0, t1 in r.spans] for r in self.ranks}
-        return actions, spans
-
-
-def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
-                 micro_batch_size: int, seq_len: int, dtype: str) -> list[StageSetup]:
-    """Per stage: its units, choices, device and the links its traffic crosses under the plan's
-    rank order (ranks fill nodes of `devices_per_node`, and a profile's device groups, in rank
-    order)."""
-    grid = RankGrid(plan.pp, plan.dp, plan.rank_order)
-    groups = stage_groups(plan.pp, plan.dp, plan.rank_order, profile)
-    if groups is None:
-        raise UserError(f"profile {profile.name}: under rank order {plan.rank_order}, some stage's "
-                        f"replicas fall on devices of different groups; every stage must be on one")
-    node = lambda r: r // profile.devices_per_node  # noqa: E731
-    same_node = lambda ranks: len({node(r) for r in ranks}) == 1  # noqa: E731
-    unit_activation = plan.unit_activation
-    setups = []
-    for s, (units, program) in enumerate(zip(plan.stage_units, plan.programs)):
-        def p2p(t: int):
-            if not 0 <= t < plan.pp:
-                return None
-            return profile.link(same_node([grid.rank(s, 0), grid.rank(t, 0)])).p2p
-        setups.append(StageSetup(
-            profile=profile.for_group(groups[s]), model=model, micro_batch_size=micro_batch_size, seq_len=seq_len,
-            dtype=dtype, n_micro=plan.n_micro, units=units,
-            activation={u: unit_activation[u] for u in units},
-            view_units=frozenset(a.layer for a in program if a.op is Op.PREFETCH),
-            state_home=plan.state_home, dp=plan.dp, pp=plan.pp,
-            p2p_prev=p2p(s - 1), p2p_next=p2p(s + 1),
-            replicas=profile.link(same_node(grid.replica_ranks(s))).collective,
-            pipeline=profile.link(same_node(grid.pipeline_ranks(0))).collective,
-            clip=plan.clip, shard_state=plan.shard_state,
-        ))
-    return setups
-
-
-def stage_groups(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> list[int] | None:
-    """The device group of each stage (all 0 without groups); None when some stage's replicas
-    fall on devices of different groups, or there are more ranks than devices."""
-    if not profile.groups:
-        return [0] * pp
-    if pp * dp > profile.device_count:
-        return None
-    grid = RankGrid(pp, dp, rank_order)
-    out = []
-    for s in range(pp):
-        groups = {profile.group_of_rank(r) for r in grid.replica_ranks(s)}
-        if len(groups) > 1:
-            return None
-        out.append(groups.pop())
-    return out
+from ratrain.sim.result import RankTimeline, SimResult
 
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,

@@ -1,0 +1,72 @@
+"""Where a plan's stages and their traffic land: each stage's device group and the links its
+transfers and collectives cross under the plan's rank order (ranks fill nodes of
+`devices_per_node`, and a profile's device groups, in rank order). The simulator costs stages
+with it; the planner bounds layouts with the same links."""
+
+from __future__ import annotations
+
+from ratrain.config import ModelConfig
+from ratrain.errors import UserError
+from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.ir import Op
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.sim.cost_model import StageSetup
+from ratrain.sim.profile import HardwareProfile, Link
+
+
+def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
+                 micro_batch_size: int, seq_len: int, dtype: str) -> list[StageSetup]:
+    """Per stage: its units, choices, device and the links its traffic crosses under the plan's
+    rank order (ranks fill nodes of `devices_per_node`, and a profile's device groups, in rank
+    order)."""
+    groups = stage_groups(plan.pp, plan.dp, plan.rank_order, profile)
+    if groups is None:
+        raise UserError(f"profile {profile.name}: under rank order {plan.rank_order}, some stage's "
+                        f"replicas fall on devices of different groups; every stage must be on one")
+    hops, rings, pipeline = stage_links(plan.pp, plan.dp, plan.rank_order, profile)
+    unit_activation = plan.unit_activation
+    setups = []
+    for s, (units, program) in enumerate(zip(plan.stage_units, plan.programs)):
+        setups.append(StageSetup(
+            profile=profile.for_group(groups[s]), model=model, micro_batch_size=micro_batch_size, seq_len=seq_len,
+            dtype=dtype, n_micro=plan.n_micro, units=units,
+            activation={u: unit_activation[u] for u in units},
+            view_units=frozenset(a.layer for a in program if a.op is Op.PREFETCH),
+            state_home=plan.state_home, dp=plan.dp, pp=plan.pp,
+            p2p_prev=hops[s - 1] if s > 0 else None, p2p_next=hops[s] if s < plan.pp - 1 else None,
+            replicas=rings[s], pipeline=pipeline,
+            clip=plan.clip, shard_state=plan.shard_state,
+        ))
+    return setups
+
+
+def stage_groups(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> list[int] | None:
+    """The device group of each stage (all 0 without groups); None when some stage's replicas
+    fall on devices of different groups, or there are more ranks than devices."""
+    if not profile.groups:
+        return [0] * pp
+    if pp * dp > profile.device_count:
+        return None
+    grid = RankGrid(pp, dp, rank_order)
+    out = []
+    for s in range(pp):
+        groups = {profile.group_of_rank(r) for r in grid.replica_ranks(s)}
+        if len(groups) > 1:
+            return None
+        out.append(groups.pop())
+    return out
+
+
+def stage_links(pp: int, dp: int, rank_order: str,
+                profile: HardwareProfile) -> tuple[list[Link], list[Link], Link]:
+    """The links a layout's traffic crosses: between stages s and s + 1 (point to point, one
+    per hop), each stage's replicas' ring, and one replica's pipeline ring (collectives); each
+    the profile's intra-node link where its ranks share a node, else its inter-node one."""
+    grid = RankGrid(pp, dp, rank_order)
+
+    def link(ranks):
+        return profile.link(len({r // profile.devices_per_node for r in ranks}) == 1)
+
+    hops = [link([grid.rank(s, 0), grid.rank(s + 1, 0)]).p2p for s in range(pp - 1)]
+    rings = [link(grid.replica_ranks(s)).collective for s in range(pp)]
+    return hops, rings, link(grid.pipeline_ranks(0)).collective
