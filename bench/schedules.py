@@ -273,7 +273,7 @@ def _bench(spec: dict) -> None:
 
     alone = _compute_alone(base, engines["baseline"].stage.units, groups, loader.step_batches(0)[0])
     mine = {"rank": groups.rank, "stage": groups.stage, "replica": groups.replica,
-            "n_params": sum(p.numel() for p in engines["baseline"].stage.all_params()),
+            "n_params": sum(p.numel() for p in engines["baseline"].stage.master_params()),
             "cores": len(os.sched_getaffinity(0)),
             "compute_alone_per_micro_batch_s": alone, "trace_per_step_s": traced}
     ranks = [None] * layout.world

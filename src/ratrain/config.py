@@ -104,6 +104,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # the newest this many complete checkpoints are kept
     checkpoint_on_interrupt: bool = False  # Ctrl-C: finish the step, save a checkpoint, then stop
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
+    tensorboard: bool = False  # also write each step's metrics as TensorBoard scalars (RUN_DIR/tensorboard/)
+    profile: str | None = None  # hardware profile (preset or YAML): the device peak for MFU, the report's simulated step
 
     def validate(self) -> None:
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
@@ -168,9 +170,6 @@ class ParallelConfig:
             raise UserError(f"--view-window must be >= 0, got {self.view_window}")
         if self.state_home not in STATE_HOMES:
             raise UserError(f"state home must be one of {', '.join(STATE_HOMES)}, got {self.state_home!r}")
-        if self.shard_state and self.dp < 2 and not self.plan_file:
-            raise UserError("--shard-state splits the masters and optimizer state over data-parallel "
-                            f"replicas; --dp {self.dp} has none to split over")
 
     @property
     def activation_per_stage(self) -> list[str]:
@@ -186,19 +185,14 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def validate(self) -> None:
+        """The values as such: ranges, names, the sequence within the model's. Whether their
+        combination can run (layout, batch split, state home, dtype, hardware) is the one rule
+        of runnable.py (layout.check_config), which the run's preparation, the planner and the
+        CLI apply."""
         self.model.validate()
         self.data.validate()
         self.train.validate()
         self.parallel.validate()
-        per_rank = self.train.global_batch // self.parallel.dp
-        if self.train.global_batch % self.parallel.dp or per_rank % self.train.micro_batch_size:
-            raise UserError(
-                f"global batch {self.train.global_batch} does not split into dp={self.parallel.dp} "
-                f"replicas of whole micro-batches of {self.train.micro_batch_size}"
-            )
-        if self.model.tie_embeddings and self.parallel.pp > 1:
-            raise UserError("tied embeddings need the embedding and the head on one stage; use --pp 1 "
-                            "(pipelined tied embeddings are not supported yet)")
         if self.train.seq_len > self.model.max_seq_len:
             raise UserError(
                 f"seq_len {self.train.seq_len} exceeds the model's max_seq_len {self.model.max_seq_len}"

@@ -1,10 +1,15 @@
 """The pipeline plan a run config asks for, without touching a device: what `ratrain train`
-runs, `ratrain plan` shows and `ratrain simulate` predicts."""
+runs, `ratrain plan` shows and `ratrain simulate` predicts; and the plan a plan file holds,
+checked against the run. Both pass the one rule of what can run (runnable.py)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.runnable import check_runnable
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 
@@ -19,20 +24,105 @@ def has_views(dtype: str, state_home: str, host_is_separate: bool,
             or shard_state)
 
 
-def plan_for_config(cfg: RunConfig, host_is_separate: bool) -> PipelinePlan:
-    """The plan of cfg's layout and lifecycle flags (a request the schedule can't satisfy is a
-    UserError), with views where they differ from the masters (has_views)."""
+def _clip(cfg: RunConfig) -> bool:
+    # float16 needs the global norm to see an overflow anywhere, clipping or not
+    return cfg.train.grad_clip > 0 or cfg.train.dtype == "float16"
+
+
+def _view_window(cfg: RunConfig, host_is_separate: bool) -> int | None:
     p = cfg.parallel
     views = has_views(cfg.train.dtype, p.state_home, host_is_separate, p.shard_state)
+    return p.view_window if views else None
+
+
+def check_config(cfg: RunConfig, host_is_separate: bool, world: int | None = None,
+                 host_collectives: bool | None = None) -> None:
+    """The rule of what can run (runnable.refusal), for the plan cfg's flags ask for on a
+    device whose host is apart (`host_is_separate`) or not; `world`: processes already
+    started (torchrun); `host_collectives`: a profile's word on whether its collectives reduce
+    host buffers (None: runnable.refusal's default).
+    A UserError says why not."""
+    p, t = cfg.parallel, cfg.train
+    check_runnable(n_layers=cfg.model.n_layers, pp=p.pp, dp=p.dp, global_batch=t.global_batch,
+                   micro_batch_size=t.micro_batch_size, schedule=p.schedule, policy=p.policy,
+                   dtype=t.dtype, clip=_clip(cfg), state_home=p.state_home,
+                   shard_state=p.shard_state, view_window=_view_window(cfg, host_is_separate),
+                   tie_embeddings=cfg.model.tie_embeddings, host_is_separate=host_is_separate,
+                   host_collectives=host_collectives,
+                   world=world)
+
+
+def check_plan(plan: PipelinePlan, cfg: RunConfig, host_is_separate: bool,
+               world: int | None = None, host_collectives: bool | None = None) -> None:
+    """The same rule for a plan read from a file: its own layout and lifecycle, cfg's batch
+    (load_plan has checked that the two agree), dtype and model."""
+    t = cfg.train
+    check_runnable(n_layers=plan.n_layers, pp=plan.pp, dp=plan.dp, global_batch=t.global_batch,
+                   micro_batch_size=t.micro_batch_size, schedule=plan.schedule,
+                   policy=plan.policy, dtype=t.dtype, clip=plan.clip,
+                   state_home=plan.state_home, shard_state=plan.shard_state,
+                   view_window=plan.view_window, tie_embeddings=cfg.model.tie_embeddings,
+                   host_is_separate=host_is_separate,
+                   host_collectives=host_collectives,
+                   world=world)
+
+
+def plan_for_config(cfg: RunConfig, host_is_separate: bool,
+                    host_collectives: bool | None = None) -> PipelinePlan:
+    """The plan of cfg's layout and lifecycle flags (a request that cannot run, or that the
+    schedule can't satisfy, is a UserError), with views where they differ from the masters
+    (has_views)."""
+    check_config(cfg, host_is_separate, host_collectives=host_collectives)
+    p = cfg.parallel
     policies = p.activation_per_stage
     try:
         return build_plan(
             cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, schedule=p.schedule, policy=p.policy,
             activation=policies[0] if len(policies) == 1 else policies,
-            units_per_stage=p.partition,
-            # float16 needs the global norm to see an overflow anywhere, clipping or not
-            clip=cfg.train.grad_clip > 0 or cfg.train.dtype == "float16",
-            rank_order=p.rank_order, view_window=p.view_window if views else None,
-            state_home=p.state_home, shard_state=p.shard_state)
+            units_per_stage=p.partition, clip=_clip(cfg), rank_order=p.rank_order,
+            view_window=_view_window(cfg, host_is_separate), state_home=p.state_home,
+            shard_state=p.shard_state)
     except ScheduleError as e:
         raise UserError(str(e)) from None
+
+
+def read_plan_file(path: str | Path) -> dict:
+    """A plan file's plain data (JSON), read once: the CLI takes its layout and run settings
+    from it, and `load_plan` makes it the plan."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"plan file not found: {path}") from None
+    except (OSError, ValueError) as e:  # not text, not JSON
+        raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a ratrain plan: expected a JSON object, got "
+                        f"{type(data).__name__}")
+    return data
+
+
+def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
+    """The plan in cfg.parallel.plan_file (`data`: its contents, where already read), checked
+    against the config and by the schedule checks."""
+    path = Path(cfg.parallel.plan_file)
+    if data is None:
+        data = read_plan_file(path)
+    try:
+        plan = PipelinePlan.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
+    want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
+            "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
+            "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state}
+    have = {k: getattr(plan, k) for k in want}
+    if have != want:
+        diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
+        raise UserError(f"plan {path} does not fit this run: {diff}")
+    try:
+        plan.validate()
+    except ScheduleError as e:
+        raise UserError(f"plan {path} fails the schedule checks: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise UserError(f"plan {path} is damaged: {type(e).__name__}: {e}") from None
+    return plan

@@ -11,7 +11,9 @@ stage's first unit takes it as input), until every owner has let go.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable
+
+from ratrain.schedule.ops import Effect, Release, owner_key
 
 KINDS = ("views", "masters", "gradients", "optimizer", "activations", "offloaded", "buffers")
 """views: compute-precision parameter copies; masters: fp32 weights in their home tier;
@@ -65,3 +67,18 @@ class Ledger:
         if self.total > self.peak:
             self.peak = self.total
             self.at_peak = dict(self.bytes)
+
+
+def apply_effects(ledger: Ledger, effects: Iterable[Effect], unit: int | None, mb: int | None,
+                  storages: Callable[[str], Iterable[tuple[Hashable, int]]]) -> None:
+    """Apply an action's memory effects (its spec's `memory`, schedule/ops.py) in order;
+    `storages` binds a storage name to (storage key, bytes) pairs: real tensors in the
+    executor, sizes in the simulator."""
+    for effect in effects:
+        owner = owner_key(effect, unit, mb)
+        if isinstance(effect, Release):
+            ledger.release(owner)
+            continue
+        for name in effect.storages:
+            for key, nbytes in storages(name):
+                ledger.hold_storage(owner, effect.kind, key, nbytes)

@@ -94,3 +94,51 @@ def plot_loss(metrics_path: str | Path, out_png: str | Path, title: str = "") ->
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
+
+
+class StepExtras:
+    """What rank 0 adds to each step's row and to the run's summary beyond the loop's own
+    metrics: MFU (mfu.py) and, with --tensorboard, the row as TensorBoard scalars
+    (tensorboard_log.py). Made before the first step: on a CPU without a profile it measures
+    the matmul peak (about 0.3 s)."""
+
+    def __init__(self, cfg, run_dir: str | Path, world: int, device: torch.device,
+                 resume_step: int | None = None):
+        from ratrain import mfu
+
+        profile = None
+        if cfg.train.profile:
+            from ratrain.sim.profile import load_profile
+
+            profile = load_profile(cfg.train.profile)
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        self.flops_per_token = mfu.flops_per_token(cfg.model, cfg.train.seq_len)
+        self.peak = mfu.run_peak(device.type, cfg.train.dtype, world, torch.get_num_threads(),
+                                 profile, name)
+        self.tb = None
+        if cfg.train.tensorboard:
+            from ratrain.tensorboard_log import TensorBoardLog
+
+            self.tb = TensorBoardLog(run_dir, resume_step)
+
+    def mfu(self, tokens_per_s: float | None) -> float | None:
+        from ratrain.mfu import mfu
+
+        return mfu(self.flops_per_token, tokens_per_s, self.peak.flops)
+
+    def step(self, row: dict) -> None:
+        """Adds `mfu` to the row (where the peak is known) and writes it to TensorBoard."""
+        value = self.mfu(row.get("tokens_per_s"))
+        if value is not None:
+            row["mfu"] = value
+        if self.tb:
+            self.tb.write(row)
+
+    def finish(self, summary: dict) -> None:
+        """Adds the MFU of the mean tokens/s, the FLOPs per token and the peak to the summary."""
+        summary["mfu"] = self.mfu(summary.get("tokens_per_s"))
+        summary["flops_per_token"] = self.flops_per_token
+        summary["peak_flops"] = self.peak.flops
+        summary["peak_flops_source"] = self.peak.source
+        if self.tb:
+            self.tb.close()

@@ -28,8 +28,8 @@ from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
-from ratrain.layout import plan_for_config
-from ratrain.metrics import MetricsLog, RssGrowth, plot_loss
+from ratrain.layout import check_config, check_plan, load_plan, plan_for_config
+from ratrain.metrics import MetricsLog, RssGrowth, StepExtras, plot_loss
 from ratrain.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
 from ratrain.runtime.grid import RankGrid
@@ -38,7 +38,6 @@ from ratrain.runtime import timed_comm
 from ratrain.runtime.launch import (Interrupted, ask_to_stop_on_sigint, launch_local,
                                     stop_requested, under_torchrun)
 from ratrain.runtime.process_groups import init_groups, pick_backend
-from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.trace import Tracer, write_chrome_trace
 
@@ -47,41 +46,20 @@ class TrainingDiverged(UserError):
     """The loss stopped being a finite number; the run ends with the last good checkpoint kept."""
 
 
-def load_plan(cfg: RunConfig) -> PipelinePlan:
-    """The plan in cfg.parallel.plan_file, checked against the config and by the schedule checks."""
-    path = Path(cfg.parallel.plan_file)
-    try:
-        plan = PipelinePlan.from_dict(json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise UserError(f"plan file not found: {path}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
-    want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
-            "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
-            "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state}
-    have = {k: getattr(plan, k) for k in want}
-    if have != want:
-        diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
-        raise UserError(f"plan {path} does not fit this run: {diff}")
-    try:
-        plan.validate()
-    except ScheduleError as e:
-        raise UserError(f"plan {path} fails the schedule checks: {e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise UserError(f"plan {path} is damaged: {type(e).__name__}: {e}") from None
-    return plan
-
-
 def computes_on_cuda(cfg: RunConfig) -> bool:
     return pick_backend(cfg.parallel.backend) == "nccl"
 
 
-def plan_for(cfg: RunConfig) -> PipelinePlan:
-    """The pipeline plan of this config: its plan file's, checked, or the one its flags ask
-    for on this machine's device (layout.plan_for_config)."""
+def plan_for(cfg: RunConfig, plan_data: dict | None = None) -> PipelinePlan:
+    """The pipeline plan of this config: its plan file's (`plan_data`: the file's contents,
+    where already read), or the one its flags ask for on this machine's device
+    (layout.plan_for_config); either checked by the rule of what can run (runnable.py)."""
+    cuda = computes_on_cuda(cfg)
     if cfg.parallel.plan_file:
-        return load_plan(cfg)
-    return plan_for_config(cfg, host_is_separate=computes_on_cuda(cfg))
+        plan = load_plan(cfg, plan_data)
+        check_plan(plan, cfg, host_is_separate=cuda)
+        return plan
+    return plan_for_config(cfg, host_is_separate=cuda)
 
 
 def needs_executor(cfg: RunConfig) -> bool:
@@ -103,36 +81,45 @@ def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool =
     return loader, val
 
 
-def prepare(cfg: RunConfig, progress: bool = True) -> PipelinePlan | None:
+def prepare(cfg: RunConfig, progress: bool = True,
+            plan_data: dict | None = None) -> PipelinePlan | None:
     """Everything that can fail because of the user's input, checked before any run directory or
-    process exists: the config, the tokenizer against the model, the data, the pipeline plan
-    (returned; None for a single process). Tokenizes the data once (cached), so that ranks only
-    memory-map the cached file."""
+    process exists: the config, whether it can run here (runnable.py: the one rule the planner
+    and the CLI apply too), the tokenizer against the model, the data, the pipeline plan
+    (returned; None for a single process; a plan file's from `plan_data` where already read).
+    Tokenizes the data once (cached), so that ranks only memory-map the cached file."""
     cfg.validate()
+    cuda = computes_on_cuda(cfg)
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+    plan = None
+    if cfg.parallel.plan_file:  # the layout is the plan's: the rule checks the plan
+        plan = load_plan(cfg, plan_data)
+        check_plan(plan, cfg, host_is_separate=cuda, world=world)
+    else:
+        check_config(cfg, host_is_separate=cuda, world=world)
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
     if str(cfg.data.path).endswith(".bin"):
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size)
     make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress)  # too little data is a UserError
-    if cfg.parallel.state_home == "host" and cfg.parallel.dp > 1 and computes_on_cuda(cfg):
-        raise UserError("--state-home host with --dp > 1 on GPUs needs the gradient sync on the "
-                        "host, which NCCL cannot do; use --state-home device")
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != cfg.parallel.pp * cfg.parallel.dp:
-        raise UserError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but --pp "
-                        f"{cfg.parallel.pp} x --dp {cfg.parallel.dp} needs {cfg.parallel.pp * cfg.parallel.dp}")
     distributed = cfg.parallel.pp * cfg.parallel.dp > 1 or under_torchrun()
-    return plan_for(cfg) if distributed or needs_executor(cfg) else None
+    if plan is None and (distributed or needs_executor(cfg)):
+        plan = plan_for_config(cfg, host_is_separate=cuda)
+    return plan
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
-          trace: bool = True) -> dict:
+          trace: bool = True, plan_data: dict | None = None) -> dict:
     """Train as configured; returns the run summary (also written to run_dir/summary.json).
     With no run_dir, a new one under runs/ is made once the input has been checked. `resume`
-    continues from the newest checkpoint of run_dir that verifies.
+    continues from the newest checkpoint of run_dir that verifies. `plan_data`: the contents
+    of cfg's plan file, where the caller has read it already (layout.read_plan_file).
 
-    Under torchrun this runs on every rank and only rank 0 returns the summary (others: {}).
+    The plan is built (or read) here once and handed to the ranks. Under torchrun this runs on
+    every rank (each builds the plan itself) and only rank 0 returns the summary (others: {}).
     Raises Interrupted when Ctrl-C stopped the run."""
-    plan = prepare(cfg, progress)
+    plan = prepare(cfg, progress, plan_data)
+    plan_dict = plan.to_dict() if plan else None
     check_run_dir(run_dir or Path("runs"), cfg)
     ckpt = resume_point(Path(run_dir), cfg) if resume else None
     run_dir = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
@@ -143,8 +130,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
         cfg.save(run_dir / "config.yaml")
         if plan:
-            (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
-    args = (cfg.to_dict(), str(run_dir), str(ckpt) if ckpt else None, progress, trace)
+            (run_dir / "plan.json").write_text(json.dumps(plan_dict, indent=2))
+    args = (cfg.to_dict(), str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
     if under_torchrun():
         stopped = rank_main(*args)
     else:
@@ -167,15 +154,21 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
 
 
 def rank_main(cfg_dict: dict, run_dir: str, resume_from: str | None, progress: bool,
-              trace: bool) -> bool:
+              trace: bool, plan_dict: dict | None = None) -> bool:
     """One rank's run, from the checkpoint `resume_from` if given; returns whether Ctrl-C
-    stopped it early (--checkpoint-on-interrupt: after saving a checkpoint)."""
+    stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
+    plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
+    (`train` passes what prepare returned), or where a caller of its own leaves it to be made
+    here from the config."""
     cfg = RunConfig.from_dict(cfg_dict)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = under_torchrun() or cfg.parallel.pp * cfg.parallel.dp > 1
     rank = int(os.environ.get("RANK", 0))
-    plan = plan_for(cfg) if distributed or needs_executor(cfg) else None
+    if plan_dict is not None:
+        plan = PipelinePlan.from_dict(plan_dict)
+    else:
+        plan = plan_for(cfg) if distributed or needs_executor(cfg) else None
     if distributed:
         p = cfg.parallel
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s)
@@ -233,6 +226,19 @@ class _Loop:
         return timed_comm.all_gather_object(obj, self.cfg.parallel.comm_timeout_s, when, action,
                                             self.groups.device)
 
+    def _gather_counts(self, values: tuple, when: str, action: str) -> list[tuple]:
+        """Every rank's `values` (whole numbers >= 0, or None), in rank order: one all-gather of
+        a small int64 tensor on the groups' device, None travelling as -1."""
+        if not self.groups:
+            return [tuple(values)]
+        mine = torch.tensor([-1 if v is None else int(v) for v in values], dtype=torch.int64,
+                            device=self.groups.device)
+        world = dist.get_world_size()
+        out = [torch.empty_like(mine) for _ in range(world)]
+        timed_comm.wait(dist.all_gather(out, mine, async_op=True), self.cfg.parallel.comm_timeout_s,
+                        when, action, timed_comm.ranks_text(range(world), dist.get_rank()))
+        return [tuple(None if v == -1 else v for v in row) for row in torch.stack(out).tolist()]
+
     def run(self, ckpt: Path | None) -> bool:
         """Train to the configured step, from `ckpt` if given; returns whether Ctrl-C stopped
         the run early (after a checkpoint)."""
@@ -241,6 +247,8 @@ class _Loop:
             self._resume(ckpt)
         start = self.loader.step
         log = MetricsLog(self.run_dir / "metrics.jsonl", start if ckpt else None) if self.is_main else None
+        self.extras = StepExtras(self.cfg, self.run_dir, self.grid.world_size, self.engine.stage.device,
+                                 start if ckpt else None) if self.is_main else None  # MFU, TensorBoard
         tokens_per_step = t.global_batch * t.seq_len
         bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
@@ -261,7 +269,7 @@ class _Loop:
                 kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
                 raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; {kept}; "
                                        "lower the learning rate")
-            peaks, ledger, growth, stops = zip(*self._gather(
+            peaks, ledger, growth, stops = zip(*self._gather_counts(
                 (self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(), rss.peak(),
                  stop_requested()), f"step {step + 1}", "the metrics gather"))
             row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
@@ -282,6 +290,7 @@ class _Loop:
             if step > start:  # the first step pays for warm-up allocations
                 rates.append(row["tokens_per_s"])
             if log:
+                self.extras.step(row)
                 log.write(row)
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
@@ -359,4 +368,5 @@ class _Loop:
             summary["ledger_at_peak_by_kind_per_rank"] = at_peak
         if "rss_growth_bytes_per_rank" in last:
             summary["rss_growth_bytes_per_stage"] = self._per_stage(last["rss_growth_bytes_per_rank"])
+        self.extras.finish(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -8,6 +8,7 @@ import torch
 from ratrain.config import RunConfig
 from ratrain.models.llama import build_units
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
+from ratrain.runtime import handlers
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
 
@@ -56,7 +57,7 @@ def test_bf16_autocast_trains():
     assert losses[-1] < losses[0] - 1.0  # memorizes one batch
     assert engine.peak_memory_bytes() > 0
     # masters stay fp32 under autocast
-    assert all(p.dtype == torch.float32 for p in engine.stage.all_params())
+    assert all(p.dtype == torch.float32 for p in engine.stage.master_params())
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
@@ -96,7 +97,7 @@ def test_views_offload_and_host_masters_match_a_plain_fp32_run():
     plain = LocalEngine(cfg, torch.device("cuda"), build_units(cfg.model, 0))
     lifecycle = _executor(cfg, "offload", 1, "host")
     assert any(a.op is Op.OFFLOAD for a in lifecycle.program)
-    assert all(m.device.type == "cpu" and m.is_pinned() for m in lifecycle.stage.all_params())
+    assert all(m.device.type == "cpu" and m.is_pinned() for m in lifecycle.stage.master_params())
     for a, b in zip(_losses(plain, cfg), _losses(lifecycle, cfg)):
         assert abs(a - b) / a < 1e-5, (a, b)
 
@@ -111,7 +112,7 @@ def test_low_precision_views_match_a_plain_run_of_the_same_dtype(dtype):
     ref, got = _losses(plain, cfg), _losses(lifecycle, cfg)
     assert max(abs(a - b) / a for a, b in zip(ref, got)) < 0.02, (ref, got)
     assert got[-1] < got[0]
-    assert all(p.dtype == torch.float32 for p in lifecycle.stage.all_params())
+    assert all(p.dtype == torch.float32 for p in lifecycle.stage.master_params())
     if dtype == "float16":
         assert lifecycle.loss_scale.scale > 0
 
@@ -128,3 +129,40 @@ def test_offload_lowers_the_measured_peak():
         peaks[activation] = torch.cuda.max_memory_allocated()
         del engine
     assert peaks["offload"] < peaks["keep"], peaks
+
+
+def _pinned(cfg: RunConfig, step: int):
+    """Pinned, so the copies to the device are asynchronous as the loader's would be."""
+    return [(x.contiguous().pin_memory(), y.contiguous().pin_memory()) for x, y in _batches(cfg, step)]
+
+
+@pytest.mark.parametrize("dtype,activation", [("bfloat16", "recompute"), ("float16", "keep")])
+def test_a_step_synchronizes_only_at_its_end(monkeypatch, dtype, activation):
+    """On CUDA the host waits only where the program reads a value: a training step of the
+    executor runs under torch's sync debug mode "error" (a host-device synchronization raises)
+    everywhere but its end, which reads the loss, norm and overflow flag in one transfer."""
+    cfg = _cfg(dtype)
+    cfg.train.grad_clip = 1.0
+    n_micro = cfg.train.global_batch // cfg.train.micro_batch_size
+    plan = build_plan(cfg.model.n_layers, 1, 1, n_micro, policy="ratrain", activation=activation,
+                      clip=True, view_window=1)
+    engine = PipelineEngine(cfg, plan, None, device=torch.device("cuda"))
+    engine.train_step(_pinned(cfg, 0), 1e-3)  # first step: optimizer state, allocator warm-up
+    torch.cuda.synchronize()
+
+    step_end = handlers.HANDLERS[Op.STEP_END]
+    ended = []
+
+    def relaxed_end(ex, st, a):
+        torch.cuda.set_sync_debug_mode(0)
+        ended.append(a)
+        return step_end(ex, st, a)
+
+    monkeypatch.setitem(handlers.HANDLERS, Op.STEP_END, relaxed_end)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = engine.train_step(_pinned(cfg, 1), 1e-3)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert ended and torch.isfinite(torch.tensor(result.loss))
+    assert result.grad_norm is not None and result.grad_norm > 0

@@ -74,7 +74,7 @@ def test_ledger_peak_of_a_step_equals_the_hand_computation():
     engine = PipelineEngine(cfg, plan, None, device=torch.device("cpu"))
     for _ in range(2):
         engine.train_step(_batches(cfg), 1e-3)
-    params = engine.stage.all_params()
+    params = engine.stage.master_params()
     n = sum(p.numel() for p in params)
     states = 4 * n + 4 * n + 8 * n + 4 * len(params)
     modules = build_units(cfg.model, 0)
@@ -93,7 +93,7 @@ def test_recompute_holds_less_and_views_add_their_copies():
         for _ in range(2):  # the optimizer state exists from the first update on
             engine.train_step(_batches(cfg), 1e-3)
         peaks[name] = engine.stage.ledger
-    n = sum(p.numel() for p in engine.stage.all_params())
+    n = sum(p.numel() for p in engine.stage.master_params())
     assert peaks["recompute"].at_peak["activations"] < peaks["keep"].at_peak["activations"] / 2
     assert peaks["views"].at_peak["views"] == 4 * n  # fp32 views: a copy of every master
     assert peaks["keep"].at_peak["views"] == 0

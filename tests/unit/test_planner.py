@@ -161,6 +161,27 @@ def test_more_devices_than_units_is_said_to_be_no_help():
     assert "more devices would not help" in text
 
 
+def test_the_planner_walks_the_order_the_1f1b_builder_gives():
+    """One source of 1F1B's order (schedule/builders.py): the programs are built from
+    `one_f_one_b_order`, and the planner's micro-batches in flight (memory) and walk (bounds)
+    read it too."""
+    from ratrain.planner.stage_cost import Lifecycle, UnitTable
+    from ratrain.schedule.builders import (one_f_one_b, one_f_one_b_in_flight,
+                                           one_f_one_b_order, partition_units)
+
+    for pp in range(1, 7):
+        for m in sorted({pp, pp + 1, 2 * pp + 3}):
+            stages = partition_units(pp + 2, pp)
+            for s, (program, units) in enumerate(zip(one_f_one_b(stages, m), stages)):
+                steps = [(a.op == program[0].op, a.mb) for a in program[::len(units)]]
+                assert tuple(steps) == one_f_one_b_order(s, pp, m)
+                first_backward = next(i for i, (forward, _) in enumerate(steps) if not forward)
+                assert one_f_one_b_in_flight(s, pp, m) == first_backward == min(pp - s, m)
+    table = UnitTable(TINY, load_profile("cpu-local"), 1, 256, "float32", 5,
+                      Lifecycle("device", None, "ratrain"), True)
+    assert [table.in_flight(s, 4) for s in range(4)] == [4, 3, 2, 1]
+
+
 def test_the_planner_runs_without_torch():
     code = ("import sys, ratrain.planner.search, ratrain.planner.account, ratrain.sim.simulator; "
             "print('torch' in sys.modules)")

@@ -190,7 +190,7 @@ def test_ratrain_sync_starts_after_last_backward_and_overlaps_later_backwards(p,
     for program, units in zip(plan.programs, plan.stage_units):
         for u in units:
             i = program.index(Action(Op.GRAD_SYNC, u))
-            last_b = max(j for j, a in enumerate(program) if a.op is Op.BACKWARD and a.layer == u)
+            last_b = max(j for j, a in enumerate(program) if a.op is Op.BACKWARD and a.unit == u)
             assert all(a.op in (Op.SEND_GRAD, Op.GRAD_SYNC) for a in program[last_b + 1:i])
         first_sync = min(i for i, a in enumerate(program) if a.op is Op.GRAD_SYNC)
         assert any(a.op is Op.BACKWARD for a in program[first_sync:]) == (len(units) > 1)
@@ -210,13 +210,13 @@ def test_recompute_precedes_backward_and_overlaps_gradient_receive():
     for program in plan.programs:
         for i, a in enumerate(program):
             if a.op is Op.RECOMPUTE:
-                assert 1 <= a.layer <= 4  # decoder blocks only
+                assert 1 <= a.unit <= 4  # decoder blocks only
                 rest = program[i + 1:]
-                b = rest.index(Action(Op.BACKWARD, a.layer, a.mb))
+                b = rest.index(Action(Op.BACKWARD, a.unit, a.mb))
                 assert {x.op for x in rest[:b]} <= {Op.WAIT_RECV_GRAD, Op.RECV_GRAD}
     assert sum(a.op is Op.RECOMPUTE for prog in plan.programs for a in prog) == 4 * 3
     head, embedding = 5, 0
-    assert all(a.layer not in (head, embedding) for prog in plan.programs for a in prog
+    assert all(a.unit not in (head, embedding) for prog in plan.programs for a in prog
                if a.op is Op.RECOMPUTE)
 
 

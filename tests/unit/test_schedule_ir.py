@@ -5,12 +5,12 @@ import json
 import pytest
 
 from ratrain.schedule import Action, Op, PipelinePlan, build_plan, format_program, parse_program
-from ratrain.schedule.ir import _SHAPE
+from ratrain.schedule.ops import SPECS
 
 
 def _example(op: Op) -> Action:
-    has_layer, has_mb = _SHAPE[op]
-    return Action(op, 12 if has_layer else None, 3 if has_mb else None)
+    spec = SPECS[op]
+    return Action(op, 12 if spec.unit else None, 3 if spec.mb else None)
 
 
 @pytest.mark.parametrize("op", list(Op))
@@ -20,8 +20,9 @@ def test_every_op_round_trips(op):
     assert str(Action.parse(str(a))) == str(a)
 
 
-def test_every_op_has_a_shape():
-    assert set(_SHAPE) == set(Op)
+def test_every_op_has_a_spec():
+    assert set(SPECS) == set(Op)
+    assert all(SPECS[op].op is op for op in Op)
 
 
 def test_text_form_examples():
@@ -41,9 +42,9 @@ def test_bad_text_raises(text):
 
 
 def test_bad_fields_raise():
-    with pytest.raises(ValueError, match="takes a layer and a micro-batch"):
+    with pytest.raises(ValueError, match="takes a unit and a micro-batch"):
         Action(Op.FORWARD, 1)
-    with pytest.raises(ValueError, match="no layer"):
+    with pytest.raises(ValueError, match="no unit"):
         Action(Op.GRAD_NORM, 0)
 
 
@@ -72,3 +73,20 @@ def test_plan_round_trips(kwargs):
     assert again.to_dict() == d
     assert again.n_layers == kwargs["n_layers"]
     again.validate()
+
+
+def test_every_op_has_a_handler_a_cost_and_a_rule_of_what_it_needs():
+    """The three tables beside the registry cover every op (each also refuses to import
+    otherwise), and nothing else lists ops: waits pair with their starts both ways."""
+    from ratrain.runtime.handlers import HANDLERS
+    from ratrain.schedule.needs import NEEDS
+    from ratrain.sim.cost_model import DURATIONS
+
+    for table in (HANDLERS, NEEDS, DURATIONS):
+        assert set(table) == set(Op)
+    for op, spec in SPECS.items():
+        if spec.starts:
+            assert SPECS[spec.waited_by].waits is op
+        if spec.pairs_with:
+            assert SPECS[spec.pairs_with].pairs_with is op
+            assert SPECS[spec.pairs_with].sends != spec.sends

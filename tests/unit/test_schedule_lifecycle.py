@@ -99,19 +99,19 @@ def _view_walk(program):
     """(peak number of views prefetched and not yet released, units still holding a view at the
     first U or E, compute actions whose unit had prefetched views but none waited for and
     unreleased at that point)."""
-    viewed = {a.layer for a in program if a.op is Op.PREFETCH}
+    viewed = {a.unit for a in program if a.op is Op.PREFETCH}
     held, ready, peak, bad, at_end = set(), set(), 0, [], None
     for a in program:
         if a.op in (Op.UPDATE, Op.STEP_END) and at_end is None:
             at_end = set(held)
         if a.op is Op.PREFETCH:
-            held.add(a.layer)
+            held.add(a.unit)
         elif a.op is Op.WAIT_PREFETCH:
-            ready.add(a.layer)
+            ready.add(a.unit)
         elif a.op is Op.RELEASE:
-            held.discard(a.layer)
-            ready.discard(a.layer)
-        elif a.op in COMPUTE and a.layer in viewed and a.layer not in ready:
+            held.discard(a.unit)
+            ready.discard(a.unit)
+        elif a.op in COMPUTE and a.unit in viewed and a.unit not in ready:
             bad.append(a)
         peak = max(peak, len(held))
     return peak, at_end, bad
@@ -130,24 +130,24 @@ def _check_lifecycle(program, units, window, policy):
     elif window == 0:
         n = len(units)
         assert [a.op for a in program[:2 * n]] == [Op.PREFETCH] * n + [Op.WAIT_PREFETCH] * n
-        assert {a.layer for a in program[:2 * n]} == set(units)
+        assert {a.unit for a in program[:2 * n]} == set(units)
         assert at_end == set(units) and Action(Op.RELEASE, units[0]) not in program
     else:
         assert 1 <= peak <= window + 1
         assert at_end == set()
     for i, a in enumerate(program):
         if a.op is Op.SEND_ACT:  # the activation send stays right after its forward
-            assert program[i - 1] == Action(Op.FORWARD, a.layer, a.mb)
+            assert program[i - 1] == Action(Op.FORWARD, a.unit, a.mb)
         if a.op is Op.OFFLOAD:
-            f = program.index(Action(Op.FORWARD, a.layer, a.mb))
+            f = program.index(Action(Op.FORWARD, a.unit, a.mb))
             assert {x.op for x in program[f + 1:i]} <= {Op.SEND_ACT}  # in front of any wait
-            load = program.index(Action(Op.RELOAD, a.layer, a.mb))
-            b = program.index(Action(Op.BACKWARD, a.layer, a.mb))
-            assert i < load < program.index(Action(Op.WAIT_RELOAD, a.layer, a.mb)) < b
+            load = program.index(Action(Op.RELOAD, a.unit, a.mb))
+            b = program.index(Action(Op.BACKWARD, a.unit, a.mb))
+            assert i < load < program.index(Action(Op.WAIT_RELOAD, a.unit, a.mb)) < b
             assert len(_compute(program[load:b])) <= 1  # L runs ahead of one compute action
     for op, choice in ((Op.OFFLOAD, "offload"), (Op.RECOMPUTE, "recompute")):
-        assert {(a.layer, a.mb) for a in program if a.op is op} == {
-            (a.layer, a.mb) for a in compute if a.op is Op.FORWARD and policy[a.layer] == choice}
+        assert {(a.unit, a.mb) for a in program if a.op is op} == {
+            (a.unit, a.mb) for a in compute if a.op is Op.FORWARD and policy[a.unit] == choice}
 
 
 def _activations(pp, n_layers):

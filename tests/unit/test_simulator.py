@@ -11,11 +11,12 @@ import torch
 from ratrain.config import RunConfig
 from ratrain.ledger import KINDS
 from ratrain.models.presets import get_preset
-from ratrain.schedule.ir import Op
+from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import build_plan
 from ratrain.sim import unit_costs as uc
-from ratrain.sim.cost_model import OPS, SHARDED_OPS, ops_for
+from ratrain.sim.cost_model import DURATIONS, OPS, SHARDED_OPS, StageCosts, ops_for
 from ratrain.sim.profile import Link, MeasuredShape, UnitTimes, load_profile
+from ratrain.sim.placement import stage_setups
 from ratrain.sim.simulator import simulate
 
 FAST = Link(bandwidth=1e30, latency=0.0)
@@ -107,15 +108,40 @@ def test_a_slow_link_is_exposed_and_ratrain_hides_it_where_baseline_cannot():
     assert times["baseline"].ranks[0].exposed > times["ratrain"].ranks[0].exposed
 
 
-def test_every_op_has_a_cost_and_a_memory_effect():
-    assert set(OPS) == set(Op)
+def test_every_op_has_a_cost_and_its_kind_comes_from_the_registry():
+    assert set(OPS) == set(Op) == set(DURATIONS)
     assert set(ops_for(True)) == set(Op) and set(SHARDED_OPS) <= set(Op)
     for table in (OPS, ops_for(True)):
         for op, cost in table.items():
             assert cost.kind in {"compute", "copy", "send", "recv", "sync", "norm", "wait", "step_end", "free"}
-            assert callable(cost.duration) and callable(cost.memory), op
+            assert callable(cost.duration), op
+    kinds = {op: cost.kind for op, cost in OPS.items()}
+    assert kinds[Op.FORWARD] == kinds[Op.UPDATE] == "compute"
+    assert (kinds[Op.SEND_ACT], kinds[Op.RECV_GRAD]) == ("send", "recv")
+    assert (kinds[Op.GRAD_SYNC], kinds[Op.GRAD_NORM], kinds[Op.STEP_END]) == ("sync", "norm", "step_end")
+    assert (kinds[Op.PREFETCH], kinds[Op.RELEASE], kinds[Op.WAIT_PREFETCH]) == ("copy", "free", "wait")
     assert ops_for(False) is OPS
     assert ops_for(True)[Op.PREFETCH].kind == "sync"  # an all-gather on the replicas' links
+
+
+def test_every_storage_the_registry_names_has_a_size():
+    """The executor binds every storage name of the registry's memory effects to tensors; the
+    cost model must size every one of them (for a block, the head and the embedding)."""
+    from ratrain.schedule.ops import SPECS, Hold
+    plan = build_plan(2, 1, 1, 2, activation="offload", view_window=1)
+    setup = stage_setups(plan, _model(2), _profile(), micro_batch_size=2, seq_len=16,
+                         dtype="float32")[0]
+    costs = StageCosts(setup)
+    names = {(op, name) for op, spec in SPECS.items() for e in spec.memory
+             if isinstance(e, Hold) for name in e.storages}
+    assert names
+    for op, name in names:
+        for u in (0, 1, 3):
+            a = Action(op, u, 0 if SPECS[op].mb else None)
+            sizes = [nbytes for _, nbytes in costs.storages(name, a)]
+            assert all(n >= 0 for n in sizes), (op, name, u)
+            if u == 1:  # a block has something in every storage
+                assert sizes and all(n > 0 for n in sizes), (op, name)
 
 
 def test_memory_timeline_of_a_small_program_is_hand_computable():

@@ -1,12 +1,16 @@
 """A unit's training state: gradients in one flat buffer, a squared norm as exact as the
-reference's clip_grad_norm_, and a compute view made from the masters and released."""
+reference's clip_grad_norm_, a compute view made from the masters and released, one class for the
+replicated and the sharded layout, and an overflowed step skipped without the host reading it."""
 
+import pytest
 import torch
 
 from ratrain.config import RunConfig
 from ratrain.models.llama import build_units
 from ratrain.models.presets import get_preset
 from ratrain.optim import make_optimizer
+from ratrain.runtime.sharded_layout import Sharded
+from ratrain.runtime.state_layout import Replicated
 from ratrain.runtime.unit_state import UnitState
 
 
@@ -67,3 +71,89 @@ def test_a_view_is_made_from_the_masters_and_its_gradients_fold_into_fp32():
     assert all(p.numel() == 0 for p in state.params) and state.ledger.bytes["views"] == 0
     state.update()
     assert any(not torch.equal(m, w) for m, w in zip(state.masters, initial))
+
+
+def _new_optimizer(cfg):
+    return lambda params, decay=None: make_optimizer(params, cfg.train, decay)
+
+
+def _layouts():
+    """A state of the tiny preset's block 1 per layout (sharded: replica 0 of 2, no collective
+    needed to build it or to update it), each over its own copy of the same weights."""
+    cfg = RunConfig(model=get_preset("tiny"))
+    def state(layout, view_dtype=None):
+        block = build_units(cfg.model, 0, [1])[0]
+        return UnitState(list(block.parameters()), _new_optimizer(cfg), layout, view_dtype=view_dtype)
+    return {"replicated": lambda: state(Replicated()),
+            "sharded": lambda: state(Sharded(None, 0, 2), torch.float32)}
+
+
+def _fill(state, seed):
+    """A gradient as the sync leaves it for the update."""
+    g = torch.Generator().manual_seed(seed)
+    state.update_grad.copy_(torch.randn(state.update_grad.numel(), generator=g) * 1e-3)
+
+
+def _snapshot(state):
+    opt = [t.clone() for s in state.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return [m.detach().clone() for m in state.masters], opt
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+def test_a_skipped_step_leaves_masters_moments_and_step_count_bitwise_unchanged(layout):
+    """found_inf = 1: the fused AdamW skips the step where it runs (the host never reads the
+    flag) and reverts its step counter; the gradients are zeroed all the same. found_inf = 0
+    and a grad_factor tensor update bit for bit as no flag and a Python float do."""
+    state, twin = _layouts()[layout](), _layouts()[layout]()
+    for s in (state, twin):
+        _fill(s, 0)
+        s.update(0.5)
+    before = _snapshot(state)
+    assert _equal(before[0], _snapshot(twin)[0]) and _equal(before[1], _snapshot(twin)[1])
+    _fill(state, 1)
+    state.update(torch.tensor(0.5), found_inf=torch.tensor(1.0))
+    after = _snapshot(state)
+    assert _equal(after[0], before[0]) and _equal(after[1], before[1])
+    assert [float(s["step"]) for s in state.optimizer.state.values()] == [1.0] * len(state.masters)
+    assert float(state.grad.abs().sum()) == float(state.update_grad.abs().sum()) == 0.0
+    if layout == "sharded":
+        assert int(state.layout.steps) == 1  # what its checkpoint will say
+    for s, factor, found_inf in ((state, torch.tensor(0.5), torch.tensor(0.0)), (twin, 0.5, None)):
+        _fill(s, 2)
+        s.update(factor, found_inf)
+    assert not _equal(_snapshot(state)[0], before[0])
+    assert _equal(_snapshot(state)[0], _snapshot(twin)[0])
+    assert _equal(_snapshot(state)[1], _snapshot(twin)[1])
+    assert state.optimizer.found_inf is None  # the flag does not outlive its step
+
+
+def test_replicated_and_sharded_states_are_one_class_and_update_alike():
+    """The layout is an object the unit state holds, not a subclass; the two replicas of a
+    sharded unit together update exactly the elements the replicated state does."""
+    cfg = RunConfig(model=get_preset("tiny"))
+    whole = _layouts()["replicated"]()
+    halves = []
+    for r in range(2):
+        block = build_units(cfg.model, 0, [1])[0]
+        halves.append(UnitState(list(block.parameters()), _new_optimizer(cfg), Sharded(None, r, 2),
+                                view_dtype=torch.float32))
+    assert {type(s) for s in (whole, *halves)} == {UnitState}
+    assert isinstance(whole.layout, Replicated) and all(isinstance(h.layout, Sharded) for h in halves)
+    assert all(h.has_view and h.grad.numel() == 2 * h.update_grad.numel() for h in halves)
+    assert sum(h.ledger.bytes["masters"] for h in halves) == whole.ledger.bytes["masters"] == 4 * whole.numel
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        grad = torch.randn(whole.numel, generator=g) * 1e-3
+        whole.grad.copy_(grad)
+        padded = torch.cat([grad, torch.zeros(2 * halves[0].layout.shard - whole.numel)])
+        for h in halves:  # what the reduce-scatter of one replica's sum leaves
+            h.update_grad.copy_(padded[h.layout.lo:h.layout.lo + h.layout.shard])
+        assert torch.allclose(sum(h.sq_norm() for h in halves), whole.sq_norm(), rtol=1e-6)
+        for s in (whole, *halves):
+            s.update(torch.tensor(0.5))
+    flat = torch.cat([h.layout.master for h in halves])[:whole.numel]
+    assert torch.equal(flat, torch.cat([m.detach().reshape(-1) for m in whole.masters]))

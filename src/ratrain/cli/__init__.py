@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from ratrain.cli import plan_cmd, simulate_cmd, tools_cmd, train_cmd  # noqa: F401  (they register their commands)
+from ratrain.cli import plan_cmd, report_cmd, simulate_cmd, tools_cmd, train_cmd  # noqa: F401  (they register their commands)
 from ratrain.cli.group import cli
 from ratrain.errors import RunFailure, UserError
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.layout import read_plan_file
 
 
 def resolve_model(spec: str, cfg: RunConfig) -> None:
@@ -101,16 +101,12 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
     return cfg
 
 
-def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
+def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     """Run `plan_file`: its layout, unless the flags say otherwise (then the plan's checks
-    report the clash)."""
+    report the clash). Returns the file's contents, read here once: layout.load_plan makes
+    them the plan."""
     cfg.parallel.plan_file = str(Path(plan_file).resolve())
-    try:
-        layout = json.loads(Path(plan_file).read_text())
-    except (OSError, ValueError):
-        return  # the plan's checks explain what is wrong with the file
-    if not isinstance(layout, dict):
-        return
+    layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
                       ("shard_state", bool)):
         value = layout.get(key)
@@ -118,6 +114,7 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> None:
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash
     if "run" in layout:
         _use_run_settings(cfg, layout["run"], plan_file, opts)
+    return layout
 
 
 def _use_run_settings(cfg: RunConfig, run, plan_file: str, opts: dict) -> None:

@@ -100,6 +100,11 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
         time_limit_s=time_limit)
     found = search.search(request)
+    if not found.best and not found.layouts:
+        refused: list[str] = []
+        search.layouts(request, refused)  # training would refuse every one: say why
+        if refused:
+            raise UserError(f"no layout on {devices} devices can run: {refused[0]}")
     if not found.best:
         raise UserError(account.account(request))
     best = found.best[0]

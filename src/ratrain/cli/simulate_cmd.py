@@ -20,19 +20,23 @@ from ratrain.cli.options import build_config, config_options, use_plan_file
 def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     """Predict one training step on a hardware profile: step time, tokens/s, bubble, exposed
     communication and peak memory per stage, by simulating the very programs the executor runs."""
-    from ratrain.layout import plan_for_config
+    from ratrain.layout import check_plan, load_plan, plan_for_config
     from ratrain.sim.profile import load_profile
     from ratrain.sim.simulator import simulate as run_simulation
     from ratrain.trace import write_chrome_trace
-    from ratrain.train import load_plan
 
     cfg = build_config(opts)
-    if plan_file:
-        use_plan_file(cfg, plan_file, opts)
+    plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
     cfg.validate()
     hw = load_profile(profile_spec)
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
-    plan = load_plan(cfg) if plan_file else plan_for_config(cfg, hw.device.host_link is not None)
+    # what could not run on the profile's devices is not predicted (runnable.py)
+    host_is_separate = hw.device.host_link is not None
+    if plan_file:
+        plan = load_plan(cfg, plan_data)
+        check_plan(plan, cfg, host_is_separate, host_collectives=hw.device.host_collectives)
+    else:
+        plan = plan_for_config(cfg, host_is_separate, hw.device.host_collectives)
     t = cfg.train
     result = run_simulation(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,
                             seq_len=t.seq_len, dtype=t.dtype)

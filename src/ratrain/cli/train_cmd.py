@@ -17,7 +17,8 @@ from ratrain.errors import UserError
 # What a run may change when it continues: how long, how often it evaluates and saves, how it
 # fails. The rest of the config is the run's math and data.
 _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_every",
-                             "keep_checkpoints", "checkpoint_on_interrupt"}}
+                             "keep_checkpoints", "checkpoint_on_interrupt", "tensorboard",
+                             "profile"}}
 
 
 @cli.command()
@@ -31,8 +32,11 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
+@click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
+@click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")
+@click.option("--profile", "profile_spec", help="Hardware profile (a preset such as cpu-local, or a YAML file from `ratrain profile`): the device peak for MFU on a CPU, and the simulated step the report sets beside the measured one.  [default: MFU against a matmul peak measured at the start (CPU) or the GPU's datasheet; the report simulates on the profile a --plan was made with]")
 def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkpoint_on_interrupt,
-          trace, progress, as_json, **opts) -> None:
+          trace, progress, as_json, report, tensorboard, profile_spec, **opts) -> None:
     """Train a model. With no arguments: the embedded default run.
 
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
@@ -49,13 +53,13 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkp
             _check_same_run(cfg, Path(run_dir))
     else:
         cfg = build_config(opts, resume_dir)
-    if plan_file:
-        use_plan_file(cfg, plan_file, opts)
+    plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
     for value, section, key in ((keep_checkpoints, "train", "keep_checkpoints"),
                                 (checkpoint_on_interrupt, "train", "checkpoint_on_interrupt"),
                                 (comm_timeout, "parallel", "comm_timeout_s")):
         if value is not None:
             setattr(getattr(cfg, section), key, value)
+    _use_output_flags(cfg, tensorboard, profile_spec)
     if resume_dir:
         run_dir = Path(resume_dir)
     elif run_dir:
@@ -63,7 +67,8 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkp
     elif under_torchrun():
         raise UserError("under torchrun, pass --run-dir: every rank must write to the same "
                         "directory (on a filesystem all nodes share)")
-    summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace)
+    summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace,
+                           plan_data=plan_data)
     if not summary:  # a torchrun rank other than 0
         return
     if as_json:
@@ -72,8 +77,41 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkp
         val = summary.get("val_loss")
         click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
                    f"loss: {summary.get('final_loss'):.4f}" + (f"  val loss: {val:.4f}" if val else "")
-                   + f"  tokens/s: {summary.get('tokens_per_s'):.0f}")
+                   + f"  tokens/s: {summary.get('tokens_per_s'):.0f}"
+                   + (f"  MFU: {summary['mfu']:.1%}" if summary.get("mfu") is not None else ""))
         click.echo(_memory_line(summary))
+    if report:
+        _write_report(Path(summary["run_dir"]), quiet=as_json)
+
+
+def _use_output_flags(cfg: RunConfig, tensorboard: bool | None, profile_spec: str | None) -> None:
+    """--tensorboard and --profile into the config, checked before the run starts."""
+    if tensorboard is not None:
+        cfg.train.tensorboard = tensorboard
+    if cfg.train.tensorboard:
+        from ratrain.tensorboard_log import check_available
+
+        check_available()
+    if profile_spec:
+        cfg.train.profile = str(Path(profile_spec).resolve()) if Path(profile_spec).is_file() else profile_spec
+    if cfg.train.profile:
+        from ratrain.sim.profile import load_profile
+
+        load_profile(cfg.train.profile)  # an unknown preset or a bad file: a UserError now
+
+
+def _write_report(run_dir: Path, quiet: bool) -> None:
+    """The run's report; the run has succeeded whatever happens here, so a failure is a warning."""
+    from ratrain.report import write_report
+
+    try:
+        written = write_report(run_dir)
+    except Exception as e:  # noqa: BLE001
+        click.echo(f"warning: the report was not written ({type(e).__name__}: {e}); "
+                   f"try `ratrain report {run_dir}`", err=True)
+        return
+    if not quiet:
+        click.echo(f"report: {written.page}")
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

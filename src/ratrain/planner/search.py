@@ -9,7 +9,8 @@ partition popped off the queue the first time gets a tighter bound still (`refin
 order walked stage by stage, stage_cost.pipeline_path) and goes back in the queue where that
 is higher; popped again, it is built into a plan and simulated. The search stops when the
 next bound cannot beat the K-th fastest plan found, so pruning never loses the best plan: it
-returns what simulating every candidate would.
+returns what simulating every candidate would. Only layouts that training can run enter the
+queue (runnable.py: the rule `ratrain train` applies), so no plan it returns is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from ratrain import runnable
 from ratrain.config import ModelConfig
 from ratrain.layout import has_views
 from ratrain.planner.partition import Partition, candidates
@@ -144,13 +146,18 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _host_is_separate(request: PlanRequest) -> bool:
+    """The profile's devices have a host tier apart from their memory (a GPU's: layout.has_views)."""
+    return request.profile.device.host_link is not None
+
+
 def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     """State homes and view windows worth trying on this profile and dtype; views only where
     they differ from the masters (layout.has_views). Sharded state (on the device, with views,
     the gathered weights: always there) for layouts of dp >= 2 (`layouts` leaves it out of the
     others). The baseline is GPU-style: state on the device, views resident; sharded too, as
     DeepSpeed's ZeRO-1 with its pipeline engine."""
-    host_tier = request.profile.device.host_link is not None
+    host_tier = _host_is_separate(request)
     windows = (0, 1) if request.policy == "ratrain" else (0,)
     out = []
     for home in ("device", "host") if host_tier else ("device",):
@@ -167,9 +174,24 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     return out
 
 
-def layouts(request: PlanRequest) -> list[Layout]:
-    """Every layout on at most `devices` devices: pp x dp x micro-batch size dividing the
-    global batch into at least pp micro-batches per replica."""
+def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
+            life: Lifecycle) -> str | None:
+    """Why training would refuse this layout (runnable.refusal: the rule `ratrain train`
+    applies), or None."""
+    return runnable.refusal(
+        n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
+        micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
+        clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,
+        view_window=life.view_window, tie_embeddings=request.model.tie_embeddings,
+        host_is_separate=_host_is_separate(request),
+        host_collectives=request.profile.device.host_collectives)
+
+
+def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layout]:
+    """Every layout on at most `devices` devices that training can run (`refusal`): pp x dp x
+    micro-batch size dividing the global batch into at least pp micro-batches per replica,
+    sharded state only over dp >= 2, state on the host only where collectives can reach it.
+    `refused`, where given, collects the reasons of those left out."""
     n_units = request.model.n_layers + 2
     g = request.global_batch
     activations = ("mixed",) if request.policy == "ratrain" else ("keep", "recompute")
@@ -179,16 +201,18 @@ def layouts(request: PlanRequest) -> list[Layout]:
             if pp * dp > request.devices:
                 break
             for mbs in request.micro_batch_sizes or _divisors(g // dp):
-                if (g // dp) % mbs or g // (dp * mbs) < pp:
-                    continue
                 orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
-                for life, order, act in itertools.product(lifecycles(request), orders, activations):
-                    if life.shard_state and dp < 2:
-                        continue  # nothing to shard over
-                    groups = stage_groups(pp, dp, order, request.profile)
-                    if groups is not None:
-                        out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
-                                          tuple(groups)))
+                for life in lifecycles(request):
+                    reason = refusal(request, pp, dp, mbs, life)
+                    if reason:
+                        if refused is not None:
+                            refused.append(reason)
+                        continue
+                    for order, act in itertools.product(orders, activations):
+                        groups = stage_groups(pp, dp, order, request.profile)
+                        if groups is not None:
+                            out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
+                                              tuple(groups)))
     return out
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from ratrain.config import ModelConfig
+from ratrain.schedule.builders import one_f_one_b_in_flight, one_f_one_b_order
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.cost_model import StageCosts, StageSetup
 from ratrain.sim.profile import HardwareProfile, Link
@@ -141,7 +142,7 @@ class UnitTable:
 
     def in_flight(self, stage: int, pp: int) -> int:
         """Micro-batches whose activations stage `stage` holds at its first backward (1F1B)."""
-        return min(self.n_micro, pp - stage)
+        return one_f_one_b_in_flight(stage, pp, self.n_micro)
 
     def estimate(self, a: int, b: int, stage: int, pp: int, choice: StageChoice) -> StageEstimate:
         """Time and device bytes of units [a, b) as stage `stage` of `pp`."""
@@ -242,7 +243,7 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
     for s, e in enumerate(estimates):
         after -= e.backward_s  # the backwards of the stages after s
         own = m * (e.forward_s + e.backward_s + e.recompute_s)
-        warm = min(m, pp - s)
+        warm = one_f_one_b_in_flight(s, pp, m)  # forwards before its first backward
         first_gradient = lead[0] + forward_all + after
         rest = m * e.backward_s + (m - 1) * e.recompute_s + (m - warm) * e.forward_s
         best = max(best, max(lead[0] + before_f, lead[s]) + own + before_b,
@@ -256,8 +257,9 @@ def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence
                   hop_s: Sequence[float], tail_s: float = 0.0) -> float:
     """A tighter bound than `lower_bound`, at O(stages x micro-batches): the earliest stage 0
     can end its last backward when each stage runs its forwards and backwards in its 1F1B
-    order (schedule/builders.py: min(p - s - 1, m) warm-up forwards, then one forward and one
-    backward, then the cool-down backwards) on its one walker, a forward no sooner than the
+    order (schedule/builders.one_f_one_b_order, the order the builder gives the programs:
+    min(p - s - 1, m) warm-up forwards, then one forward and one backward, then the cool-down
+    backwards) on its one walker, a forward no sooner than the
     previous stage's forward of that micro-batch plus `hop_s[s - 1]` (the activation's
     transfer), a backward no sooner than the next stage's backward of it plus `hop_s[s]` (the
     gradient's), and the stage's first forward no sooner than `lead_s[s]`; then `tail_s`.
@@ -265,7 +267,7 @@ def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence
     after it (as the programs place them). Everything else (copies, syncs, updates, shared
     links and cores, action overheads outside compute) only adds time."""
     m, pp = n_micro, len(estimates)
-    warm = [min(pp - s - 1, m) for s in range(pp)]
+    orders = [one_f_one_b_order(s, pp, m) for s in range(pp)]
     f_end = [[0.0] * m for _ in range(pp)]
     b_end = [[0.0] * m for _ in range(pp)]
     done_f = [0] * pp  # forwards finished per stage (in micro-batch order)
@@ -275,17 +277,9 @@ def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence
     pending = list(range(pp))
     while pending:
         s = pending.pop()
-        e, w = estimates[s], warm[s]
+        e, order = estimates[s], orders[s]
         while step[s] < 2 * m:
-            k = step[s]
-            # the k-th action: forwards 0..w-1, then F(i + w), B(i) pairs, then backwards
-            if k < w:
-                forward, i = True, k
-            elif k < 2 * m - w:
-                j = k - w
-                forward, i = j % 2 == 0, (j // 2 + w if j % 2 == 0 else j // 2)
-            else:
-                forward, i = False, k - m
+            forward, i = order[step[s]]
             if forward:
                 if s > 0 and done_f[s - 1] <= i:
                     break  # waits for the previous stage's forward of i

@@ -71,7 +71,7 @@ class LocalEngine(_UnitStateMixin):
             loss = self._loss(x, y)
             (loss / len(batches)).backward()
             total += float(loss.detach())
-        params = self.stage.all_params()
+        params = self.stage.master_params()
         clip = self.cfg.train.grad_clip
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
         for state in self.stage.state.values():
@@ -95,7 +95,7 @@ class PipelineEngine(_UnitStateMixin):
         self.groups = groups
         self.stage_index = groups.stage if groups else 0
         self.program = plan.programs[self.stage_index]
-        view_units = {a.layer for a in self.program if a.op is Op.PREFETCH}
+        view_units = {a.unit for a in self.program if a.op is Op.PREFETCH}
         shard = (ShardOver(groups.replicas, groups.replica, groups.grid.dp)
                  if plan.shard_state else None)
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],

@@ -16,9 +16,17 @@ from ratrain.ledger import Ledger
 class MemoryLedger(Ledger):
     def hold(self, owner: Hashable, kind: str, tensors: Iterable[torch.Tensor | None]) -> None:
         """`owner` keeps `tensors` alive (None entries and empty storages are skipped)."""
-        for t in tensors:
-            if t is None:
-                continue
-            storage = t.untyped_storage()
-            if storage.data_ptr() != 0:
-                self.hold_storage(owner, kind, storage.data_ptr(), storage.nbytes())
+        for key, nbytes in tensor_storages(tensors):
+            self.hold_storage(owner, kind, key, nbytes)
+
+
+def tensor_storages(tensors: Iterable[torch.Tensor | None]) -> list[tuple[int, int]]:
+    """(storage address, bytes) of each tensor that has memory: how the ledger keys tensors."""
+    out = []
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() != 0:
+            out.append((storage.data_ptr(), storage.nbytes()))
+    return out

@@ -13,7 +13,8 @@ from ratrain.models.llama import build_units
 from ratrain.optim import make_optimizer, unit_parameters
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
-from ratrain.runtime.sharded_state import ShardedUnitState
+from ratrain.runtime.sharded_layout import Sharded
+from ratrain.runtime.state_layout import Replicated
 from ratrain.runtime.unit_state import UnitState
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,7 +35,8 @@ class Stage:
     `view_units` compute with a view of their masters (the program prefetches and releases it);
     the others compute with the masters themselves, fp32 on the compute device. `state_home`
     places the masters, gradients and optimizer state: "device" or "host" (the CPU). With
-    `shard`, every unit's state is sharded over the stage's replicas (runtime/sharded_state.py).
+    `shard`, every unit's state is sharded over the stage's replicas (runtime/sharded_layout.py;
+    it lives on the device). One unit-state class serves both (runtime/unit_state.py).
     Compute in a lower precision runs under autocast, so the ops autocast keeps in fp32 stay
     there.
     """
@@ -61,14 +63,11 @@ class Stage:
         for u, m in self.modules.items():
             params = unit_parameters(m, owned)
             if shard and params:
-                self.state[u] = ShardedUnitState(
-                    params, new_optimizer, view_dtype=self.dtype, group=shard.group,
-                    replica=shard.replica, replicas=shard.replicas, copies=self.copies,
-                    ledger=self.ledger)
+                layout, view_dtype = Sharded(shard.group, shard.replica, shard.replicas), self.dtype
             else:
-                self.state[u] = UnitState(
-                    params, new_optimizer, view_dtype=self.dtype if u in view_units else None,
-                    home=home, copies=self.copies, ledger=self.ledger)
+                layout, view_dtype = Replicated(home), self.dtype if u in view_units else None
+            self.state[u] = UnitState(params, new_optimizer, layout, view_dtype=view_dtype,
+                                      copies=self.copies, ledger=self.ledger)
         self.sharded = shard is not None
 
     def autocast(self):
@@ -76,8 +75,11 @@ class Stage:
         enabled = self.dtype != torch.float32
         return torch.autocast(self.device.type, dtype=self.dtype if enabled else None, enabled=enabled)
 
-    def all_params(self) -> list[nn.Parameter]:
-        """The fp32 masters of every unit."""
+    def master_params(self) -> list[nn.Parameter]:
+        """What the stage's optimizers update, every unit's, each with its gradient: the fp32
+        masters, whole tensors where the state is replicated; where it is sharded, this
+        replica's pieces of them (1-D slices, some units' possibly none), so a norm over these
+        is this replica's share only and their sizes sum to its slices, not to the model."""
         return [m for s in self.state.values() for m in s.masters]
 
     def optimizers(self) -> list[torch.optim.Optimizer]:

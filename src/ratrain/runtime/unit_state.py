@@ -9,14 +9,20 @@ the view in the compute dtype and is folded into the fp32 accumulation at once. 
 view *is* the master: the module's parameters are the masters and backward accumulates straight
 into their gradients.
 
-The gradients live in one flat fp32 buffer of which every master's `.grad` is a view: the unit's
-sync is a single all-reduce of it in place (no copy in or out), and the update consumes and
-zeroes it.
+The gradients accumulate in one flat fp32 buffer (`grad`, the parameters in order); the update
+reads `update_grad` (the same buffer where the sync reduces it in place), scales it, takes the
+AdamW step and zeroes both.
+
+One class serves every way of keeping the state over the data-parallel replicas; what differs
+between them is the state's layout object (runtime/state_layout.py: the replicated one, and the
+contract; runtime/sharded_layout.py: ZeRO-style slices): where the masters and the optimizer live
+and how they are cut, how the gradient is synced, how the view is made, how checkpoints read the
+state. A new way (a gradient buffer that lives only until its reduce-scatter, say) is a new
+layout, not a new unit state. What stays here is what is the same for all of them: the view's
+lifetime, folding the view's gradients into the accumulation, the norm, the update, the zeroing.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,107 +30,110 @@ from torch import nn
 
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
+from ratrain.runtime.state_layout import NewOptimizer, Replicated, StateLayout
 
 
 class UnitState:
+    """`params`: the unit's parameters (its module's own); `new_optimizer` makes the AdamW over
+    what the layout gives it to update (`masters`); `view_dtype`: compute with a view in that
+    dtype (None: with the masters themselves, which only the replicated layout allows);
+    `layout`: replicated (on the compute device) unless given."""
+
     def __init__(
         self,
         params: list[nn.Parameter],
-        new_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer | None],
+        new_optimizer: NewOptimizer,
+        layout: StateLayout | None = None,
         *,
         view_dtype: torch.dtype | None = None,
-        home: torch.device | None = None,
         copies: CopyEngine | None = None,
         ledger: MemoryLedger | None = None,
     ):
         self.params = params
         self.device = params[0].device if params else None
-        self.home = home or self.device
+        self.layout = layout or Replicated()
+        self.home = self.layout.home or self.device
         self.view_dtype = view_dtype
         self.copies = copies or CopyEngine(self.device or torch.device("cpu"))
         self.ledger = ledger or MemoryLedger()
-        if view_dtype is not None and params:
-            self.masters = [nn.Parameter(self._home_copy(p)) for p in params]
-            self._empty_view()
-        else:
-            self.masters = params
-        self.optimizer = new_optimizer(self.masters)
-        self.grad: torch.Tensor | None = None
-        if params:
-            self.grad = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32,
-                                    device=self.home, pin_memory=self._pinned)
-            offset = 0
-            for m in self.masters:
-                m.grad = self.grad[offset:offset + m.numel()].view_as(m)
-                offset += m.numel()
-        self.ledger.hold(("masters", self), "masters", self.masters)
-        self.ledger.hold(("gradients", self), "gradients", [self.grad])
-        self._sync = None  # the all-reduce in flight
-        self._view_ready = None  # the prefetch copy's event
-        self._folding = None  # (event, [(master, pinned copy of its view's gradient)]) in flight
+        # The parameters' place in the flat buffers, and their shapes (a view's, once made).
+        self.shapes = [p.shape for p in params]
+        self.sizes = [p.numel() for p in params]
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(params))]
+        self.numel = sum(self.sizes)
+        self.masters: list[nn.Parameter] = []  # what the optimizer updates
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.grad: torch.Tensor | None = None  # the accumulation, fp32, the parameters in order
+        self.update_grad: torch.Tensor | None = None  # what the update reads, once synced
+        self.view: torch.Tensor | None = None  # the flat view buffer, where the layout makes one
+        self.layout.build(self, new_optimizer)
+        # Each parameter's region of the accumulation, shaped like it (what fold_grads adds to).
+        self._accumulators = self.param_slices(self.grad) if self.grad is not None else []
+        self._sync = None  # the gradient sync in flight
+        self._folding = None  # (event, [(accumulator, pinned copy of a view's gradient)])
+
+    def param_slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's region of a flat tensor (the parameters in order), shaped like it."""
+        return [flat[offset:offset + n].view(shape)
+                for shape, offset, n in zip(self.shapes, self.offsets, self.sizes)]
 
     @property
     def has_view(self) -> bool:
         return self.view_dtype is not None and bool(self.params)
 
-    @property
-    def _pinned(self) -> bool:
-        return self.home.type == "cpu" and self.copies.stream is not None
-
-    def _home_copy(self, p: nn.Parameter) -> torch.Tensor:
-        master = (self.copies.host_empty(p, torch.float32) if self.home.type == "cpu"
-                  else torch.empty(p.shape, dtype=torch.float32, device=self.home))
-        master.copy_(p.detach())
-        return master
-
-    def _empty_view(self) -> None:
+    def empty_view(self) -> None:
+        """Point the module's parameters at nothing (the view's memory can go)."""
+        self.view = None
         for p in self.params:
             p.data = torch.empty(0, dtype=self.view_dtype, device=self.device)
 
     # -- the compute view ---------------------------------------------------------------------
 
-    def prefetch(self) -> None:
-        """Start making the view from the masters (into the buffer a resident view keeps)."""
+    def prefetch(self) -> dist.Work | None:
+        """Start making the view from the masters; returns the collective that makes it, if
+        any (sharded: the all-gather), for the caller to wait on."""
         if not self.has_view:
-            return
-        for p, m in zip(self.params, self.masters):
-            if p.numel() != m.numel():
-                p.data = torch.empty(m.shape, dtype=self.view_dtype, device=self.device)
-            self._view_ready = self.copies.copy(p.data, m.detach())
+            return None
+        work = self.layout.make_view(self)
         self.ledger.hold(("views", self), "views", self.params)
+        return work
+
+    def view_tensors(self) -> list[torch.Tensor]:
+        """The view's tensors once made (the `view` storage of the registry's P effect)."""
+        return list(self.params) if self.has_view else []
 
     def wait_view(self) -> None:
-        self.copies.wait(self._view_ready)
-        self._view_ready = None
+        if self.has_view:
+            self.layout.wait_view(self)
 
     def release_view(self) -> None:
         """Drop the view's memory; the masters stay in their home tier."""
         if self.has_view:
-            self._empty_view()
+            self.empty_view()
             self.ledger.release(("views", self))
 
     def fold_grads(self) -> None:
-        """After a backward: add the view's gradients, in fp32, to the masters' accumulation.
+        """After a backward: add the view's gradients, in fp32, to the accumulation.
 
-        From a GPU view to host masters the gradients leave on the copy stream into pinned
-        buffers, and are added on the host only when something next reads the accumulation
-        (the next fold of this unit, the sync, the norm, the update): by then the copy is long
-        done, so the compute stream never waits for it."""
+        From a GPU view to a host accumulation the gradients leave on the copy stream into
+        pinned buffers, and are added on the host only when something next reads the
+        accumulation (the next fold of this unit, the sync, the norm, the update): by then the
+        copy is long done, so the compute stream never waits for it."""
         if not self.has_view:
             return
         if self.copies.stream is None or self.home == self.device:
-            for p, m in zip(self.params, self.masters):
+            for p, acc in zip(self.params, self._accumulators):
                 if p.grad is not None:
-                    m.grad.add_(p.grad.to(self.home, torch.float32))
+                    acc.add_(p.grad.to(self.home, torch.float32))
                     p.grad = None
             return
         self._finish_fold()
         staged, done = [], None
-        for p, m in zip(self.params, self.masters):
+        for p, acc in zip(self.params, self._accumulators):
             if p.grad is not None:
                 host = self.copies.host_empty(p.grad)
                 done = self.copies.copy(host, p.grad)
-                staged.append((m, host))
+                staged.append((acc, host))
                 p.grad = None
         self._folding = (done, staged)
 
@@ -135,8 +144,8 @@ class UnitState:
         self._folding = None
         if done is not None:
             done.synchronize()
-        for m, host in staged:
-            m.grad.add_(host.float())
+        for acc, host in staged:
+            acc.add_(host.float())
 
     # -- sync, norm, update -------------------------------------------------------------------
 
@@ -144,12 +153,11 @@ class UnitState:
     def syncing(self) -> bool:
         return self._sync is not None
 
-    def start_sync(self, group) -> dist.Work | None:
-        """Start summing the gradients over the data-parallel group (the loss is already scaled
-        by 1/dp, so the sum is the mean). Nothing may touch them until wait_sync."""
+    def start_sync(self, group=None) -> dist.Work | None:
+        """Start summing the gradients over the data-parallel replicas (`group`; a sharded
+        layout uses its own). Nothing may touch them until wait_sync."""
         self._finish_fold()
-        if self.grad is not None:
-            self._sync = dist.all_reduce(self.grad, group=group, async_op=True)
+        self._sync = self.layout.start_sync(self, group)
         return self._sync
 
     def wait_sync(self) -> None:
@@ -158,49 +166,79 @@ class UnitState:
             self._sync = None
 
     def sq_norm(self) -> torch.Tensor | None:
-        """Squared L2 norm of the unit's gradient (fp32 scalar where the state lives); None
-        without parameters.
+        """Squared L2 norm of the gradient this state updates with (fp32 scalar on the home;
+        sharded: this replica's slice, zero where it is all padding); None without parameters.
 
-        Per parameter, as clip_grad_norm_ does, not over the flat buffer: one fp32 norm over a
-        whole block's ~10^6 elements is off by ~1e-5 relative (8e-5 seen on the tiny preset's
-        real gradients), which moved the clipping coefficient away from the reference's."""
+        Per parameter the optimizer updates (sharded: per piece), as clip_grad_norm_ does, not
+        over the flat buffer: one fp32 norm over a whole block's ~10^6 elements is off by ~1e-5
+        relative (8e-5 seen on the tiny preset's real gradients), which moved the clipping
+        coefficient away from the reference's."""
         if self.grad is None:
             return None
         self._finish_fold()
+        if not self.masters:
+            return torch.zeros((), device=self.home)
         norms = torch.stack([torch.linalg.vector_norm(m.grad) for m in self.masters])
         return (norms * norms).sum()
 
-    def update(self, grad_factor: float | None = None) -> None:
-        """Scale the gradients by `grad_factor` if given (clipping, loss-scale removal), take the
-        AdamW step on the masters, zero the gradients. A view made before is now stale."""
-        if self.optimizer is None:
+    def update(self, grad_factor: torch.Tensor | float | None = None,
+               found_inf: torch.Tensor | None = None) -> None:
+        """Scale the synced gradient by `grad_factor` if given (clipping, loss-scale removal),
+        take the AdamW step on the masters, zero the gradients. A view made before is stale.
+
+        `grad_factor`: a 0-d fp32 tensor (or a Python float), on any device. `found_inf`: a 0-d
+        tensor, 1.0 where the step overflowed: the AdamW step is skipped (masters, moments and
+        step count stay as they are) but the gradients are zeroed all the same. Its value is
+        never read on the host: the fused AdamW reads it where it runs (`found_inf`, as
+        GradScaler sets it), so on a GPU the host does not wait for the norm."""
+        if self.grad is None:  # no parameters
             return
         self._finish_fold()
-        if grad_factor is not None:
-            self.grad.mul_(grad_factor)
-        self.optimizer.step()
+        if found_inf is not None:
+            found_inf = _at(found_inf, self.home)
+        if self.optimizer is not None:
+            if grad_factor is not None:
+                self.update_grad.mul_(_at(grad_factor, self.home))
+            self.optimizer.found_inf = found_inf
+            try:
+                self.optimizer.step()
+            finally:
+                self.optimizer.found_inf = None
+            self.ledger.hold(("optimizer", self), "optimizer", [
+                t for state in self.optimizer.state.values() for t in state.values()
+                if torch.is_tensor(t)])
+        self.layout.updated(self, found_inf)
         self.zero_grad()
-        self.ledger.hold(("optimizer", self), "optimizer", [
-            t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)])
 
     def zero_grad(self) -> None:
         self._finish_fold()
         if self.grad is not None:
             self.grad.zero_()
+        if self.update_grad is not None and self.update_grad is not self.grad:
+            self.update_grad.zero_()
 
-    # -- checkpoints --------------------------------------------------------------------------
+    # -- checkpoints: whole units, in the unsharded format ------------------------------------
 
     def full_masters(self) -> list[torch.Tensor]:
-        """The fp32 masters, one per parameter in order (the whole unit)."""
-        return [m.detach() for m in self.masters]
+        """The fp32 masters, one per parameter in order (the whole unit; sharded: gathered,
+        a collective every replica joins)."""
+        return self.layout.full_masters(self)
 
-    @torch.no_grad()
     def load_masters(self, tensors: list[torch.Tensor]) -> None:
-        for m, t in zip(self.masters, tensors):
-            m.copy_(t)
+        """Whole fp32 masters, one per parameter in order (sharded: this replica keeps its slice)."""
+        self.layout.load_masters(self, tensors)
 
     def optimizer_state(self) -> dict | None:
-        return self.optimizer.state_dict() if self.optimizer is not None else None
+        """The AdamW state as an unsharded AdamW over the unit's parameters holds it."""
+        return self.layout.optimizer_state(self)
 
     def load_optimizer_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
+        self.layout.load_optimizer_state(self, state)
+
+
+def _at(t: torch.Tensor | float, home: torch.device) -> torch.Tensor | float:
+    """A 0-d tensor as fp32 on the state's home (no copy where it is there already); to a GPU
+    without blocking the host, to the host with it (the host reads it next). A float as is."""
+    if not torch.is_tensor(t):
+        return t
+    return t.to(home, torch.float32, non_blocking=home.type != "cpu")

@@ -1,5 +1,6 @@
 """The schedule layer: the program IR, builders, passes, checks and plans. Pure Python (no torch).
 
+    ops       the op registry: what every op means (one spec per op)
     builders  compute-only programs (1F1B, GPipe, forward-only) and the unit partition
     passes    add pipeline communication, grad sync, updates, activation recovery
     checks    completeness, matching, dependencies and a deadlock-proving dry run
@@ -9,11 +10,12 @@
 from ratrain.schedule.builders import forward_only, gpipe, one_f_one_b, partition_units
 from ratrain.schedule.checks import format_table, validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
-from ratrain.schedule.ir import WAIT_OF, Action, Op, Program, format_program, parse_program
+from ratrain.schedule.ir import Action, Program, format_program, parse_program
+from ratrain.schedule.ops import SPECS, WAIT_OF, Op, OpSpec
 from ratrain.schedule.plan import PipelinePlan, build_eval_programs, build_plan
 
 __all__ = [
-    "WAIT_OF", "Action", "Op", "PipelinePlan", "Program", "ScheduleConfigError", "ScheduleError",
+    "SPECS", "WAIT_OF", "Action", "Op", "OpSpec", "PipelinePlan", "Program", "ScheduleConfigError", "ScheduleError",
     "build_eval_programs", "build_plan", "format_program", "format_table", "forward_only", "gpipe",
     "one_f_one_b", "parse_program", "partition_units", "validate",
 ]

@@ -10,6 +10,8 @@ unit's backward produces.
 
 from __future__ import annotations
 
+import functools
+
 from ratrain.schedule.errors import ScheduleConfigError
 from ratrain.schedule.ir import Action, Op, Program
 
@@ -74,28 +76,43 @@ def _backward(units: range, m: int) -> Program:
     return [Action(Op.BACKWARD, u, m) for u in reversed(units)]
 
 
+def one_f_one_b_warmup(stage: int, pp: int, n_micro: int) -> int:
+    """1F1B: the forwards stage `stage` of `pp` runs before its steady state (warm-up)."""
+    return min(pp - stage - 1, n_micro)
+
+
+def one_f_one_b_in_flight(stage: int, pp: int, n_micro: int) -> int:
+    """1F1B: the micro-batches stage `stage` of `pp` has run forward when its first backward
+    begins (the warm-up and the steady state's first forward): the most it ever holds."""
+    return min(one_f_one_b_warmup(stage, pp, n_micro) + 1, n_micro)
+
+
+@functools.lru_cache(maxsize=256)
+def one_f_one_b_order(stage: int, pp: int, n_micro: int) -> tuple[tuple[bool, int], ...]:
+    """1F1B's order on stage `stage` of `pp`: (is a forward, micro-batch) for each of its 2 x
+    n_micro forwards and backwards, in the order the stage runs them (`one_f_one_b`). The
+    planner's bounds walk the same order (planner/stage_cost.py)."""
+    warmup = one_f_one_b_warmup(stage, pp, n_micro)
+    order = [(True, m) for m in range(warmup)]
+    for m in range(n_micro - warmup):
+        order += [(True, m + warmup), (False, m)]
+    order += [(False, m) for m in range(n_micro - warmup, n_micro)]
+    return tuple(order)
+
+
 def one_f_one_b(stage_units: list[range], n_micro: int) -> list[Program]:
     """Non-interleaved 1F1B (PipeDream-Flush), one program per stage.
 
     Stage s of p runs `min(p - s - 1, n_micro)` warm-up forwards, then alternates one forward and
     one backward (steady state: forward of m + warm-up, then backward of m), then the remaining
-    backwards (cool-down). Backwards run in micro-batch order. A micro-batch is in flight on a
-    stage from its first forward to its last backward; stage s never holds more than p - s.
+    backwards (cool-down): `one_f_one_b_order`. Backwards run in micro-batch order. A
+    micro-batch is in flight on a stage from its first forward to its last backward; stage s
+    never holds more than p - s (`one_f_one_b_in_flight`).
     """
     p = len(stage_units)
-    programs = []
-    for s, units in enumerate(stage_units):
-        warmup = min(p - s - 1, n_micro)
-        program: Program = []
-        for m in range(warmup):
-            program += _forward(units, m)
-        for m in range(n_micro - warmup):
-            program += _forward(units, m + warmup)
-            program += _backward(units, m)
-        for m in range(n_micro - warmup, n_micro):
-            program += _backward(units, m)
-        programs.append(program)
-    return programs
+    return [[a for forward, m in one_f_one_b_order(s, p, n_micro)
+             for a in (_forward(units, m) if forward else _backward(units, m))]
+            for s, units in enumerate(stage_units)]
 
 
 def gpipe(stage_units: list[range], n_micro: int) -> list[Program]:

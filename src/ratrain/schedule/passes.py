@@ -14,12 +14,8 @@ moving what is already placed; no pass reorders the compute actions. Inputs are 
 
 from __future__ import annotations
 
-from ratrain.schedule.ir import Action, Op, Program
-
-_COMPUTE = frozenset({Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD})
-# Starts placed right after a compute action: a peer waits for them (pipeline sends, grad-sync
-# all-reduces) or they free device memory (offload), so nothing later passes add goes in front.
-_TRIGGERED = frozenset({Op.SEND_ACT, Op.SEND_GRAD, Op.GRAD_SYNC, Op.OFFLOAD})
+from ratrain.schedule.ir import Action, Program
+from ratrain.schedule.ops import COMPUTE_OPS, SPECS, Op
 
 
 def add_activation_policy(programs: list[Program], policy: dict[int, str]) -> list[Program]:
@@ -47,26 +43,26 @@ def add_activation_policy(programs: list[Program], policy: dict[int, str]) -> li
 
 def _stage_activation(program: Program, policy: dict[int, str]) -> Program:
     def chosen(a: Action, op: Op, choice: str) -> bool:
-        return a.op is op and policy.get(a.layer, "keep") == choice
+        return a.op is op and policy.get(a.unit, "keep") == choice
 
     reloads: dict[int, list[Action]] = {}  # index of the action a reload goes in front of
     previous = 0  # index of the latest compute action; none yet: the program's start
     for i, a in enumerate(program):
         if chosen(a, Op.BACKWARD, "offload"):
-            at = i if program[previous] == Action(Op.FORWARD, a.layer, a.mb) else previous
-            reloads.setdefault(at, []).append(Action(Op.RELOAD, a.layer, a.mb))
-        if a.op in _COMPUTE:
+            at = i if program[previous] == Action(Op.FORWARD, a.unit, a.mb) else previous
+            reloads.setdefault(at, []).append(Action(Op.RELOAD, a.unit, a.mb))
+        if a.op in COMPUTE_OPS:
             previous = i
     out: Program = []
     for i, a in enumerate(program):
         if chosen(a, Op.BACKWARD, "recompute"):
-            out.append(Action(Op.RECOMPUTE, a.layer, a.mb))
+            out.append(Action(Op.RECOMPUTE, a.unit, a.mb))
         out += reloads.get(i, [])
         if chosen(a, Op.BACKWARD, "offload"):
-            out.append(Action(Op.WAIT_RELOAD, a.layer, a.mb))
+            out.append(Action(Op.WAIT_RELOAD, a.unit, a.mb))
         out.append(a)
         if chosen(a, Op.FORWARD, "offload"):
-            out.append(Action(Op.OFFLOAD, a.layer, a.mb))
+            out.append(Action(Op.OFFLOAD, a.unit, a.mb))
     return out
 
 
@@ -103,7 +99,7 @@ def add_p2p(programs: list[Program], stage_units: list[range]) -> list[Program]:
 
 
 def _next_in_order(program: Program, op: Op, layer: int) -> tuple[list[int], dict[int, int]]:
-    order = [a.mb for a in program if a.op is op and a.layer == layer]
+    order = [a.mb for a in program if a.op is op and a.unit == layer]
     return order, dict(zip(order, order[1:]))
 
 
@@ -124,21 +120,21 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
         if held and a.op is not Op.OFFLOAD:
             out += held
             held = []
-        if a.op is Op.FORWARD and a.layer == first and receives_act:
+        if a.op is Op.FORWARD and a.unit == first and receives_act:
             out.append(Action(Op.WAIT_RECV_ACT, x, a.mb))
             if a.mb in next_fwd:
                 out.append(Action(Op.RECV_ACT, x, next_fwd[a.mb]))
-        if a.op is Op.BACKWARD and a.layer == last and sends_act:
+        if a.op is Op.BACKWARD and a.unit == last and sends_act:
             out.append(Action(Op.WAIT_RECV_GRAD, last, a.mb))
             if a.mb in next_bwd:
                 out.append(Action(Op.RECV_GRAD, last, next_bwd[a.mb]))
         out.append(a)
-        if a.op is Op.FORWARD and a.layer == last and sends_act:
+        if a.op is Op.FORWARD and a.unit == last and sends_act:
             out.append(Action(Op.SEND_ACT, last, a.mb))
             if sent_act is not None:
                 held = [Action(Op.WAIT_SEND_ACT, last, sent_act)]
             sent_act = a.mb
-        if a.op is Op.BACKWARD and a.layer == first and receives_act:
+        if a.op is Op.BACKWARD and a.unit == first and receives_act:
             out.append(Action(Op.SEND_GRAD, x, a.mb))
             if sent_grad is not None:
                 out.append(Action(Op.WAIT_SEND_GRAD, x, sent_grad))
@@ -160,7 +156,7 @@ def _flush_point(program: Program) -> int:
 
 def _last_backwards(program: Program) -> dict[int, int]:
     """Unit -> index of its last backward in the program."""
-    return {a.layer: i for i, a in enumerate(program) if a.op is Op.BACKWARD}
+    return {a.unit: i for i, a in enumerate(program) if a.op is Op.BACKWARD}
 
 
 def _final_order(program: Program, units: range) -> list[int]:
@@ -170,12 +166,12 @@ def _final_order(program: Program, units: range) -> list[int]:
 
 
 def _after_compute(program: Program, i: int) -> int:
-    """Index just after the compute action at i and the starts placed right after it (see
-    _TRIGGERED): after a backward, the gradient send to the previous stage (which that stage
+    """Index just after the compute action at i and the starts placed right after it (eager ops
+    in schedule/ops.py): after a backward, the gradient send to the previous stage (which that stage
     waits for, so nothing goes in front of it) and the gradient syncs already placed there;
     after a forward, the activation send or the offload."""
     i += 1
-    while i < len(program) and program[i].op in _TRIGGERED:
+    while i < len(program) and SPECS[program[i].op].eager:
         i += 1
     return i
 
@@ -305,8 +301,8 @@ def _resident_views(program: Program, units: range) -> Program:
     """Every unit's P, then every WP, in the order of first use, in front of the program."""
     first_use: dict[int, int] = {}
     for i, a in enumerate(program):
-        if a.op in _COMPUTE:
-            first_use.setdefault(a.layer, i)
+        if a.op in COMPUTE_OPS:
+            first_use.setdefault(a.unit, i)
     order = sorted(units, key=first_use.__getitem__)
     return ([Action(Op.PREFETCH, u) for u in order] + [Action(Op.WAIT_PREFETCH, u) for u in order]
             + program)
@@ -317,12 +313,12 @@ def _runs(program: Program) -> list[tuple[int, int, int]]:
     (unit, index of the run's first compute action, index of its last)."""
     runs: list[tuple[int, int, int]] = []
     for i, a in enumerate(program):
-        if a.op not in _COMPUTE:
+        if a.op not in COMPUTE_OPS:
             continue
-        if runs and runs[-1][0] == a.layer:
-            runs[-1] = (a.layer, runs[-1][1], i)
+        if runs and runs[-1][0] == a.unit:
+            runs[-1] = (a.unit, runs[-1][1], i)
         else:
-            runs.append((a.layer, i, i))
+            runs.append((a.unit, i, i))
     return runs
 
 

@@ -84,7 +84,7 @@ class PipelinePlan:
         check_sharding(self.shard_state, self.dp, self.state_home, self.view_window)
         if self.shard_state:
             for s, (program, units) in enumerate(zip(self.programs, self.stage_units)):
-                viewed = {a.layer for a in program if a.op is Op.PREFETCH}
+                viewed = {a.unit for a in program if a.op is Op.PREFETCH}
                 if set(units) - viewed:
                     raise ScheduleError(f"sharded state, but stage {s}'s program makes no view of "
                                         f"units {sorted(set(units) - viewed)}")
@@ -142,8 +142,8 @@ def _activation_done(programs: list[Program], stage_units: list[range],
     """What the programs do per unit: "recompute" where every micro-batch has R, "offload" where
     every one has O, "keep" where none has either; anything else is named by what it mixes."""
     def choice(program: Program, u: int) -> str:
-        recomputed = {a.mb for a in program if a.op is Op.RECOMPUTE and a.layer == u}
-        offloaded = {a.mb for a in program if a.op is Op.OFFLOAD and a.layer == u}
+        recomputed = {a.mb for a in program if a.op is Op.RECOMPUTE and a.unit == u}
+        offloaded = {a.mb for a in program if a.op is Op.OFFLOAD and a.unit == u}
         if not recomputed and not offloaded:
             return "keep"
         if len(recomputed) == n_micro and not offloaded:

@@ -1,8 +1,9 @@
 """The cost of every IR action of one stage on a hardware profile: how it runs (its kind), how
 long it takes, and what it does to the memory ledger.
 
-`OPS` has one entry per op of schedule/ir.py (a test fails when an op has none). An entry's
-`kind` tells the simulator which resource the action uses:
+`DURATIONS` has one entry per op of the registry (schedule/ops.py; checked at import); `OPS`
+pairs it with the op's kind, derived from its spec (`kind_of`), which tells the simulator which
+resource the action uses:
 
     compute     runs on the rank's own thread/stream: the walker waits for it (F, B, R, U, and
                 on a device without a host link, the copies P, O, L: a CPU copies in place)
@@ -34,9 +35,9 @@ The ledger (`unit_state_owners`, `view_bytes`): masters 4 S, gradients 4 (N_pad 
 accumulation buffer and the shard's), AdamW 8 x (real elements of the slice) + 4 x (pieces:
 the parameter tensors the slice intersects), the view elt N_pad.
 
-Memory effects replay the executor's ledger calls action for action (runtime/executor.py and
-runtime/unit_state.py), on named storages with closed-form sizes (sim/unit_costs.py), so a
-simulated peak is comparable with the executor's ledger kind by kind.
+Memory effects are the registry's, the same the executor applies to real tensors; here
+`StageCosts.storages` sizes each named storage in closed form (sim/unit_costs.py), so a
+simulated peak equals the executor's ledger kind by kind by construction.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from functools import cached_property
 from typing import Callable
 
 from ratrain.config import ModelConfig
-from ratrain.ledger import Ledger
-from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.ir import Action
+from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, peer_offset
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.profile import HardwareProfile, Link
 
@@ -205,6 +206,32 @@ class StageCosts:
                 (("gradients", u), "gradients", ("gradbuf", u), gradients),
                 (("optimizer", u), "optimizer", ("optim", u), optimizer)]
 
+    def storages(self, name: str, a: Action) -> list[tuple[tuple, int]]:
+        """A storage name of the op registry's memory effects (schedule/ops.py), for action
+        `a`, as (storage key, bytes): what the executor binds to real tensors."""
+        u, mb = a.unit, a.mb
+        if name == "kept":
+            return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
+        if name == "saved":
+            return self.saved_storages(u, mb)
+        if name == "saved_host":
+            return self.saved_storages(u, mb, "host")
+        if name == "saved_reloaded":
+            return self.saved_storages(u, mb, "reloaded")
+        if name == "input":
+            return [self.input_storage(u, mb)]
+        if name == "output":
+            return [self.output_storage(u, mb)]
+        if name == "received":
+            return [(("out", u, mb), self.act_bytes())]
+        if name == "output_grad":
+            return [(("grad", u, mb), self.act_bytes())]
+        if name == "input_grad":
+            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
+        if name == "view":
+            return [(("view", u), self.view_bytes(u))]
+        raise KeyError(f"no size for storage {name!r} of {a}")
+
     def tokens_bytes(self) -> int:
         """The loader gives a step's micro-batches as views of one int64 tensor."""
         return self.s.n_micro * self.s.shape.tokens * 8
@@ -231,78 +258,12 @@ class StageCosts:
         return out
 
 
-Effect = Callable[[StageCosts, Action, Ledger], None]
-
-
-def _hold(ledger: Ledger, owner, kind: str, storages) -> None:
-    for key, nbytes in storages:
-        ledger.hold_storage(owner, kind, key, nbytes)
-
-
-def _forward_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    u, mb = a.layer, a.mb
-    kept = [c.input_storage(u, mb), c.output_storage(u, mb)]
-    saved = [] if c.s.activation.get(u, "keep") == "recompute" else c.saved_storages(u, mb)
-    _hold(ledger, ("act", u, mb), "activations", saved + kept)
-    ledger.release(("recv", u - 1, mb))
-
-
-def _recompute_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    u, mb = a.layer, a.mb
-    ledger.release(("act", u, mb))
-    storages = c.saved_storages(u, mb) + [c.input_storage(u, mb), c.output_storage(u, mb)]
-    _hold(ledger, ("act", u, mb), "activations", storages)
-
-
-def _backward_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    u, mb = a.layer, a.mb
-    ledger.release(("grad", u, mb))
-    ledger.release(("act", u, mb))
-    ledger.release(("offloaded", u, mb))
-    if u > 0:
-        ledger.hold_storage(("grad", u - 1, mb), "buffers", ("grad", u - 1, mb), c.act_bytes())
-
-
-def _offload_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    u, mb = a.layer, a.mb
-    ledger.release(("act", u, mb))
-    _hold(ledger, ("act", u, mb), "activations", [c.input_storage(u, mb), c.output_storage(u, mb)])
-    _hold(ledger, ("offloaded", u, mb), "offloaded", c.saved_storages(u, mb, "host"))
-
-
-def _reload_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    u, mb = a.layer, a.mb
-    ledger.release(("offloaded", u, mb))
-    _hold(ledger, ("act", u, mb), "activations", c.saved_storages(u, mb, "reloaded"))
-
-
-def _recv_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    owner = ("recv", a.layer, a.mb) if a.op is Op.RECV_ACT else ("grad", a.layer, a.mb)
-    key = ("out", a.layer, a.mb) if a.op is Op.RECV_ACT else ("grad", a.layer, a.mb)
-    ledger.hold_storage(owner, "buffers", key, c.act_bytes())
-
-
-def _wait_send_grad_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    ledger.release(("grad", a.layer, a.mb))
-
-
-def _prefetch_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    ledger.hold_storage(("views", a.layer), "views", ("view", a.layer), c.view_bytes(a.layer))
-
-
-def _release_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    ledger.release(("views", a.layer))
-
-
-def _no_memory(c: StageCosts, a: Action, ledger: Ledger) -> None:
-    pass
-
-
 @dataclass(frozen=True)
 class OpCost:
+    """How the simulator runs an op on a stage: its kind (module docstring) and duration."""
+
     kind: str
     duration: Callable[[StageCosts, Action], float]
-    memory: Effect = _no_memory
 
 
 def _zero(c: StageCosts, a: Action) -> float:
@@ -310,11 +271,11 @@ def _zero(c: StageCosts, a: Action) -> float:
 
 
 def _forward_time(c: StageCosts, a: Action) -> float:
-    return c.forward(a.layer, with_grad=c.s.activation.get(a.layer, "keep") != "recompute")
+    return c.forward(a.unit, with_grad=c.s.activation.get(a.unit, "keep") != "recompute")
 
 
 def _saved_copy(c: StageCosts, a: Action) -> float:
-    return c.copy_time(sum(n for _, n in c.saved_storages(a.layer, a.mb)))
+    return c.copy_time(sum(n for _, n in c.saved_storages(a.unit, a.mb)))
 
 
 def ring(link: Link, nbytes: float, n: int) -> float:
@@ -333,39 +294,58 @@ def ring_half(link: Link, nbytes: float, n: int) -> float:
 
 
 def _p2p_time(c: StageCosts, a: Action) -> float:
-    toward_next = a.op in (Op.SEND_ACT, Op.RECV_GRAD)
-    link = c.s.p2p_next if toward_next else c.s.p2p_prev
+    link = c.s.p2p_next if peer_offset(a.op) > 0 else c.s.p2p_prev
     return link.time(c.act_bytes())
 
 
-OPS: dict[Op, OpCost] = {
-    Op.FORWARD: OpCost("compute", _forward_time, _forward_memory),
-    Op.BACKWARD: OpCost("compute", lambda c, a: c.backward(a.layer), _backward_memory),
-    Op.RECOMPUTE: OpCost("compute", lambda c, a: c.forward(a.layer), _recompute_memory),
-    Op.SEND_ACT: OpCost("send", _p2p_time),
-    Op.WAIT_SEND_ACT: OpCost("wait", _zero),
-    Op.RECV_ACT: OpCost("recv", _p2p_time, _recv_memory),
-    Op.WAIT_RECV_ACT: OpCost("wait", _zero),
-    Op.SEND_GRAD: OpCost("send", _p2p_time),
-    Op.WAIT_SEND_GRAD: OpCost("wait", _zero, _wait_send_grad_memory),
-    Op.RECV_GRAD: OpCost("recv", _p2p_time, _recv_memory),
-    Op.WAIT_RECV_GRAD: OpCost("wait", _zero),
-    Op.GRAD_SYNC: OpCost("sync", lambda c, a: c.grad_sync(a.layer)),
-    Op.WAIT_GRAD_SYNC: OpCost("wait", _zero),
-    Op.GRAD_NORM: OpCost("norm", lambda c, a: ring(c.s.pipeline, 4, c.s.pp)),
-    Op.WAIT_GRAD_NORM: OpCost("wait", _zero),
-    Op.UPDATE: OpCost("compute", lambda c, a: c.update(a.layer)),
-    Op.OFFLOAD: OpCost("copy", _saved_copy, _offload_memory),
-    Op.RELOAD: OpCost("copy", _saved_copy, _reload_memory),
-    Op.WAIT_RELOAD: OpCost("wait", _zero),
-    Op.PREFETCH: OpCost("copy", lambda c, a: c.copy_time(c.view_bytes(a.layer)), _prefetch_memory),
-    Op.WAIT_PREFETCH: OpCost("wait", _zero),
-    Op.RELEASE: OpCost("free", _zero, _release_memory),
-    Op.STEP_END: OpCost("step_end", lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp)),
+DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
+    Op.FORWARD: _forward_time,
+    Op.BACKWARD: lambda c, a: c.backward(a.unit),
+    Op.RECOMPUTE: lambda c, a: c.forward(a.unit),
+    Op.SEND_ACT: _p2p_time,
+    Op.WAIT_SEND_ACT: _zero,
+    Op.RECV_ACT: _p2p_time,
+    Op.WAIT_RECV_ACT: _zero,
+    Op.SEND_GRAD: _p2p_time,
+    Op.WAIT_SEND_GRAD: _zero,
+    Op.RECV_GRAD: _p2p_time,
+    Op.WAIT_RECV_GRAD: _zero,
+    Op.GRAD_SYNC: lambda c, a: c.grad_sync(a.unit),
+    Op.WAIT_GRAD_SYNC: _zero,
+    Op.GRAD_NORM: lambda c, a: ring(c.s.pipeline, 4, c.s.pp),
+    Op.WAIT_GRAD_NORM: _zero,
+    Op.UPDATE: lambda c, a: c.update(a.unit),
+    Op.OFFLOAD: _saved_copy,
+    Op.RELOAD: _saved_copy,
+    Op.WAIT_RELOAD: _zero,
+    Op.PREFETCH: lambda c, a: c.copy_time(c.view_bytes(a.unit)),
+    Op.WAIT_PREFETCH: _zero,
+    Op.RELEASE: _zero,
+    Op.STEP_END: lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp),
 }
+"""One duration per op of the registry (checked at import)."""
+
+if set(DURATIONS) != set(Op):
+    raise ImportError(f"sim/cost_model.py: no duration for {sorted(o.name for o in set(Op) - set(DURATIONS))}")
+
+
+def kind_of(spec: OpSpec) -> str:
+    """The simulator's kind of an op (module docstring), from its spec."""
+    if spec.waits:
+        return "wait"
+    if spec.cls is OpClass.P2P:
+        return "send" if spec.sends else "recv"
+    if spec.cls is OpClass.COLLECTIVE:
+        if not spec.pipeline_collective:
+            return "sync"
+        return "norm" if spec.starts else "step_end"
+    return {OpClass.COMPUTE: "compute", OpClass.COPY: "copy", OpClass.STATE: "free"}[spec.cls]
+
+
+OPS: dict[Op, OpCost] = {op: OpCost(kind_of(spec), DURATIONS[op]) for op, spec in SPECS.items()}
 
 SHARDED_OPS: dict[Op, OpCost] = {
-    Op.PREFETCH: OpCost("sync", lambda c, a: c.gather(a.layer), _prefetch_memory),  # an all-gather
+    Op.PREFETCH: OpCost("sync", lambda c, a: c.gather(a.unit)),  # an all-gather
 }
 """The entries that sharded state replaces (its kind changes); GS, U and N keep theirs and
 price the shard through StageCosts (module docstring)."""

@@ -31,7 +31,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             profile=profile.for_group(groups[s]), model=model, micro_batch_size=micro_batch_size, seq_len=seq_len,
             dtype=dtype, n_micro=plan.n_micro, units=units,
             activation={u: unit_activation[u] for u in units},
-            view_units=frozenset(a.layer for a in program if a.op is Op.PREFETCH),
+            view_units=frozenset(a.unit for a in program if a.op is Op.PREFETCH),
             state_home=plan.state_home, dp=plan.dp, pp=plan.pp,
             p2p_prev=hops[s - 1] if s > 0 else None, p2p_next=hops[s] if s < plan.pp - 1 else None,
             replicas=rings[s], pipeline=pipeline,

@@ -89,6 +89,9 @@ class Device:
     """Bytes/s of elementwise work on the device: optimizer update, norms, gradient folds."""
     host_link: Link | None = None
     """Host<->device copies; None where the host memory is the device's memory (a CPU)."""
+    host_collectives: bool = True
+    """Whether the devices' collectives can reduce buffers in the host tier; False for GPUs,
+    whose NCCL reduces device memory only (host-resident state then cannot sync over dp)."""
     host_memory_bytes: float | None = None
     """Host-tier memory a device may fill (state kept on the host, offloaded activations):
     its share of its node's; None: not limited (or no host tier)."""
@@ -247,6 +250,10 @@ def _value(kind, value: Any, path: str, where: str):
         return None if value is None else _value(float, value, path, where)
     if dataclasses.is_dataclass(kind):
         return _build(kind, value, path, where)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {path}: expected true or false, got {shown(value)}")
+        return value
     if kind is str:
         if not isinstance(value, str):
             raise UserError(f"{where}: {path}: expected a string, got {shown(value)}")
@@ -273,7 +280,8 @@ _TYPES = {
                     "block_forward_no_grad_s": "optional-float"},
     Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
              "memory_bandwidth": float, "host_link": "optional-link",
-             "host_memory_bytes": "optional-float", "cores": "optional-int",
+             "host_memory_bytes": "optional-float", "host_collectives": bool,
+             "cores": "optional-int",
              "action_overhead_s": float, "process_overhead_bytes": float,
              "process_overhead_per_byte": float, "contention": float},
     DeviceGroup: {"name": str, "count": int, "device": Device},

@@ -24,9 +24,10 @@ import heapq
 import itertools
 
 from ratrain.config import ModelConfig
-from ratrain.ledger import Ledger
+from ratrain.ledger import Ledger, apply_effects
 from ratrain.runtime.grid import RankGrid
-from ratrain.schedule.ir import START_OF, Action, Op
+from ratrain.schedule.ir import Action
+from ratrain.schedule.ops import SPECS, START_OF, Op, peer_offset
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.sim.cost_model import StageCosts, ops_for
 from ratrain.sim.placement import stage_setups
@@ -138,7 +139,7 @@ class _Simulation:
             if kind == "copy" and self.synchronous_copies[s]:
                 kind = "compute"
             if kind == "wait":
-                op = self.ops[s].get((START_OF[a.op], a.layer, a.mb))
+                op = self.ops[s].get((START_OF[a.op], a.unit, a.mb))
                 if op is None:
                     raise RuntimeError(f"stage {s}: {a} waits for a start that never ran")
                 if op.done is None or op.done > self.now:
@@ -152,7 +153,7 @@ class _Simulation:
             if kind == "compute":
                 op = None
                 if cost.kind == "copy":  # a synchronous copy: its wait finds it done
-                    op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
+                    op = self.ops[s][(a.op, a.unit, a.mb)] = _Op(a)
                     op.start = start
                 self._compute(s, a, cost.duration(c, a) + c.overhead, op=op)
                 return
@@ -167,7 +168,7 @@ class _Simulation:
                               else lambda: self._over_replicas(s, replicas, reduce))
                 return
             if kind in ("copy", "sync", "send", "recv"):
-                op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
+                op = self.ops[s][(a.op, a.unit, a.mb)] = _Op(a)
                 if kind == "copy":
                     op.start = max(start, self.copy_free[s])
                     op.done = self.copy_free[s] = op.start + cost.duration(c, a)
@@ -275,11 +276,11 @@ class _Simulation:
 
     def _post(self, s: int, a: Action, op: _Op, seconds: float) -> None:
         """One side of a transfer; it starts when the other side is posted too."""
-        sending = a.op in (Op.SEND_ACT, Op.SEND_GRAD)
-        peer = s + 1 if a.op in (Op.SEND_ACT, Op.RECV_GRAD) else s - 1
-        flow = "act" if a.op in (Op.SEND_ACT, Op.RECV_ACT) else "grad"
-        src, dst = (s, peer) if sending else (peer, s)
-        key = (flow, src, dst, a.layer, a.mb)
+        spec = SPECS[a.op]
+        peer = s + peer_offset(a.op)
+        src, dst = (s, peer) if spec.sends else (peer, s)
+        send_op = a.op if spec.sends else spec.pairs_with
+        key = (send_op, src, dst, a.unit, a.mb)
         sides = self.posted.setdefault(key, [])
         sides.append((s, op, self.now))
         if len(sides) < 2:
@@ -304,7 +305,7 @@ class _Simulation:
     def _gather(self, s: int, a: Action, kind: Op, seconds: float, blocking: bool) -> None:
         """A collective over the pipeline: it runs once every stage has issued it. The step's
         end (blocking) holds the walker inside it; the norm (not blocking) is waited by WN."""
-        op = self.ops[s][(a.op, a.layer, a.mb)] = _Op(a)
+        op = self.ops[s][(a.op, a.unit, a.mb)] = _Op(a)
         members = self.gathering[kind]
         members[s] = (op, self.now)
         if blocking:
@@ -335,7 +336,9 @@ class _Simulation:
 
     def _record_memory(self, s: int, a: Action) -> None:
         before = self.ledgers[s].total
-        self.op_tables[s][a.op].memory(self.costs[s], a, self.ledgers[s])
+        costs = self.costs[s]
+        apply_effects(self.ledgers[s], SPECS[a.op].memory, a.unit, a.mb,
+                      lambda name: costs.storages(name, a))
         if self.ledgers[s].total != before:
             self._note_memory(s)
 

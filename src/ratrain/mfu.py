@@ -1,0 +1,145 @@
+"""Model FLOPs utilization: the model's FLOPs per token over what the devices could do at peak.
+
+FLOPs per token follow the convention of PaLM (appendix B) and torchtitan: 6 N for the forward
+and backward of the weight matrix products, plus 12 L H Q T for attention's two products
+(scores and weighted values), with N the parameters that take part in a matrix product per
+token (all but the input embedding table, a lookup; the output head counts, tied or not), L
+the layers, H the heads, Q the head dimension and T the sequence length. Attention is counted
+whole although causal attention needs half of it, as both references count it; recomputation
+is not counted (it is hardware FLOPs, not model FLOPs). The simulator's cost model
+(sim/unit_costs.py) counts what is computed instead, so the two are not meant to agree.
+
+The peak, per device, times the devices of the run:
+
+* a GPU: its datasheet's dense peak for the compute dtype (DATASHEET_TFLOPS, by device name);
+  unknown GPUs fall back to a given hardware profile's peak, else there is no MFU;
+* a CPU: the matmul peak of one core, times the cores the run uses: a given hardware profile's
+  (`ratrain profile` measures it), else measured once at the start of the run by the same
+  matmul `ratrain profile` times (1024 x 1024, laid out as a Linear's forward, one thread). It
+  is measured rather than taken from the cpu-local preset because machines of one kind differ
+  by up to 2x (DESIGN.md) and a fixed figure would put the difference into the MFU; the
+  fastest of several repeats is taken, since load from other processes only ever slows a
+  repeat down.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ratrain.config import ModelConfig
+
+# Dense (no sparsity) peak TFLOP/s by compute dtype, from the vendors' datasheets. float32 is
+# the non-tensor-core figure: PyTorch does not use TF32 for float32 matmuls by default.
+DATASHEET_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0},
+    "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},  # the H100 SXM's compute
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
+}
+
+CPU_MATMUL_N = 1024  # as `ratrain profile` (profiling_ranks.MATMUL_N["cpu"])
+CPU_MATMUL_N_SLOW = 512  # bfloat16/float16 on a CPU without native support: about 15x slower
+CPU_MATMUL_REPEATS = 6
+
+
+def matmul_params(model: ModelConfig) -> int:
+    """Parameters taking part in a matrix product per token: every decoder block's (norms
+    included, as torchtitan counts them), the final norm and the output head."""
+    from ratrain.models.params import count_params
+
+    embedding = 0 if model.tie_embeddings else model.vocab_size * model.dim
+    return count_params(model) - embedding
+
+
+def flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward and backward): 6 N + 12 L H Q T."""
+    attention = 12 * model.n_layers * model.n_heads * model.head_dim * seq_len
+    return 6.0 * matmul_params(model) + attention
+
+
+@dataclass
+class Peak:
+    """The devices' peak FLOP/s for the run (None: unknown) and where the figure comes from."""
+
+    flops: float | None
+    source: str
+
+
+def gpu_datasheet_key(device_name: str) -> str | None:
+    """The DATASHEET_TFLOPS entry of a CUDA device name ('NVIDIA H100 80GB HBM3': H100 SXM)."""
+    name = device_name.upper()
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        return "H100 PCIe" if "PCIE" in name else "H100 SXM"
+    if "A100" in name:
+        return "A100"
+    return None
+
+
+def gpu_peak(device_name: str, dtype: str, devices: int) -> Peak:
+    key = gpu_datasheet_key(device_name)
+    if key is None or dtype not in DATASHEET_TFLOPS[key]:
+        return Peak(None, f"no datasheet peak for {device_name!r} ({dtype}); "
+                          "pass --profile with its peak for MFU")
+    tflops = DATASHEET_TFLOPS[key][dtype]
+    return Peak(tflops * 1e12 * devices,
+                f"datasheet: {key} {dtype} dense {tflops:g} TFLOP/s x {devices} GPU")
+
+
+def cpu_cores_used(world: int, threads_per_rank: int) -> int:
+    """Cores a run's ranks compute on: its threads, at most the cores of each node."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(1, world // max(1, local))
+    return min(os.cpu_count() or 1, local * threads_per_rank) * nodes
+
+
+def measure_cpu_core_peak(dtype: str = "float32") -> float:
+    """FLOP/s of the fastest of CPU_MATMUL_REPEATS n x n matmuls (x @ W.T) on one thread:
+    about 0.2 s in float32."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        n = CPU_MATMUL_N if dtype == "float32" else CPU_MATMUL_N_SLOW
+        a, b = (torch.randn(n, n, dtype=getattr(torch, dtype)) for _ in range(2))
+        a @ b.T  # warm-up
+        best = float("inf")
+        for _ in range(CPU_MATMUL_REPEATS):
+            t0 = time.perf_counter()
+            a @ b.T
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return 2.0 * n**3 / best
+
+
+def run_peak(device_type: str, dtype: str, world: int, threads_per_rank: int,
+             profile=None, device_name: str | None = None) -> Peak:
+    """The peak of a run's devices (see the module's note); `profile`: a HardwareProfile or
+    None."""
+    rate = profile.device.compute.get(dtype) if profile is not None else None
+    if device_type == "cuda":
+        peak = gpu_peak(device_name or "", dtype, world)
+        if peak.flops is None and rate is not None:
+            return Peak(rate.peak_flops * world, f"profile {profile.name}: {dtype} "
+                        f"{rate.peak_flops / 1e12:.4g} TFLOP/s x {world} GPU")
+        return peak
+    cores = cpu_cores_used(world, threads_per_rank)
+    if rate is not None:
+        return Peak(rate.peak_flops * cores, f"profile {profile.name}: {dtype} "
+                    f"{rate.peak_flops / 1e9:.4g} GFLOP/s per core x {cores} cores")
+    per_core = measure_cpu_core_peak(dtype)
+    n = CPU_MATMUL_N if dtype == "float32" else CPU_MATMUL_N_SLOW
+    return Peak(per_core * cores, f"measured: {n}x{n} {dtype} matmul on "
+                f"1 thread, {per_core / 1e9:.4g} GFLOP/s per core x {cores} cores")
+
+
+def mfu(flops_per_tok: float, tokens_per_s: float, peak_flops: float | None) -> float | None:
+    """Achieved model FLOP/s over the peak (a fraction), or None without a peak."""
+    if not peak_flops or tokens_per_s is None:
+        return None
+    return flops_per_tok * tokens_per_s / peak_flops

@@ -1,0 +1,26 @@
+"""matplotlib without a display, and how the report's pictures are saved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DPI = 110
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    pyplot().close(fig)
+    return path
+
+
+def fmt_mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"

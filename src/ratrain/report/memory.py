@@ -1,0 +1,118 @@
+"""Memory per pipeline stage: what the executor's ledger held at its peak, by kind; what the
+simulator predicts it holds; what the process measured (RSS growth on a CPU,
+max_memory_allocated on CUDA); and the plan's budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ratrain.report.figure import pyplot, save
+
+MIB = 2**20
+KIND_COLORS = {"masters": "#4C72B0", "views": "#64B5CD", "gradients": "#DD8452",
+               "optimizer": "#C44E52", "activations": "#55A868", "offloaded": "#8C8C8C",
+               "buffers": "#CCB974"}
+
+
+def _grid(run):
+    from ratrain.runtime.grid import RankGrid
+
+    p = run.plan if run.plan is not None else run.cfg.parallel
+    return RankGrid(p.pp, p.dp, p.rank_order)
+
+
+def stage_ledgers(run) -> list[dict[str, int]] | None:
+    """Per stage, the ledger by kind at its peak of the stage's replica that held the most."""
+    per_rank = run.summary.get("ledger_at_peak_by_kind_per_rank")
+    if not per_rank or any(not isinstance(d, dict) for d in per_rank):
+        return None
+    grid = _grid(run)
+    best: dict[int, dict[str, int]] = {}
+    for rank, kinds in enumerate(per_rank):
+        stage = grid.coords(rank)[0]
+        if stage not in best or sum(kinds.values()) > sum(best[stage].values()):
+            best[stage] = kinds
+    return [best[s] for s in sorted(best)]
+
+
+def measured_per_stage(run) -> tuple[str, list[float]] | None:
+    """(what was measured, its peak per stage)."""
+    rss = run.summary.get("rss_growth_bytes_per_stage")
+    last = run.metrics[-1]
+    if rss is None and "rss_growth_bytes_per_rank" in last:
+        rss = [max(last["rss_growth_bytes_per_rank"])]  # an unfinished run: no summary
+    if rss:
+        return "measured: peak RSS growth", list(rss)
+    per_rank = last.get("peak_memory_bytes_per_rank") or [last.get("peak_memory_bytes")]
+    if any(v is None for v in per_rank):
+        return None
+    grid = _grid(run)
+    out = [0.0] * grid.pp
+    for rank, v in enumerate(per_rank):
+        out[grid.coords(rank)[0]] = max(out[grid.coords(rank)[0]], v)
+    return "measured: peak allocated (CUDA)", out
+
+
+def plot_memory(run, sim, path: Path) -> Path | None:
+    """Grouped bars per stage; None if the run measured nothing per stage."""
+    ledgers = stage_ledgers(run)
+    measured = measured_per_stage(run)
+    if ledgers is None and measured is None:
+        return None
+    simulated = [r.at_peak for r in sim[0].ranks] if sim else None
+    n_stages = max(len(x) for x in (ledgers, measured and measured[1], simulated) if x)
+    groups = [g for g in ("ledger", "sim", "measured")
+              if {"ledger": ledgers, "sim": simulated, "measured": measured}[g]]
+    width = 0.8 / len(groups) if len(groups) > 1 else 0.35
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(groups) * n_stages + 3.4), 4.2))
+    seen = set()
+    for g, group in enumerate(groups):
+        xs = [s - 0.4 + width * (g + 0.5) for s in range(n_stages)]
+        if group in ("ledger", "sim"):
+            stacks = ledgers if group == "ledger" else simulated
+            bottom = [0.0] * len(stacks)
+            for kind, color in KIND_COLORS.items():
+                heights = [d.get(kind, 0) / MIB for d in stacks]
+                if not any(heights):
+                    continue
+                label = kind if kind not in seen else None
+                seen.add(kind)
+                ax.bar(xs[:len(stacks)], heights, width * 0.92, bottom=bottom, color=color,
+                       label=label, edgecolor="white" if group == "ledger" else "black",
+                       hatch=None if group == "ledger" else "//", linewidth=0.5)
+                bottom = [b + h for b, h in zip(bottom, heights)]
+            for x, total in zip(xs, bottom):
+                ax.annotate(f"{total:,.1f}", (x, total), ha="center", va="bottom", fontsize=8)
+        else:
+            values = [v / MIB for v in measured[1]]
+            ax.bar(xs[:len(values)], values, width * 0.92, color="#555555", label=measured[0])
+            for x, v in zip(xs, values):
+                ax.annotate(f"{v:,.1f}", (x, v), ha="center", va="bottom", fontsize=8)
+            if sim and "RSS" in measured[0]:  # the simulator predicts the growth too
+                predicted = [r.rss_growth(sim[0].device) / MIB for r in sim[0].ranks]
+                ax.hlines(predicted, [x - width * 0.46 for x in xs], [x + width * 0.46 for x in xs],
+                          colors="black", linestyles="--", lw=1.5, label="simulated RSS growth")
+    if run.budget_bytes:
+        ax.axhline(run.budget_bytes / MIB, color="red", ls="--", lw=1.2,
+                   label=f"plan's budget ({run.budget_bytes / MIB:,.0f} MiB)")
+    names = {"ledger": "ledger", "sim": "simulated", "measured": measured and measured[1] and
+             ("RSS growth" if "RSS" in measured[0] else "allocated")}
+    ticks = [(s - 0.4 + width * (g + 0.5), names[group]) for s in range(n_stages)
+             for g, group in enumerate(groups)]
+    ax.set_xticks([x for x, _ in ticks])
+    ax.set_xticklabels([name for _, name in ticks], fontsize=8)
+    from matplotlib.transforms import blended_transform_factory
+
+    below = blended_transform_factory(ax.transData, ax.transAxes)
+    for s in range(n_stages):
+        ax.text(s, -0.11, f"stage {s}", transform=below, ha="center", va="top", fontsize=10)
+    ax.set_ylabel("memory at its peak (MiB)")
+    ax.set_title("Memory per stage at its peak"
+                 + (": the executor's ledger, the simulator's (hatched), measured" if "sim" in groups
+                    else "" if ledgers else "\n(the plain engine keeps no ledger)"), fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
+    ax.set_xlim(-0.6, n_stages - 0.4)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return save(fig, path)

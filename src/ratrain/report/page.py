@@ -1,0 +1,121 @@
+"""The report's one HTML page: the run's table, its pictures, and what could not be shown.
+Self-contained: inline CSS, no scripts; the pictures are PNG files beside it."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from ratrain.report.figure import fmt_mib
+
+CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1250px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+.sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; font-size: 0.92em; }
+th { text-align: left; padding: 3px 14px 3px 0; color: #555; font-weight: 600; vertical-align: top; }
+td { padding: 3px 0; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.4em 0; }
+.pair { display: flex; flex-wrap: wrap; gap: 1em; } .pair img { max-width: 610px; }
+.notes { color: #7a5a00; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def run_table(run, sim, timeline_step: tuple[float, float | None] | None) -> list[tuple[str, str]]:
+    """(label, value) rows of the run's table, as plain text."""
+    from ratrain.models.params import count_params
+
+    cfg, s, t, p = run.cfg, run.summary, run.cfg.train, run.cfg.parallel
+    m = cfg.model
+    last = run.metrics[-1]
+    plan = run.plan
+    rows = [("model", f"{m.name}: {count_params(m) / 1e6:,.2f}M parameters, {m.n_layers} layers, "
+                      f"dim {m.dim}, {m.n_heads} heads ({m.n_kv_heads} kv), vocab {m.vocab_size}"),
+            ("training", f"{last['step']} steps of {t.global_batch} x {t.seq_len} tokens, {t.dtype}")]
+    if plan is not None:
+        rows.append(("layout", f"pp={plan.pp} x dp={plan.dp} ({plan.rank_order}), {plan.policy} "
+                               f"policy, {plan.schedule}, {plan.n_micro} micro-batches of "
+                               f"{t.micro_batch_size} per replica"))
+        made = f"plan file {p.plan_file}" if p.plan_file else "built from the flags"
+        activation = ["/".join(sorted(set(a))) for a in plan.activation] \
+            if isinstance(plan.activation, list) else [str(plan.activation)]
+        rows.append(("plan", f"{made}; units per stage "
+                             f"{', '.join(str(len(r)) for r in plan.stage_units)}; activations "
+                             f"{', '.join(activation)}; state on {plan.state_home}"
+                             + (", sharded" if plan.shard_state else "")
+                             + (f"; view window {plan.view_window}" if plan.view_window is not None else "")))
+    else:
+        rows.append(("layout", "a single process on the plain engine (no pipeline plan)"))
+    tps = s.get("tokens_per_s", last.get("tokens_per_s"))
+    rows.append(("tokens/s", f"{tps:,.0f} (mean over the steps after the first)"))
+    peak = s.get("peak_flops")
+    rows.append(("MFU", _pct(s.get("mfu")) + (f" of {peak / 1e9:,.1f} GFLOP/s peak; "
+                                               f"{s.get('flops_per_token', 0) / 1e6:,.2f} MFLOP per token"
+                                               if peak else "")
+                 + (f" ({s['peak_flops_source']})" if s.get("peak_flops_source") else "")))
+    if timeline_step:
+        measured, simulated = timeline_step
+        text = f"measured {measured * 1e3:,.1f} ms"
+        if simulated is not None:
+            text += (f", simulated {simulated * 1e3:,.1f} ms ({sim[1]}): error "
+                     f"{(simulated - measured) / measured:+.1%}")
+        rows.append(("step time", text))
+    ledger = s.get("ledger_peak_bytes_per_stage")
+    rss = s.get("rss_growth_bytes_per_stage")
+    parts = []
+    for stage in range(max(len(ledger or []), len(rss or []))):
+        held = f"held {fmt_mib(ledger[stage])}" if ledger else ""
+        grown = f"RSS +{fmt_mib(rss[stage])}" if rss else ""
+        parts.append(f"stage {stage}: " + ", ".join(x for x in (held, grown) if x))
+    parts.append(f"process peak {fmt_mib(s.get('peak_memory_bytes') or last['peak_memory_bytes'])}")
+    if run.budget_bytes:
+        parts.append(f"plan's budget {fmt_mib(run.budget_bytes)}")
+    rows.append(("peak memory", "; ".join(parts)))
+    loss = s.get("final_loss", last["loss"])
+    val = s.get("val_loss", last.get("val_loss"))
+    rows.append(("final loss", f"{loss:.4f}" + (f", validation loss {val:.4f}" if val is not None else "")))
+    return rows
+
+
+def write_page(run, out_dir: Path, table: list[tuple[str, str]],
+               pictures: list[tuple[str, Path, str]]) -> Path:
+    """index.html in out_dir; `pictures`: (heading, file, caption)."""
+    run_dir = run.run_dir
+    rel = lambda name: escape(Path("..", name).as_posix()) if (run_dir / name).exists() else None
+    links = [f'<a href="{rel(n)}">{escape(n)}</a>' + extra for n, extra in
+             (("metrics.jsonl", ""), ("summary.json", ""), ("config.yaml", ""), ("plan.json", ""),
+              ("trace.json", " (open in ui.perfetto.dev to zoom in)")) if rel(n)]
+    html = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>ratrain report: {escape(run_dir.name)}</title>", f"<style>{CSS}</style>",
+            "</head><body>", f"<h1>ratrain run {escape(run_dir.name)}</h1>",
+            f'<p class="sub">{escape(str(run_dir.resolve()))}</p>', "<table>"]
+    html += [f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in table]
+    html.append("</table>")
+    if links:
+        html.append("<p>Files: " + " · ".join(links) + "</p>")
+    curves = [pic for pic in pictures if pic[1].name in ("loss.png", "throughput.png")]
+    others = [pic for pic in pictures if pic not in curves]
+    if curves:
+        html.append('<h2>Loss and throughput</h2><div class="pair">')
+        html += [_img(path, caption) for _, path, caption in curves]
+        html.append("</div>")
+    for heading, path, caption in others:
+        html += [f"<h2>{escape(heading)}</h2>", _img(path, caption)]
+    if run.notes:
+        html.append('<h2>Not shown</h2><ul class="notes">')
+        html += [f"<li>{escape(n)}</li>" for n in run.notes]
+        html.append("</ul>")
+    html.append("</body></html>")
+    path = out_dir / "index.html"
+    path.write_text("\n".join(html) + "\n")
+    return path
+
+
+def _img(path: Path, caption: str) -> str:
+    return (f'<figure style="margin:0"><img src="{escape(path.name)}" alt="{escape(caption)}">'
+            f"<figcaption class=\"sub\">{escape(caption)}</figcaption></figure>")

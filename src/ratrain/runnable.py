@@ -1,0 +1,82 @@
+"""What can run: one rule that a run's preparation, the planner's search and the command line
+all apply, so the planner never returns a plan that training refuses.
+
+The rule is about the combination of choices (the layout, where the state lives, the dtype and
+the hardware), not about a single value (a negative --pp, an unknown policy: config.validate
+names those). Pure Python: the planner and the CLI call it without torch.
+"""
+
+from __future__ import annotations
+
+from ratrain.errors import UserError
+
+SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe"}
+
+
+def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
+            schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
+            clip: bool = True, state_home: str = "device", shard_state: bool = False,
+            view_window: int | None = None, tie_embeddings: bool = False,
+            host_is_separate: bool = False, host_collectives: bool | None = None,
+            world: int | None = None) -> str | None:
+    """Why this cannot run (one line, as the user's mistake is told), or None when it can.
+
+    `view_window` is the plan's: None where the views are the masters (layout.has_views).
+    `host_is_separate`: the state's host tier is not the compute device's memory (a GPU).
+    `host_collectives`: the devices' collectives can reduce buffers in the host tier (not so on
+    GPUs: NCCL reduces device memory only; a profile says it in `host_collectives`); None:
+    not where the host is apart, as on this runtime's GPUs. `world`: the processes already started for the
+    run (torchrun's WORLD_SIZE); None where the run starts its own.
+    """
+    n_units = n_layers + 2
+    if world is not None and world != pp * dp:
+        return (f"torchrun started {world} processes, but --pp {pp} x --dp {dp} needs "
+                f"{pp * dp}")
+    if pp > n_units:
+        return (f"pp={pp} is more stages than the model has units ({n_units}: embedding, "
+                f"{n_layers} decoder blocks, head); lower pp to at most {n_units}")
+    if global_batch % dp or (global_batch // dp) % micro_batch_size:
+        return (f"global batch {global_batch} does not split into dp={dp} replicas of whole "
+                f"micro-batches of {micro_batch_size}")
+    n_micro = global_batch // (dp * micro_batch_size)
+    if n_micro < pp:
+        name = SCHEDULE_NAMES.get(schedule, schedule)
+        return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
+                f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
+    if tie_embeddings and pp > 1:
+        return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
+                "(pipelined tied embeddings are not supported yet)")
+    if shard_state:
+        if dp < 2:
+            return ("--shard-state splits the masters and optimizer state over data-parallel "
+                    f"replicas; --dp {dp} has none to split over")
+        if state_home != "device":
+            return ("sharded state (--shard-state) lives on the device; it cannot be combined "
+                    f"with --state-home {state_home}")
+        if view_window is None:
+            return ("sharded state needs compute views (the gathered weights): view_window must "
+                    "be 0 (resident) or a window >= 1, not None")
+    if host_collectives is None:
+        host_collectives = not host_is_separate
+    if state_home == "host" and dp > 1 and host_is_separate and not host_collectives:
+        return ("--state-home host with --dp > 1 on GPUs needs the gradient sync on the host, "
+                "which NCCL cannot do; use --state-home device")
+    if policy == "baseline" and view_window not in (None, 0):  # (a damaged plan's too)
+        return (f"baseline keeps parameter views resident (view_window None or 0), got "
+                f"view_window={view_window}; --view-window needs --policy ratrain")
+    if dtype == "float16" and not clip:
+        return ("float16 needs the global gradient norm in the programs (N, WN) to detect an "
+                "overflow on any stage; build the plan with clip")
+    return None
+
+
+def check_runnable(**setup) -> None:
+    """Raise UserError with `refusal`'s line where the setup cannot run."""
+    reason = refusal(**setup)
+    if reason:
+        raise UserError(reason)
+
+
+def runnable(**setup) -> bool:
+    """Whether the setup can run (`refusal` is None): what the planner filters its layouts by."""
+    return refusal(**setup) is None

@@ -1,0 +1,88 @@
+"""The compute actions: forward (F), recompute (R) and backward (B) of one unit on one
+micro-batch.
+
+Each unit's forward runs on a detached copy of its input that requires grad, so each unit's
+backward is its own action: `B u.m` back-propagates unit u alone and leaves the gradient of its
+input for unit u - 1 (or for the send to the previous stage). What a forward saves for its
+backward is held in a SavedActivations (counted, offloadable).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ratrain.models.llama import lm_loss
+from ratrain.runtime.saved_activations import SavedActivations
+from ratrain.runtime.step_state import StepState
+from ratrain.schedule.ir import Action
+
+
+def _unit_input(ex, st: StepState, u: int, mb: int) -> torch.Tensor:
+    if u == 0:
+        return st.batches[mb][0].to(ex.stage.device, non_blocking=True)
+    # A local producer keeps its output until its own backward; in eval nothing is kept.
+    keep = st.training and u - 1 in ex.stage.units
+    src = st.act[(u - 1, mb)] if keep else st.act.pop((u - 1, mb))
+    return src.detach()
+
+
+def _apply(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> torch.Tensor:
+    with ex.stage.autocast():
+        y = ex.stage.modules[u](x)
+        if u == ex.head:
+            target = st.batches[mb][1].to(ex.stage.device, non_blocking=True)
+            loss = lm_loss(y, target)
+            st.losses.append(loss.detach())
+            scale = ex.loss_scale.scale if ex.loss_scale and st.training else 1.0
+            return loss * (scale / (st.n_micro * ex.dp))
+    return y
+
+
+def _apply_saving(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """Forward with autograd; what it saves is held in st.saved[(u, mb)] and returned."""
+    if x.is_floating_point():
+        x.requires_grad_()
+    held = {p.untyped_storage().data_ptr() for p in ex.stage.modules[u].parameters()}
+    held.add(x.untyped_storage().data_ptr())
+    saved = st.saved[(u, mb)] = SavedActivations(held)
+    with saved.hooks():
+        y = _apply(ex, st, u, mb, x)
+    return y, saved.tensors
+
+
+def forward(ex, st: StepState, a: Action) -> None:
+    x = _unit_input(ex, st, a.unit, a.mb)
+    if not st.training or a.unit in st.recompute:
+        with torch.no_grad():
+            y = _apply(ex, st, a.unit, a.mb, x)
+        kept = []
+    else:
+        y, kept = _apply_saving(ex, st, a.unit, a.mb, x)
+    if st.training:
+        st.inp[(a.unit, a.mb)] = x
+    if st.training or a.unit != ex.head:
+        st.act[(a.unit, a.mb)] = y
+    st.bind(kept=kept, input=[x], output=[y])
+
+
+def recompute(ex, st: StepState, a: Action) -> None:
+    if a.unit == ex.head:
+        st.losses.pop()  # the recomputed forward records the same loss again
+    x = st.inp[(a.unit, a.mb)]
+    y, saved = _apply_saving(ex, st, a.unit, a.mb, x)
+    st.act[(a.unit, a.mb)] = y
+    st.bind(saved=saved, input=[x], output=[y])
+
+
+def backward(ex, st: StepState, a: Action) -> None:
+    y = st.act.pop((a.unit, a.mb))
+    if a.unit == ex.head:
+        y.backward()
+    else:
+        y.backward(st.grad.pop((a.unit, a.mb)))
+    ex.stage.state[a.unit].fold_grads()
+    x = st.inp.pop((a.unit, a.mb))
+    st.saved.pop((a.unit, a.mb), None)
+    if a.unit > 0:
+        st.grad[(a.unit - 1, a.mb)] = x.grad
+    st.bind(input_grad=[x.grad])

@@ -1,0 +1,141 @@
+"""The lifecycle actions of a unit's training state and activations: views (P, WP, X),
+gradient sync (GS, WGS), the global norm (N, WN), the update (U), activation offload (O, L,
+WL), and the step's end (E).
+
+Values the step computes on the device (loss sums, the gradient norm, the clip coefficient,
+float16's overflow flag) stay device tensors until E, which reads them in one transfer: on
+CUDA the host never waits for the GPU before the step's end unless the program says so (a
+host-resident update needs its coefficient on the host).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ratrain.runtime.step_state import StepState
+from ratrain.schedule.ir import Action
+from ratrain.schedule.ops import Op
+
+
+# -- parameter views ---------------------------------------------------------------------------
+
+def prefetch(ex, st: StepState, a: Action):
+    state = ex.stage.state[a.unit]
+    work = state.prefetch()  # sharded: the all-gather
+    if work is not None:
+        st.pending[a] = (work, None)
+    st.bind(view=state.view_tensors())
+    return work
+
+
+def wait_prefetch(ex, st: StepState, a: Action) -> None:
+    gathered = st.pending.pop(Action(Op.PREFETCH, a.unit), None)
+    if gathered is not None:
+        ex.comm.wait(gathered[0], st.when, str(a), ex.comm.replica_peers())
+    ex.stage.state[a.unit].wait_view()
+
+
+def release(ex, st: StepState, a: Action) -> None:
+    ex.stage.state[a.unit].release_view()
+
+
+# -- activation offload ------------------------------------------------------------------------
+
+def offload(ex, st: StepState, a: Action) -> None:
+    key = (a.unit, a.mb)
+    saved = st.saved[key]
+    saved.offload(ex.stage.copies)
+    st.bind(input=[st.inp[key]], output=[st.act[key]], saved_host=saved.tensors)
+
+
+def reload(ex, st: StepState, a: Action) -> None:
+    saved = st.saved[(a.unit, a.mb)]
+    saved.reload(ex.stage.copies, ex.stage.device)
+    st.bind(saved_reloaded=saved.tensors)
+
+
+def wait_reload(ex, st: StepState, a: Action) -> None:
+    st.saved[(a.unit, a.mb)].wait_reload(ex.stage.copies)
+
+
+# -- gradient sync, norm, update ---------------------------------------------------------------
+
+def grad_sync(ex, st: StepState, a: Action):
+    work = st.syncs[a.unit] = ex.stage.state[a.unit].start_sync(ex.groups.replicas)
+    return work
+
+
+def wait_grad_sync(ex, st: StepState, a: Action) -> None:
+    work = st.syncs.pop(a.unit, None)
+    if work is not None:
+        ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
+    ex.stage.state[a.unit].wait_sync()
+
+
+def grad_norm(ex, st: StepState, a: Action):
+    """Start reducing the stage's squared gradient norm over the pipeline stages (sharded:
+    first summed over the stage's replicas, each of which holds a slice)."""
+    parts = [sq for s in ex.stage.state.values() if (sq := s.sq_norm()) is not None]
+    device = ex.stage.device
+    sq = (torch.stack([p.to(device) for p in parts]).sum() if parts
+          else torch.zeros((), device=device)).reshape(1)
+    if ex.stage.sharded:
+        ex.comm.wait(dist.all_reduce(sq, group=ex.groups.replicas, async_op=True), st.when,
+                     str(a), ex.comm.replica_peers())
+    work = dist.all_reduce(sq, group=ex.groups.pipeline, async_op=True) if ex.pp > 1 else None
+    st.norm = (work, sq)
+    return work
+
+
+def wait_grad_norm(ex, st: StepState, a: Action) -> None:
+    """The global norm, the clip coefficient and (float16) the overflow flag, as device values;
+    the coefficient is torch.nn.utils.clip_grad_norm_'s, so a single-process run matches."""
+    work, sq = st.norm
+    if work is not None:
+        ex.comm.wait(work, st.when, str(a), ex.comm.pipeline_peers())
+    st.norm = None
+    scale = ex.loss_scale.scale if ex.loss_scale else 1.0
+    total = sq[0].sqrt() / scale
+    st.grad_norm = total
+    if ex.loss_scale:  # the norm is the same everywhere, so every rank skips the same steps
+        st.found_inf = (~torch.isfinite(total)).float()
+    if ex.clip > 0:
+        factor = (ex.clip / (total + 1e-6)).clamp(max=1.0) / scale
+    else:
+        factor = torch.full_like(total, 1.0 / scale) if ex.loss_scale else None
+    st.grad_factor = factor
+
+
+def update(ex, st: StepState, a: Action) -> None:
+    ex.stage.state[a.unit].update(st.grad_factor, st.found_inf)
+
+
+# -- the step's end ----------------------------------------------------------------------------
+
+def step_end(ex, st: StepState, a: Action) -> None:
+    """Mean loss over all micro-batches of all replicas, known on every rank, read on the host
+    with the step's other device values in one transfer.
+
+    Sums and counts are reduced rather than means, because evaluation may give replicas
+    different numbers of micro-batches."""
+    device = ex.stage.device
+    local = (torch.stack(st.losses).sum().float() if st.losses
+             else torch.zeros((), device=device))
+    total = torch.stack([local.to(device), torch.full((), float(len(st.losses)), device=device)])
+    g = ex.groups
+    if ex.pp > 1:
+        ex.comm.wait(dist.all_reduce(total, group=g.pipeline, async_op=True), st.when, str(a),
+                     ex.comm.pipeline_peers())
+    if ex.dp > 1:
+        ex.comm.wait(dist.all_reduce(total, group=g.replicas, async_op=True), st.when, str(a),
+                     ex.comm.replica_peers())
+    extras = [v.reshape(1).float() for v in (st.grad_norm, st.found_inf) if v is not None]
+    values = torch.cat([total] + [e.to(device) for e in extras]).tolist()  # the step's one read
+    st.loss = values[0] / values[1]
+    names = [n for n, v in (("grad_norm", st.grad_norm), ("found_inf", st.found_inf)) if v is not None]
+    st.read = dict(zip(names, values[2:]))
+    syncing = [u for u, state in ex.stage.state.items() if state.syncing]
+    left = st.unfinished(syncing)
+    if left:
+        raise RuntimeError(f"step ended with unfinished work: {', '.join(left[:8])}")

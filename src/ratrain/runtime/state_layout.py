@@ -1,0 +1,146 @@
+"""How a unit's training state is laid out over its data-parallel replicas (the layouts a
+runtime/unit_state.UnitState holds), and the replicated layout: every replica holds the whole unit.
+
+A layout decides what differs between ways of keeping a unit's state, so that one unit-state class
+serves them all:
+    build         where the fp32 masters live and how they are cut into the parameters the
+                  optimizer updates (`state.masters`), the gradient buffers (`state.grad`, the
+                  full accumulation every backward folds into; `state.update_grad`, what the
+                  update reads once synced), and their entries in the memory ledger
+    make_view     how the compute view is made from the masters (P), wait_view its wait (WP)
+    start_sync    how the gradient is synced over the replicas (GS)
+    updated       what it must count of the updates it takes (checkpoints)
+    full_masters, load_masters, optimizer_state, load_optimizer_state
+                  how checkpoints read and write the state: always whole units, in the format an
+                  unsharded AdamW over the unit's parameters has, so a checkpoint resumes under
+                  any layout
+The unit state keeps what is the same for all: the view's lifetime, folding each backward's
+gradients into `state.grad`, the norm over `state.masters`' gradients, the update, the zeroing.
+A layout object belongs to one unit (it may hold that unit's geometry and its own buffers).
+
+Replicated: the masters are one fp32 tensor per parameter in the home tier (the module's own
+parameters where there is no view); the gradient accumulation is one flat fp32 buffer of which
+every master's `.grad` is a view, so the sync is a single all-reduce of it in place (no copy in or
+out) and the update reads it where it is. The view is one compute-dtype tensor per parameter,
+copied from its master by the copy engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+if TYPE_CHECKING:
+    from ratrain.runtime.unit_state import UnitState
+
+NewOptimizer = Callable[..., "torch.optim.Optimizer | None"]
+"""new_optimizer(params, decay=None): the AdamW over `params` (None without any); `decay` says
+per parameter whether weight decay applies where the tensors are not the model's own."""
+
+
+class StateLayout:
+    """The contract between a unit state and its layout (see the module docstring)."""
+
+    home: torch.device | None = None
+    """Where the masters, gradients and optimizer state live; None: the compute device."""
+
+    def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
+        raise NotImplementedError
+
+    def make_view(self, state: UnitState) -> dist.Work | None:
+        """Start making the view into `state.params`; returns a collective to wait for, if any."""
+        raise NotImplementedError
+
+    def wait_view(self, state: UnitState) -> None:
+        raise NotImplementedError
+
+    def start_sync(self, state: UnitState, group) -> dist.Work | None:
+        raise NotImplementedError
+
+    def updated(self, state: UnitState, found_inf: torch.Tensor | None) -> None:
+        """After each update (found_inf: the step was skipped where it is 1; on the home)."""
+
+    def full_masters(self, state: UnitState) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def load_masters(self, state: UnitState, tensors: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def optimizer_state(self, state: UnitState) -> dict | None:
+        raise NotImplementedError
+
+    def load_optimizer_state(self, state: UnitState, sd: dict) -> None:
+        raise NotImplementedError
+
+
+class Replicated(StateLayout):
+    """Every replica holds the whole unit; `home` "cpu" puts the state on the host."""
+
+    def __init__(self, home: torch.device | None = None):
+        self.home = home
+        self._ready = None  # the view copy's event (None on a CPU-only run)
+
+    def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
+        params = state.params
+        if state.view_dtype is not None and params:
+            state.masters = [nn.Parameter(self._home_copy(state, p)) for p in params]
+            state.empty_view()
+        else:
+            state.masters = params
+        state.optimizer = new_optimizer(state.masters)
+        if params:
+            pinned = state.home.type == "cpu" and state.copies.stream is not None
+            state.grad = torch.zeros(state.numel, dtype=torch.float32, device=state.home,
+                                     pin_memory=pinned)
+            for m, g in zip(state.masters, state.param_slices(state.grad)):
+                m.grad = g
+        state.update_grad = state.grad  # all-reduced in place
+        state.ledger.hold(("masters", state), "masters", state.masters)
+        state.ledger.hold(("gradients", state), "gradients", [state.grad])
+
+    @staticmethod
+    def _home_copy(state: UnitState, p: nn.Parameter) -> torch.Tensor:
+        master = (state.copies.host_empty(p, torch.float32) if state.home.type == "cpu"
+                  else torch.empty(p.shape, dtype=torch.float32, device=state.home))
+        master.copy_(p.detach())
+        return master
+
+    # -- the view: a copy of each master (into the buffer a resident view keeps) --------------
+
+    def make_view(self, state: UnitState) -> None:
+        for p, m in zip(state.params, state.masters):
+            if p.numel() != m.numel():
+                p.data = torch.empty(m.shape, dtype=state.view_dtype, device=state.device)
+            self._ready = state.copies.copy(p.data, m.detach())
+        return None
+
+    def wait_view(self, state: UnitState) -> None:
+        state.copies.wait(self._ready)
+        self._ready = None
+
+    # -- sync ---------------------------------------------------------------------------------
+
+    def start_sync(self, state: UnitState, group) -> dist.Work | None:
+        """The sum over the group, in place (the loss is already scaled by 1/dp: the mean)."""
+        if state.grad is None:
+            return None
+        return dist.all_reduce(state.grad, group=group, async_op=True)
+
+    # -- checkpoints: the state is whole already ----------------------------------------------
+
+    def full_masters(self, state: UnitState) -> list[torch.Tensor]:
+        return [m.detach() for m in state.masters]
+
+    @torch.no_grad()
+    def load_masters(self, state: UnitState, tensors: list[torch.Tensor]) -> None:
+        for m, t in zip(state.masters, tensors):
+            m.copy_(t)
+
+    def optimizer_state(self, state: UnitState) -> dict | None:
+        return state.optimizer.state_dict() if state.optimizer is not None else None
+
+    def load_optimizer_state(self, state: UnitState, sd: dict) -> None:
+        state.optimizer.load_state_dict(sd)

@@ -1,0 +1,128 @@
+"""What each op needs before it on its own rank: one rule per op (checked complete at import),
+read by checks.check_dependencies.
+
+A rule returns what the action consumes: actions, which must come earlier in the program, or
+(description, step of the last thing described), for needs that are a set of actions ("every
+B3.*"). Waits need their start (checks.check_waits proves it for every wait); the rules here
+add what the data flow asks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ratrain.schedule.ir import Action, Program
+from ratrain.schedule.ops import Op
+
+
+@dataclass
+class RankContext:
+    """One rank's program, indexed for the rules."""
+
+    stage: int
+    stages: int
+    units: range
+    pos: dict[Action, int]  # first step of each action
+    last_backward: dict[int, int]  # unit -> step of its last B
+    last_sync: int  # step of the stage's last WGS (-1: none)
+
+    @classmethod
+    def of(cls, program: Program, stage: int, stages: int, units: range) -> RankContext:
+        pos: dict[Action, int] = {}
+        last_backward: dict[int, int] = {}
+        for i, a in enumerate(program):
+            pos.setdefault(a, i)
+            if a.op is Op.BACKWARD:
+                last_backward[a.unit] = i
+        last_sync = max(pos.get(Action(Op.WAIT_GRAD_SYNC, u), -1) for u in units)
+        return cls(stage, stages, units, pos, last_backward, last_sync)
+
+    def runs(self, a: Action) -> bool:
+        return a in self.pos
+
+    def every_backward(self, u: int) -> tuple[str, int]:
+        return f"every B{u}.*", self.last_backward.get(u, -1)
+
+
+Need = Action | tuple[str, int]
+Rule = Callable[[Action, RankContext], list[Need]]
+
+
+def _nothing(a: Action, ctx: RankContext) -> list[Need]:
+    return []
+
+
+def _forward(a: Action, ctx: RankContext) -> list[Need]:
+    """Its input: the previous unit's forward on the stage, or the received activation."""
+    if a.unit - 1 in ctx.units:
+        return [Action(Op.FORWARD, a.unit - 1, a.mb)]
+    return [Action(Op.WAIT_RECV_ACT, a.unit - 1, a.mb)] if ctx.stage > 0 else []
+
+
+def _backward(a: Action, ctx: RankContext) -> list[Need]:
+    """Its forward, its recompute or reload if any, and its output's gradient."""
+    needs: list[Need] = [Action(Op.FORWARD, a.unit, a.mb)]
+    if ctx.runs(Action(Op.RECOMPUTE, a.unit, a.mb)):
+        needs.append(Action(Op.RECOMPUTE, a.unit, a.mb))
+    if ctx.runs(Action(Op.OFFLOAD, a.unit, a.mb)):
+        needs.append(Action(Op.WAIT_RELOAD, a.unit, a.mb))
+    if a.unit + 1 in ctx.units:
+        needs.append(Action(Op.BACKWARD, a.unit + 1, a.mb))
+    elif ctx.stage < ctx.stages - 1:
+        needs.append(Action(Op.WAIT_RECV_GRAD, a.unit, a.mb))
+    return needs
+
+
+def _after(op: Op, unit_offset: int = 0) -> Rule:
+    """Needs `op` of the same micro-batch on unit + `unit_offset` (what it moves or copies)."""
+    def rule(a: Action, ctx: RankContext) -> list[Need]:
+        return [Action(op, a.unit + unit_offset, a.mb)]
+    return rule
+
+
+def _grad_norm(a: Action, ctx: RankContext) -> list[Need]:
+    return [("every B of the stage", max(ctx.last_backward.values(), default=-1)),
+            ("every WGS of the stage", ctx.last_sync)]
+
+
+def _update(a: Action, ctx: RankContext) -> list[Need]:
+    """The global norm if the program reduces one; its synced gradient, else every backward."""
+    needs: list[Need] = []
+    if ctx.runs(Action(Op.WAIT_GRAD_NORM)) or ctx.runs(Action(Op.GRAD_NORM)):
+        needs.append(Action(Op.WAIT_GRAD_NORM))
+    if ctx.runs(Action(Op.WAIT_GRAD_SYNC, a.unit)):
+        needs.append(Action(Op.WAIT_GRAD_SYNC, a.unit))
+    else:
+        needs.append(ctx.every_backward(a.unit))
+    return needs
+
+
+NEEDS: dict[Op, Rule] = {
+    Op.FORWARD: _forward,
+    Op.BACKWARD: _backward,
+    Op.RECOMPUTE: _after(Op.FORWARD),
+    Op.SEND_ACT: _after(Op.FORWARD),
+    Op.WAIT_SEND_ACT: _nothing,
+    Op.RECV_ACT: _nothing,
+    Op.WAIT_RECV_ACT: _nothing,
+    Op.SEND_GRAD: _after(Op.BACKWARD, +1),
+    Op.WAIT_SEND_GRAD: _nothing,
+    Op.RECV_GRAD: _nothing,
+    Op.WAIT_RECV_GRAD: _nothing,
+    Op.GRAD_SYNC: lambda a, ctx: [ctx.every_backward(a.unit)],
+    Op.WAIT_GRAD_SYNC: _nothing,
+    Op.GRAD_NORM: _grad_norm,
+    Op.WAIT_GRAD_NORM: _nothing,
+    Op.UPDATE: _update,
+    Op.OFFLOAD: _after(Op.FORWARD),
+    Op.RELOAD: _after(Op.OFFLOAD),
+    Op.WAIT_RELOAD: _after(Op.RELOAD),
+    Op.PREFETCH: _nothing,
+    Op.WAIT_PREFETCH: _nothing,
+    Op.RELEASE: _nothing,
+    Op.STEP_END: _nothing,
+}
+
+if set(NEEDS) != set(Op):
+    raise ImportError(f"schedule/needs.py: no rule for {sorted(o.name for o in set(Op) - set(NEEDS))}")

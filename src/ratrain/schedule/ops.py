@@ -1,0 +1,243 @@
+"""The op registry: what every op of the program IR means, written once.
+
+Each op has one `OpSpec`: its text code and operands, its class, whether it starts asynchronous
+work and which op waits for it, the peers it talks to, how a point-to-point op pairs with its
+peer's, and its effect on the memory ledger over abstract storages. The passes, the checks and
+the dry run (schedule/), the executor (runtime/) and the cost model and simulator (sim/) read
+this table and keep no list of ops of their own. Three tables hold one entry per op, each
+checked complete at import: the executor's handlers (runtime/handlers.py), the cost model's
+durations (sim/cost_model.py) and what an action needs before it on its own rank
+(schedule/needs.py). A new op is one `Op` member, one spec here, one handler, one cost, one
+rule of what it needs.
+
+Memory effects name storages relative to the action (`input` of `F u.m` is unit u's input on
+micro-batch m); the executor binds each name to real tensors, the simulator to sizes
+(sim/cost_model.StageCosts.storages), and both apply the same effects in the same order
+(ledger.apply_effects), so their ledgers agree by construction:
+
+    kept            what F saves for its backward under the unit's policy (nothing if recomputed)
+    saved           what a forward with autograd saves (R)
+    input, output   the unit's input (unit 0: the step's tokens) and output on the micro-batch
+    saved_host      the host copies of `saved` (O);  saved_reloaded: the device copies again (L)
+    received        RA's buffer: the previous stage's output, which becomes F's `input`
+    output_grad     RG's buffer: the gradient of the unit's output
+    input_grad      what B produces: the gradient of the unit's input
+    view            the unit's compute view (P)
+
+This module is pure data: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Op(str, Enum):
+    """The op codes (the text form's prefix); what each does is its spec's `doc`."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+    RECOMPUTE = "R"
+    SEND_ACT = "SA"
+    WAIT_SEND_ACT = "WSA"
+    RECV_ACT = "RA"
+    WAIT_RECV_ACT = "WRA"
+    SEND_GRAD = "SG"
+    WAIT_SEND_GRAD = "WSG"
+    RECV_GRAD = "RG"
+    WAIT_RECV_GRAD = "WRG"
+    GRAD_SYNC = "GS"
+    WAIT_GRAD_SYNC = "WGS"
+    GRAD_NORM = "N"
+    WAIT_GRAD_NORM = "WN"
+    UPDATE = "U"
+    OFFLOAD = "O"
+    RELOAD = "L"
+    WAIT_RELOAD = "WL"
+    PREFETCH = "P"
+    WAIT_PREFETCH = "WP"
+    RELEASE = "X"
+    STEP_END = "E"
+
+
+class OpClass(str, Enum):
+    COMPUTE = "compute"  # runs on the rank's own thread or compute stream (F, R, B, U)
+    P2P = "p2p"  # a transfer to or from a neighbouring stage
+    COLLECTIVE = "collective"  # over the stage's replicas or the replica's stages
+    COPY = "copy"  # between memory tiers, on the copy engine
+    STATE = "state"  # bookkeeping of a unit's state: no data moves
+
+
+class Peer(str, Enum):
+    PREV = "prev"  # the previous stage
+    NEXT = "next"  # the next stage
+    REPLICAS = "replicas"  # the stage's data-parallel replicas
+    PIPELINE = "pipeline"  # the replica's pipeline stages
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The action's owner `owner` (keyed by the action's unit + `unit_offset` and micro-batch)
+    keeps `storages` alive, counted under ledger `kind`."""
+
+    owner: str
+    kind: str
+    storages: tuple[str, ...]
+    unit_offset: int = 0
+
+
+@dataclass(frozen=True)
+class Release:
+    """That owner lets go of everything it holds."""
+
+    owner: str
+    unit_offset: int = 0
+
+
+Effect = Hold | Release
+
+
+def owner_key(effect: Effect, unit: int | None, mb: int | None) -> tuple:
+    u = unit + effect.unit_offset
+    return (effect.owner, u) if mb is None else (effect.owner, u, mb)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: Op
+    doc: str
+    cls: OpClass
+    unit: bool = True  # takes a unit
+    mb: bool = True  # takes a micro-batch
+    waited_by: Op | None = None  # starts asynchronous work that this op waits for
+    peers: tuple[Peer, ...] = ()
+    pairs_with: Op | None = None  # p2p: the peer's op that completes the transfer with this one
+    sends: bool = False  # p2p: this side sends
+    in_eval: bool = False  # may appear in an evaluation (forward-only) program
+    eager: bool = False  # goes right after the compute action that produces what it moves
+    view: str | None = None  # the unit's view after it: "pending", "live" or "released"
+    memory: tuple[Effect, ...] = ()
+    waits: Op | None = None  # filled in: the start this op waits for
+
+    @property
+    def starts(self) -> bool:
+        """Starts asynchronous work that a later action waits for."""
+        return self.waited_by is not None
+
+    @property
+    def own_unit(self) -> bool:
+        """Its unit is one of the stage's own (a transfer names the tensor's producer)."""
+        return self.unit and self.cls is not OpClass.P2P
+
+    @property
+    def pipeline_collective(self) -> bool:
+        """Every stage of the replica must issue it before it can complete."""
+        return self.cls is OpClass.COLLECTIVE and Peer.PIPELINE in self.peers
+
+
+def _wait(start: Op, doc: str, **kw) -> OpSpec:
+    spec = SPECS[start]
+    return OpSpec(spec.waited_by, doc, spec.cls, unit=spec.unit, mb=spec.mb, peers=spec.peers,
+                  in_eval=spec.in_eval, waits=start, **kw)
+
+
+
+SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
+    OpSpec(Op.FORWARD, "Run one unit's forward on one micro-batch; keep what its backward needs "
+           "(per policy).", OpClass.COMPUTE, in_eval=True,
+           memory=(Hold("act", "activations", ("kept", "input", "output")),
+                   Release("recv", -1))),
+    OpSpec(Op.BACKWARD, "Backward of one unit on one micro-batch; accumulates that unit's "
+           "parameter gradients and leaves the gradient of its input.", OpClass.COMPUTE,
+           memory=(Release("grad"), Release("act"), Release("offloaded"),
+                   Hold("grad", "buffers", ("input_grad",), -1))),
+    OpSpec(Op.RECOMPUTE, "Re-run a unit's forward from its kept input, so the following "
+           "backward has its graph.", OpClass.COMPUTE,
+           memory=(Release("act"), Hold("act", "activations", ("saved", "input", "output")))),
+    OpSpec(Op.SEND_ACT, "Start sending a unit's output activation to the next stage.",
+           OpClass.P2P, waited_by=Op.WAIT_SEND_ACT, peers=(Peer.NEXT,), pairs_with=Op.RECV_ACT,
+           sends=True, in_eval=True, eager=True),
+    OpSpec(Op.RECV_ACT, "Post the receive of the previous stage's activation (the input of "
+           "this stage's first unit).", OpClass.P2P, waited_by=Op.WAIT_RECV_ACT,
+           peers=(Peer.PREV,), pairs_with=Op.SEND_ACT, in_eval=True,
+           memory=(Hold("recv", "buffers", ("received",)),)),
+    OpSpec(Op.SEND_GRAD, "Start sending the gradient of this stage's input back to the "
+           "previous stage.", OpClass.P2P, waited_by=Op.WAIT_SEND_GRAD, peers=(Peer.PREV,),
+           pairs_with=Op.RECV_GRAD, sends=True, eager=True),
+    OpSpec(Op.RECV_GRAD, "Post the receive of the gradient of this stage's output from the "
+           "next stage.", OpClass.P2P, waited_by=Op.WAIT_RECV_GRAD, peers=(Peer.NEXT,),
+           pairs_with=Op.SEND_GRAD, memory=(Hold("grad", "buffers", ("output_grad",)),)),
+    OpSpec(Op.GRAD_SYNC, "Start the data-parallel sync of one unit's accumulated gradients "
+           "(all-reduce; sharded state: reduce-scatter).", OpClass.COLLECTIVE, mb=False,
+           waited_by=Op.WAIT_GRAD_SYNC, peers=(Peer.REPLICAS,), eager=True),
+    OpSpec(Op.GRAD_NORM, "Start reducing the stage's squared gradient norm over the pipeline "
+           "group (for clipping by the global norm, and float16's overflow check); needs every "
+           "gradient of the stage final and synchronized.", OpClass.COLLECTIVE, unit=False,
+           mb=False, waited_by=Op.WAIT_GRAD_NORM, peers=(Peer.PIPELINE,)),
+    OpSpec(Op.UPDATE, "Optimizer update of one unit (AdamW on its master weights), then zero "
+           "its gradients; its view is stale after it.", OpClass.COMPUTE, mb=False),
+    OpSpec(Op.OFFLOAD, "Start copying the tensors `F u.m` saved for its backward to the host "
+           "tier. No wait op: the executor tracks the copy and frees the device copy once the "
+           "host copy has completed.", OpClass.COPY, eager=True,
+           memory=(Release("act"), Hold("act", "activations", ("input", "output")),
+                   Hold("offloaded", "offloaded", ("saved_host",)))),
+    OpSpec(Op.RELOAD, "Start copying those tensors back from the host tier to the compute "
+           "device, for `B u.m`.", OpClass.COPY, waited_by=Op.WAIT_RELOAD,
+           memory=(Release("offloaded"), Hold("act", "activations", ("saved_reloaded",)))),
+    OpSpec(Op.PREFETCH, "Start materializing unit u's compute view (compute dtype, on the "
+           "compute device) from its master weights, into a buffer kept from an earlier step "
+           "where there is one. The view is pending until its WP.", OpClass.COPY, mb=False,
+           waited_by=Op.WAIT_PREFETCH, in_eval=True, view="pending",
+           memory=(Hold("views", "views", ("view",)),)),
+    OpSpec(Op.RELEASE, "Release unit u's compute view and free its buffer; the master stays "
+           "in its home tier.", OpClass.STATE, mb=False, in_eval=True, view="released",
+           memory=(Release("views"),)),
+    OpSpec(Op.STEP_END, "End of the step: reduce the step's loss over every stage and replica "
+           "(blocking), read the step's device values once, reset per-step state.",
+           OpClass.COLLECTIVE, unit=False, mb=False, peers=(Peer.PIPELINE, Peer.REPLICAS),
+           in_eval=True),
+)}
+SPECS.update({spec.op: spec for spec in (
+    _wait(Op.SEND_ACT, "Wait until that activation send has completed (its buffer may then "
+          "be freed)."),
+    _wait(Op.RECV_ACT, "Wait for that activation to arrive."),
+    _wait(Op.SEND_GRAD, "Wait until that gradient send has completed.",
+          memory=(Release("grad"),)),
+    _wait(Op.RECV_GRAD, "Wait for that gradient to arrive."),
+    _wait(Op.GRAD_SYNC, "Wait for that sync; the unit's gradients are then final and "
+          "identical on all replicas (sharded: its shard's)."),
+    _wait(Op.GRAD_NORM, "Wait for that reduction; the clipping coefficient of the step is then "
+          "known (as a device value: nothing is read on the host before E)."),
+    _wait(Op.RELOAD, "Wait for that reload; the saved tensors are on the device again and "
+          "`B u.m` may run."),
+    _wait(Op.PREFETCH, "Wait for that view; it is then live (F, R and B of the unit may use "
+          "it) until `X u`.", view="live"),
+)})
+
+WAIT_OF: dict[Op, Op] = {op: s.waited_by for op, s in SPECS.items() if s.starts}
+"""Asynchronous start -> the op that waits for it."""
+START_OF: dict[Op, Op] = {wait: start for start, wait in WAIT_OF.items()}
+"""Wait op -> the start op it waits for."""
+
+COMPUTE_OPS = frozenset(op for op, s in SPECS.items() if s.cls is OpClass.COMPUTE and s.mb)
+"""F, R, B: the compute actions on a unit and micro-batch, which passes anchor on."""
+
+if set(SPECS) != set(Op) or any(SPECS[w].waits != s for s, w in WAIT_OF.items()):
+    raise ImportError(f"op registry incomplete: no spec for {sorted(set(Op) - set(SPECS))}")
+
+
+def peer_offset(op: Op) -> int:
+    """The pipeline stage a point-to-point op talks to, relative to this one: -1 or +1."""
+    peers = SPECS[op].peers
+    return -1 if Peer.PREV in peers else +1 if Peer.NEXT in peers else 0
+
+
+def exchanged_unit(op: Op, units: range) -> int:
+    """The unit whose tensor a point-to-point op of a stage owning `units` moves: its last
+    unit's output (with the next stage) or the previous stage's last unit's (its input)."""
+    return units[-1] if peer_offset(op) > 0 else units[0] - 1
+
+
+def spec(op: Op) -> OpSpec:
+    return SPECS[op]

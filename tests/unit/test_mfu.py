@@ -1,0 +1,83 @@
+"""MFU: the FLOPs per token against a hand computation, the device peaks, the arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratrain import mfu
+from ratrain.config import ModelConfig
+from ratrain.sim.profile import load_profile
+
+
+def _small(**kw) -> ModelConfig:
+    return ModelConfig(name="hand", vocab_size=100, dim=16, n_layers=2, n_heads=4, ffn_dim=40, **kw)
+
+
+def test_flops_per_token_by_hand():
+    # per block: q, k, v, o 4 x 16 x 16 = 1024; SwiGLU 3 x 16 x 40 = 1920; two norms 32
+    block = 1024 + 1920 + 32
+    head = 100 * 16 + 16  # lm_head + final norm; the embedding table (a lookup) is left out
+    n = 2 * block + head
+    assert n == 7568
+    assert mfu.matmul_params(_small()) == n
+    # attention: 12 x layers 2 x heads 4 x head_dim 4 x seq_len 8
+    assert mfu.flops_per_token(_small(), seq_len=8) == 6 * 7568 + 12 * 2 * 4 * 4 * 8 == 48480
+
+
+def test_flops_per_token_tied_and_grouped_query():
+    # tied: the head's matrix is the embedding's, still one product per token
+    assert mfu.matmul_params(_small(tie_embeddings=True)) == 7568
+    # 2 kv heads: k and v are 16 x 8 each; attention counts the 4 query heads
+    gqa = _small(n_kv_heads=2)
+    block = 16 * 16 * 2 + 16 * 8 * 2 + 1920 + 32
+    assert mfu.flops_per_token(gqa, 8) == 6 * (2 * block + 1616) + 12 * 2 * 4 * 4 * 8
+
+
+def test_tiny_preset_flops_per_token():
+    from ratrain.models.presets import get_preset
+
+    tiny = get_preset("tiny")  # dim 256, 4 layers, 8 heads, ffn 688, vocab 512
+    n = 4 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) + 512 * 256 + 256
+    assert mfu.flops_per_token(tiny, 256) == 6 * n + 12 * 4 * 8 * 32 * 256
+
+
+@pytest.mark.parametrize("name,key", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H200", "H200"), ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100-PCIE-40GB", "A100"),
+    ("Tesla T4", None)])
+def test_gpu_datasheet_by_name(name, key):
+    assert mfu.gpu_datasheet_key(name) == key
+
+
+def test_gpu_peak_is_the_datasheet_times_the_gpus():
+    peak = mfu.run_peak("cuda", "bfloat16", 8, 1, device_name="NVIDIA H100 80GB HBM3")
+    assert peak.flops == 8 * 989e12 and "datasheet" in peak.source
+    assert mfu.run_peak("cuda", "float32", 1, 1, device_name="NVIDIA H200").flops == 67e12
+    assert mfu.run_peak("cuda", "float32", 1, 1, device_name="NVIDIA A100-SXM4-40GB").flops == 19.5e12
+    unknown = mfu.run_peak("cuda", "bfloat16", 2, 1, device_name="Tesla T4")
+    assert unknown.flops is None and "Tesla T4" in unknown.source
+    assert mfu.mfu(1e6, 1e3, unknown.flops) is None
+    # an unknown GPU takes a given profile's peak
+    h100 = load_profile("h100-80g-ib")
+    peak = mfu.run_peak("cuda", "bfloat16", 2, 1, h100, "Tesla T4")
+    assert peak.flops == 2 * h100.device.compute["bfloat16"].peak_flops
+
+
+def test_cpu_peak_from_a_profile_per_core(monkeypatch):
+    monkeypatch.setattr(mfu.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpu = load_profile("cpu-local")
+    # 4 ranks of 1 thread on 2 cores compute on 2 cores; one process of 1 thread on 1
+    assert mfu.run_peak("cpu", "float32", 4, 1, cpu).flops == 2 * 8e10
+    assert mfu.run_peak("cpu", "float32", 1, 1, cpu).flops == 8e10
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun: 2 nodes of 2 ranks
+    assert mfu.cpu_cores_used(4, 1) == 4
+
+
+def test_cpu_peak_measured_without_a_profile():
+    peak = mfu.run_peak("cpu", "float32", 1, 1)
+    assert 1e8 < peak.flops < 1e13 and peak.source.startswith("measured")
+
+
+def test_mfu_arithmetic():
+    assert mfu.mfu(48480, 1000.0, 48480 * 4000.0) == pytest.approx(0.25)

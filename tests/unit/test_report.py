@@ -1,0 +1,129 @@
+"""`ratrain report`: the page and its pictures for a single-process run, a pp=2 dp=2 run and a
+planned run; the timeline's reading of a trace; MFU in what a run writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ratrain.data.corpus import stdlib_files
+from ratrain.metrics import read_metrics
+from ratrain.report.timeline import kind_of, lanes, measured_step
+from ratrain.trace import chrome_trace
+
+from .cli_runner import run_cli
+
+SHORT = ["--steps", "3", "--seq-len", "64", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A small corpus and its token cache."""
+    root = tmp_path_factory.mktemp("report")
+    data = root / "text"
+    data.mkdir()
+    for f in [f for f in stdlib_files() if f.name in ("textwrap.py", "shlex.py", "glob.py")]:
+        shutil.copy(f, data / f.name)
+    return root
+
+
+def _ratrain(workdir, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RATRAIN_CACHE": str(workdir / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "ratrain.cli", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _check_page(report_dir, pictures: set[str]) -> str:
+    """The page exists and shows every picture in the directory, each of them there."""
+    html = (report_dir / "index.html").read_text()
+    written = {p.name for p in report_dir.glob("*.png")}
+    assert written == pictures
+    shown = set(re.findall(r'<img src="([^"]+)"', html))
+    assert shown == written
+    for name in written:
+        assert (report_dir / name).stat().st_size > 5000  # a picture, not an empty canvas
+    assert "<script" not in html
+    return html
+
+
+def _check_mfu(run_dir) -> None:
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert all(0 < r["mfu"] < 2 for r in rows)
+    assert 0 < summary["mfu"] < 2 and summary["peak_flops"] > 0
+    assert summary["mfu"] == pytest.approx(
+        summary["flops_per_token"] * summary["tokens_per_s"] / summary["peak_flops"])
+
+
+def test_default_run_writes_its_report(workdir):
+    proc = _ratrain(workdir, "train", "--data", "text", *SHORT, "--run-dir", "default")
+    assert "report: default/report/index.html" in proc.stdout and "MFU:" in proc.stdout
+    html = _check_page(workdir / "default" / "report", {"loss.png", "throughput.png", "memory.png"})
+    assert "MFU" in html and "single process" in html
+    _check_mfu(workdir / "default")
+
+
+@pytest.mark.dist
+def test_pp2_dp2_run_report_with_simulated_step(workdir, monkeypatch, capsys):
+    _ratrain(workdir, "train", "--data", "text", *SHORT, "--pp", "2", "--dp", "2", "--profile",
+             "cpu-local", "--run-dir", "pp2dp2", "--no-report")
+    run = workdir / "pp2dp2"
+    assert not (run / "report").exists()
+    code, out, err = run_cli(monkeypatch, capsys, "report", str(run), "--json")
+    assert code == 0, err
+    written = json.loads(out)
+    html = _check_page(run / "report", {"loss.png", "throughput.png", "memory.png", "timeline.png"})
+    assert {os.path.basename(p) for p in written["pictures"]} == {
+        "loss.png", "throughput.png", "memory.png", "timeline.png"}
+    assert "simulated" in written["table"]["step time"] and "error" in written["table"]["step time"]
+    assert "pp=2 x dp=2" in written["table"]["layout"]
+    assert "stage 1: held" in written["table"]["peak memory"]
+    assert "cpu-local" in html
+    _check_mfu(run)
+
+
+@pytest.mark.dist
+def test_planned_run_report_shows_the_budget(workdir):
+    _ratrain(workdir, "plan", "--model", "tiny", "--seq-len", "64", "--profile", "cpu-local",
+             "--devices", "2", "--memory-budget", "60e6", "--out", "plan.json")
+    _ratrain(workdir, "train", "--plan", "plan.json", "--data", "text", *SHORT, "--run-dir", "planned")
+    html = _check_page(workdir / "planned" / "report",
+                       {"loss.png", "throughput.png", "memory.png", "timeline.png"})
+    assert "plan.json" in html and "plan&#x27;s budget" in html
+    assert "simulated" in html  # on the profile the plan was made with
+
+
+def test_report_of_a_directory_that_is_no_run(tmp_path, monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "report", str(tmp_path))
+    assert code == 2 and "not a ratrain run directory" in err
+
+
+def test_kinds_of_actions():
+    assert kind_of("F3.0") == ("forward", False)
+    assert kind_of("WGS3") == ("gradient sync", True)
+    assert kind_of("WRA2.1") == ("receive", True)
+    assert kind_of("SG4.1") == ("send", False)
+    assert kind_of("U2") == ("update", False)
+    assert kind_of("ZZ1") == ("other", False)
+
+
+def test_the_last_traced_step_from_a_chrome_trace():
+    events = {0: [(4, "F1.0", 0.0, 10.0), (5, "F1.0", 100.0, 130.0), (5, "B1.0", 130.0, 190.0)],
+              1: [(5, "WRA1.0", 105.0, 140.0)]}
+    spans = {0: [(5, "SA1.0", 130.0, 150.0), (5, "GS1", 140.0, 200.0)], 1: []}
+    step, measured = measured_step(chrome_trace(events, {0: "rank 0", 1: "rank 1"}, spans))
+    assert step == 5
+    assert [r.label for r in measured.rows] == ["rank 0", "rank 1"]
+    assert measured.rows[0].actions == [("F1.0", 0.0, pytest.approx(30e-6)),
+                                        ("B1.0", pytest.approx(30e-6), pytest.approx(90e-6))]
+    assert measured.rows[1].actions == [("WRA1.0", pytest.approx(5e-6), pytest.approx(40e-6))]
+    assert lanes(measured.rows[0].spans) == [0, 1]  # they overlap: two lanes
+    assert measured.duration == pytest.approx(100e-6)

@@ -1,0 +1,252 @@
+"""One rule of what can run (runnable.py): the planner returns only what training runs, the CLI
+and a run's preparation refuse what the rule refuses, in one line; a plan is built (or read)
+once."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import yaml
+
+from ratrain import runnable
+from ratrain.config import RunConfig
+from ratrain.data.corpus import stdlib_files
+from ratrain.errors import UserError
+from ratrain.layout import check_config, check_plan, load_plan
+from ratrain.models.presets import get_preset
+from ratrain.planner import plan_file, search
+from ratrain.sim.profile import PRESET_DIR, load_profile
+
+from .cli_runner import run_cli
+
+OK = dict(n_layers=4, pp=2, dp=2, global_batch=16, micro_batch_size=2)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+
+
+def _small(tmp_path) -> RunConfig:
+    """A model and corpus small enough that a step in this process takes a moment."""
+    data = tmp_path / "text"
+    data.mkdir(exist_ok=True)
+    shutil.copy(next(f for f in stdlib_files() if f.name == "textwrap.py"), data)
+    return RunConfig.from_dict({
+        "model": {"name": "small", "vocab_size": 257, "dim": 32, "n_layers": 2, "n_heads": 2,
+                  "ffn_dim": 64, "max_seq_len": 64},
+        "data": {"path": str(data)},
+        "train": {"seq_len": 16, "global_batch": 8, "micro_batch_size": 2, "steps": 1,
+                  "eval_batches": 0}})
+
+
+def _small_file(tmp_path) -> str:
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(_small(tmp_path).to_dict()))
+    return str(path)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(world=3), "torchrun started 3 processes, but --pp 2 x --dp 2 needs 4"),
+    (dict(pp=7), "pp=7 is more stages than the model has units (6"),
+    (dict(global_batch=12, micro_batch_size=4), "global batch 12 does not split into dp=2"),
+    (dict(global_batch=4), "n_micro=1 is fewer than pp=2 stages: 1F1B needs"),
+    (dict(tie_embeddings=True), "tied embeddings need the embedding and the head on one stage"),
+    (dict(shard_state=True, dp=1, global_batch=8, view_window=0), "--dp 1 has none to split over"),
+    (dict(shard_state=True, state_home="host", view_window=0), "cannot be combined with --state-home host"),
+    (dict(shard_state=True), "sharded state needs compute views"),
+    (dict(state_home="host", host_is_separate=True), "which NCCL cannot do"),
+    (dict(policy="baseline", view_window=1), "--view-window needs --policy ratrain"),
+    (dict(dtype="float16", clip=False), "float16 needs the global gradient norm"),
+])
+def test_each_refusal_is_one_line(change, needle):
+    reason = runnable.refusal(**{**OK, **change})
+    assert reason and needle in reason and "\n" not in reason
+    assert not runnable.runnable(**{**OK, **change})
+    with pytest.raises(UserError, match="^" + re.escape(reason) + "$"):
+        runnable.check_runnable(**{**OK, **change})
+
+
+def test_what_can_run_is_not_refused():
+    def can(**change) -> bool:
+        return runnable.runnable(**{**OK, **change})
+
+    assert runnable.refusal(**OK) is None
+    assert can(state_home="host")  # a CPU: the host is the device's memory
+    assert can(state_home="host", host_is_separate=True, dp=1, global_batch=8)
+    assert can(shard_state=True, view_window=1, host_is_separate=True)
+    assert can(policy="baseline", view_window=0, dtype="float16")
+    assert can(world=4)
+
+
+PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+MODELS = ("llama2-7b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b")
+# Searches small enough to complete in about a second, that find plans for some of the four
+# models on each preset (on this CPU's 8 GB only llama2-7b fits, one unit a stage)
+SIZES = {"cpu-local": dict(devices=34, dtype="float32", pipeline_degrees=(34,)),
+         "mt3000": dict(devices=8, dtype="float16")}
+
+
+def _runs_as_trained(candidate, request) -> None:
+    """What `ratrain train --plan FILE` does with the plan file of `candidate`: the plan checked
+    against its run settings, then by the rule on the profile's kind of device; and the same
+    settings given as flags pass the rule too."""
+    cfg = RunConfig(model=request.model)
+    cfg.train.seq_len, cfg.train.global_batch = request.seq_len, request.global_batch
+    cfg.train.dtype = request.dtype
+    data = json.loads(json.dumps(plan_file.to_dict(candidate, cfg, request)))
+    run = RunConfig.from_dict(data["run"])
+    run.parallel.plan_file = "plan.json"
+    host_is_separate = request.profile.device.host_link is not None
+    collectives = request.profile.device.host_collectives
+    check_plan(load_plan(run, data), run, host_is_separate, host_collectives=collectives)
+    run.parallel.plan_file = None
+    check_config(run, host_is_separate, host_collectives=collectives)
+
+
+def test_every_plan_the_search_returns_can_run():
+    """The four models on every preset profile, at sizes small enough to search in about a
+    second each: whatever the search returns, training would run; on the GPU profiles some
+    plans keep their state on the host (dp = 1) and none of those spans replicas."""
+    found = {}
+    for name in PRESETS:
+        profile = load_profile(name)
+        size = SIZES.get(name, dict(devices=2, dtype="bfloat16"))
+        for model in MODELS:
+            request = search.PlanRequest(
+                model=get_preset(model), profile=profile, global_batch=size["devices"],
+                seq_len=64, top=1, micro_batch_sizes=(1,), time_limit_s=60, **size)
+            result = search.search(request)
+            assert result.complete
+            for c in result.best:
+                _runs_as_trained(c, request)
+                found.setdefault(name, []).append(c)
+    assert set(found) == set(PRESETS), sorted(found)
+    on_gpus = [c for name in ("a100-40g-10gbe", "h100-80g-ib") for c in found[name]]
+    assert any(c.layout.lifecycle.state_home == "host" for c in on_gpus)
+    assert not any(c.layout.lifecycle.state_home == "host" and c.layout.dp > 1 for c in on_gpus)
+
+
+def test_mt3000_keeps_state_on_the_host_over_replicas():
+    """Its collectives reach the host tier (profile: host_collectives), so nothing refuses it."""
+    request = search.PlanRequest(model=get_preset("tiny"), profile=load_profile("mt3000"),
+                                 devices=4, global_batch=8, seq_len=256, dtype="float16",
+                                 budget=40e6, top=5)
+    refused: list[str] = []
+    laid_out = search.layouts(request, refused)
+    assert any(lay.lifecycle.state_home == "host" and lay.dp > 1 for lay in laid_out)
+    assert not any("NCCL cannot do" in reason for reason in refused)
+
+
+@pytest.mark.parametrize("profile", ["h100-80g-ib", "a100-40g-10gbe"])
+def test_the_search_leaves_out_state_on_the_host_over_replicas_where_nccl_syncs(profile):
+    """Such plans ranked among the best before (tiny, 4 devices: pp=2 dp=2 with the state on
+    the host); the reason is the line training gives."""
+    request = search.PlanRequest(model=get_preset("tiny"), profile=load_profile(profile),
+                                 devices=4, global_batch=8, seq_len=256, dtype="float16",
+                                 budget=40e6, top=5)
+    refused: list[str] = []
+    laid_out = search.layouts(request, refused)
+    assert any(lay.lifecycle.state_home == "host" for lay in laid_out)
+    assert all(lay.dp == 1 for lay in laid_out if lay.lifecycle.state_home == "host")
+    assert any("NCCL cannot do" in reason for reason in refused)
+    best = search.search(request).best
+    assert len(best) == 5
+    for c in best:
+        _runs_as_trained(c, request)
+
+
+def test_simulate_refuses_what_could_not_run_on_the_profile(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "simulate", "--dp", "2", "--global-batch", "16",
+                           "--state-home", "host", "--profile", "h100-80g-ib")
+    assert code == 2 and "which NCCL cannot do" in err and len(err.strip().splitlines()) == 1
+    # made on this CPU (the host is the device's memory), the plan runs here, not on GPUs
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--dp", "2", "--global-batch", "16",
+                           "--state-home", "host", "--out", "p.json")
+    assert code == 0, err
+    code, _, err = run_cli(monkeypatch, capsys, "simulate", "--plan", "p.json", "--global-batch",
+                           "16", "--profile", "cpu-local", "--json")
+    assert code == 0, err
+    code, _, err = run_cli(monkeypatch, capsys, "simulate", "--plan", "p.json", "--global-batch",
+                           "16", "--profile", "h100-80g-ib")
+    assert code == 2 and "which NCCL cannot do" in err
+
+
+def test_a_search_nothing_can_run_in_says_why(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--profile", "cpu-local", "--devices", "4",
+                           "--pp", "4", "--global-batch", "4", "--micro-batch-size", "2")
+    assert code == 2
+    assert err.strip() == ("error: no layout on 4 devices can run: n_micro=2 is fewer than pp=4 "
+                           "stages: 1F1B needs at least as many micro-batches as stages; raise "
+                           "global_batch or lower micro_batch_size/dp")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--shard-state"], "--dp 1 has none to split over"),
+    (["--shard-state", "--dp", "2", "--global-batch", "16", "--state-home", "host"],
+     "cannot be combined with --state-home host"),
+])
+def test_train_refuses_what_the_rule_refuses(monkeypatch, capsys, tmp_path, args, needle):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--no-progress", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_prepare_checks_the_plan_a_file_holds_not_only_the_flags(monkeypatch, capsys, tmp_path):
+    """A plan file without run settings, state on the host over 2 replicas, on GPUs: the
+    config says state on the device, the plan says host; the plan is what would run."""
+    from ratrain import train
+
+    assert run_cli(monkeypatch, capsys, "plan", "--config", _small_file(tmp_path), "--dp", "2",
+                   "--state-home", "host", "--out", "p.json")[0] == 0
+    cfg = _small(tmp_path)
+    cfg.parallel.dp, cfg.parallel.plan_file = 2, str(tmp_path / "p.json")
+    assert train.prepare(cfg, progress=False).state_home == "host"  # on this CPU it runs
+    monkeypatch.setattr(train, "computes_on_cuda", lambda cfg: True)
+    with pytest.raises(UserError, match="which NCCL cannot do"):
+        train.prepare(cfg, progress=False)
+
+
+def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp_path):
+    """prepare builds the plan (or reads the plan file) and the ranks get it: a rank that made
+    its own would build again, or read the file again."""
+    from ratrain import layout, train
+
+    built, read, ranks = [], [], []
+    build = layout.plan_for_config
+    monkeypatch.setattr(train, "plan_for_config",
+                        lambda *a, **k: built.append(1) or build(*a, **k))
+    read_file = layout.read_plan_file
+    monkeypatch.setattr(layout, "read_plan_file", lambda *a: read.append(1) or read_file(*a))
+    monkeypatch.setattr("ratrain.cli.options.read_plan_file", layout.read_plan_file)
+    common = ("--config", _small_file(tmp_path), "--no-progress", "--no-trace")
+    real_rank_main = train.rank_main
+    monkeypatch.setattr(train, "rank_main", lambda *args: ranks.append(args) or False)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--activation", "recompute",
+                           "--run-dir", "a", *common)
+    assert code == 0, err
+    assert len(built) == 1 and ranks[0][-1] == json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert run_cli(monkeypatch, capsys, "plan", "--config", _small_file(tmp_path), "--activation",
+                   "recompute", "--out", "p.json")[0] == 0
+    built.clear()
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", "p.json", "--run-dir", "b",
+                           *common)
+    assert code == 0, err
+    assert len(read) == 1 and not built
+    assert ranks[1][-1] == json.loads((tmp_path / "p.json").read_text())
+    # a rank handed the plan makes none of its own: its engine gets the one handed to it
+    class Handed(Exception):
+        pass
+
+    def engine(cfg, plan, *args, **kwargs):
+        raise Handed(plan)
+
+    monkeypatch.setattr(train, "plan_for", lambda *a: pytest.fail("the rank made a plan"))
+    monkeypatch.setattr(train, "PipelineEngine", engine)
+    with pytest.raises(Handed) as handed:
+        real_rank_main(*ranks[1])
+    assert handed.value.args[0].to_dict() == ranks[1][-1]
