@@ -1,0 +1,234 @@
+"""What costing one stage's program needs (StageSetup) and the sizes and times of its parts
+(StageCosts): compute per unit, state and view bytes, copies, and the named storages of the op
+registry's memory effects; ring collectives in the alpha-beta model. sim/cost_model.py turns
+them into each op's duration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from ratrain.config import ModelConfig
+from ratrain.schedule.ir import Action
+from ratrain.sim import unit_costs as uc
+from ratrain.sim.profile import HardwareProfile, Link
+
+UPDATE_BYTES_PER_PARAM = 28
+"""Fused AdamW reads parameter, gradient and both moments (16 bytes) and writes parameter and
+moments (12) per fp32 parameter."""
+
+
+@dataclass
+class StageSetup:
+    """Everything costing one stage's program needs."""
+
+    profile: HardwareProfile
+    model: ModelConfig
+    micro_batch_size: int
+    seq_len: int
+    dtype: str
+    n_micro: int
+    units: range
+    activation: dict[int, str]  # unit -> keep / recompute / offload
+    view_units: frozenset[int]  # units whose program prefetches a view
+    state_home: str
+    dp: int
+    pp: int
+    p2p_prev: Link | None  # links to the neighbouring stages (None at the ends)
+    p2p_next: Link | None
+    replicas: Link  # the ring of this stage's replicas
+    pipeline: Link  # the ring of one replica's stages
+    clip: bool
+    shard_state: bool = False  # masters and AdamW state sliced over the dp replicas (ZeRO-style)
+
+    @cached_property
+    def shape(self) -> uc.UnitShape:
+        return uc.UnitShape(self.model, self.micro_batch_size, self.seq_len, self.dtype)
+
+    def kind(self, u: int) -> str:
+        return uc.unit_kind(self.model, u)
+
+    def params(self, u: int) -> int:
+        return uc.param_count(self.model, u)
+
+    def shard(self, u: int) -> uc.Shard | None:
+        """Replica 0's shard of unit u's state; None where the state is not sharded."""
+        return uc.shard(self.model, u, self.dp) if self.shard_state else None
+
+
+class StageCosts:
+    def __init__(self, setup: StageSetup):
+        self.s = setup
+        p = setup.profile
+        self.rate = p.rate(setup.dtype).achieved
+        self.measured = p.measured_for(setup.model.name, setup.seq_len, setup.micro_batch_size,
+                                       setup.dtype)
+        self.bandwidth = p.device.memory_bandwidth
+        self.host_link = p.device.host_link
+        self.overhead = p.device.action_overhead_s
+        self._act_bytes = uc.output_bytes(setup.shape, "block")
+
+    # -- compute ------------------------------------------------------------------------------
+
+    def forward(self, u: int, with_grad: bool = True) -> float:
+        kind = self.s.kind(u)
+        if self.measured is not None:
+            times = getattr(self.measured, kind)
+            if not with_grad and kind == "block" and self.measured.block_forward_no_grad_s:
+                return self.measured.block_forward_no_grad_s
+            return times.forward_s
+        shape = self.s.shape
+        return uc.forward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
+
+    def backward(self, u: int) -> float:
+        kind = self.s.kind(u)
+        if self.measured is not None:
+            t = getattr(self.measured, kind).backward_s
+        else:
+            shape = self.s.shape
+            t = uc.backward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
+        if u in self.s.view_units:  # fold the view's gradient into fp32: read both, write one
+            t += 12 * self.s.params(u) / self.bandwidth
+        return t
+
+    def update_params(self, u: int) -> int:
+        """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
+        the S of the replica's shard."""
+        shard = self.s.shard(u)
+        return shard.size if shard else self.s.params(u)
+
+    def update(self, u: int) -> float:
+        scale = 8 if self.s.clip else 0  # the gradient multiplied by the clip/unscale factor
+        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.bandwidth
+
+    def norm_local(self) -> float:
+        return 4 * sum(self.update_params(u) for u in self.s.units) / self.bandwidth
+
+    def norm_replicas(self) -> float:
+        """Sharded: the squared norm summed over the replicas first (a blocking all-reduce of
+        one fp32 scalar inside N); 0 otherwise (every replica has the whole sum)."""
+        return ring(self.s.replicas, 4, self.s.dp) if self.s.shard_state else 0.0
+
+    def grad_sync(self, u: int, link: Link | None = None, dp: int | None = None) -> float:
+        """Unit u's gradient sync (GS) over `link` among `dp` replicas (default: the stage's):
+        an all-reduce, or sharded, a reduce-scatter of the padded gradient."""
+        link, dp = link or self.s.replicas, dp or self.s.dp
+        if self.s.shard_state:
+            return ring_half(link, self.grad_sync_bytes(u), dp)
+        return ring(link, self.grad_sync_bytes(u), dp)
+
+    def gather(self, u: int, link: Link | None = None) -> float:
+        """Sharded P u: cast the replica's fp32 slice into its slot of the view (read 4 S,
+        write elt S), then all-gather the view over the replicas."""
+        shard = self.s.shard(u)
+        cast = (4 + self.s.shape.elt) * shard.size / self.bandwidth
+        return cast + ring_half(link or self.s.replicas, self.view_bytes(u), self.s.dp)
+
+    # -- bytes --------------------------------------------------------------------------------
+
+    def view_bytes(self, u: int) -> int:
+        """The compute view: the unit's parameters in the compute dtype; sharded, the flat
+        gathered buffer of N_pad elements (the parameters are views into it)."""
+        shard = self.s.shard(u)
+        return (shard.padded if shard else self.s.params(u)) * self.s.shape.elt
+
+    def copy_time(self, nbytes: float) -> float:
+        """Host<->device copy; without a host link, an in-memory copy (read + write)."""
+        if self.host_link is None:
+            return 2 * nbytes / self.bandwidth
+        return self.host_link.time(nbytes)
+
+    def act_bytes(self) -> int:
+        return self._act_bytes
+
+    def grad_sync_bytes(self, u: int) -> int:
+        shard = self.s.shard(u)
+        return 4 * (shard.padded if shard else self.s.params(u))
+
+    # -- memory: the executor's ledger calls, on named storages -------------------------------
+
+    def state_owners(self) -> list[tuple[tuple, str, tuple, int]]:
+        """What a stage holds from one step to the next: each unit's unit_state_owners."""
+        return [owner for u in self.s.units for owner in self.unit_state_owners(u)]
+
+    def unit_state_owners(self, u: int) -> list[tuple[tuple, str, tuple, int]]:
+        """A unit's masters, fp32 gradients and AdamW state (from the first update on).
+        Sharded: the slice's masters, the full accumulation buffer plus the shard's gradient,
+        AdamW over the slice's pieces (one 1-D parameter per tensor it intersects)."""
+        shard = self.s.shard(u)
+        if shard:
+            masters, gradients = 4 * shard.size, 4 * (shard.padded + shard.size)
+            optimizer = 8 * shard.real + 4 * shard.pieces
+        else:
+            n = self.s.params(u)
+            masters = gradients = 4 * n
+            optimizer = 8 * n + 4 * uc.param_tensors(self.s.model, self.s.kind(u))
+        return [(("masters", u), "masters", ("master", u), masters),
+                (("gradients", u), "gradients", ("gradbuf", u), gradients),
+                (("optimizer", u), "optimizer", ("optim", u), optimizer)]
+
+    def storages(self, name: str, a: Action) -> list[tuple[tuple, int]]:
+        """A storage name of the op registry's memory effects (schedule/ops.py), for action
+        `a`, as (storage key, bytes): what the executor binds to real tensors."""
+        u, mb = a.unit, a.mb
+        if name == "kept":
+            return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
+        if name == "saved":
+            return self.saved_storages(u, mb)
+        if name == "saved_host":
+            return self.saved_storages(u, mb, "host")
+        if name == "saved_reloaded":
+            return self.saved_storages(u, mb, "reloaded")
+        if name == "input":
+            return [self.input_storage(u, mb)]
+        if name == "output":
+            return [self.output_storage(u, mb)]
+        if name == "received":
+            return [(("out", u, mb), self.act_bytes())]
+        if name == "output_grad":
+            return [(("grad", u, mb), self.act_bytes())]
+        if name == "input_grad":
+            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
+        if name == "view":
+            return [(("view", u), self.view_bytes(u))]
+        raise KeyError(f"no size for storage {name!r} of {a}")
+
+    def tokens_bytes(self) -> int:
+        """The loader gives a step's micro-batches as views of one int64 tensor."""
+        return self.s.n_micro * self.s.shape.tokens * 8
+
+    def input_storage(self, u: int, mb: int) -> tuple[tuple, int]:
+        if u == 0:
+            return ("tokens",), self.tokens_bytes()
+        return ("out", u - 1, mb), uc.output_bytes(self.s.shape, "block")
+
+    def output_storage(self, u: int, mb: int) -> tuple[tuple, int]:
+        return ("out", u, mb), uc.output_bytes(self.s.shape, self.s.kind(u))
+
+    def saved_storages(self, u: int, mb: int, tag: str = "saved") -> list[tuple[tuple, int]]:
+        """What unit u's forward on mb saves, as storages. The cached rotary tables and the
+        targets are shared by every micro-batch on the device; a copy to the host or back
+        (tag "host", "reloaded") is each micro-batch's own."""
+        shape, kind = self.s.shape, self.s.kind(u)
+        shared = tag == "saved"
+        out = [((tag, u, mb), uc.saved_bytes(shape, kind))]
+        if uc.table_bytes(shape, kind):
+            out.append((("rope",) if shared else (tag, u, mb, "rope"), uc.table_bytes(shape, kind)))
+        if kind == "head":  # views of the step's one int64 tensor of targets, like the inputs
+            out.append((("targets",) if shared else (tag, u, mb, "targets"), self.tokens_bytes()))
+        return out
+
+
+def ring(link: Link, nbytes: float, n: int) -> float:
+    """Ring all-reduce of `nbytes` over n ranks: 2(n-1) steps of nbytes/n each."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency
+
+
+def ring_half(link: Link, nbytes: float, n: int) -> float:
+    """Ring reduce-scatter, or all-gather, of `nbytes` (the whole) over n ranks: n-1 steps of
+    nbytes/n each (half an all-reduce)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
