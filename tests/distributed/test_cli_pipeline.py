@@ -56,9 +56,10 @@ def test_torchrun_needs_a_run_dir(corpus, tmp_path):
 
 
 def _peaks(stdout: str) -> tuple[list[float], list[float]]:
-    """(ledger MiB, RSS growth MiB) per stage from the run's last line."""
-    line = stdout.strip().splitlines()[-1]
-    assert line.startswith("peak memory held (ledger): "), stdout
+    """(ledger MiB, RSS growth MiB) per stage from the run's memory line."""
+    lines = [x for x in stdout.splitlines() if x.startswith("peak memory held (ledger): ")]
+    assert len(lines) == 1, stdout
+    line = lines[0]
     found = re.findall(r"stage \d+: ([\d.]+) MiB \(RSS \+([\d.]+) MiB\)", line)
     return [float(a) for a, _ in found], [float(b) for _, b in found]
 

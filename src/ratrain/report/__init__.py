@@ -39,10 +39,7 @@ def write_report(run_dir: str | Path, profile: str | None = None,
     sim = simulate_run(run, profile)
     memory = plot_memory(run, sim, out / "memory.png")
     if memory:
-        pictures.append(("Memory per stage", memory,
-                         "What the executor's ledger held at its peak, by kind; the simulator's "
-                         "prediction of it (hatched); what the process measured; the plan's "
-                         "budget."))
+        pictures.append(("Memory per stage", memory, _memory_caption(run, sim)))
     timeline_times = None
     measured = measured_step(run.trace) if run.trace else None
     if measured is None:
@@ -69,6 +66,21 @@ def write_report(run_dir: str | Path, profile: str | None = None,
     return Report(page, [p for _, p, _ in pictures], table, run.notes)
 
 
+def _memory_caption(run, sim) -> str:
+    parts = []
+    if run.summary.get("ledger_at_peak_by_kind_per_rank"):
+        parts.append("what the executor's memory ledger held at its peak, by kind")
+    if sim:
+        parts.append(f"the simulator's prediction of it (hatched) and of the RSS growth "
+                     f"(dashed), on {sim[1]}")
+    parts.append("what the process measured (CPU: its peak resident set over its size before "
+                 "the first step; CUDA: max_memory_allocated)")
+    if run.budget_bytes:
+        parts.append("the plan's memory budget")
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
+
+
 def _measured_step_time(run, index: int | None, step) -> float:
     """The traced step's time as the loop measured it (metrics.jsonl), else its trace's span;
     without a trace, the mean of the steps after the first."""
@@ -78,4 +90,4 @@ def _measured_step_time(run, index: int | None, step) -> float:
                 return row["step_time_s"]
         return step.duration
     times = [r["step_time_s"] for r in run.metrics[1:] or run.metrics if r.get("step_time_s")]
-    return sum(times) / len(times)
+    return sum(times) / len(times) if times else float("nan")
