@@ -91,6 +91,8 @@ def simulate_run(run: Run, given_profile: str | None):
     from ratrain.sim.profile import load_profile
     from ratrain.sim.simulator import simulate
 
+    if given_profile:
+        load_profile(given_profile)  # a profile asked for by name that does not load: say so
     try:
         hw = load_profile(spec)
         t = run.cfg.train
