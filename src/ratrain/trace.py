@@ -80,19 +80,19 @@ class Tracer:
         return [tuple(s) for _, spans in self._steps for s in spans if s[3] is not None]
 
 
-def _lanes(spans: list[Event]) -> list[int]:
-    """Lane of each span such that spans in one lane never overlap (greedy, by start time):
-    overlapping spans on one track would be drawn as if nested."""
+def lanes(intervals: list[tuple[float, float]]) -> list[int]:
+    """Lane of each (start, end) interval such that intervals in one lane never overlap
+    (greedy, by start time): overlapping spans on one track would be drawn as if nested."""
     ends: list[float] = []
-    lanes = [0] * len(spans)
-    for i in sorted(range(len(spans)), key=lambda i: spans[i][2]):
-        t0, t1 = spans[i][2], spans[i][3]
+    out = [0] * len(intervals)
+    for i in sorted(range(len(intervals)), key=lambda i: intervals[i][0]):
+        t0, t1 = intervals[i]
         lane = next((k for k, end in enumerate(ends) if end <= t0), len(ends))
         if lane == len(ends):
             ends.append(t1)
         ends[lane] = t1
-        lanes[i] = lane
-    return lanes
+        out[i] = lane
+    return out
 
 
 def _span(name: str, rank: int, tid: int, step: int, t0: float, t1: float) -> dict:
@@ -116,11 +116,11 @@ def chrome_trace(events_by_rank: dict[int, list[Event]], labels: dict[int, str],
         out.append(_meta("thread_name", rank, 0, {"name": "actions"}))
         out += [_span(name, rank, 0, step, t0, t1) for step, name, t0, t1 in events]
         spans = (async_by_rank or {}).get(rank, [])
-        lanes = _lanes(spans)
-        for lane in sorted(set(lanes)):
+        span_lanes = lanes([(t0, t1) for _, _, t0, t1 in spans])
+        for lane in sorted(set(span_lanes)):
             out.append(_meta("thread_name", rank, lane + 1, {"name": f"async {lane + 1}"}))
         out += [_span(name, rank, lane + 1, step, t0, t1)
-                for (step, name, t0, t1), lane in zip(spans, lanes)]
+                for (step, name, t0, t1), lane in zip(spans, span_lanes)]
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratrain.report.figure import DPI, pyplot, save
+from ratrain.trace import lanes as trace_lanes
 
 # op code (schedule/ir.py) -> kind; a wait ("W" + a start's code) takes its start's kind
 KIND_OF_OP = {"F": "forward", "B": "backward", "R": "recompute",
@@ -84,17 +85,8 @@ def simulated_step(result, profile_name: str) -> Step:
 
 
 def lanes(spans: list[Span]) -> list[int]:
-    """A lane for each span such that spans of one lane do not overlap (greedy by start)."""
-    ends: list[float] = []
-    out = [0] * len(spans)
-    for i in sorted(range(len(spans)), key=lambda i: spans[i][1]):
-        _, t0, t1 = spans[i]
-        lane = next((k for k, end in enumerate(ends) if end <= t0), len(ends))
-        if lane == len(ends):
-            ends.append(t1)
-        ends[lane] = t1
-        out[i] = lane
-    return out
+    """A lane for each span such that spans of one lane do not overlap (trace.lanes)."""
+    return trace_lanes([(t0, t1) for _, t0, t1 in spans])
 
 
 def _draw(ax, step: Step, x_max: float) -> set[str]:
