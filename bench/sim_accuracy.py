@@ -13,7 +13,13 @@ RSS growth (metrics.jsonl; RSS: median over rounds). Predicted: the simulated st
 time; per stage the simulated ledger peak, and the RSS growth it implies (RankTimeline.rss_growth:
 the ledger's growth from before the first step plus the profile's process overhead). The error of each is (predicted - measured) / measured.
 
-    python bench/sim_accuracy.py [--profile FILE] [--steps 10] [--rounds 2] [--link 200mbit] [--out bench/results/sim_accuracy.json]
+Two sets of configurations: `in`, the shape the profile measured (tiny, 256 tokens, micro-batches
+of 2), whose unit times the simulator reads; `out`, shapes it did not measure (the `small` and
+`tiny-gqa` presets, 64 to 512 tokens, micro-batches of 1 and 4, an uneven partition, three
+stages, per-stage recompute, sharded state, the slow link), priced from FLOPs and the profile's
+rates: the simulator out of sample.
+
+    python bench/sim_accuracy.py [--set in|out|all] [--profile FILE] [--steps 10] [--rounds 2] [--link 200mbit] [--out bench/results/sim_accuracy.json]
 """
 
 from __future__ import annotations
@@ -41,30 +47,67 @@ sys.path.insert(0, str(ROOT / "bench"))
 from peers import machine  # noqa: E402
 from two_nodes import LinkUnavailable, TwoNodes, parse_rate  # noqa: E402
 
-# (label, pp, dp, global batch, policy, activation per stage, over the link)
-CONFIGS = [
-    ("1x1 keep", 1, 1, 8, "ratrain", ["keep"], False),
-    ("2x1 keep", 2, 1, 8, "ratrain", ["keep"] * 2, False),
-    ("2x1 keep, 8 micro", 2, 1, 16, "ratrain", ["keep"] * 2, False),
-    ("2x1 baseline", 2, 1, 8, "baseline", ["keep"] * 2, False),
-    ("2x1 recompute", 2, 1, 8, "ratrain", ["recompute"] * 2, False),
-    ("2x1 recompute,keep", 2, 1, 8, "ratrain", ["recompute", "keep"], False),
-    ("1x2 ratrain", 1, 2, 8, "ratrain", ["keep"], False),
-    ("1x2 baseline", 1, 2, 8, "baseline", ["keep"], False),
-    ("2x2 ratrain", 2, 2, 16, "ratrain", ["keep"] * 2, False),
-    ("4x1 keep", 4, 1, 8, "ratrain", ["keep"] * 4, False),
-    ("1x2 ratrain, link", 1, 2, 8, "ratrain", ["keep"], True),
-    ("1x2 baseline, link", 1, 2, 8, "baseline", ["keep"], True),
+MODEL, SEQ, MICRO = "tiny", 256, 2  # the shape `ratrain profile` measures
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    label: str
+    pp: int
+    dp: int
+    global_batch: int
+    policy: str = "ratrain"
+    activation: tuple[str, ...] = ("keep",)  # one per stage
+    linked: bool = False  # two nodes over the rate-limited link
+    model: str = MODEL
+    seq: int = SEQ
+    micro: int = MICRO
+    units_per_stage: tuple[int, ...] | None = None
+    shard_state: bool = False
+
+
+# The profiled shape: the simulator reads its measured unit times.
+IN_SAMPLE = [
+    Config("1x1 keep", 1, 1, 8),
+    Config("2x1 keep", 2, 1, 8, activation=("keep",) * 2),
+    Config("2x1 keep, 8 micro", 2, 1, 16, activation=("keep",) * 2),
+    Config("2x1 baseline", 2, 1, 8, "baseline", ("keep",) * 2),
+    Config("2x1 recompute", 2, 1, 8, activation=("recompute",) * 2),
+    Config("2x1 recompute,keep", 2, 1, 8, activation=("recompute", "keep")),
+    Config("1x2 ratrain", 1, 2, 8),
+    Config("1x2 baseline", 1, 2, 8, "baseline"),
+    Config("2x2 ratrain", 2, 2, 16, activation=("keep",) * 2),
+    Config("4x1 keep", 4, 1, 8, activation=("keep",) * 4),
+    Config("1x2 ratrain, link", 1, 2, 8, linked=True),
+    Config("1x2 baseline, link", 1, 2, 8, "baseline", linked=True),
 ]
-MODEL, SEQ, MICRO = "tiny", 256, 2
+# Shapes the profile did not measure (other presets, sequence lengths, micro-batch sizes): the
+# simulator prices them from FLOPs and the profile's rates.
+OUT_OF_SAMPLE = [
+    Config("small 1x1 s128 mb1", 1, 1, 4, model="small", seq=128, micro=1),
+    Config("small 2x1 s128 mb1 recompute,keep", 2, 1, 8, activation=("recompute", "keep"),
+           model="small", seq=128, micro=1),
+    Config("small 2x1 s64 mb4 baseline", 2, 1, 16, "baseline", ("keep",) * 2, model="small",
+           seq=64, micro=4),
+    Config("tiny 3x1 s512 mb1 uneven 1,3,2", 3, 1, 6, activation=("keep",) * 3, seq=512,
+           micro=1, units_per_stage=(1, 3, 2)),
+    Config("tiny 4x1 s512 mb1 recompute", 4, 1, 8, activation=("recompute",) * 4, seq=512,
+           micro=1),
+    Config("tiny 2x2 s128 mb4 sharded", 2, 2, 32, activation=("keep",) * 2, seq=128, micro=4,
+           shard_state=True),
+    Config("tiny-gqa 1x2 s384 mb2 sharded", 1, 2, 8, model="tiny-gqa", seq=384,
+           shard_state=True),
+    Config("small 1x2 s128 mb2 ratrain, link", 1, 2, 8, linked=True, model="small", seq=128),
+]
+SETS = {"in": IN_SAMPLE, "out": OUT_OF_SAMPLE, "all": IN_SAMPLE + OUT_OF_SAMPLE}
 
 
-def _config(pp: int, dp: int, global_batch: int, steps: int) -> RunConfig:
-    cfg = RunConfig(model=get_preset(MODEL))
+def _config(c: Config, steps: int) -> RunConfig:
+    cfg = RunConfig(model=get_preset(c.model))
     t = cfg.train
-    t.seq_len, t.global_batch, t.micro_batch_size = SEQ, global_batch, MICRO
+    t.seq_len, t.global_batch, t.micro_batch_size = c.seq, c.global_batch, c.micro
     t.steps, t.eval_batches, t.checkpoint_every, t.warmup_steps = steps, 0, 0, 0
-    cfg.parallel.pp, cfg.parallel.dp = pp, dp
+    cfg.parallel.pp, cfg.parallel.dp = c.pp, c.dp
     return cfg
 
 
@@ -96,10 +139,12 @@ def _over_link(profile, rate_bits: float, world: int):
                                inter_node=LinkClass(p2p=link, collective=link))
 
 
-def _plan(cfg: RunConfig, policy: str, activation: list[str]):
+def _plan(cfg: RunConfig, c: Config):
     p = cfg.parallel
-    return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, policy=policy,
-                      activation=activation if p.pp > 1 else activation[0])
+    return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, policy=c.policy,
+                      activation=list(c.activation) if p.pp > 1 else c.activation[0],
+                      units_per_stage=list(c.units_per_stage) if c.units_per_stage else None,
+                      shard_state=c.shard_state, view_window=0 if c.shard_state else None)
 
 
 def _per_stage(per_rank: list, pp: int, dp: int) -> list:
@@ -113,6 +158,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
+    ap.add_argument("--set", choices=SETS, default="all",
+                    help="in: the profiled shape; out: shapes the profile did not measure")
     ap.add_argument("--only", help="comma-separated labels to run")
     ap.add_argument("--out", default=str(ROOT / "bench/results/sim_accuracy.json"))
     args = ap.parse_args()
@@ -125,15 +172,16 @@ def main() -> None:
                             "--seq-len", str(SEQ), "--micro-batch-size", str(MICRO),
                             "--out", profile_path], check=True)
         profile = load_profile(profile_path)
-        configs = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
-        runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
+        configs = [c for c in SETS[args.set] if not args.only or c.label in args.only.split(",")]
+        runs: dict[str, list[dict]] = {c.label: [] for c in configs}
         for r in range(args.rounds):  # alternate the order: a shared machine's drift hits all
-            for label, pp, dp, gb, policy, activation, linked in (configs if r % 2 == 0 else configs[::-1]):
-                cfg = _config(pp, dp, gb, args.steps)
-                plan = _plan(cfg, policy, activation)
-                work = tmp / f"{label.replace(' ', '_')}-{r}"
+            for c in (configs if r % 2 == 0 else configs[::-1]):
+                label = c.label
+                cfg = _config(c, args.steps)
+                plan = _plan(cfg, c)
+                work = tmp / f"{label.replace(' ', '_').replace(',', '_')}-{r}"
                 try:
-                    if linked:
+                    if c.linked:
                         with TwoNodes(args.link) as nodes:
                             runs[label].append(_measure(cfg, plan, work, nodes))
                     else:
@@ -144,20 +192,24 @@ def main() -> None:
                 print(f"round {r + 1}: {label}: {runs[label][-1]['step_time_s']:.3f} s",
                       file=sys.stderr, flush=True)
         rows = []
-        for label, pp, dp, gb, policy, activation, linked in configs:
+        for c in configs:
+            label, pp, dp = c.label, c.pp, c.dp
             if not runs[label]:
                 continue
-            cfg = _config(pp, dp, gb, args.steps)
-            plan = _plan(cfg, policy, activation)
-            used = _over_link(profile, parse_rate(args.link), pp * dp) if linked else profile
-            sim = simulate(plan, cfg.model, used, micro_batch_size=MICRO, seq_len=SEQ)
+            cfg = _config(c, args.steps)
+            plan = _plan(cfg, c)
+            used = _over_link(profile, parse_rate(args.link), pp * dp) if c.linked else profile
+            sim = simulate(plan, cfg.model, used, micro_batch_size=c.micro, seq_len=c.seq)
             got = runs[label]
             ledger = _per_stage(got[0]["ledger"], pp, dp)
             rss = ([statistics.median(_per_stage(g["rss_growth"], pp, dp)[s] for g in got)
                     for s in range(pp)] if got[0]["rss_growth"] else None)
             rows.append({
-                "config": label, "pp": pp, "dp": dp, "n_micro": cfg.n_micro, "policy": policy,
-                "activation": activation, "link": args.link if linked else None,
+                "config": label, "pp": pp, "dp": dp, "n_micro": cfg.n_micro, "policy": c.policy,
+                "activation": list(c.activation), "link": args.link if c.linked else None,
+                "model": c.model, "seq_len": c.seq, "micro_batch_size": c.micro,
+                "units_per_stage": c.units_per_stage, "shard_state": c.shard_state,
+                "in_sample": c in IN_SAMPLE,
                 "step_time_s": {"predicted": sim.step_time,
                                 "measured": statistics.median(g["step_time_s"] for g in got),
                                 "measured_per_round": [g["step_time_s"] for g in got]},
@@ -168,8 +220,9 @@ def main() -> None:
                 "predicted_bubble": sim.bubble,
             })
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
-              "profile": profile.to_dict(), "model": MODEL, "seq_len": SEQ,
-              "micro_batch_size": MICRO, "rows": rows}
+              "profile": profile.to_dict(), "profiled": {"model": MODEL, "seq_len": SEQ,
+                                                         "micro_batch_size": MICRO},
+              "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(result))
 
@@ -182,11 +235,11 @@ def table(result: dict) -> str:
     head = ["config", "n_micro", "step predicted (s)", "measured (s)", "error",
             "stage: ledger predicted / measured MiB (error)", "RSS growth predicted / measured MiB (error)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    errors = []
+    errors: dict[str, list[float]] = {"in sample": [], "out of sample": []}
     for row in result["rows"]:
         st = row["step_time_s"]
         e = _err(st["predicted"], st["measured"])
-        errors.append(abs(e))
+        errors["in sample" if row.get("in_sample", True) else "out of sample"].append(abs(e))
         led, rss = row["ledger_bytes"], row["rss_growth_bytes"]
         mib = 2 ** 20
         ledger_cells = "; ".join(
@@ -197,9 +250,10 @@ def table(result: dict) -> str:
             for s, (p, m) in enumerate(zip(rss["predicted"], rss["measured"])))
         lines.append(f"| {row['config']} | {row['n_micro']} | {st['predicted']:.3f} | "
                      f"{st['measured']:.3f} | {e:+.1%} | {ledger_cells} | {rss_cells} |")
-    if errors:
-        lines.append(f"\nstep time: median |error| {statistics.median(errors):.1%}, "
-                     f"largest {max(errors):.1%}")
+    for which, errs in errors.items():
+        if errs:
+            lines.append(f"\nstep time {which}: median |error| {statistics.median(errs):.1%}, "
+                         f"largest {max(errs):.1%}")
     return "\n".join(lines)
 
 

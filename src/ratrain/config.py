@@ -16,7 +16,7 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
-from ratrain.schedule.plan import ACTIVATIONS, STATE_HOMES
+from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, STATE_HOMES
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
@@ -133,7 +133,7 @@ class ParallelConfig:
     pp: int = 1
     dp: int = 1
     policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
-    schedule: str = "1f1b"  # "1f1b" or "gpipe"
+    schedule: str = "1f1b"  # a name in schedule.plan.SCHEDULES
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
@@ -157,8 +157,9 @@ class ParallelConfig:
             raise UserError(f"unknown policy {self.policy!r}; available: ratrain, baseline")
         if self.rank_order not in ("pp-dp", "dp-pp"):
             raise UserError(f"unknown rank order {self.rank_order!r}; available: pp-dp, dp-pp")
-        if self.schedule not in ("1f1b", "gpipe"):
-            raise UserError(f"unknown schedule {self.schedule!r}; available: 1f1b, gpipe")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"unknown schedule {self.schedule!r}; available: "
+                            f"{', '.join(SCHEDULES)}")
         policies = self.activation_per_stage
         if any(a not in ACTIVATIONS for a in policies):
             raise UserError(f"activation policy must be one of {', '.join(ACTIVATIONS)} (or one per "

@@ -2,7 +2,9 @@
 (sim/profile.py) that the simulator takes as is. This module starts the measuring processes
 (their code: profiling_ranks.py) and turns their results into the profile and its table.
 
-Everything is measured under the load training puts on the machine: `ranks` local processes of
+The whole measurement runs `repeats` times; the profile holds each figure's median and names in
+its notes the figures that did not repeat (sim/profile_repeats.py). Each time, everything is
+measured under the load training puts on the machine: `ranks` local processes of
 one thread each (launch_local), started together behind a barrier before each measurement, each
 taking the median of its repeats after warm-ups; the profile holds the median over the ranks.
 
@@ -34,6 +36,7 @@ import statistics
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -47,8 +50,10 @@ from ratrain.runtime.launch import launch_local
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
                                  MeasuredShape, UnitTimes)
+from ratrain.sim.profile_repeats import combine
 from ratrain.sim.unit_costs import UnitShape, backward_flops, forward_flops
 
+REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted
 N_MICRO = 4  # micro-batches of the traced executor steps
 ALONE_BLOCKS = 4  # decoder blocks of the stage a single process measures (tiny: the whole model)
 INTER_NODE_NOTE = "not measured: the local loopback figures; set them for your network"
@@ -89,17 +94,25 @@ def default_out() -> Path:
 
 
 def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
-            dtype: str = "float32", ranks: int | None = None) -> HardwareProfile:
-    """Measure this machine (about 15 s for the defaults on 2 CPU cores)."""
+            dtype: str = "float32", ranks: int | None = None, repeats: int = REPEATS,
+            progress: Callable[[str], None] = lambda line: None) -> HardwareProfile:
+    """Measure this machine `repeats` times (about 15 s each for the defaults on 2 CPU cores)
+    and combine them (sim/profile_repeats.py): every figure's median, and in the notes the
+    figures that did not repeat."""
     cfg = profile_config(model, seq_len, micro_batch_size, dtype)
     on_cuda = torch.cuda.is_available()
     ranks = default_ranks(on_cuda) if ranks is None else ranks
     _require_positive("--ranks", ranks)
-    with tempfile.TemporaryDirectory(prefix="ratrain-profile-") as tmp:
-        per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
-        alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"))[0]
-        links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
-    return _build_profile(cfg, model, ranks, on_cuda, per_rank, links, alone)
+    _require_positive("--repeats", repeats)
+    measured = []
+    for i in range(repeats):
+        progress(f"measuring {i + 1}/{repeats}")
+        with tempfile.TemporaryDirectory(prefix="ratrain-profile-") as tmp:
+            per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
+            alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"))[0]
+            links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
+        measured.append(_build_profile(cfg, model, ranks, on_cuda, per_rank, links, alone))
+    return combine(measured, LINK_SIZES)
 
 
 def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:
@@ -312,46 +325,3 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                                            f"{dtype}'s, not measured for float32")
     return notes
 
-
-# --- the table -----------------------------------------------------------------------------------
-
-
-def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
-    """What `ratrain profile` prints: (header, rows) of its measured figures."""
-    d, m = profile.device, profile.measured[0]
-    rows = [[f"{kind} forward / backward",
-             f"{_fmt_s(getattr(m, kind).forward_s)} / {_fmt_s(getattr(m, kind).backward_s)}"]
-            for kind in KINDS]
-    rows.append(["block forward, no grad", _fmt_s(m.block_forward_no_grad_s)])
-    for dtype, rate in d.compute.items():
-        rows.append([f"peak {dtype} (matmul)", _fmt_rate(rate.peak_flops, "FLOP/s")])
-    rows.append([f"block efficiency ({m.dtype})", f"{d.compute[m.dtype].efficiency:.2f}"])
-    rows.append(["memory bandwidth (AdamW)", _fmt_rate(d.memory_bandwidth, "B/s")])
-    if d.host_link:
-        rows.append(["host link", _fmt_link(d.host_link)])
-    rows.append(["link p2p", _fmt_link(profile.intra_node.p2p)])
-    rows.append(["link all_reduce (per hop)", _fmt_link(profile.intra_node.collective)])
-    rows.append(["action overhead", _fmt_s(d.action_overhead_s)])
-    rows.append(["compute slowdown, all cores busy", f"{d.contention:.0%}"])
-    rows.append(["process memory beyond the ledger",
-                 f"{d.process_overhead_bytes / 2**20:.1f} MiB + {d.process_overhead_per_byte:.2f} x its growth"])
-    rows.append(["memory per device", f"{d.memory_bytes / 2**30:.1f} GiB"])
-    return ["figure", "value"], rows
-
-
-def _fmt_s(s: float) -> str:
-    for scale, unit in ((1, "s"), (1e-3, "ms")):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s * 1e6:.3g} us"
-
-
-def _fmt_rate(x: float, unit: str) -> str:
-    for scale, prefix in ((1e12, "T"), (1e9, "G")):
-        if x >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x / 1e6:.3g} M{unit}"
-
-
-def _fmt_link(link: Link) -> str:
-    return f"{_fmt_rate(link.bandwidth, 'B/s')} + {_fmt_s(link.latency)}"

@@ -38,24 +38,15 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if global_batch % dp or (global_batch // dp) % micro_batch_size:
         return (f"global batch {global_batch} does not split into dp={dp} replicas of whole "
                 f"micro-batches of {micro_batch_size}")
-    n_micro = global_batch // (dp * micro_batch_size)
-    if n_micro < pp:
-        name = SCHEDULE_NAMES.get(schedule, schedule)
-        return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
-                f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
+    reason = micro_batch_refusal(global_batch // (dp * micro_batch_size), pp, schedule)
+    if reason:
+        return reason
     if tie_embeddings and pp > 1:
         return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
                 "(pipelined tied embeddings are not supported yet)")
-    if shard_state:
-        if dp < 2:
-            return ("--shard-state splits the masters and optimizer state over data-parallel "
-                    f"replicas; --dp {dp} has none to split over")
-        if state_home != "device":
-            return ("sharded state (--shard-state) lives on the device; it cannot be combined "
-                    f"with --state-home {state_home}")
-        if view_window is None:
-            return ("sharded state needs compute views (the gathered weights): view_window must "
-                    "be 0 (resident) or a window >= 1, not None")
+    reason = sharding_refusal(shard_state, dp, state_home, view_window)
+    if reason:
+        return reason
     if host_collectives is None:
         host_collectives = not host_is_separate
     if state_home == "host" and dp > 1 and host_is_separate and not host_collectives:
@@ -67,6 +58,34 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if dtype == "float16" and not clip:
         return ("float16 needs the global gradient norm in the programs (N, WN) to detect an "
                 "overflow on any stage; build the plan with clip")
+    return None
+
+
+def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | None:
+    """A pipeline schedule fills every stage only with at least as many micro-batches as stages."""
+    if n_micro >= pp:
+        return None
+    name = SCHEDULE_NAMES.get(schedule, schedule)
+    return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
+            f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
+
+
+def sharding_refusal(shard_state: bool, dp: int, state_home: str,
+                     view_window: int | None) -> str | None:
+    """Sharded state splits each unit's masters over the replicas: it needs more than one, the
+    state on the device (the collectives run where the state lives; NCCL only on the device),
+    and compute views (the gathered weights) in the programs."""
+    if not shard_state:
+        return None
+    if dp < 2:
+        return ("--shard-state splits the masters and optimizer state over data-parallel "
+                f"replicas; --dp {dp} has none to split over")
+    if state_home != "device":
+        return ("sharded state (--shard-state) lives on the device; it cannot be combined "
+                f"with --state-home {state_home}")
+    if view_window is None:
+        return ("sharded state needs compute views (the gathered weights): view_window must "
+                "be 0 (resident) or a window >= 1, not None")
     return None
 
 

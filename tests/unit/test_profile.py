@@ -13,8 +13,9 @@ import yaml
 
 from ratrain import profiling
 from ratrain.errors import UserError
-from ratrain.sim.profile import (PRESET_DIR, HardwareProfile, MeasuredShape, UnitTimes,
+from ratrain.sim.profile import (PRESET_DIR, HardwareProfile, Link, MeasuredShape, UnitTimes,
                                  load_profile, presets)
+from ratrain.sim.profile_repeats import combine, spread, unstable
 
 from .cli_runner import run_cli
 
@@ -180,6 +181,7 @@ def test_contention_is_the_median_slowdown_over_alone():
     (["--seq-len", "4096"], "exceeds the model's max_seq_len 1024"),
     (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
     (["--ranks", "0"], "--ranks must be >= 1"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_profile_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, needle):
     out = tmp_path / "p.yaml"
@@ -194,9 +196,10 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     out = tmp_path / "sub" / "measured.yaml"
     code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--model", "tiny",
                                 "--seq-len", "32", "--micro-batch-size", "1", "--ranks", "2",
-                                "--out", str(out))
+                                "--repeats", "2", "--out", str(out))
     assert code == 0, err
     assert f"wrote {out}" in stdout and "block forward / backward" in stdout
+    assert "measuring 2/2" in err and "stability: 2 repeats" in stdout
     profile = load_profile(str(out))
     assert len(profile.measured) == 1
     m = profile.measured_for("tiny", 32, 1, "float32")
@@ -227,13 +230,50 @@ def test_profile_json_and_default_out(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     asked = {}
 
-    def fake_measure(*args):
+    def fake_measure(*args, **kwargs):
         asked["args"] = args
         return _fake_profile()
 
     monkeypatch.setattr(profiling, "measure", fake_measure)
     code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--json")
     assert code == 0, err
-    assert asked["args"] == ("tiny", 256, 2, "float32", None)  # the defaults
+    assert asked["args"] == ("tiny", 256, 2, "float32", None, 3)  # the defaults
     assert json.loads(stdout) == _fake_profile().to_dict()
     assert load_profile(str(profiling.default_out())).to_dict() == _fake_profile().to_dict()
+
+
+# --- repeated measurements -----------------------------------------------------------------------
+
+
+def _repeat(block_backward: float, contention: float, latency: float, bandwidth: float):
+    profile = _fake_profile()
+    profile.measured[0].block = UnitTimes(1e-3, block_backward)
+    profile.device.contention = contention
+    profile.intra_node.p2p = Link(bandwidth, latency)
+    return profile
+
+
+def test_repeats_combine_into_medians_and_name_what_did_not_repeat():
+    sizes = [4096.0, 1 << 20]
+    repeats = [_repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(2.1e-3, 0.35, 140e-6, 2.2e9),
+               _repeat(2.05e-3, 0.03, 120e-6, 2.1e9)]
+    combined = combine(repeats, sizes)
+    assert combined.measured[0].block.backward_s == 2.05e-3
+    assert combined.intra_node.p2p == Link(2.1e9, 120e-6)  # one fit, not a mix of two
+    # contention moved the slowdown by 32%: named and not applied; the block by 5%: kept
+    note = combined.notes["stability"]
+    assert combined.device.contention == 0.0
+    assert "device.contention spread 32% (0.02, 0.35, 0.03): not applied" in note
+    assert "block" not in note
+    # the link predicts 4 KiB in 102-142 us (a 33% spread): named, its median fit used
+    assert "intra_node.p2p spread" in note
+    bad = unstable([r.to_dict() for r in repeats], sizes)
+    assert set(bad) == {"device.contention", "intra_node.p2p"}
+
+
+def test_repeats_that_agree_say_so():
+    repeats = [_repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(2.02e-3, 0.03, 101e-6, 2e9)]
+    combined = combine(repeats, [4096.0])
+    assert combined.device.contention == 0.02
+    assert combined.notes["stability"] == "2 repeats: every figure within 10% of its median"
+    assert spread([0.0, 0.0]) == 0.0 and spread([1.0, 2.0, 3.0]) == 1.0

@@ -235,8 +235,8 @@ def test_baseline_and_ratrain_refuse_or_build_as_documented():
     (dict(unit_activation={6: "keep"}), "unit_activation names unit 6, .* units 0..5"),
     (dict(unit_activation={2: "swap"}), "unknown activation policy 'swap'"),
     (dict(state_home="disk"), "unknown state home 'disk'; choose one of device, host"),
-    (dict(shard_state=True, view_window=0), "dp=1 has none to split over"),
-    (dict(shard_state=True, dp=2, view_window=0, state_home="host"), "cannot be combined with state home 'host'"),
+    (dict(shard_state=True, view_window=0), "--dp 1 has none to split over"),
+    (dict(shard_state=True, dp=2, view_window=0, state_home="host"), "cannot be combined with --state-home host"),
     (dict(shard_state=True, dp=2), "needs compute views .* not None"),
 ])
 def test_bad_lifecycle_requests_rejected(kwargs, message):

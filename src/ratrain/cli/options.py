@@ -9,6 +9,7 @@ import click
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.layout import read_plan_file
+from ratrain.schedule.plan import SCHEDULES
 
 
 def resolve_model(spec: str, cfg: RunConfig) -> None:
@@ -46,7 +47,7 @@ _CONFIG_OPTIONS = [
     click.option("--dp", type=int, help="Data-parallel replicas."),
     click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
-    click.option("--schedule", type=click.Choice(["1f1b", "gpipe"])),
+    click.option("--schedule", type=click.Choice(list(SCHEDULES))),
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),

@@ -84,13 +84,16 @@ def export(run_dir: str, out: str) -> None:
 @click.option("--ranks", type=int, help="Processes measuring at once, 1 thread each: the load training puts on the machine.  [default: 2 on CPU (at most the cores), 1 on CUDA]")
 @click.option("--out", type=click.Path(), help="Where to write the profile (YAML, for the simulator).  [default: profile-<hostname>.yaml]")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON on stdout instead of the table.")
-def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json) -> None:
+@click.option("--repeats", type=int, default=3, show_default=True, help="Whole measurements to take; the profile holds each figure's median and names in its notes the figures that did not repeat within 10%.")
+def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json, repeats) -> None:
     """Measure this machine (unit times, compute rate, memory bandwidth, links, the executor's
     overhead) and write a hardware profile the simulator takes as is."""
-    from ratrain.profiling import default_out, measure, summary_rows
+    from ratrain.profile_table import summary_rows
+    from ratrain.profiling import default_out, measure
 
     path = Path(out) if out else default_out()
-    measured = measure(model, seq_len, micro_batch_size, dtype, ranks)
+    measured = measure(model, seq_len, micro_batch_size, dtype, ranks, repeats,
+                       progress=lambda line: click.echo(line, err=True))
     path.parent.mkdir(parents=True, exist_ok=True)
     measured.save(path)
     if as_json:
@@ -98,4 +101,5 @@ def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json) -> Non
         return
     header, rows = summary_rows(measured)
     click.echo(table(rows, header))
+    click.echo(f"stability: {measured.notes['stability']}")
     click.echo(f"wrote {path}")

@@ -10,14 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ratrain.runnable import micro_batch_refusal, sharding_refusal
 from ratrain.schedule import builders, passes
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
 
-SCHEDULES: dict[str, tuple[str, Callable[[list[range], int], list[Program]]]] = {
-    "1f1b": ("1F1B", builders.one_f_one_b),
-    "gpipe": ("GPipe", builders.gpipe),
+SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
+    "1f1b": builders.one_f_one_b,
+    "gpipe": builders.gpipe,
 }
 ACTIVATIONS = ("keep", "recompute", "offload")
 STATE_HOMES = ("device", "host")
@@ -274,12 +275,10 @@ def build_plan(
             f"view_window must be >= 0 (or None: the view is the master), got {view_window}")
     check_sharding(shard_state, dp, state_home, view_window)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
-    name, builder = SCHEDULES[schedule]
-    if n_micro < pp:
-        raise ScheduleConfigError(
-            f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
-            f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp"
-        )
+    builder = SCHEDULES[schedule]
+    reason = micro_batch_refusal(n_micro, pp, schedule)
+    if reason:
+        raise ScheduleConfigError(reason)
     resolved = _resolve_activation(activation, unit_activation, stage_units)
     if policy == "baseline":
         _check_baseline(activation, resolved, stage_units, view_window)
@@ -292,20 +291,10 @@ def build_plan(
 
 
 def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None) -> None:
-    """Sharded state splits each unit's masters over the replicas: it needs more than one, the
-    state on the device (the collectives run where the state lives; NCCL only on the device),
-    and compute views (the gathered weights) in the programs."""
-    if not shard_state:
-        return
-    if dp < 2:
-        raise ScheduleConfigError(f"sharded state splits the masters over data-parallel replicas; "
-                                  f"dp={dp} has none to split over")
-    if state_home != "device":
-        raise ScheduleConfigError("sharded state lives on the device; it cannot be combined with "
-                                  f"state home {state_home!r}")
-    if view_window is None:
-        raise ScheduleConfigError("sharded state needs compute views (the gathered weights): "
-                                  "view_window must be 0 (resident) or a window >= 1, not None")
+    """Raise where sharded state cannot run with these choices (runnable.sharding_refusal)."""
+    reason = sharding_refusal(shard_state, dp, state_home, view_window)
+    if reason:
+        raise ScheduleConfigError(reason)
 
 
 def build_eval_programs(stage_units: list[range], n_micro: int,

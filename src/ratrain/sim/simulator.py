@@ -12,10 +12,7 @@ and the norm first sums over the replicas, blocking (sim/cost_model.py).
 
 Data-parallel replicas run identical programs on identical costs, so each stage is simulated
 once; its replicas appear in the size of its gradient ring and, on a machine whose ranks share
-cores (a CPU profile's `cores`), in how many compute at once: compute on a node progresses at
-min(1, cores / busy ranks of the node) of full speed (processor sharing), slowed further by
-the profile's `contention` as more of the node's cores are busy (shared caches and memory
-bandwidth).
+cores (a CPU profile's `cores`), in how many compute at once (sim/shared_cores.py).
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from ratrain.sim.cost_model import StageCosts, ops_for
 from ratrain.sim.placement import stage_setups
 from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.result import RankTimeline, SimResult
+from ratrain.sim.shared_cores import SharedCores
 
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
@@ -71,9 +69,9 @@ class _Simulation:
                  node_of: list[int], weight: list[int]):
         self.plan, self.costs, self.profile = plan, costs, profile
         self.op_tables = [ops_for(c.s.shard_state) for c in costs]  # sharded P: an all-gather
-        self.cores = profile.device.cores
-        self.contention = profile.device.contention
-        self.node_of, self.weight = node_of, weight
+        self.cores = None if profile.device.cores is None else SharedCores(
+            profile.device.cores, profile.device.contention, node_of, weight,
+            lambda: self.now, self._at)
         self.synchronous_copies = [c.host_link is None for c in costs]
         # What lives in the host tier, where it is not the device's own memory (a GPU's host).
         self.host_kinds = [set() if synchronous else
@@ -95,11 +93,6 @@ class _Simulation:
         self.posted: dict[tuple, list] = {}  # p2p key -> [(stage, op, issued)] of both sides
         self.gathering: dict[Op, dict[int, tuple[_Op, float]]] = {Op.GRAD_NORM: {}, Op.STEP_END: {}}
         self.ledgers = [Ledger() for _ in range(n)]
-        # compute on a node shared by its ranks: job -> [stage, remaining work, weight]
-        self.jobs: dict[int, list] = {}
-        self._job_ids = itertools.count()
-        self._version = 0
-        self._settled = 0.0
         for s, c in enumerate(costs):
             for owner, kind, key, nbytes in c.state_owners():
                 self.ledgers[s].hold_storage(owner, kind, key, nbytes)
@@ -214,7 +207,7 @@ class _Simulation:
         self.timelines[s].spans.append((op.name, op.start, op.done))
         self._wake(s)
 
-    # -- compute: processor sharing on a node -------------------------------------------------
+    # -- compute: processor sharing on a node (sim/shared_cores.py) ---------------------------
 
     def _compute(self, s: int, a: Action, seconds: float, then=None, op: _Op | None = None) -> None:
         start = self.now
@@ -232,45 +225,8 @@ class _Simulation:
 
         if self.cores is None:
             self._at(self.now + seconds, done)
-            return
-        self._settle()
-        self.jobs[next(self._job_ids)] = [s, seconds, self.weight[s], done]
-        self._reschedule()
-
-    def _rate(self, node: int) -> float:
-        """Each running job's speed on `node`: its share of the cores (processor sharing),
-        slowed by the contention of the busy cores for caches and memory bandwidth."""
-        busy = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
-        if not busy:
-            return 1.0
-        shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
-        return min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
-
-    def _settle(self) -> None:
-        """Advance every running job's remaining work to now."""
-        elapsed = self.now - self._settled
-        if elapsed > 0:
-            rates = {n: self._rate(n) for n in set(self.node_of)}
-            for job in self.jobs.values():
-                job[1] -= elapsed * rates[self.node_of[job[0]]]
-        self._settled = self.now
-
-    def _reschedule(self) -> None:
-        self._version += 1
-        if not self.jobs:
-            return
-        rates = {n: self._rate(n) for n in set(self.node_of)}
-        job_id, job = min(self.jobs.items(), key=lambda kv: kv[1][1] / rates[self.node_of[kv[1][0]]])
-        finish = self.now + max(job[1], 0.0) / rates[self.node_of[job[0]]]
-        self._at(finish, self._job_done, job_id, self._version)
-
-    def _job_done(self, job_id: int, version: int) -> None:
-        if version != self._version:
-            return  # superseded: the set of running jobs changed since
-        self._settle()
-        _, _, _, done = self.jobs.pop(job_id)
-        self._reschedule()
-        done()
+        else:
+            self.cores.start(s, seconds, done)
 
     # -- communication ------------------------------------------------------------------------
 

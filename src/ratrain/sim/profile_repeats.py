@@ -1,0 +1,120 @@
+"""Repeated measurements of one machine made into one profile: the median of every figure, and
+the figures that did not repeat.
+
+A figure repeats when its spread over the repeats, (max - min) / median, is at most TOLERANCE,
+taken over what the figure does to a prediction:
+- a time, a rate or a size: the figure itself;
+- a link: the time it predicts for each size it was measured at (from one fit to the next,
+  latency and bandwidth trade off against each other; the simulator only uses their sum);
+- contention: the slowdown it applies, 1 + contention.
+
+A figure that does not repeat is named in the profile's notes (`stability`) with its values.
+Its median is used, except for contention, which is then not applied (0): on a machine whose
+cores are shared with other work (a small VM) one measurement of it differed from the next by
+14x and moved every multi-process prediction by up to 20%; without it the simulator still has
+processor sharing, which is most of what contention there is.
+
+Pure Python over plain data (HardwareProfile.to_dict): the measuring itself is profiling.py's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ratrain.sim.profile import HardwareProfile, Link, from_dict
+
+TOLERANCE = 0.10
+CONTENTION = "device.contention"
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median; 0 where every value is 0."""
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / mid if mid else float(max(values) != min(values))
+
+
+def figures(profile: dict[str, Any], sizes: list[float]) -> dict[str, list[float]]:
+    """Every figure of a profile (as plain data) by its path, as the quantities its stability is
+    judged by: one number, or a link's predicted times at `sizes`."""
+    out: dict[str, list[float]] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if set(node) == {"bandwidth", "latency"}:
+                link = Link(node["bandwidth"], node["latency"])
+                out[path] = [link.time(n) for n in sizes]
+                return
+            for key, value in node.items():
+                if key not in ("notes", "description", "name"):
+                    walk(value, f"{path}.{key}" if path else key)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            out[path] = [1.0 + node if path == CONTENTION else float(node)]
+
+    walk(profile, "")
+    return out
+
+
+def unstable(repeats: list[dict[str, Any]], sizes: list[float],
+             tolerance: float = TOLERANCE) -> dict[str, float]:
+    """The figures whose spread over `repeats` (plain-data profiles) exceeds `tolerance`: path
+    -> spread (a link's: its largest over the sizes)."""
+    per_repeat = [figures(r, sizes) for r in repeats]
+    worst = {}
+    for path, first in per_repeat[0].items():
+        s = max(spread([f[path][i] for f in per_repeat]) for i in range(len(first)))
+        if s > tolerance:
+            worst[path] = s
+    return worst
+
+
+def combine(repeats: list[HardwareProfile], sizes: list[float],
+            tolerance: float = TOLERANCE) -> HardwareProfile:
+    """One profile from repeated measurements: the median of every number (of a link: the
+    repeat whose predicted times are the median ones, so latency and bandwidth stay one fit),
+    the figures that did not repeat named in its notes, an unstable contention not applied."""
+    data = [r.to_dict() for r in repeats]
+    merged = _median(data, sizes)
+    bad = unstable(data, sizes, tolerance) if len(repeats) > 1 else {}
+    # a link shown by its time at the largest size
+    values = {path: [f[path][-1] for f in (figures(d, sizes) for d in data)] for path in bad}
+    if CONTENTION in bad:
+        merged["device"]["contention"] = 0.0
+    notes = dict(merged.get("notes") or {})
+    notes["stability"] = _stability_note(len(repeats), bad, values, tolerance)
+    merged["notes"] = notes
+    return from_dict(merged, "combined profile")
+
+
+def _median(data: list[Any], sizes: list[float]) -> Any:
+    first = data[0]
+    if isinstance(first, dict):
+        if set(first) == {"bandwidth", "latency"}:
+            def total(d: dict) -> float:
+                return sum(Link(d["bandwidth"], d["latency"]).time(n) for n in sizes)
+            return sorted(data, key=total)[(len(data) - 1) // 2]
+        return {k: _median([d[k] for d in data], sizes) for k in first}
+    if isinstance(first, list):
+        return [_median([d[i] for d in data], sizes) for i in range(len(first))]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return statistics.median_low(data)  # a value that was measured, of the field's type
+    return first
+
+
+def _stability_note(n: int, bad: dict[str, float], values: dict[str, list[float]],
+                    tolerance: float) -> str:
+    if n < 2:
+        return "measured once: stability not checked (ratrain profile --repeats N)"
+    if not bad:
+        return f"{n} repeats: every figure within {tolerance:.0%} of its median"
+    parts = []
+    for path, s in bad.items():
+        shown = ", ".join(f"{v - 1:.3g}" if path == CONTENTION else f"{v:.3g}"
+                          for v in values[path])
+        what = ("not applied (0)" if path == CONTENTION
+                else "the median is used; predictions that lean on it carry its spread")
+        parts.append(f"{path} spread {s:.0%} ({shown}): {what}")
+    return f"{n} repeats; did not repeat within {tolerance:.0%}: " + "; ".join(parts)

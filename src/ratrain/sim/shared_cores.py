@@ -1,0 +1,70 @@
+"""Compute on a node whose ranks share its cores (a CPU profile's `cores`).
+
+Processor sharing: each running job progresses at min(1, cores / busy ranks of the node) of full
+speed, slowed further by the profile's `contention` as more of the node's cores are busy (shared
+caches and memory bandwidth). A stage's job weighs as many ranks as the stage has replicas on
+its node, since data-parallel replicas compute at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+
+class SharedCores:
+    """The running compute jobs of every node; the simulation's event queue drives them."""
+
+    def __init__(self, cores: int, contention: float, node_of: list[int], weight: list[int],
+                 now: Callable[[], float], at: Callable[..., None]):
+        self.cores, self.contention = cores, contention
+        self.node_of, self.weight = node_of, weight
+        self._now, self._at = now, at
+        self.jobs: dict[int, list] = {}  # job -> [stage, remaining work, weight, done]
+        self._ids = itertools.count()
+        self._version = 0
+        self._settled = 0.0
+
+    def start(self, s: int, seconds: float, done: Callable[[], None]) -> None:
+        """Stage s computes `seconds` of full-speed work, then `done` runs."""
+        self._settle()
+        self.jobs[next(self._ids)] = [s, seconds, self.weight[s], done]
+        self._reschedule()
+
+    def _rate(self, node: int) -> float:
+        """Each running job's speed on `node`: its share of the cores (processor sharing),
+        slowed by the contention of the busy cores for caches and memory bandwidth."""
+        busy = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
+        if not busy:
+            return 1.0
+        shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
+        return min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
+
+    def _settle(self) -> None:
+        """Advance every running job's remaining work to now."""
+        now = self._now()
+        elapsed = now - self._settled
+        if elapsed > 0:
+            rates = {n: self._rate(n) for n in set(self.node_of)}
+            for job in self.jobs.values():
+                job[1] -= elapsed * rates[self.node_of[job[0]]]
+        self._settled = now
+
+    def _reschedule(self) -> None:
+        """Schedule the completion of the job that finishes first at today's rates; any change
+        to the running set supersedes it."""
+        self._version += 1
+        if not self.jobs:
+            return
+        rates = {n: self._rate(n) for n in set(self.node_of)}
+        job_id, job = min(self.jobs.items(), key=lambda kv: kv[1][1] / rates[self.node_of[kv[1][0]]])
+        finish = self._now() + max(job[1], 0.0) / rates[self.node_of[job[0]]]
+        self._at(finish, self._job_done, job_id, self._version)
+
+    def _job_done(self, job_id: int, version: int) -> None:
+        if version != self._version:
+            return  # superseded: the set of running jobs changed since
+        self._settle()
+        _, _, _, done = self.jobs.pop(job_id)
+        self._reschedule()
+        done()
