@@ -51,6 +51,7 @@ from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
                                  MeasuredShape, UnitTimes)
 from ratrain.sim.profile_repeats import combine
+from ratrain.other_work import OtherWork
 from ratrain.sim.unit_costs import UnitShape, backward_flops, forward_flops
 
 REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted
@@ -104,15 +105,18 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
     ranks = default_ranks(on_cuda) if ranks is None else ranks
     _require_positive("--ranks", ranks)
     _require_positive("--repeats", repeats)
-    measured = []
+    measured, busy = [], []
     for i in range(repeats):
         progress(f"measuring {i + 1}/{repeats}")
         with tempfile.TemporaryDirectory(prefix="ratrain-profile-") as tmp:
-            per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
-            alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"))[0]
+            with OtherWork() as compute_load:
+                per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
+            with OtherWork() as alone_load:
+                alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"))[0]
             links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
         measured.append(_build_profile(cfg, model, ranks, on_cuda, per_rank, links, alone))
-    return combine(measured, LINK_SIZES)
+        busy.append(max(compute_load.cores, alone_load.cores))
+    return combine(measured, LINK_SIZES, other_work=busy)
 
 
 def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:

@@ -277,3 +277,31 @@ def test_repeats_that_agree_say_so():
     assert combined.device.contention == 0.02
     assert combined.notes["stability"] == "2 repeats: every figure within 10% of its median"
     assert spread([0.0, 0.0]) == 0.0 and spread([1.0, 2.0, 3.0]) == 1.0
+
+
+def test_repeats_beside_other_work_are_set_aside_or_named():
+    sizes = [4096.0]
+    quiet, busy = _repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(3.0e-3, 0.6, 100e-6, 2e9)
+    combined = combine([busy, quiet, quiet], sizes, other_work=[1.0, 0.1, 0.0])
+    assert combined.measured[0].block.backward_s == 2.0e-3 and combined.device.contention == 0.02
+    assert "the 1 beside more than 0.25 cores of it are set aside" in combined.notes["other_work"]
+    # nothing quiet: the times are what there is, contention is not applied
+    combined = combine([busy, busy], sizes, other_work=[1.0, 0.9])
+    assert combined.measured[0].block.backward_s == 3.0e-3 and combined.device.contention == 0.0
+    assert "contention cannot be told from it" in combined.notes["other_work"]
+
+
+def test_other_work_counts_what_is_not_ours():
+    import subprocess
+    import sys
+
+    from ratrain.other_work import OtherWork, machine_busy_s
+    if machine_busy_s() is None:
+        pytest.skip("no /proc/stat on this system")
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+    other = subprocess.Popen([sys.executable, "-c", spin])  # not waited for inside: not ours
+    with OtherWork() as w:
+        ours = subprocess.run([sys.executable, "-c", spin.replace("1.0", "0.5")])
+    other.wait()
+    assert ours.returncode == 0
+    assert w.cores > 0.3  # the spinning process, which ran the whole time

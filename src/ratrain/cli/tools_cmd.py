@@ -101,5 +101,7 @@ def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json, repeat
         return
     header, rows = summary_rows(measured)
     click.echo(table(rows, header))
-    click.echo(f"stability: {measured.notes['stability']}")
+    for note in ("stability", "other_work"):
+        if note in measured.notes:
+            click.echo(f"{note.replace('_', ' ')}: {measured.notes[note]}")
     click.echo(f"wrote {path}")

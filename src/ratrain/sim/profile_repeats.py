@@ -14,6 +14,10 @@ cores are shared with other work (a small VM) one measurement of it differed fro
 14x and moved every multi-process prediction by up to 20%; without it the simulator still has
 processor sharing, which is most of what contention there is.
 
+A repeat measured while other work kept the cores busy (other_work.py) reads that work's load as
+the machine's slowness; where a quieter repeat exists it is set aside, and where none does the
+contention figure is not applied and the notes say why.
+
 Pure Python over plain data (HardwareProfile.to_dict): the measuring itself is profiling.py's.
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 from ratrain.sim.profile import HardwareProfile, Link, from_dict
 
 TOLERANCE = 0.10
+BUSY = 0.25  # cores of other work beside a measurement that disturb it
 CONTENTION = "device.contention"
 
 
@@ -71,20 +76,38 @@ def unstable(repeats: list[dict[str, Any]], sizes: list[float],
     return worst
 
 
-def combine(repeats: list[HardwareProfile], sizes: list[float],
-            tolerance: float = TOLERANCE) -> HardwareProfile:
+def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float = TOLERANCE,
+            other_work: list[float] | None = None) -> HardwareProfile:
     """One profile from repeated measurements: the median of every number (of a link: the
     repeat whose predicted times are the median ones, so latency and bandwidth stay one fit),
-    the figures that did not repeat named in its notes, an unstable contention not applied."""
-    data = [r.to_dict() for r in repeats]
+    the figures that did not repeat named in its notes, an unstable contention not applied.
+
+    `other_work`: per repeat, the cores other work kept busy while it measured (other_work.py).
+    Repeats measured beside more than BUSY cores of other work are set aside where a quieter
+    one exists; where none does, contention (which such work inflates) is not applied."""
+    other_work = other_work or [0.0] * len(repeats)
+    quiet = [r for r, busy in zip(repeats, other_work) if busy <= BUSY]
+    used = quiet or repeats
+    data = [r.to_dict() for r in used]
     merged = _median(data, sizes)
-    bad = unstable(data, sizes, tolerance) if len(repeats) > 1 else {}
+    bad = unstable(data, sizes, tolerance) if len(used) > 1 else {}
     # a link shown by its time at the largest size
     values = {path: [f[path][-1] for f in (figures(d, sizes) for d in data)] for path in bad}
+    notes = dict(merged.get("notes") or {})
+    notes["stability"] = _stability_note(len(used), bad, values, tolerance)
     if CONTENTION in bad:
         merged["device"]["contention"] = 0.0
-    notes = dict(merged.get("notes") or {})
-    notes["stability"] = _stability_note(len(repeats), bad, values, tolerance)
+    if len(quiet) < len(repeats):
+        shown = ", ".join(f"{busy:.2f}" for busy in other_work)
+        if quiet:
+            notes["other_work"] = (f"other work kept {shown} cores busy during the {len(repeats)} "
+                                   f"repeats: the {len(repeats) - len(quiet)} beside more than "
+                                   f"{BUSY} cores of it are set aside")
+        else:
+            merged["device"]["contention"] = 0.0
+            notes["other_work"] = (f"other work kept {shown} cores busy during the {len(repeats)} "
+                                   f"repeats: contention cannot be told from it and is not "
+                                   f"applied (0); the times are slower than on a quiet machine")
     merged["notes"] = notes
     return from_dict(merged, "combined profile")
 
