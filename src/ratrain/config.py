@@ -16,7 +16,8 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
-from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, STATE_HOMES
+from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
+from ratrain.schedule.weight_grads import WEIGHT_GRADS
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
@@ -134,6 +135,7 @@ class ParallelConfig:
     dp: int = 1
     policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
     schedule: str = "1f1b"  # a name in schedule.plan.SCHEDULES
+    weight_grad: str | None = None  # a split schedule's BW placement: bubble (its default) or grouped
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
@@ -160,6 +162,14 @@ class ParallelConfig:
         if self.schedule not in SCHEDULES:
             raise UserError(f"unknown schedule {self.schedule!r}; available: "
                             f"{', '.join(SCHEDULES)}")
+        if self.weight_grad is not None:
+            if self.weight_grad not in WEIGHT_GRADS:
+                raise UserError(f"unknown weight-gradient placement {self.weight_grad!r}; "
+                                f"available: {', '.join(WEIGHT_GRADS)}")
+            if self.schedule not in SPLIT_SCHEDULES:
+                raise UserError(f"--weight-grad places the weight gradients of a split backward; "
+                                f"schedule {self.schedule!r} runs whole backwards (use "
+                                f"{', '.join(SPLIT_SCHEDULES)})")
         policies = self.activation_per_stage
         if any(a not in ACTIVATIONS for a in policies):
             raise UserError(f"activation policy must be one of {', '.join(ACTIVATIONS)} (or one per "

@@ -11,7 +11,7 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.runnable import check_runnable
 from ratrain.schedule.errors import ScheduleError
-from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.schedule.plan import PipelinePlan, build_plan, weight_grad_of
 
 
 def has_views(dtype: str, state_home: str, host_is_separate: bool,
@@ -81,7 +81,7 @@ def plan_for_config(cfg: RunConfig, host_is_separate: bool,
             activation=policies[0] if len(policies) == 1 else policies,
             units_per_stage=p.partition, clip=_clip(cfg), rank_order=p.rank_order,
             view_window=_view_window(cfg, host_is_separate), state_home=p.state_home,
-            shard_state=p.shard_state)
+            shard_state=p.shard_state, weight_grad=p.weight_grad)
     except ScheduleError as e:
         raise UserError(str(e)) from None
 
@@ -114,7 +114,9 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
         raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
     want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
             "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
-            "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state}
+            "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state,
+            "schedule": cfg.parallel.schedule,
+            "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
     have = {k: getattr(plan, k) for k in want}
     if have != want:
         diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])

@@ -12,6 +12,10 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
     rows = [[f"{kind} forward / backward",
              f"{_fmt_s(getattr(m, kind).forward_s)} / {_fmt_s(getattr(m, kind).backward_s)}"]
             for kind in KINDS]
+    rows += [[f"{kind} split backward: BI / BW",
+              f"{_fmt_s(t.backward_input_s)} / {_fmt_s(t.backward_weight_s)}"]
+             for kind, t in ((kind, getattr(m, kind)) for kind in KINDS)
+             if t.backward_input_s is not None]
     rows.append(["block forward, no grad", _fmt_s(m.block_forward_no_grad_s)])
     for dtype, rate in d.compute.items():
         rows.append([f"peak {dtype} (matmul)", _fmt_rate(rate.peak_flops, "FLOP/s")])

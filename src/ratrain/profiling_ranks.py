@@ -94,7 +94,12 @@ def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
     times are those of a rank no other rank competes with; its memory is a second, larger
     stage for the process overhead (beside the pipeline's one-block stages)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    result = _traced_steps(cfg, device, _sync_of(device), None, "keep", blocks)
+    sync = _sync_of(device)
+    result = _traced_steps(cfg, device, sync, None, "keep", blocks)
+    split = _traced_steps(dataclasses.replace(cfg, parallel=dataclasses.replace(
+        cfg.parallel, schedule="zbh1")), device, sync, None, "keep", blocks)
+    for kind in KINDS:  # the halves of a split backward: BI, BW
+        result[kind] += split[f"split {kind}"]
     Path(out_dir, "result_0.json").write_text(json.dumps(result))
 
 
@@ -147,6 +152,8 @@ def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, activation
     median = {key: statistics.median(v) for key, v in durations.items()}
     if activation != "keep":
         return {"block_forward_no_grad": median["F block"]}
+    if cfg.parallel.schedule != "1f1b":
+        return {f"split {kind}": [median[f"BI {kind}"], median[f"BW {kind}"]] for kind in KINDS}
     out: dict = {kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
                  if f"F {kind}" in median}
     actions = sum(len(v) for v in durations.values()) / STEP_REPEATS
@@ -160,9 +167,9 @@ def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, activation
 
 
 def _action_class(name: str, n_layers: int) -> str:
-    """"F block", "B head", ... for compute actions; "op SA", "op WRG", ... for the rest."""
+    """"F block", "BI head", ... for compute actions; "op SA", "op WRG", ... for the rest."""
     op = name.rstrip("0123456789.")
-    if op not in ("F", "B"):
+    if op not in ("F", "B", "BI", "BW"):
         return "U" if op == "U" else f"op {op}"
     unit = int(name[len(op):].split(".")[0])
     kind = "embedding" if unit == 0 else "head" if unit == n_layers + 1 else "block"

@@ -16,7 +16,8 @@ from ratrain.models.presets import get_preset
 from ratrain.planner import account, search
 from ratrain.planner.budget import parse_bytes
 from ratrain.planner.partition import Partition
-from ratrain.planner.stage_cost import StageChoice, lower_bound
+from ratrain.planner.bounds import lower_bound
+from ratrain.planner.stage_cost import StageChoice
 from ratrain.sim.profile import load_profile
 
 TINY = get_preset("tiny")

@@ -207,6 +207,7 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     for times in (m.embedding, m.block, m.head):
         assert times.forward_s > 0 and times.backward_s > 0
     assert m.block.backward_s > m.block.forward_s
+    assert m.block.backward_input_s > 0 and m.block.backward_weight_s > 0
     assert m.block_forward_no_grad_s > 0
     rate = profile.rate("float32")
     assert rate.peak_flops > 0 and 0 < rate.efficiency <= 1.5

@@ -63,6 +63,7 @@ def test_program_round_trips():
     dict(n_layers=5, pp=3, dp=1, n_micro=4, schedule="gpipe", clip=False),
     dict(n_layers=3, pp=5, dp=1, n_micro=5),
     dict(n_layers=6, pp=3, dp=2, n_micro=6, units_per_stage=[2, 3, 3]),
+    dict(n_layers=4, pp=2, dp=2, n_micro=4, schedule="zbh1", weight_grad="grouped"),
 ])
 def test_plan_round_trips(kwargs):
     plan = build_plan(**kwargs)

@@ -10,6 +10,7 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.layout import read_plan_file
 from ratrain.schedule.plan import SCHEDULES
+from ratrain.schedule.weight_grads import WEIGHT_GRADS
 
 
 def resolve_model(spec: str, cfg: RunConfig) -> None:
@@ -47,7 +48,8 @@ _CONFIG_OPTIONS = [
     click.option("--dp", type=int, help="Data-parallel replicas."),
     click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
-    click.option("--schedule", type=click.Choice(list(SCHEDULES))),
+    click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="The order of forwards and backwards: 1f1b, gpipe, or zbh1 (zero-bubble ZB-H1: each backward split into the input gradient and the weight gradient, the latter filling the pipeline's bubble).  [default: 1f1b]"),
+    click.option("--weight-grad", type=click.Choice(WEIGHT_GRADS), help="Where a split schedule (zbh1) runs the weight gradients: bubble (in the pipeline's cool-down) or grouped (per unit, all micro-batches together, so each unit's gradient is final early and its sync hides under the rest; keeps every micro-batch's activations until then).  [default: bubble]"),
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
@@ -61,7 +63,7 @@ _CONFIG_OPTIONS = [
 _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch": "train",
            "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
-           "schedule": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
+           "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
            "state_home": "parallel", "shard_state": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
@@ -109,7 +111,7 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     cfg.parallel.plan_file = str(Path(plan_file).resolve())
     layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
-                      ("shard_state", bool)):
+                      ("shard_state", bool), ("schedule", str), ("weight_grad", str)):
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash

@@ -47,7 +47,9 @@ def _show(cfg, out, as_json) -> None:
         click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))
         return
     units = ", ".join(f"stage {s}: units {r.start}-{r.stop - 1}" for s, r in enumerate(pipeline_plan.stage_units))
-    click.echo(f"{pipeline_plan.policy} {pipeline_plan.schedule}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
+    placed = (f" (weight gradients: {pipeline_plan.weight_grad})"
+              if pipeline_plan.weight_grad else "")
+    click.echo(f"{pipeline_plan.policy} {pipeline_plan.schedule}{placed}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
                f"rank order {pipeline_plan.rank_order}, "
                f"n_micro={cfg.n_micro}; {units}")
     views = ("none (the views are the masters)" if pipeline_plan.view_window is None
@@ -69,8 +71,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     from ratrain.planner.budget import parse_bytes
     from ratrain.sim.profile import load_profile
 
-    for flag in ("dp", "schedule", "activation", "view_window", "state_home", "partition",
-                 "rank_order", "shard_state"):
+    for flag in ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
+                 "partition", "rank_order", "shard_state"):
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")
@@ -115,7 +117,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         click.echo(json.dumps(plan_file.summary(found), indent=2))
         return
     click.echo(_heading(found))
-    click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "pp x dp",
+    click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "schedule", "pp x dp",
                                     "micro-batches", "ranks", "state / views", "units per stage",
                                     f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))
     if out:
@@ -152,7 +154,7 @@ def _rows(found) -> list[list]:
         choices = c.choices(n_units)
         summary = ",".join(choices) if len(choices) <= 4 else _runs(choices)
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
-                     f"{c.result.bubble:.1%}", f"{L.pp} x {L.dp}",
+                     f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
                      L.lifecycle.label(), _runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])

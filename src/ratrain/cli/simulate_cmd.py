@@ -48,13 +48,16 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "n_micro": plan.n_micro, "global_batch": t.global_batch, "seq_len": t.seq_len,
                "micro_batch_size": t.micro_batch_size, "dtype": t.dtype, "policy": plan.policy,
                "state_home": plan.state_home, "view_window": plan.view_window,
-               "shard_state": plan.shard_state,
+               "shard_state": plan.shard_state, "schedule": plan.schedule,
+               "weight_grad": plan.weight_grad,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     sharded = ", state sharded over the replicas" if plan.shard_state else ""
-    click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy}{sharded}, "
+    placed = f" (weight gradients: {plan.weight_grad})" if plan.weight_grad else ""
+    click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy} "
+               f"{plan.schedule}{placed}{sharded}, "
                f"{plan.n_micro} micro-batches of {t.micro_batch_size} x {t.seq_len} tokens per "
                f"replica, global batch {t.global_batch} sequences, {t.dtype}")
     click.echo(f"step {result.step_time:.4g} s, {result.tokens_per_s:,.0f} tokens/s, "

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ratrain.planner.bounds import lower_bound
+from ratrain.planner.layouts import Layout, PlanRequest, layouts, lifecycles
 from ratrain.planner.partition import fits, least_excess
-from ratrain.planner.search import (Candidate, Layout, PlanRequest, UnitTables, evaluate,
-                                    layouts, lifecycles)
-from ratrain.planner.stage_cost import Lifecycle, UnitTable, lower_bound
+from ratrain.planner.search import Candidate, UnitTables, evaluate
+from ratrain.planner.stage_cost import Lifecycle, UnitTable
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
           "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",)}

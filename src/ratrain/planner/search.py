@@ -1,12 +1,12 @@
 """The planner's search: the fastest plan that fits the memory budget, by simulated step time.
 
 Best-first branch and bound. A layout (pipeline and data-parallel degrees, micro-batch size,
-rank order, where state lives, whether it is sharded over the replicas, how views are made) has
-a lower bound on its step time that no partition can beat (stage_cost.pipeline_bound);
-expanding it gives its partitions, each with
-the activation choice per stage that fits and a tighter bound (stage_cost.lower_bound); a
-partition popped off the queue the first time gets a tighter bound still (`refine`: its 1F1B
-order walked stage by stage, stage_cost.pipeline_path) and goes back in the queue where that
+rank order, where state lives, whether it is sharded over the replicas, how views are made, the
+schedule and where a split schedule's weight gradients go) has a lower bound on its step time
+that no partition can beat (bounds.pipeline_bound); expanding it gives its partitions, each with
+the activation choice per stage that fits and a tighter bound (bounds.lower_bound); a
+partition popped off the queue the first time gets a tighter bound still (`refine`: its
+schedule's order walked stage by stage, bounds.pipeline_path) and goes back in the queue where that
 is higher; popped again, it is built into a plan and simulated. The search stops when the
 next bound cannot beat the K-th fastest plan found, so pruning never loses the best plan: it
 returns what simulating every candidate would. Only layouts that training can run enter the
@@ -20,85 +20,16 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ratrain import runnable
-from ratrain.config import ModelConfig
-from ratrain.layout import has_views
+from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path
+from ratrain.planner.layouts import Layout, PlanRequest, layouts
 from ratrain.planner.partition import Partition, candidates
-from ratrain.planner.stage_cost import (Lifecycle, UnitTable, lower_bound, pipeline_bound,
-                                        pipeline_path)
+from ratrain.planner.stage_cost import UnitTable
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.cost_model import ring
-from ratrain.sim.placement import stage_groups, stage_links
-from ratrain.sim.profile import HardwareProfile, Link
+from ratrain.sim.placement import stage_links
+from ratrain.sim.profile import Link
 from ratrain.sim.result import SimResult
 from ratrain.sim.simulator import simulate
-
-DEFAULT_MARGIN = 0.10
-"""Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
-caching, communication libraries' buffers."""
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    model: ModelConfig
-    profile: HardwareProfile
-    devices: int
-    global_batch: int
-    seq_len: int
-    dtype: str = "float32"
-    budget: float | None = None  # bytes per device; None: the profile's memory
-    margin: float = DEFAULT_MARGIN
-    policy: str = "ratrain"
-    clip: bool = True
-    top: int = 5
-    micro_batch_sizes: tuple[int, ...] | None = None  # None: every one that divides the batch
-    pipeline_degrees: tuple[int, ...] | None = None  # None: 1 .. units
-    time_limit_s: float = 60.0
-
-    def device(self, group: int = 0):
-        return self.profile.for_group(group).device
-
-    def budget_of(self, group: int = 0) -> float:
-        """Bytes per device of the group: its memory, or the budget asked for where lower."""
-        memory = self.device(group).memory_bytes
-        return memory if self.budget is None else min(self.budget, memory)
-
-    @property
-    def budget_bytes(self) -> float:
-        return self.budget_of(0)
-
-    def limit_of(self, group: int = 0) -> float:
-        """What the simulated device peak of a stage on the group, plus the process's own
-        overhead beyond the ledger (a measured profile's), may reach."""
-        return self.budget_of(group) * (1.0 - self.margin)
-
-    def host_limit_of(self, group: int = 0) -> float:
-        host = self.device(group).host_memory_bytes
-        return float("inf") if host is None else host * (1.0 - self.margin)
-
-    @property
-    def limit(self) -> float:
-        return self.limit_of(0)
-
-    @property
-    def host_limit(self) -> float:
-        return self.host_limit_of(0)
-
-
-@dataclass(frozen=True)
-class Layout:
-    pp: int
-    dp: int
-    micro_batch_size: int
-    n_micro: int
-    rank_order: str
-    lifecycle: Lifecycle
-    activation: str  # "mixed" (per stage, per unit: ratrain) or one uniform choice (baseline)
-    groups: tuple[int, ...] = ()  # the device group of each stage (heterogeneous profiles)
-
-    @property
-    def devices(self) -> int:
-        return self.pp * self.dp
 
 
 @dataclass
@@ -142,80 +73,6 @@ class SearchResult:
     complete: bool  # False: the time limit cut the search before the bound proved the best
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _host_is_separate(request: PlanRequest) -> bool:
-    """The profile's devices have a host tier apart from their memory (a GPU's: layout.has_views)."""
-    return request.profile.device.host_link is not None
-
-
-def lifecycles(request: PlanRequest) -> list[Lifecycle]:
-    """State homes and view windows worth trying on this profile and dtype; views only where
-    they differ from the masters (layout.has_views). Sharded state (on the device, with views,
-    the gathered weights: always there) for layouts of dp >= 2 (`layouts` leaves it out of the
-    others). The baseline is GPU-style: state on the device, views resident; sharded too, as
-    DeepSpeed's ZeRO-1 with its pipeline engine."""
-    host_tier = _host_is_separate(request)
-    windows = (0, 1) if request.policy == "ratrain" else (0,)
-    out = []
-    for home in ("device", "host") if host_tier else ("device",):
-        if request.policy == "baseline" and home == "host":
-            continue
-        if not has_views(request.dtype, home, host_tier):
-            out.append(Lifecycle(home, None, request.policy))
-            continue
-        for window in windows:
-            out.append(Lifecycle(home, window, request.policy))
-    if has_views(request.dtype, "device", host_tier, shard_state=True):
-        out.extend(Lifecycle("device", window, request.policy, shard_state=True)
-                   for window in windows)
-    return out
-
-
-def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
-            life: Lifecycle) -> str | None:
-    """Why training would refuse this layout (runnable.refusal: the rule `ratrain train`
-    applies), or None."""
-    return runnable.refusal(
-        n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
-        micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
-        clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,
-        view_window=life.view_window, tie_embeddings=request.model.tie_embeddings,
-        host_is_separate=_host_is_separate(request),
-        host_collectives=request.profile.device.host_collectives)
-
-
-def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layout]:
-    """Every layout on at most `devices` devices that training can run (`refusal`): pp x dp x
-    micro-batch size dividing the global batch into at least pp micro-batches per replica,
-    sharded state only over dp >= 2, state on the host only where collectives can reach it.
-    `refused`, where given, collects the reasons of those left out."""
-    n_units = request.model.n_layers + 2
-    g = request.global_batch
-    activations = ("mixed",) if request.policy == "ratrain" else ("keep", "recompute")
-    out = []
-    for pp in request.pipeline_degrees or range(1, min(n_units, request.devices) + 1):
-        for dp in _divisors(g):
-            if pp * dp > request.devices:
-                break
-            for mbs in request.micro_batch_sizes or _divisors(g // dp):
-                orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
-                for life in lifecycles(request):
-                    reason = refusal(request, pp, dp, mbs, life)
-                    if reason:
-                        if refused is not None:
-                            refused.append(reason)
-                        continue
-                    for order, act in itertools.product(orders, activations):
-                        groups = stage_groups(pp, dp, order, request.profile)
-                        if groups is not None:
-                            out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
-                                              tuple(groups)))
-    return out
-
-
 class UnitTables:
     """Unit tables, one per stage of a layout, shared by every layout of one shape, lifecycle
     and device group."""
@@ -223,6 +80,7 @@ class UnitTables:
     def __init__(self, request: PlanRequest):
         self.request = request
         self._cache: dict[tuple, UnitTable] = {}
+        self._least: dict[tuple, float] = {}  # least_work's, per tables (held in _cache)
 
     def __call__(self, layout: Layout) -> list[UnitTable]:
         return [self.table(layout, g) for g in layout.groups]
@@ -235,14 +93,22 @@ class UnitTables:
             self._cache[key] = UnitTable(
                 r.model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
                 layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group), layout.dp)
-        return self._cache[key]
+        scheduled = (*key, layout.schedule, layout.weight_grad)
+        if scheduled not in self._cache:
+            self._cache[scheduled] = self._cache[key].scheduled(layout.schedule, layout.weight_grad)
+        return self._cache[scheduled]
 
-    def least_work(self, layout: Layout) -> float:
+    def least_work(self, layout: Layout, chained: bool = False) -> float:
         """One micro-batch's forward and backward through the model, each unit on the fastest
-        device of the layout's groups."""
-        tables = [self.table(layout, g) for g in set(layout.groups)]
-        return sum(min(t.forward[u] + t.backward[u] for t in tables)
-                   for u in range(tables[0].n_units))
+        device of the layout's groups; `chained`: without the weight halves of a split
+        backward (what the pipeline's critical path chains)."""
+        tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
+        key = (tuple(map(id, tables)), chained)
+        if key not in self._least:
+            self._least[key] = sum(
+                min(t.forward[u] + t.backward[u] - (t.weight[u] if chained else 0.0)
+                    for t in tables) for u in range(tables[0].n_units))
+        return self._least[key]
 
 
 def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
@@ -257,7 +123,8 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       rank_order=layout.rank_order, view_window=layout.lifecycle.view_window,
                       state_home=layout.lifecycle.state_home,
                       unit_activation=unit_activation if layout.activation == "mixed" else None,
-                      check=False, shard_state=layout.lifecycle.shard_state)
+                      check=False, shard_state=layout.lifecycle.shard_state,
+                      schedule=layout.schedule, weight_grad=layout.weight_grad)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
@@ -326,8 +193,8 @@ def _lead(request: PlanRequest, tables: list[UnitTable], layout: Layout,
 
 
 def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> float:
-    """A tighter lower bound on the candidate's step than the one it was queued with: its 1F1B
-    order walked stage by stage (stage_cost.pipeline_path) on the links its rank order gives,
+    """A tighter lower bound on the candidate's step than the one it was queued with: its
+    schedule's order walked stage by stage (bounds.pipeline_path) on the links its rank order gives,
     then stage 0's last sync and updates."""
     layout, part = candidate.layout, candidate.partition
     per_stage = tables(layout)
@@ -337,7 +204,8 @@ def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> fl
     act = per_stage[0].act
     path = pipeline_path([e for _, _, e in part], layout.n_micro, lead,
                          [link.time(act) for link in hops],
-                         _tail(request, per_stage[0], layout, part, (rings[0],)))
+                         _tail(request, per_stage[0], layout, part, (rings[0],)),
+                         layout.weight_grad)
     return max(candidate.bound, path)
 
 
@@ -350,7 +218,10 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
     order = itertools.count()
     all_layouts = layouts(request)
     for layout in all_layouts:
-        bound = pipeline_bound(tables.least_work(layout), layout.n_micro, layout.pp)
+        work = tables.least_work(layout)
+        bound = (pipeline_bound(work, layout.n_micro, layout.pp) if layout.weight_grad is None
+                 else pipeline_bound(tables.least_work(layout, chained=True), layout.n_micro,
+                                     layout.pp, work))
         heapq.heappush(queue, (bound, next(order), "layout", (layout, 0.0)))
     best: list[Candidate] = []
     over: list[Candidate] = []

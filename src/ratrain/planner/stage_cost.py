@@ -3,9 +3,11 @@ policies before anything is simulated.
 
 Both come from the simulator's own cost model (sim/cost_model.py), unit by unit, so the planner
 and the simulator price a unit alike; what is closed-form here is only how a stage adds them
-up under 1F1B: stage s of p holds the activations of min(m, p - s) micro-batches when its
-first backward begins. The simulated memory timeline stays the authority; `lower_bound`
-gives what no plan of these stages can beat, which makes pruning safe.
+up under its schedule: under 1F1B stage s of p holds the activations of min(m, p - s)
+micro-batches when its first backward begins; under ZB-H1 (BWs in the bubble) every stage
+holds min(m, p), and with BWs grouped per unit, all m; a split backward also keeps, between
+BI and BW, the gradients BW starts from. The simulated memory timeline stays the authority;
+planner/bounds.py gives what no plan of these stages can beat, which makes pruning safe.
 
 Sharded state (ZeRO-style, `Lifecycle.shard_state`) changes the units' sizes, not the shape of
 the sums: a unit table is made for one data-parallel degree, and the cost model's
@@ -14,13 +16,14 @@ the sums: a unit table is made for one data-parallel degree, and the cost model'
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
 from ratrain.config import ModelConfig
-from ratrain.schedule.builders import one_f_one_b_in_flight, one_f_one_b_order
+from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.builders import one_f_one_b_in_flight
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.cost_model import StageCosts, StageSetup
 from ratrain.sim.profile import HardwareProfile, Link
@@ -70,7 +73,7 @@ class StageChoice:
 class StageEstimate:
     choice: StageChoice
     forward_s: float  # one micro-batch through the stage, walker time
-    backward_s: float  # its backward
+    backward_s: float  # its backward (split: BI and BW together)
     recompute_s: float  # its recomputation (before the backward; it need not wait for it)
     update_s: float  # every unit's update, once per step
     bytes: float  # device-resident peak, estimated
@@ -78,6 +81,7 @@ class StageEstimate:
     units: tuple[int, int] = (0, 0)  # [a, b)
     recompute_first_s: float = 0.0  # of recompute_s, the stage's last unit's: placed before
     # the wait for the gradient, it can run before the gradient arrives (the others cannot)
+    weight_s: float = 0.0  # of backward_s, the weight gradients (BW) where the backward is split
 
     def busy_s(self, n_micro: int) -> float:
         return n_micro * (self.forward_s + self.backward_s + self.recompute_s) + self.update_s
@@ -89,9 +93,11 @@ class UnitTable:
 
     def __init__(self, model: ModelConfig, profile: HardwareProfile, micro_batch_size: int,
                  seq_len: int, dtype: str, n_micro: int, lifecycle: Lifecycle, clip: bool,
-                 limit: float = float("inf"), host_limit: float = float("inf"), dp: int = 1):
+                 limit: float = float("inf"), host_limit: float = float("inf"), dp: int = 1,
+                 schedule: str = "1f1b", weight_grad: str | None = None):
         """`limit` and `host_limit`: the bytes a stage's estimate may reach on the device and in
-        its host tier. `dp`: the replicas a sharded lifecycle splits the state over."""
+        its host tier. `dp`: the replicas a sharded lifecycle splits the state over.
+        `schedule`, `weight_grad`: the plan's (schedule/plan.py)."""
         self.model, self.profile, self.lifecycle = model, profile, lifecycle
         self.n_units = model.n_layers + 2
         self.n_micro = n_micro
@@ -112,7 +118,11 @@ class UnitTable:
         self.forward = [c.forward(u) + o for u in units]
         # a recomputation (R) is the forward with autograd again, priced as `forward`
         self.forward_no_grad = [c.forward(u, with_grad=False) + o for u in units]
-        self.backward = [c.backward(u) + o for u in units]
+        self._whole = [c.backward(u) + o for u in units]
+        # a split backward is two actions, each with the overhead; BW's share as the cost model's
+        self._weight = [c.backward_weight(u) + o for u in units]
+        self._seeds = [sum(n for _, n in c.storages("wgrad_seeds", Action(Op.BACKWARD_INPUT, u, 0)))
+                       for u in units]
         self.update = [c.update(u) + o for u in units]
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.saved = [uc.saved_bytes(shape, uc.unit_kind(model, u)) for u in units]
@@ -128,10 +138,27 @@ class UnitTable:
         self.host_tier = profile.device.host_link is not None
         self.states_on_device = not (lifecycle.state_home == "host" and self.host_tier)
         self._sums = {name: [0, *accumulate(getattr(self, name))]
-                      for name in ("forward", "backward", "update", "out", "saved", "state", "view",
-                                   "held")}
+                      for name in ("forward", "update", "out", "saved", "state", "view", "held")}
+        self._schedule(schedule, weight_grad)
         block = 1 if self.n_units > 2 else 0
         self.block_saved = self.saved[block] if block else 0
+
+    def _schedule(self, schedule: str, weight_grad: str | None) -> None:
+        """What depends on the schedule: the backward's actions and what it keeps."""
+        self.schedule, self.weight_grad = schedule, weight_grad
+        split = weight_grad is not None
+        o = self.costs.overhead
+        self.backward = [b + o for b in self._whole] if split else self._whole
+        self.weight = self._weight if split else [0.0] * self.n_units
+        self.seeds = self._seeds if split else [0] * self.n_units
+        self._sums = {**self._sums, **{name: [0, *accumulate(getattr(self, name))]
+                                       for name in ("backward", "weight", "seeds")}}
+
+    def scheduled(self, schedule: str, weight_grad: str | None) -> UnitTable:
+        """This table for another schedule (the unit costs shared, not recomputed)."""
+        other = copy.copy(self)
+        other._schedule(schedule, weight_grad)
+        return other
 
     def total(self, name: str, a: int, b: int) -> float:
         sums = self._sums[name]
@@ -141,8 +168,20 @@ class UnitTable:
         return max(0, min(b, self.n_units - 1) - max(a, 1))
 
     def in_flight(self, stage: int, pp: int) -> int:
-        """Micro-batches whose activations stage `stage` holds at its first backward (1F1B)."""
+        """Micro-batches whose activations stage `stage` holds at most: at its first backward
+        (1F1B); ZB-H1 defers stage s's BWs by s, so every stage holds stage 0's count; grouped
+        BWs keep every micro-batch's until the unit's group runs."""
+        if self.weight_grad == "grouped":
+            return self.n_micro
+        if self.weight_grad == "bubble":
+            return one_f_one_b_in_flight(0, pp, self.n_micro)
         return one_f_one_b_in_flight(stage, pp, self.n_micro)
+
+    def seeded(self, stage: int, pp: int) -> int:
+        """Micro-batches whose BI has run and BW not yet, at most (what BI keeps for BW)."""
+        if self.weight_grad == "grouped":
+            return self.n_micro
+        return min(stage + 1, self.n_micro) if self.weight_grad == "bubble" else 0
 
     def estimate(self, a: int, b: int, stage: int, pp: int, choice: StageChoice) -> StageEstimate:
         """Time and device bytes of units [a, b) as stage `stage` of `pp`."""
@@ -175,13 +214,17 @@ class UnitTable:
         transient = 3 * self.act + recovering
         in_flight = self.in_flight(stage, pp)
         held = states + views + in_flight * per_micro + shared + transient
+        # between BI and BW a split backward keeps what BW needs: its seeds, and the
+        # recovered (recomputed or reloaded) activations, which 1F1B frees at once
+        held += self.seeded(stage, pp) * (self.total("seeds", a, b) + dropped)
         host = 0 if self.states_on_device else self.total("state", a, b)
         if choice.offload and self.host_tier:
             host += in_flight * k * (self.block_saved + self.table)
         last_recomputed = not choice.offload and k and k == nb and b - 1 < self.n_units - 1
         return StageEstimate(choice, forward, self.total("backward", a, b), recompute,
                              self.total("update", a, b), held, host, (a, b),
-                             self.forward[1] if last_recomputed else 0.0)
+                             self.forward[1] if last_recomputed else 0.0,
+                             self.total("weight", a, b))
 
     def _fits(self, est: StageEstimate, limit: float) -> StageEstimate | None:
         """The estimate if it fits `limit` with the process's overhead beyond the ledger."""
@@ -215,95 +258,3 @@ class UnitTable:
             if est:
                 return est
         return None
-
-
-def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0,
-                lead_s: Sequence[float] | None = None) -> float:
-    """A 1F1B step can end no sooner than this (seconds); communication, copies and shared
-    cores only add time. Stage 0's last backward comes after every other stage's, and after
-    `tail_s` more (its last sync and updates) the step ends. Stage s computes nothing before
-    `lead_s[s]` (sharded state: the all-gather of its first unit's view; default 0), so the
-    paths below that start at stage 0's first forward start no sooner than `lead_s[0]`, and
-    stage s's own work no sooner than `lead_s[s]`. That last backward is no sooner than, for
-    each stage s:
-
-    - everything of s on its one walker (every forward, recomputation and backward), begun
-      after the stages before it ran their forward of micro-batch 0, followed by the
-      backwards of the last micro-batch on the stages before s;
-    - micro-batch 0's forward through every stage and backward back to s, then what s
-      still has to do: every backward, the recomputations but the first (each is placed
-      right before its backward, so only the first can run before a gradient arrives), the
-      forwards after its min(m, p - s) warm-up ones; then the backwards before s.
-    """
-    m, pp = n_micro, len(estimates)
-    lead = lead_s or [0.0] * pp
-    forward_all = sum(e.forward_s for e in estimates)
-    best, before_f, before_b = 0.0, 0.0, 0.0
-    after = sum(e.backward_s for e in estimates)
-    for s, e in enumerate(estimates):
-        after -= e.backward_s  # the backwards of the stages after s
-        own = m * (e.forward_s + e.backward_s + e.recompute_s)
-        warm = one_f_one_b_in_flight(s, pp, m)  # forwards before its first backward
-        first_gradient = lead[0] + forward_all + after
-        rest = m * e.backward_s + (m - 1) * e.recompute_s + (m - warm) * e.forward_s
-        best = max(best, max(lead[0] + before_f, lead[s]) + own + before_b,
-                   first_gradient + rest + before_b, lead[s] + own + e.update_s)
-        before_f += e.forward_s
-        before_b += e.backward_s
-    return best + tail_s
-
-
-def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence[float],
-                  hop_s: Sequence[float], tail_s: float = 0.0) -> float:
-    """A tighter bound than `lower_bound`, at O(stages x micro-batches): the earliest stage 0
-    can end its last backward when each stage runs its forwards and backwards in its 1F1B
-    order (schedule/builders.one_f_one_b_order, the order the builder gives the programs:
-    min(p - s - 1, m) warm-up forwards, then one forward and one backward, then the cool-down
-    backwards) on its one walker, a forward no sooner than the
-    previous stage's forward of that micro-batch plus `hop_s[s - 1]` (the activation's
-    transfer), a backward no sooner than the next stage's backward of it plus `hop_s[s]` (the
-    gradient's), and the stage's first forward no sooner than `lead_s[s]`; then `tail_s`.
-    The recomputation of a stage's last unit may run before the gradient arrives, the others
-    after it (as the programs place them). Everything else (copies, syncs, updates, shared
-    links and cores, action overheads outside compute) only adds time."""
-    m, pp = n_micro, len(estimates)
-    orders = [one_f_one_b_order(s, pp, m) for s in range(pp)]
-    f_end = [[0.0] * m for _ in range(pp)]
-    b_end = [[0.0] * m for _ in range(pp)]
-    done_f = [0] * pp  # forwards finished per stage (in micro-batch order)
-    done_b = [0] * pp
-    walker = list(lead_s)  # when each stage's walker is next free
-    step = [0] * pp  # position in the stage's order: 2m actions
-    pending = list(range(pp))
-    while pending:
-        s = pending.pop()
-        e, order = estimates[s], orders[s]
-        while step[s] < 2 * m:
-            forward, i = order[step[s]]
-            if forward:
-                if s > 0 and done_f[s - 1] <= i:
-                    break  # waits for the previous stage's forward of i
-                ready = f_end[s - 1][i] + hop_s[s - 1] if s > 0 else 0.0
-                f_end[s][i] = walker[s] = max(walker[s], ready) + e.forward_s
-                done_f[s] += 1
-                if s + 1 < pp:
-                    pending.append(s + 1)
-            else:
-                if s + 1 < pp and done_b[s + 1] <= i:
-                    break  # waits for the next stage's backward of i
-                early = walker[s] + e.recompute_first_s
-                ready = b_end[s + 1][i] + hop_s[s] if s + 1 < pp else 0.0
-                b_end[s][i] = walker[s] = (max(early, ready) + e.backward_s
-                                           + e.recompute_s - e.recompute_first_s)
-                done_b[s] += 1
-                if s > 0:
-                    pending.append(s - 1)
-            step[s] += 1
-    return b_end[0][m - 1] + tail_s
-
-
-def pipeline_bound(work_per_micro: float, n_micro: int, pp: int) -> float:
-    """The least `lower_bound` any partition of `work_per_micro` seconds (forward + backward of
-    one micro-batch through the whole model) into `pp` stages can have: the stages' bounds
-    s_0 + ... + s_{k-1} + m s_k are all equal when s_k shrinks geometrically by (1 - 1/m)."""
-    return work_per_micro / (1.0 - (1.0 - 1.0 / n_micro) ** pp)

@@ -13,8 +13,8 @@ from ratrain.report.figure import DPI, pyplot, save
 from ratrain.trace import lanes as trace_lanes
 
 # op code (schedule/ir.py) -> kind; a wait ("W" + a start's code) takes its start's kind
-KIND_OF_OP = {"F": "forward", "B": "backward", "R": "recompute",
-              "SA": "send", "SG": "send", "RA": "receive", "RG": "receive",
+KIND_OF_OP = {"F": "forward", "B": "backward", "BI": "backward", "BW": "backward",
+              "R": "recompute", "SA": "send", "SG": "send", "RA": "receive", "RG": "receive",
               "GS": "gradient sync", "N": "gradient sync", "U": "update",
               "P": "prefetch", "X": "prefetch", "O": "offload", "L": "offload", "E": "step end"}
 KIND_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#8172B3",

@@ -1,10 +1,11 @@
-"""The compute actions: forward (F), recompute (R) and backward (B) of one unit on one
-micro-batch.
+"""The compute actions: forward (F), recompute (R) and backward (B; split, BI then BW) of one
+unit on one micro-batch.
 
 Each unit's forward runs on a detached copy of its input that requires grad, so each unit's
 backward is its own action: `B u.m` back-propagates unit u alone and leaves the gradient of its
 input for unit u - 1 (or for the send to the previous stage). What a forward saves for its
-backward is held in a SavedActivations (counted, offloadable).
+backward is held in a SavedActivations (counted, offloadable). A split backward's two halves
+are runtime/split_backward.py's; what BI leaves for BW is in st.wgrad.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ratrain.models.llama import lm_loss
+from ratrain.runtime import split_backward
 from ratrain.runtime.saved_activations import SavedActivations
 from ratrain.runtime.step_state import StepState
 from ratrain.schedule.ir import Action
@@ -86,3 +88,35 @@ def backward(ex, st: StepState, a: Action) -> None:
     if a.unit > 0:
         st.grad[(a.unit - 1, a.mb)] = x.grad
     st.bind(input_grad=[x.grad])
+
+
+def backward_input(ex, st: StepState, a: Action) -> None:
+    """The gradient of the unit's input only; BW u.m finishes the unit's weight gradients.
+    Unit 0 reads token ids: it has no input gradient, and its BW runs its whole backward from
+    the output gradient, which it keeps."""
+    key = (a.unit, a.mb)
+    y = st.act.pop(key)
+    grad_y = None if a.unit == ex.head else st.grad.pop(key)
+    x = st.inp[key]
+    if not x.requires_grad:
+        st.wgrad[key] = (y, grad_y)
+        st.bind(wgrad_seeds=[y, grad_y])
+        return
+    dx, st.wgrad[key] = split_backward.backward_input(y, grad_y, x)
+    st.grad[(a.unit - 1, a.mb)] = dx
+    st.bind(input_grad=[dx], wgrad_seeds=st.wgrad[key].seed_tensors())
+
+
+def backward_weight(ex, st: StepState, a: Action) -> None:
+    """Accumulate the unit's parameter gradients from what BI kept, as B would; then its
+    activations go."""
+    key = (a.unit, a.mb)
+    kept = st.wgrad.pop(key)
+    if isinstance(kept, tuple):  # unit 0: its whole backward
+        y, grad_y = kept
+        y.backward(grad_y)
+    else:
+        split_backward.backward_weight(kept)
+    ex.stage.state[a.unit].fold_grads()
+    st.inp.pop(key)
+    st.saved.pop(key, None)

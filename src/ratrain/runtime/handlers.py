@@ -10,6 +10,8 @@ from ratrain.schedule.ops import Op
 HANDLERS = {
     Op.FORWARD: compute.forward,
     Op.BACKWARD: compute.backward,
+    Op.BACKWARD_INPUT: compute.backward_input,
+    Op.BACKWARD_WEIGHT: compute.backward_weight,
     Op.RECOMPUTE: compute.recompute,
     Op.SEND_ACT: transfer.start,
     Op.WAIT_SEND_ACT: transfer.wait,

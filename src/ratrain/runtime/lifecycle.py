@@ -46,7 +46,7 @@ def offload(ex, st: StepState, a: Action) -> None:
     key = (a.unit, a.mb)
     saved = st.saved[key]
     saved.offload(ex.stage.copies)
-    st.bind(input=[st.inp[key]], output=[st.act[key]], saved_host=saved.tensors)
+    st.bind(input=[st.inp[key]], saved_host=saved.tensors)
 
 
 def reload(ex, st: StepState, a: Action) -> None:

@@ -22,6 +22,7 @@ class StepState:
     inp: dict[Key, torch.Tensor] = field(default_factory=dict)  # detached unit input
     grad: dict[Key, torch.Tensor] = field(default_factory=dict)  # gradient of a unit's output
     saved: dict[Key, SavedActivations] = field(default_factory=dict)
+    wgrad: dict[Key, object] = field(default_factory=dict)  # what BI left for BW
     pending: dict[Action, tuple] = field(default_factory=dict)  # start -> (work, tensor)
     losses: list[torch.Tensor] = field(default_factory=list)  # per micro-batch, on the device
     norm: tuple | None = None  # (work, squared norm) between N and WN
@@ -49,6 +50,7 @@ class StepState:
     def unfinished(self, syncing: list[int]) -> list[str]:
         left = sorted(map(str, self.pending)) + [f"sync {u}" for u in syncing]
         left += [f"saved activations {k}" for k in self.saved]
+        left += [f"weight gradient {k}" for k in self.wgrad]
         left += ["norm"] if self.norm else []
         left += [f"act {k}" for k in self.act] + [f"grad {k}" for k in self.grad]
         return left

@@ -1,4 +1,5 @@
-"""Schedule builders: the compute-only program of every pipeline stage (F and B actions only).
+"""Schedule builders: the compute-only program of every pipeline stage (F and B actions only;
+a split schedule's backward is BI and BW).
 
 A builder fixes the order in which a stage runs its micro-batches; the passes (passes.py) then
 add communication and training-state actions around that order. A stage owns a contiguous range
@@ -112,6 +113,49 @@ def one_f_one_b(stage_units: list[range], n_micro: int) -> list[Program]:
     p = len(stage_units)
     return [[a for forward, m in one_f_one_b_order(s, p, n_micro)
              for a in (_forward(units, m) if forward else _backward(units, m))]
+            for s, units in enumerate(stage_units)]
+
+
+@functools.lru_cache(maxsize=256)
+def zbh1_order(stage: int, pp: int, n_micro: int) -> tuple[tuple[Op, int], ...]:
+    """ZB-H1's order on stage `stage` of `pp`: (F, BI or BW, micro-batch) for each of its 3 x
+    n_micro actions (`zbh1`)."""
+    warmup = one_f_one_b_warmup(stage, pp, n_micro)
+    order = [(Op.FORWARD, m) for m in range(warmup)]
+    deferred: list[int] = []  # micro-batches whose BW is still to run, oldest first
+
+    def backward(m: int) -> None:
+        order.append((Op.BACKWARD_INPUT, m))
+        deferred.append(m)
+        if len(deferred) > stage:
+            order.append((Op.BACKWARD_WEIGHT, deferred.pop(0)))
+
+    for m in range(n_micro - warmup):
+        order.append((Op.FORWARD, m + warmup))
+        backward(m)
+    for m in range(n_micro - warmup, n_micro):
+        backward(m)
+    order += [(Op.BACKWARD_WEIGHT, m) for m in deferred]
+    return tuple(order)
+
+
+def zbh1(stage_units: list[range], n_micro: int) -> list[Program]:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each
+    backward split into BI (the input gradient, which the previous unit and stage wait for)
+    and BW (the weight gradient, which nothing but the unit's own sync waits for).
+
+    Forwards and BIs run in 1F1B's order (`one_f_one_b_order`, B read as BI), so the input
+    gradients travel back through the pipeline faster than 1F1B's whole backwards do. Stage s
+    defers its BWs by s micro-batches: the first BW follows its (s + 1)-th BI, then one BW
+    follows each BI, and the s still deferred run after the last BI, in the cool-down bubble
+    that 1F1B leaves on the later stages (stage s of p idles there about s backwards). Each
+    stage then holds up to p micro-batches (what BW needs lives until BW): 1F1B's most, on
+    every stage rather than on stage 0 alone. With equal F, BI and BW times the bubble is a
+    third of 1F1B's.
+    """
+    p = len(stage_units)
+    return [[Action(op, u, m) for op, m in zbh1_order(s, p, n_micro)
+             for u in (units if op is Op.FORWARD else reversed(units))]
             for s, units in enumerate(stage_units)]
 
 

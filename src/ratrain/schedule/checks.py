@@ -82,13 +82,13 @@ def check_completeness(
             if a.mb is not None and not 0 <= a.mb < n_micro:
                 fail(programs, f"rank {s}: {a} names micro-batch {a.mb}, but the step has "
                                 f"{n_micro}", {s: i})
-        compute = [Op.FORWARD] if forward_only else [Op.FORWARD, Op.BACKWARD]
-        for op in compute:
-            for u in units:
-                for m in range(n_micro):
-                    if counts[Action(op, u, m)] != 1:
-                        fail(programs, f"rank {s} runs {Action(op, u, m)} "
-                                        f"{counts[Action(op, u, m)]} times; expected once")
+        for u in units:
+            for m in range(n_micro):
+                for a, expected in _compute_counts(counts, u, m, forward_only):
+                    if counts[a] != expected:
+                        why = "" if a.op is Op.FORWARD else " (a backward is B, or BI and BW)"
+                        fail(programs, f"rank {s} runs {a} {counts[a]} times; expected "
+                                        f"{'once' if expected else 'none'}{why}")
         for a, c in counts.items():
             if a.op is Op.RECOMPUTE and c > 1:
                 fail(programs, f"rank {s} runs {a} {c} times; expected at most once",
@@ -123,6 +123,19 @@ def check_completeness(
                 if counts[a] != 1:
                     fail(programs, f"rank {s} runs {a} {counts[a]} times; expected once "
                                     f"(other ranks run {op.name})")
+
+
+def _compute_counts(counts: Counter, u: int, m: int,
+                    forward_only: bool) -> list[tuple[Action, int]]:
+    """How often each compute action of unit u on micro-batch m must run: F once; in training,
+    the backward once, whole (B) or split (BI and BW, where the program has either half)."""
+    expected = [(Action(Op.FORWARD, u, m), 1)]
+    if forward_only:
+        return expected
+    halves = [Action(Op.BACKWARD_INPUT, u, m), Action(Op.BACKWARD_WEIGHT, u, m)]
+    split = any(counts[a] for a in halves)
+    return expected + [(Action(Op.BACKWARD, u, m), 0 if split else 1)] + [
+        (a, 1 if split else 0) for a in halves]
 
 
 def check_communication(programs: list[Program], stage_units: list[range]) -> None:
@@ -191,12 +204,13 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
     """Each action comes after what it consumes, on its own rank:
 
     F u.m after its input (F (u-1).m on the stage; WRA of the previous stage's last unit; nothing
-    for unit 0). R u.m after F u.m. B u.m after F u.m, after R u.m if there is one, and after its
-    output gradient (B (u+1).m on the stage; WRG u.m; nothing for the head), and after WL u.m if
-    u.m is offloaded. O u.m after F u.m, L u.m after O u.m, WL u.m after L u.m. SA u.m after
-    F u.m; SG after the B of the stage's first unit. GS u after every B u.*. N after every B and
+    for unit 0). R u.m after F u.m. B u.m (or BI u.m, where the backward is split) after F u.m,
+    after R u.m if there is one, and after its output gradient (B or BI (u+1).m on the stage;
+    WRG u.m; nothing for the head), and after WL u.m if u.m is offloaded; BW u.m after BI u.m.
+    O u.m after F u.m, L u.m after O u.m, WL u.m after L u.m. SA u.m after F u.m; SG after the
+    B or BI of the stage's first unit. GS u after every B (or BW) u.*. N after every B, BW and
     WGS of the stage. U u after WN if there is one, and after WGS u if there is one, else after
-    every B u.*.
+    every B (or BW) u.*.
     """
     p = len(programs)
     for s, (program, units) in enumerate(zip(programs, stage_units)):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ratrain.schedule.ir import Action, Program
-from ratrain.schedule.ops import Op
+from ratrain.schedule.ops import WEIGHT_GRAD_OPS, Op
 
 
 @dataclass
@@ -24,8 +24,9 @@ class RankContext:
     stages: int
     units: range
     pos: dict[Action, int]  # first step of each action
-    last_backward: dict[int, int]  # unit -> step of its last B
+    last_backward: dict[int, int]  # unit -> step of its last B or BW (its gradient is final)
     last_sync: int  # step of the stage's last WGS (-1: none)
+    split: set[int]  # units whose backward is split (BI, BW)
 
     @classmethod
     def of(cls, program: Program, stage: int, stages: int, units: range) -> RankContext:
@@ -33,16 +34,23 @@ class RankContext:
         last_backward: dict[int, int] = {}
         for i, a in enumerate(program):
             pos.setdefault(a, i)
-            if a.op is Op.BACKWARD:
+            if a.op in WEIGHT_GRAD_OPS:
                 last_backward[a.unit] = i
         last_sync = max(pos.get(Action(Op.WAIT_GRAD_SYNC, u), -1) for u in units)
-        return cls(stage, stages, units, pos, last_backward, last_sync)
+        split = {a.unit for a in pos if a.op is Op.BACKWARD_WEIGHT}
+        return cls(stage, stages, units, pos, last_backward, last_sync, split)
 
     def runs(self, a: Action) -> bool:
         return a in self.pos
 
     def every_backward(self, u: int) -> tuple[str, int]:
-        return f"every B{u}.*", self.last_backward.get(u, -1)
+        return f"every {'BW' if u in self.split else 'B'}{u}.*", self.last_backward.get(u, -1)
+
+    def input_grad_of(self, u: int, mb: int) -> Action:
+        """The action that makes the gradient of unit u's input on mb: its B, or its BI where
+        the backward is split."""
+        split = Action(Op.BACKWARD_INPUT, u, mb)
+        return split if self.runs(split) else Action(Op.BACKWARD, u, mb)
 
 
 Need = Action | tuple[str, int]
@@ -61,14 +69,14 @@ def _forward(a: Action, ctx: RankContext) -> list[Need]:
 
 
 def _backward(a: Action, ctx: RankContext) -> list[Need]:
-    """Its forward, its recompute or reload if any, and its output's gradient."""
+    """B and BI: its forward, its recompute or reload if any, and its output's gradient."""
     needs: list[Need] = [Action(Op.FORWARD, a.unit, a.mb)]
     if ctx.runs(Action(Op.RECOMPUTE, a.unit, a.mb)):
         needs.append(Action(Op.RECOMPUTE, a.unit, a.mb))
     if ctx.runs(Action(Op.OFFLOAD, a.unit, a.mb)):
         needs.append(Action(Op.WAIT_RELOAD, a.unit, a.mb))
     if a.unit + 1 in ctx.units:
-        needs.append(Action(Op.BACKWARD, a.unit + 1, a.mb))
+        needs.append(ctx.input_grad_of(a.unit + 1, a.mb))
     elif ctx.stage < ctx.stages - 1:
         needs.append(Action(Op.WAIT_RECV_GRAD, a.unit, a.mb))
     return needs
@@ -79,6 +87,11 @@ def _after(op: Op, unit_offset: int = 0) -> Rule:
     def rule(a: Action, ctx: RankContext) -> list[Need]:
         return [Action(op, a.unit + unit_offset, a.mb)]
     return rule
+
+
+def _send_grad(a: Action, ctx: RankContext) -> list[Need]:
+    """The gradient it sends: made by the stage's first unit's B or BI."""
+    return [ctx.input_grad_of(a.unit + 1, a.mb)]
 
 
 def _grad_norm(a: Action, ctx: RankContext) -> list[Need]:
@@ -101,12 +114,14 @@ def _update(a: Action, ctx: RankContext) -> list[Need]:
 NEEDS: dict[Op, Rule] = {
     Op.FORWARD: _forward,
     Op.BACKWARD: _backward,
+    Op.BACKWARD_INPUT: _backward,
+    Op.BACKWARD_WEIGHT: _after(Op.BACKWARD_INPUT),
     Op.RECOMPUTE: _after(Op.FORWARD),
     Op.SEND_ACT: _after(Op.FORWARD),
     Op.WAIT_SEND_ACT: _nothing,
     Op.RECV_ACT: _nothing,
     Op.WAIT_RECV_ACT: _nothing,
-    Op.SEND_GRAD: _after(Op.BACKWARD, +1),
+    Op.SEND_GRAD: _send_grad,
     Op.WAIT_SEND_GRAD: _nothing,
     Op.RECV_GRAD: _nothing,
     Op.WAIT_RECV_GRAD: _nothing,

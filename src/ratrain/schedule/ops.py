@@ -16,12 +16,17 @@ micro-batch m); the executor binds each name to real tensors, the simulator to s
 (ledger.apply_effects), so their ledgers agree by construction:
 
     kept            what F saves for its backward under the unit's policy (nothing if recomputed)
+                    (owner "act", until B or BW; the output has an owner of its own, "out", which
+                    B or BI releases: BI drops the output, BW still needs the rest)
     saved           what a forward with autograd saves (R)
     input, output   the unit's input (unit 0: the step's tokens) and output on the micro-batch
     saved_host      the host copies of `saved` (O);  saved_reloaded: the device copies again (L)
     received        RA's buffer: the previous stage's output, which becomes F's `input`
     output_grad     RG's buffer: the gradient of the unit's output
-    input_grad      what B produces: the gradient of the unit's input
+    input_grad      what B (or BI) produces: the gradient of the unit's input
+    wgrad_seeds     what BI keeps for BW: the gradient of the output of each op of the unit
+                    that reads a weight (unit 0, whose input is token ids: its output and its
+                    output gradient, from which BW runs its whole backward)
     view            the unit's compute view (P)
 
 This module is pure data: no torch.
@@ -38,6 +43,8 @@ class Op(str, Enum):
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "BI"
+    BACKWARD_WEIGHT = "BW"
     RECOMPUTE = "R"
     SEND_ACT = "SA"
     WAIT_SEND_ACT = "WSA"
@@ -62,7 +69,7 @@ class Op(str, Enum):
 
 
 class OpClass(str, Enum):
-    COMPUTE = "compute"  # runs on the rank's own thread or compute stream (F, R, B, U)
+    COMPUTE = "compute"  # runs on the rank's own thread or compute stream (F, R, B, BI, BW, U)
     P2P = "p2p"  # a transfer to or from a neighbouring stage
     COLLECTIVE = "collective"  # over the stage's replicas or the replica's stages
     COPY = "copy"  # between memory tiers, on the copy engine
@@ -118,6 +125,8 @@ class OpSpec:
     eager: bool = False  # goes right after the compute action that produces what it moves
     view: str | None = None  # the unit's view after it: "pending", "live" or "released"
     memory: tuple[Effect, ...] = ()
+    input_grad: bool = False  # backward: needs the output gradient, makes the input gradient
+    weight_grad: bool = False  # backward: accumulates the unit's parameter gradients
     waits: Op | None = None  # filled in: the start this op waits for
 
     @property
@@ -146,15 +155,30 @@ def _wait(start: Op, doc: str, **kw) -> OpSpec:
 SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.FORWARD, "Run one unit's forward on one micro-batch; keep what its backward needs "
            "(per policy).", OpClass.COMPUTE, in_eval=True,
-           memory=(Hold("act", "activations", ("kept", "input", "output")),
+           memory=(Hold("act", "activations", ("kept", "input")),
+                   Hold("out", "activations", ("output",)),
                    Release("recv", -1))),
     OpSpec(Op.BACKWARD, "Backward of one unit on one micro-batch; accumulates that unit's "
            "parameter gradients and leaves the gradient of its input.", OpClass.COMPUTE,
-           memory=(Release("grad"), Release("act"), Release("offloaded"),
+           input_grad=True, weight_grad=True,
+           memory=(Release("grad"), Release("act"), Release("out"), Release("offloaded"),
                    Hold("grad", "buffers", ("input_grad",), -1))),
+    OpSpec(Op.BACKWARD_INPUT, "The input half of a split backward of one unit on one "
+           "micro-batch: the gradient of its input only (what the previous unit and stage wait "
+           "for), keeping the activations and the gradients BW starts from (`wgrad_seeds`). "
+           "Unit 0 (token ids in) has no input gradient: it keeps its output gradient for BW.",
+           OpClass.COMPUTE, input_grad=True,
+           memory=(Release("grad"), Release("out"), Hold("wgrad", "buffers", ("wgrad_seeds",)),
+                   Hold("grad", "buffers", ("input_grad",), -1))),
+    OpSpec(Op.BACKWARD_WEIGHT, "The weight half of a split backward: from what `BI u.m` kept, "
+           "accumulate unit u's parameter gradients as B would (nothing but the unit's own "
+           "sync waits for it), then free the micro-batch's activations.", OpClass.COMPUTE,
+           weight_grad=True,
+           memory=(Release("wgrad"), Release("act"), Release("offloaded"))),
     OpSpec(Op.RECOMPUTE, "Re-run a unit's forward from its kept input, so the following "
            "backward has its graph.", OpClass.COMPUTE,
-           memory=(Release("act"), Hold("act", "activations", ("saved", "input", "output")))),
+           memory=(Release("act"), Release("out"), Hold("act", "activations", ("saved", "input")),
+                   Hold("out", "activations", ("output",)))),
     OpSpec(Op.SEND_ACT, "Start sending a unit's output activation to the next stage.",
            OpClass.P2P, waited_by=Op.WAIT_SEND_ACT, peers=(Peer.NEXT,), pairs_with=Op.RECV_ACT,
            sends=True, in_eval=True, eager=True),
@@ -180,7 +204,7 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.OFFLOAD, "Start copying the tensors `F u.m` saved for its backward to the host "
            "tier. No wait op: the executor tracks the copy and frees the device copy once the "
            "host copy has completed.", OpClass.COPY, eager=True,
-           memory=(Release("act"), Hold("act", "activations", ("input", "output")),
+           memory=(Release("act"), Hold("act", "activations", ("input",)),
                    Hold("offloaded", "offloaded", ("saved_host",)))),
     OpSpec(Op.RELOAD, "Start copying those tensors back from the host tier to the compute "
            "device, for `B u.m`.", OpClass.COPY, waited_by=Op.WAIT_RELOAD,
@@ -221,7 +245,11 @@ START_OF: dict[Op, Op] = {wait: start for start, wait in WAIT_OF.items()}
 """Wait op -> the start op it waits for."""
 
 COMPUTE_OPS = frozenset(op for op, s in SPECS.items() if s.cls is OpClass.COMPUTE and s.mb)
-"""F, R, B: the compute actions on a unit and micro-batch, which passes anchor on."""
+"""F, R, B, BI, BW: the compute actions on a unit and micro-batch, which passes anchor on."""
+INPUT_GRAD_OPS = frozenset(op for op, s in SPECS.items() if s.input_grad)
+"""B, BI: consume the unit's output gradient and make its input's; R and WL go before them."""
+WEIGHT_GRAD_OPS = frozenset(op for op, s in SPECS.items() if s.weight_grad)
+"""B, BW: accumulate the unit's gradients; the last of them on a unit makes its gradient final."""
 
 if set(SPECS) != set(Op) or any(SPECS[w].waits != s for s, w in WAIT_OF.items()):
     raise ImportError(f"op registry incomplete: no spec for {sorted(set(Op) - set(SPECS))}")

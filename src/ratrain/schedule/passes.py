@@ -8,14 +8,14 @@ into policies):
     eval:      add_p2p -> add_step_end -> add_views
 
 (both updates end with add_step_end). Each pass anchors what it adds on the compute actions
-(F, R, B) and on the pipeline-flush point, so what a later pass adds slots in between without
+(F, R, B, or a split backward's BI and BW) and on the pipeline-flush point, so what a later pass adds slots in between without
 moving what is already placed; no pass reorders the compute actions. Inputs are never modified.
 """
 
 from __future__ import annotations
 
 from ratrain.schedule.ir import Action, Program
-from ratrain.schedule.ops import COMPUTE_OPS, SPECS, Op
+from ratrain.schedule.ops import COMPUTE_OPS, INPUT_GRAD_OPS, SPECS, WEIGHT_GRAD_OPS, Op
 
 
 def add_activation_policy(programs: list[Program], policy: dict[int, str]) -> list[Program]:
@@ -33,35 +33,38 @@ def add_activation_policy(programs: list[Program], policy: dict[int, str]) -> li
       compute action and the reloaded tensors are back on the device no earlier than that
       needs; where that action is `F u.m` itself, L follows O. `WL u.m` right before `B u.m`.
 
-    Run this before add_p2p: the waits for the output gradient then land between R (or WL) and
-    B, so the recompute of the stage's last unit overlaps the gradient still in flight, and the
-    activation send lands right after F, in front of O. Where a B gets both its own R and
+    A split backward's BI stands for B here (it is what needs the activations first; they
+    stay until its BW). Run this before add_p2p: the waits for the output gradient then land
+    between R (or WL) and B, so the recompute of the stage's last unit overlaps the gradient
+    still in flight, and the activation send lands right after F, in front of O. Where a B gets both its own R and
     another unit's L, R comes first so that L still runs ahead of one compute action only.
     """
     return [_stage_activation(program, policy) for program in programs]
 
 
 def _stage_activation(program: Program, policy: dict[int, str]) -> Program:
-    def chosen(a: Action, op: Op, choice: str) -> bool:
-        return a.op is op and policy.get(a.unit, "keep") == choice
+    def chosen(a: Action, ops: frozenset[Op], choice: str) -> bool:
+        return a.op in ops and policy.get(a.unit, "keep") == choice
+
+    backward, forward = INPUT_GRAD_OPS, frozenset({Op.FORWARD})  # a split backward: its BI
 
     reloads: dict[int, list[Action]] = {}  # index of the action a reload goes in front of
     previous = 0  # index of the latest compute action; none yet: the program's start
     for i, a in enumerate(program):
-        if chosen(a, Op.BACKWARD, "offload"):
+        if chosen(a, backward, "offload"):
             at = i if program[previous] == Action(Op.FORWARD, a.unit, a.mb) else previous
             reloads.setdefault(at, []).append(Action(Op.RELOAD, a.unit, a.mb))
         if a.op in COMPUTE_OPS:
             previous = i
     out: Program = []
     for i, a in enumerate(program):
-        if chosen(a, Op.BACKWARD, "recompute"):
+        if chosen(a, backward, "recompute"):
             out.append(Action(Op.RECOMPUTE, a.unit, a.mb))
         out += reloads.get(i, [])
-        if chosen(a, Op.BACKWARD, "offload"):
+        if chosen(a, backward, "offload"):
             out.append(Action(Op.WAIT_RELOAD, a.unit, a.mb))
         out.append(a)
-        if chosen(a, Op.FORWARD, "offload"):
+        if chosen(a, forward, "offload"):
             out.append(Action(Op.OFFLOAD, a.unit, a.mb))
     return out
 
@@ -77,7 +80,8 @@ def add_p2p(programs: list[Program], stage_units: list[range]) -> list[Program]:
       `WRA x.m` goes right before `F first.m`, and right after it `RA x.m'` posts the receive of
       the next forward micro-batch m'. So one activation receive is outstanding at any time and
       it is posted one whole forward ahead of its use.
-    * gradient receive (s < p - 1): the same with `RG last.*`/`WRG last.*` around `B last.m`:
+    * gradient receive (s < p - 1): the same with `RG last.*`/`WRG last.*` around `B last.m`
+      (split backwards: `BI last.m`, here and below):
       `RG last.m0` opens the program (after `RA`), `WRG last.m` right before `B last.m`, then
       `RG last.m'` for the next backward micro-batch.
     * activation send (s < p - 1): `SA last.m` right after `F last.m`; the wait for the previous
@@ -98,16 +102,17 @@ def add_p2p(programs: list[Program], stage_units: list[range]) -> list[Program]:
     return [_stage_p2p(program, s, stage_units[s], p) for s, program in enumerate(programs)]
 
 
-def _next_in_order(program: Program, op: Op, layer: int) -> tuple[list[int], dict[int, int]]:
-    order = [a.mb for a in program if a.op is op and a.unit == layer]
+def _next_in_order(program: Program, ops: frozenset[Op],
+                   layer: int) -> tuple[list[int], dict[int, int]]:
+    order = [a.mb for a in program if a.op in ops and a.unit == layer]
     return order, dict(zip(order, order[1:]))
 
 
 def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
     first, last, x = units[0], units[-1], units[0] - 1
     receives_act, sends_act = s > 0, s < p - 1
-    fwd_order, next_fwd = _next_in_order(program, Op.FORWARD, first)
-    bwd_order, next_bwd = _next_in_order(program, Op.BACKWARD, last)
+    fwd_order, next_fwd = _next_in_order(program, frozenset({Op.FORWARD}), first)
+    bwd_order, next_bwd = _next_in_order(program, INPUT_GRAD_OPS, last)
 
     out: Program = []
     if receives_act and fwd_order:
@@ -124,7 +129,7 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
             out.append(Action(Op.WAIT_RECV_ACT, x, a.mb))
             if a.mb in next_fwd:
                 out.append(Action(Op.RECV_ACT, x, next_fwd[a.mb]))
-        if a.op is Op.BACKWARD and a.unit == last and sends_act:
+        if a.op in INPUT_GRAD_OPS and a.unit == last and sends_act:
             out.append(Action(Op.WAIT_RECV_GRAD, last, a.mb))
             if a.mb in next_bwd:
                 out.append(Action(Op.RECV_GRAD, last, next_bwd[a.mb]))
@@ -134,7 +139,7 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
             if sent_act is not None:
                 held = [Action(Op.WAIT_SEND_ACT, last, sent_act)]
             sent_act = a.mb
-        if a.op is Op.BACKWARD and a.unit == first and receives_act:
+        if a.op in INPUT_GRAD_OPS and a.unit == first and receives_act:
             out.append(Action(Op.SEND_GRAD, x, a.mb))
             if sent_grad is not None:
                 out.append(Action(Op.WAIT_SEND_GRAD, x, sent_grad))
@@ -151,12 +156,14 @@ def _flush_point(program: Program) -> int:
     """Index just after the stage's last backward and what it triggers (see _after_compute):
     the pipeline flush, where every gradient of the stage has been accumulated. Waits already
     placed there (the previous gradient send's) move after what is inserted."""
-    return _after_compute(program, max(i for i, a in enumerate(program) if a.op is Op.BACKWARD))
+    backward = INPUT_GRAD_OPS | WEIGHT_GRAD_OPS
+    return _after_compute(program, max(i for i, a in enumerate(program) if a.op in backward))
 
 
 def _last_backwards(program: Program) -> dict[int, int]:
-    """Unit -> index of its last backward in the program."""
-    return {a.unit: i for i, a in enumerate(program) if a.op is Op.BACKWARD}
+    """Unit -> index of its last backward in the program (B, or BW where it is split): where
+    its gradient becomes final."""
+    return {a.unit: i for i, a in enumerate(program) if a.op in WEIGHT_GRAD_OPS}
 
 
 def _final_order(program: Program, units: range) -> list[int]:

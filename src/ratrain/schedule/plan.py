@@ -15,11 +15,15 @@ from ratrain.schedule import builders, passes
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
+from ratrain.schedule.weight_grads import WEIGHT_GRADS, place_weight_grads
 
 SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
     "1f1b": builders.one_f_one_b,
     "gpipe": builders.gpipe,
+    "zbh1": builders.zbh1,
 }
+SPLIT_SCHEDULES = ("zbh1",)
+"""Schedules whose backward is split into BI and BW; they take a weight-gradient placement."""
 ACTIVATIONS = ("keep", "recompute", "offload")
 STATE_HOMES = ("device", "host")
 RANK_ORDERS = ("pp-dp", "dp-pp")
@@ -59,6 +63,9 @@ class PipelinePlan:
     only what three actions do: `GS u` reduce-scatters the gradients (each replica gets the sum
     of its slice), `U u` updates the slice, and `P u` all-gathers the slices into the compute
     view, which therefore always differs from the masters (view_window is not None)."""
+    weight_grad: str | None = None
+    """Where a split schedule's weight gradients (BW) run (schedule/weight_grads.py):
+    "bubble" or "grouped"; None for a schedule whose backward is whole (B)."""
 
     @property
     def n_layers(self) -> int:
@@ -77,6 +84,11 @@ class PipelinePlan:
                                 f"for {len(self.stage_units)} stages")
         if not isinstance(self.shard_state, bool):
             raise ScheduleError(f"shard_state must be true or false, got {self.shard_state!r}")
+        if self.weight_grad not in (None, *WEIGHT_GRADS) or (
+                (self.weight_grad is None) != (self.schedule not in SPLIT_SCHEDULES)):
+            raise ScheduleError(f"weight_grad {self.weight_grad!r} does not fit schedule "
+                                f"{self.schedule!r} (a split schedule takes one of "
+                                f"{', '.join(WEIGHT_GRADS)}; the others none)")
         validate(self.programs, self.stage_units, self.n_micro, self.dp)
         done = _activation_done(self.programs, self.stage_units, self.n_micro)
         if self.activation != done:
@@ -105,6 +117,8 @@ class PipelinePlan:
             "view_window": self.view_window,
             "state_home": self.state_home,
             "shard_state": self.shard_state,
+            # only where the backward is split: other plans read as before
+            **({"weight_grad": self.weight_grad} if self.weight_grad else {}),
         }
 
     @classmethod
@@ -130,6 +144,7 @@ class PipelinePlan:
             view_window=d.get("view_window"),
             state_home=d.get("state_home", "device"),
             shard_state=d.get("shard_state", False),
+            weight_grad=d.get("weight_grad"),
         )
 
 
@@ -251,6 +266,7 @@ def build_plan(
     unit_activation: dict[int, str] | None = None,
     check: bool = True,
     shard_state: bool = False,
+    weight_grad: str | None = None,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -259,7 +275,9 @@ def build_plan(
     is one policy for every decoder block or a list of one per stage (for that stage's decoder
     blocks); the embedding and the head keep, and `unit_activation` overrides any unit.
     `view_window`, `clip` and `shard_state`: see PipelinePlan. `state_home` and `shard_state`
-    are recorded for the executor; they change no program. `check` False skips the checks of the programs (a search that builds
+    are recorded for the executor; they change no program. `weight_grad` places a split
+    schedule's BWs ("bubble", the default, or "grouped": schedule/weight_grads.py); a schedule
+    with whole backwards takes none. `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
     _choice("schedule", schedule, SCHEDULES)
@@ -276,18 +294,36 @@ def build_plan(
     check_sharding(shard_state, dp, state_home, view_window)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     builder = SCHEDULES[schedule]
+    weight_grad = weight_grad_of(schedule, weight_grad)
     reason = micro_batch_refusal(n_micro, pp, schedule)
     if reason:
         raise ScheduleConfigError(reason)
     resolved = _resolve_activation(activation, unit_activation, stage_units)
     if policy == "baseline":
         _check_baseline(activation, resolved, stage_units, view_window)
-    programs = POLICIES[policy](builder(stage_units, n_micro), stage_units, dp,
-                                _by_unit(stage_units, resolved), clip, view_window)
+    programs = builder(stage_units, n_micro)
+    if weight_grad is not None:
+        programs = place_weight_grads(programs, weight_grad)
+    programs = POLICIES[policy](programs, stage_units, dp, _by_unit(stage_units, resolved), clip,
+                                view_window)
     if check:
         validate(programs, stage_units, n_micro, dp)
     return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
-                        rank_order, view_window, state_home, shard_state)
+                        rank_order, view_window, state_home, shard_state, weight_grad)
+
+
+def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
+    """The placement of a split schedule's BWs ("bubble" unless chosen); None for the others,
+    which refuse one."""
+    if schedule not in SPLIT_SCHEDULES:
+        if weight_grad is not None:
+            raise ScheduleConfigError(
+                f"a weight-gradient placement ({weight_grad!r}) needs a schedule that splits the "
+                f"backward ({', '.join(SPLIT_SCHEDULES)}); {schedule!r} runs whole backwards")
+        return None
+    weight_grad = weight_grad or "bubble"
+    _choice("weight-gradient placement", weight_grad, WEIGHT_GRADS)
+    return weight_grad
 
 
 def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None) -> None:

@@ -5,7 +5,7 @@ long it takes, and what it does to the memory ledger.
 pairs it with the op's kind, derived from its spec (`kind_of`), which tells the simulator which
 resource the action uses:
 
-    compute     runs on the rank's own thread/stream: the walker waits for it (F, B, R, U, and
+    compute     runs on the rank's own thread/stream: the walker waits for it (F, B, BI, BW, R, U, and
                 on a device without a host link, the copies P, O, L: a CPU copies in place)
     copy        started on the copy engine; a later wait (WP, WL) waits for it
     send, recv  one side of a point-to-point transfer (SA/RA, SG/RG), matched with the peer
@@ -79,6 +79,8 @@ def _p2p_time(c: StageCosts, a: Action) -> float:
 DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.FORWARD: _forward_time,
     Op.BACKWARD: lambda c, a: c.backward(a.unit),
+    Op.BACKWARD_INPUT: lambda c, a: c.backward_input(a.unit),
+    Op.BACKWARD_WEIGHT: lambda c, a: c.backward_weight(a.unit),
     Op.RECOMPUTE: lambda c, a: c.forward(a.unit),
     Op.SEND_ACT: _p2p_time,
     Op.WAIT_SEND_ACT: _zero,

@@ -56,10 +56,13 @@ class ComputeRate:
 
 @dataclass
 class UnitTimes:
-    """Measured seconds of one unit kind's forward and backward on one shape."""
+    """Measured seconds of one unit kind's forward and backward on one shape, and of the two
+    halves of a split backward (BI, BW) where they were measured."""
 
     forward_s: float
     backward_s: float
+    backward_input_s: float | None = None
+    backward_weight_s: float | None = None
 
 
 @dataclass
@@ -274,7 +277,8 @@ _TYPES = {
     Link: {"bandwidth": float, "latency": float},
     LinkClass: {"p2p": Link, "collective": Link},
     ComputeRate: {"peak_flops": float, "efficiency": float},
-    UnitTimes: {"forward_s": float, "backward_s": float},
+    UnitTimes: {"forward_s": float, "backward_s": float, "backward_input_s": "optional-float",
+                "backward_weight_s": "optional-float"},
     MeasuredShape: {"model": str, "seq_len": int, "micro_batch_size": int, "dtype": str,
                     "embedding": UnitTimes, "block": UnitTimes, "head": UnitTimes,
                     "block_forward_no_grad_s": "optional-float"},

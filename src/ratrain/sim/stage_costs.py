@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ratrain.config import ModelConfig
-from ratrain.schedule.ir import Action
+from ratrain.schedule.ir import Action, Op
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.profile import HardwareProfile, Link
 
@@ -81,15 +81,34 @@ class StageCosts:
         return uc.forward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
 
     def backward(self, u: int) -> float:
+        return self._backward_compute(u) + self._fold(u)
+
+    def backward_input(self, u: int) -> float:
+        """BI: measured where the profile has the shape's halves, else the input-gradient
+        share of the backward (uc.split_backward_s)."""
+        return self._split(u)[0]
+
+    def backward_weight(self, u: int) -> float:
+        """BW: as BI, the weight-gradient half; and the fold of a view's gradient."""
+        return self._split(u)[1] + self._fold(u)
+
+    def _split(self, u: int) -> tuple[float, float]:
+        kind = self.s.kind(u)
+        times = getattr(self.measured, kind) if self.measured is not None else None
+        if times is not None and times.backward_input_s is not None:
+            return times.backward_input_s, times.backward_weight_s
+        return uc.split_backward_s(self.s.shape, kind, self._backward_compute(u))
+
+    def _backward_compute(self, u: int) -> float:
         kind = self.s.kind(u)
         if self.measured is not None:
-            t = getattr(self.measured, kind).backward_s
-        else:
-            shape = self.s.shape
-            t = uc.backward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
-        if u in self.s.view_units:  # fold the view's gradient into fp32: read both, write one
-            t += 12 * self.s.params(u) / self.bandwidth
-        return t
+            return getattr(self.measured, kind).backward_s
+        shape = self.s.shape
+        return uc.backward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
+
+    def _fold(self, u: int) -> float:
+        """Folding a view's gradient into fp32 after a backward: read both, write one."""
+        return 12 * self.s.params(u) / self.bandwidth if u in self.s.view_units else 0.0
 
     def update_params(self, u: int) -> int:
         """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
@@ -182,13 +201,22 @@ class StageCosts:
         if name == "input":
             return [self.input_storage(u, mb)]
         if name == "output":
-            return [self.output_storage(u, mb)]
+            (_, *at), nbytes = self.output_storage(u, mb)
+            # R's output is a new tensor: where the forward's is still the next unit's input
+            # (a split backward frees that unit's activations only at its BW), both are held.
+            return [(("recomputed" if a.op is Op.RECOMPUTE else "out", *at), nbytes)]
         if name == "received":
             return [(("out", u, mb), self.act_bytes())]
         if name == "output_grad":
             return [(("grad", u, mb), self.act_bytes())]
         if name == "input_grad":
             return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
+        if name == "wgrad_seeds":  # the output gradient (not the head's: a loss), and the rest
+            out = [] if self.s.kind(u) == "head" else [(("grad", u, mb), self.act_bytes())]
+            if u == 0:  # its BW is its whole backward: from its output
+                out.append(self.output_storage(u, mb))
+            return out + [(("seed", u, mb, i), n)
+                          for i, n in enumerate(uc.wgrad_seed_bytes(self.s.shape, self.s.kind(u)))]
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
         raise KeyError(f"no size for storage {name!r} of {a}")

@@ -51,8 +51,7 @@ def forward_flops(shape: UnitShape, kind: str) -> float:
         return 2.0 * t * m.dim * m.vocab_size
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     linear = 2.0 * t * (m.dim * (q + 2 * kv) + q * m.dim + 3 * m.dim * m.ffn_dim)
-    attention = 4.0 * shape.micro_batch_size * m.n_heads * shape.seq_len ** 2 * m.head_dim
-    return linear + (attention / 2 if m.position == "rope" else attention)
+    return linear + _attention_flops(shape)
 
 
 def backward_flops(shape: UnitShape, kind: str) -> float:
@@ -161,3 +160,47 @@ def table_bytes(shape: UnitShape, kind: str) -> int:
     so one storage serves every block and micro-batch."""
     m = shape.model
     return 2 * shape.seq_len * m.head_dim * shape.elt if kind == "block" and m.position == "rope" else 0
+
+
+def weight_grad_share(shape: UnitShape, kind: str) -> float:
+    """The part of a unit's backward that is its weight gradient (BW of a split backward), from
+    the FLOPs: each matmul's backward is one product for its input's gradient and one, as
+    large, for its weight's; attention has no weights, so its backward is all BI; the
+    embedding's backward is all weight (a scatter-add; its input is token ids)."""
+    if kind == "embedding":
+        return 1.0
+    if kind == "head":
+        return 0.5
+    linear = forward_flops(shape, kind) - _attention_flops(shape)
+    return linear / backward_flops(shape, kind)
+
+
+def split_backward_s(shape: UnitShape, kind: str, backward_s: float) -> tuple[float, float]:
+    """(BI, BW) seconds of a backward that takes `backward_s` whole, split by
+    weight_grad_share. The one place that prices the halves: a profile that measures BI and BW
+    would be read here instead."""
+    w = weight_grad_share(shape, kind)
+    return backward_s * (1.0 - w), backward_s * w
+
+
+def _attention_flops(shape: UnitShape) -> float:
+    m = shape.model
+    attention = 4.0 * shape.micro_batch_size * m.n_heads * shape.seq_len ** 2 * m.head_dim
+    return attention / 2 if m.position == "rope" else attention
+
+
+def wgrad_seed_bytes(shape: UnitShape, kind: str) -> list[int]:
+    """What BI keeps for BW besides the activations (runtime/split_backward.py), as the sizes
+    of the storages autograd makes for them: the gradient of the output of each op that reads
+    a weight. A block: the gradients of q, k, v, of the attention's residual sum (o_proj's
+    output), of both RMSNorms' products and of gate and up, each its own storage, and of
+    down_proj's output, which is the block's output gradient (not counted here: that storage
+    is the one received or made by the next unit's BI). The head: its norm's product and the
+    logits. The embedding: only its output gradient (its BW is its whole backward)."""
+    m, t, e = shape.model, shape.tokens, shape.elt
+    if kind == "embedding":
+        return []
+    if kind == "head":
+        return [t * m.dim * e, t * m.vocab_size * e]
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    return [t * n * e for n in (q, kv, kv, m.dim, m.dim, m.dim, m.ffn_dim, m.ffn_dim)]

@@ -1,0 +1,177 @@
+"""The layouts the planner's search considers: what a request asks for (PlanRequest), and
+every pipeline and data-parallel degree, micro-batch size, rank order, lifecycle and schedule
+that training can run (`layouts`, by runnable.py's rule)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ratrain import runnable
+from ratrain.config import ModelConfig
+from ratrain.layout import has_views
+from ratrain.planner.stage_cost import Lifecycle
+from ratrain.sim.placement import stage_groups
+from ratrain.sim.profile import HardwareProfile
+
+DEFAULT_MARGIN = 0.10
+"""Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
+caching, communication libraries' buffers."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: ModelConfig
+    profile: HardwareProfile
+    devices: int
+    global_batch: int
+    seq_len: int
+    dtype: str = "float32"
+    budget: float | None = None  # bytes per device; None: the profile's memory
+    margin: float = DEFAULT_MARGIN
+    policy: str = "ratrain"
+    clip: bool = True
+    top: int = 5
+    micro_batch_sizes: tuple[int, ...] | None = None  # None: every one that divides the batch
+    pipeline_degrees: tuple[int, ...] | None = None  # None: 1 .. units
+    time_limit_s: float = 60.0
+
+    def device(self, group: int = 0):
+        return self.profile.for_group(group).device
+
+    def budget_of(self, group: int = 0) -> float:
+        """Bytes per device of the group: its memory, or the budget asked for where lower."""
+        memory = self.device(group).memory_bytes
+        return memory if self.budget is None else min(self.budget, memory)
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.budget_of(0)
+
+    def limit_of(self, group: int = 0) -> float:
+        """What the simulated device peak of a stage on the group, plus the process's own
+        overhead beyond the ledger (a measured profile's), may reach."""
+        return self.budget_of(group) * (1.0 - self.margin)
+
+    def host_limit_of(self, group: int = 0) -> float:
+        host = self.device(group).host_memory_bytes
+        return float("inf") if host is None else host * (1.0 - self.margin)
+
+    @property
+    def limit(self) -> float:
+        return self.limit_of(0)
+
+    @property
+    def host_limit(self) -> float:
+        return self.host_limit_of(0)
+
+
+@dataclass(frozen=True)
+class Layout:
+    pp: int
+    dp: int
+    micro_batch_size: int
+    n_micro: int
+    rank_order: str
+    lifecycle: Lifecycle
+    activation: str  # "mixed" (per stage, per unit: ratrain) or one uniform choice (baseline)
+    groups: tuple[int, ...] = ()  # the device group of each stage (heterogeneous profiles)
+    schedule: str = "1f1b"
+    weight_grad: str | None = None  # a split schedule's BW placement (schedule/weight_grads.py)
+
+    @property
+    def devices(self) -> int:
+        return self.pp * self.dp
+
+    @property
+    def schedule_label(self) -> str:
+        """The schedule as the plan table shows it: "1F1B", "ZB-H1 grouped"."""
+        name = runnable.SCHEDULE_NAMES.get(self.schedule, self.schedule)
+        return f"{name} {self.weight_grad}" if self.weight_grad else name
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _host_is_separate(request: PlanRequest) -> bool:
+    """The profile's devices have a host tier apart from their memory (a GPU's: layout.has_views)."""
+    return request.profile.device.host_link is not None
+
+
+def lifecycles(request: PlanRequest) -> list[Lifecycle]:
+    """State homes and view windows worth trying on this profile and dtype; views only where
+    they differ from the masters (layout.has_views). Sharded state (on the device, with views,
+    the gathered weights: always there) for layouts of dp >= 2 (`layouts` leaves it out of the
+    others). The baseline is GPU-style: state on the device, views resident; sharded too, as
+    DeepSpeed's ZeRO-1 with its pipeline engine."""
+    host_tier = _host_is_separate(request)
+    windows = (0, 1) if request.policy == "ratrain" else (0,)
+    out = []
+    for home in ("device", "host") if host_tier else ("device",):
+        if request.policy == "baseline" and home == "host":
+            continue
+        if not has_views(request.dtype, home, host_tier):
+            out.append(Lifecycle(home, None, request.policy))
+            continue
+        for window in windows:
+            out.append(Lifecycle(home, window, request.policy))
+    if has_views(request.dtype, "device", host_tier, shard_state=True):
+        out.extend(Lifecycle("device", window, request.policy, shard_state=True)
+                   for window in windows)
+    return out
+
+
+def schedules(pp: int, dp: int) -> list[tuple[str, str | None]]:
+    """(schedule, weight-gradient placement) worth simulating for a layout: 1F1B; ZB-H1 with its
+    BWs in the bubble where there is one (pp > 1: on one stage it is 1F1B's order); grouped
+    where grouping may hide syncs (dp > 1) or shorten the cool-down (pp > 1)."""
+    out: list[tuple[str, str | None]] = [("1f1b", None)]
+    if pp > 1:
+        out.append(("zbh1", "bubble"))
+    if pp > 1 or dp > 1:
+        out.append(("zbh1", "grouped"))
+    return out
+
+
+def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
+            life: Lifecycle) -> str | None:
+    """Why training would refuse this layout (runnable.refusal: the rule `ratrain train`
+    applies), or None."""
+    return runnable.refusal(
+        n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
+        micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
+        clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,
+        view_window=life.view_window, tie_embeddings=request.model.tie_embeddings,
+        host_is_separate=_host_is_separate(request),
+        host_collectives=request.profile.device.host_collectives)
+
+
+def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layout]:
+    """Every layout on at most `devices` devices that training can run (`refusal`): pp x dp x
+    micro-batch size dividing the global batch into at least pp micro-batches per replica,
+    sharded state only over dp >= 2, state on the host only where collectives can reach it.
+    `refused`, where given, collects the reasons of those left out."""
+    n_units = request.model.n_layers + 2
+    g = request.global_batch
+    activations = ("mixed",) if request.policy == "ratrain" else ("keep", "recompute")
+    out = []
+    for pp in request.pipeline_degrees or range(1, min(n_units, request.devices) + 1):
+        for dp in _divisors(g):
+            if pp * dp > request.devices:
+                break
+            for mbs in request.micro_batch_sizes or _divisors(g // dp):
+                orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
+                for life in lifecycles(request):
+                    reason = refusal(request, pp, dp, mbs, life)
+                    if reason:
+                        if refused is not None:
+                            refused.append(reason)
+                        continue
+                    for order, act, (schedule, weight_grad) in itertools.product(
+                            orders, activations, schedules(pp, dp)):
+                        groups = stage_groups(pp, dp, order, request.profile)
+                        if groups is not None:
+                            out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
+                                              tuple(groups), schedule, weight_grad))
+    return out

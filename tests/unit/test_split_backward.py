@@ -1,0 +1,86 @@
+"""A split backward computes what the whole one does: one process runs zbh1 (both
+weight-gradient placements) and 1f1b on the same batches, with every activation choice and
+views; losses and weights agree bit for bit, and the executor's ledger equals the simulator's
+kind by kind (so the simulator sizes what BI keeps for BW exactly)."""
+
+import pytest
+import torch
+
+from ratrain.config import RunConfig
+from ratrain.runtime.engine import PipelineEngine
+from ratrain.schedule.plan import build_plan
+from ratrain.sim.profile import load_profile
+from ratrain.sim.simulator import simulate
+
+N_MICRO = 3
+
+
+def _cfg(**model) -> RunConfig:
+    cfg = RunConfig()
+    cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 64, 2, 4, 2
+    cfg.model.ffn_dim, cfg.model.vocab_size, cfg.model.max_seq_len = 160, 257, 64
+    for key, value in model.items():
+        setattr(cfg.model, key, value)
+    cfg.train.seq_len, cfg.train.micro_batch_size = 32, 2
+    cfg.train.global_batch = 2 * N_MICRO
+    return cfg
+
+
+def _batches(cfg: RunConfig):
+    """Micro-batches as views of one tensor of inputs and one of targets, as the loader gives
+    them (the simulator sizes them so)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(0, 257, (cfg.train.global_batch, cfg.train.seq_len + 1), generator=g)
+    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    return [(x[i:i + 2], y[i:i + 2]) for i in range(0, cfg.train.global_batch, 2)]
+
+
+def _run(cfg, steps=2, **plan_args):
+    plan = build_plan(cfg.model.n_layers, 1, 1, N_MICRO, **plan_args)
+    engine = PipelineEngine(cfg, plan, None, device=torch.device("cpu"))
+    losses = [engine.train_step(_batches(cfg), 1e-3).loss for _ in range(steps)]
+    weights = [p.detach().clone() for p in engine.stage.master_params()]
+    predicted = simulate(plan, cfg.model, load_profile("cpu-local"), micro_batch_size=2,
+                         seq_len=cfg.train.seq_len).ranks[0].at_peak
+    return losses, weights, dict(engine.stage.ledger.at_peak), predicted
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("activation, window, clip", [
+    ("keep", None, True), ("recompute", 1, False), ("offload", 0, True),
+])
+def test_split_backward_equals_the_whole_one(activation, window, clip):
+    cfg = _cfg()
+    common = dict(activation=activation, view_window=window, clip=clip)
+    ref_losses, ref_weights, _, _ = _run(cfg, **common)
+    for weight_grad in ("bubble", "grouped"):
+        losses, weights, measured, predicted = _run(cfg, schedule="zbh1", weight_grad=weight_grad,
+                                                    **common)
+        assert losses == ref_losses
+        assert all(torch.equal(a, b) for a, b in zip(weights, ref_weights))
+        assert measured == predicted, weight_grad
+
+
+@pytest.mark.parametrize("model", [
+    dict(position="alibi", n_kv_heads=4, norm_head=True),  # MHA: v's gradient straight from SDPA
+    dict(qkv_bias=True),  # q, k, v with a bias: weight and bias share one seam
+    # The head reads the embedding's weight. (Its saved tensors then hold that weight, which
+    # the ledger counts as the head's activations, the simulator as masters, as under 1F1B.)
+    dict(tie_embeddings=True),
+])
+def test_split_backward_on_model_variants(model):
+    cfg = _cfg(**model)
+    ref_losses, ref_weights, _, _ = _run(cfg, clip=False)
+    losses, weights, measured, predicted = _run(cfg, clip=False, schedule="zbh1",
+                                                weight_grad="grouped")
+    assert losses == ref_losses
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-7) for a, b in zip(weights, ref_weights))
+    if not cfg.model.tie_embeddings:
+        assert measured == predicted
