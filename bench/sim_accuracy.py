@@ -17,9 +17,10 @@ Two sets of configurations: `in`, the shape the profile measured (tiny, 256 toke
 of 2), whose unit times the simulator reads; `out`, shapes it did not measure (the `small` and
 `tiny-gqa` presets, 64 to 512 tokens, micro-batches of 1 and 4, an uneven partition, three
 stages, per-stage recompute, sharded state, the slow link), priced from FLOPs and the profile's
-rates: the simulator out of sample.
+rates: the simulator out of sample; `split`, split backwards (zbh1, grouped weight gradients)
+beside 1F1B on the same layouts.
 
-    python bench/sim_accuracy.py [--set in|out|all] [--profile FILE] [--steps 10] [--rounds 2] [--link 200mbit] [--out bench/results/sim_accuracy.json]
+    python bench/sim_accuracy.py [--set in|out|split|all] [--profile FILE] [--steps 10] [--rounds 2] [--link 200mbit] [--out bench/results/sim_accuracy.json]
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class Config:
     micro: int = MICRO
     units_per_stage: tuple[int, ...] | None = None
     shard_state: bool = False
+    schedule: str = "1f1b"
+    weight_grad: str | None = None  # a split schedule's BW placement
 
 
 # The profiled shape: the simulator reads its measured unit times.
@@ -99,7 +102,25 @@ OUT_OF_SAMPLE = [
            shard_state=True),
     Config("small 1x2 s128 mb2 ratrain, link", 1, 2, 8, linked=True, model="small", seq=128),
 ]
-SETS = {"in": IN_SAMPLE, "out": OUT_OF_SAMPLE, "all": IN_SAMPLE + OUT_OF_SAMPLE}
+# Split backwards (BI, BW) beside 1F1B on the same layouts: the zero-bubble schedule where the
+# pipeline idles (pp=2 on 2 cores), and grouped weight gradients where a slow link's sync waits
+# for the last backward (pp=1 dp=2 over the link: tiny's gradient sync there takes about as long
+# as its backward).
+SPLIT = [
+    Config("small 2x1 4 micro 1f1b", 2, 1, 4, activation=("keep",) * 2, model="small", micro=1),
+    Config("small 2x1 4 micro zbh1", 2, 1, 4, activation=("keep",) * 2, model="small", micro=1,
+           schedule="zbh1"),
+    Config("small 2x1 8 micro 1f1b", 2, 1, 8, activation=("keep",) * 2, model="small", micro=1),
+    Config("small 2x1 8 micro zbh1", 2, 1, 8, activation=("keep",) * 2, model="small", micro=1,
+           schedule="zbh1"),
+    Config("1x2 zbh1 grouped, link", 1, 2, 8, linked=True, schedule="zbh1", weight_grad="grouped"),
+    Config("1x2 4 micro baseline, link", 1, 2, 16, "baseline", linked=True),
+    Config("1x2 4 micro ratrain, link", 1, 2, 16, linked=True),
+    Config("1x2 4 micro zbh1 grouped, link", 1, 2, 16, linked=True, schedule="zbh1",
+           weight_grad="grouped"),
+]
+SETS = {"in": IN_SAMPLE, "out": OUT_OF_SAMPLE, "split": SPLIT,
+        "all": IN_SAMPLE + OUT_OF_SAMPLE + SPLIT}
 
 
 def _config(c: Config, steps: int) -> RunConfig:
@@ -144,7 +165,8 @@ def _plan(cfg: RunConfig, c: Config):
     return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, policy=c.policy,
                       activation=list(c.activation) if p.pp > 1 else c.activation[0],
                       units_per_stage=list(c.units_per_stage) if c.units_per_stage else None,
-                      shard_state=c.shard_state, view_window=0 if c.shard_state else None)
+                      shard_state=c.shard_state, view_window=0 if c.shard_state else None,
+                      schedule=c.schedule, weight_grad=c.weight_grad)
 
 
 def _per_stage(per_rank: list, pp: int, dp: int) -> list:
@@ -159,7 +181,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
     ap.add_argument("--set", choices=SETS, default="all",
-                    help="in: the profiled shape; out: shapes the profile did not measure")
+                    help="in: the profiled shape; out: shapes the profile did not measure; "
+                         "split: split backwards beside 1F1B")
     ap.add_argument("--only", help="comma-separated labels to run")
     ap.add_argument("--out", default=str(ROOT / "bench/results/sim_accuracy.json"))
     args = ap.parse_args()
@@ -209,7 +232,8 @@ def main() -> None:
                 "activation": list(c.activation), "link": args.link if c.linked else None,
                 "model": c.model, "seq_len": c.seq, "micro_batch_size": c.micro,
                 "units_per_stage": c.units_per_stage, "shard_state": c.shard_state,
-                "in_sample": c in IN_SAMPLE,
+                "schedule": c.schedule, "weight_grad": c.weight_grad,
+                "in_sample": (c.model, c.seq, c.micro) == (MODEL, SEQ, MICRO),
                 "step_time_s": {"predicted": sim.step_time,
                                 "measured": statistics.median(g["step_time_s"] for g in got),
                                 "measured_per_round": [g["step_time_s"] for g in got]},
