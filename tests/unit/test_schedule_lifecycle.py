@@ -12,7 +12,8 @@ from ratrain.schedule import (
     build_plan, format_program, parse_program, partition_units, validate,
 )
 from ratrain.schedule.checks import check_views
-from ratrain.schedule.passes import add_activation_policy, add_views
+from ratrain.schedule.passes import add_activation_policy
+from ratrain.schedule.view_passes import add_views
 
 COMPUTE = (Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD)
 

@@ -7,6 +7,7 @@ into policies):
                -> add_views
     eval:      add_p2p -> add_step_end -> add_views
 
+(add_views, the parameter views' pass, is view_passes.py's.)
 (both updates end with add_step_end). Each pass anchors what it adds on the compute actions
 (F, R, B, or a split backward's BI and BW) and on the pipeline-flush point, so what a later pass adds slots in between without
 moving what is already placed; no pass reorders the compute actions. Inputs are never modified.
@@ -153,11 +154,11 @@ def _stage_p2p(program: Program, s: int, units: range, p: int) -> Program:
 
 
 def _flush_point(program: Program) -> int:
-    """Index just after the stage's last backward and what it triggers (see _after_compute):
+    """Index just after the stage's last backward and what it triggers (see after_compute):
     the pipeline flush, where every gradient of the stage has been accumulated. Waits already
     placed there (the previous gradient send's) move after what is inserted."""
     backward = INPUT_GRAD_OPS | WEIGHT_GRAD_OPS
-    return _after_compute(program, max(i for i, a in enumerate(program) if a.op in backward))
+    return after_compute(program, max(i for i, a in enumerate(program) if a.op in backward))
 
 
 def _last_backwards(program: Program) -> dict[int, int]:
@@ -172,7 +173,7 @@ def _final_order(program: Program, units: range) -> list[int]:
     return sorted(units, key=last_backward.__getitem__)
 
 
-def _after_compute(program: Program, i: int) -> int:
+def after_compute(program: Program, i: int) -> int:
     """Index just after the compute action at i and the starts placed right after it (eager ops
     in schedule/ops.py): after a backward, the gradient send to the previous stage (which that stage
     waits for, so nothing goes in front of it) and the gradient syncs already placed there;
@@ -183,7 +184,7 @@ def _after_compute(program: Program, i: int) -> int:
     return i
 
 
-def _insert(program: Program, at: dict[int, list[Action]]) -> Program:
+def insert_at(program: Program, at: dict[int, list[Action]]) -> Program:
     """`program` with `at[i]` inserted before its i-th action (i == len(program): at the end)."""
     out: Program = []
     for i, a in enumerate(program):
@@ -239,8 +240,8 @@ def add_unit_grad_sync(programs: list[Program], dp: int) -> list[Program]:
     for program in programs:
         at: dict[int, list[Action]] = {}
         for u, i in _last_backwards(program).items():
-            at.setdefault(_after_compute(program, i), []).append(Action(Op.GRAD_SYNC, u))
-        out.append(_insert(program, at))
+            at.setdefault(after_compute(program, i), []).append(Action(Op.GRAD_SYNC, u))
+        out.append(insert_at(program, at))
     return out
 
 
@@ -273,7 +274,7 @@ def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
             tail = [w for u in order for w in wait(u)] + norm + [Action(Op.UPDATE, u) for u in order]
         else:
             tail = [a for u in order for a in wait(u) + [Action(Op.UPDATE, u)]]
-        out.append(_insert(program, {_flush_point(program): tail}))
+        out.append(insert_at(program, {_flush_point(program): tail}))
     return add_step_end(out)
 
 
@@ -281,97 +282,3 @@ def add_step_end(programs: list[Program]) -> list[Program]:
     """Append `E` (a collective over the pipeline stages that reduces the step's loss) to every
     program; nothing may follow it."""
     return [program + [Action(Op.STEP_END)] for program in programs]
-
-
-def add_views(programs: list[Program], stage_units: list[range],
-              window: int | None) -> list[Program]:
-    """Parameter views: when each unit's compute view is prefetched (`P u`, `WP u`) from its
-    master and released (`X u`). Runs last, on finished programs (E present); it never moves
-    what is already placed.
-
-    * window None: nothing is added; the view is the master.
-    * window 0 (views resident): `P u` for every unit of the stage in the order of first use,
-      then the `WP u` in the same order, at the very start of the program, so the copies are in
-      flight together; never released. U made last step's views stale, so every step prefetches
-      them again (into the buffer kept from the previous step).
-    * window K >= 1: see _windowed_views. At most K + 1 views are live on the stage at any
-      point, and all are released before the step's updates.
-    """
-    if window is None:
-        return [list(program) for program in programs]
-    if window == 0:
-        return [_resident_views(program, units) for program, units in zip(programs, stage_units)]
-    return [_windowed_views(program, window) for program in programs]
-
-
-def _resident_views(program: Program, units: range) -> Program:
-    """Every unit's P, then every WP, in the order of first use, in front of the program."""
-    first_use: dict[int, int] = {}
-    for i, a in enumerate(program):
-        if a.op in COMPUTE_OPS:
-            first_use.setdefault(a.unit, i)
-    order = sorted(units, key=first_use.__getitem__)
-    return ([Action(Op.PREFETCH, u) for u in order] + [Action(Op.WAIT_PREFETCH, u) for u in order]
-            + program)
-
-
-def _runs(program: Program) -> list[tuple[int, int, int]]:
-    """The program's compute actions grouped into runs of consecutive actions on the same unit:
-    (unit, index of the run's first compute action, index of its last)."""
-    runs: list[tuple[int, int, int]] = []
-    for i, a in enumerate(program):
-        if a.op not in COMPUTE_OPS:
-            continue
-        if runs and runs[-1][0] == a.unit:
-            runs[-1] = (a.unit, runs[-1][1], i)
-        else:
-            runs.append((a.unit, i, i))
-    return runs
-
-
-def _view_lifetimes(units: list[int], k: int) -> tuple[list[bool], list[bool]]:
-    """For runs on `units` (one entry per run) and window k: whether run r prefetches a fresh
-    view, and whether it releases its view after it. A unit that runs again within k + 1 runs
-    keeps its view for that run."""
-    fresh, release = [], [True] * len(units)
-    last: dict[int, int] = {}
-    for r, u in enumerate(units):
-        kept = u in last and r - last[u] <= k + 1
-        if kept:
-            release[last[u]] = False
-        fresh.append(not kept)
-        last[u] = r
-    return fresh, release
-
-
-def _windowed_views(program: Program, k: int) -> Program:
-    """Views within a window of k runs (see _runs): run r's view is live from before its first
-    compute action to after its last.
-
-    `P u` for run r goes after the last compute action of run r - k - 1 (at the program start
-    for r <= k), so a view is prefetched at most k runs ahead of its use and its copy overlaps
-    the k runs in between; `WP u` right before run r's first compute action, as late as
-    possible. `X u` right after run r's last compute action, unless u runs again within the
-    next k + 1 runs: then the view stays live and that run gets no P/WP (with the gap exactly
-    k + 1, its P would land where this X does, so keeping the view costs no more memory than
-    releasing and prefetching it again). Where X and P share a point, X comes first, and both
-    come before a WP there; so at most k + 1 views are live (run r's and those prefetched for
-    runs r + 1 .. r + k), and every view is released after its unit's last run, before the
-    updates. "After" a compute action means after the starts it triggers (see _after_compute).
-    """
-    runs = _runs(program)
-    fresh, release = _view_lifetimes([u for u, _, _ in runs], k)
-
-    def after(r: int) -> int:
-        return 0 if r < 0 else _after_compute(program, runs[r][2])
-
-    at: dict[int, list[Action]] = {}
-    for r, (u, _, _) in enumerate(runs):
-        if fresh[r]:
-            at.setdefault(after(r - k - 1), []).append(Action(Op.PREFETCH, u))
-        if release[r]:
-            at.setdefault(after(r), []).append(Action(Op.RELEASE, u))
-    for r, (u, first, _) in enumerate(runs):
-        if fresh[r]:
-            at.setdefault(first, []).append(Action(Op.WAIT_PREFETCH, u))
-    return _insert(program, at)

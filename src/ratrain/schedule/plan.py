@@ -12,9 +12,13 @@ from typing import Any, Callable
 
 from ratrain.runnable import micro_batch_refusal, sharding_refusal
 from ratrain.schedule import builders, passes
+from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
+                                                check_baseline, check_choice,
+                                                resolve_activation)
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
+from ratrain.schedule.view_passes import add_views
 from ratrain.schedule.weight_grads import WEIGHT_GRADS, place_weight_grads
 
 SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
@@ -24,7 +28,6 @@ SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
 }
 SPLIT_SCHEDULES = ("zbh1",)
 """Schedules whose backward is split into BI and BW; they take a weight-gradient placement."""
-ACTIVATIONS = ("keep", "recompute", "offload")
 STATE_HOMES = ("device", "host")
 RANK_ORDERS = ("pp-dp", "dp-pp")
 
@@ -52,7 +55,7 @@ class PipelinePlan:
     ranks) or "dp-pp" (one replica's stages are). It changes no program, only which traffic
     runs between neighbours (under torchrun: inside a node)."""
     view_window: int | None = None
-    """Parameter views (passes.add_views): None, the view is the master (no view actions); 0,
+    """Parameter views (view_passes.add_views): None, the view is the master (no view actions); 0,
     every view resident; K >= 1, each view prefetched at most K units ahead of its use (in the
     stage's order of compute) and released after it, so at most K + 1 are live."""
     state_home: str = "device"
@@ -74,7 +77,7 @@ class PipelinePlan:
     @property
     def unit_activation(self) -> dict[int, str]:
         """Unit -> its activation policy, over every stage."""
-        return _by_unit(self.stage_units, self.activation)
+        return by_unit(self.stage_units, self.activation)
 
     def validate(self) -> None:
         """Run every check (checks.validate) and check that `activation` is what the programs
@@ -90,7 +93,7 @@ class PipelinePlan:
                                 f"{self.schedule!r} (a split schedule takes one of "
                                 f"{', '.join(WEIGHT_GRADS)}; the others none)")
         validate(self.programs, self.stage_units, self.n_micro, self.dp)
-        done = _activation_done(self.programs, self.stage_units, self.n_micro)
+        done = activation_done(self.programs, self.stage_units, self.n_micro)
         if self.activation != done:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
                                 f"programs do: {done}")
@@ -129,7 +132,7 @@ class PipelinePlan:
         stage_units = [range(start, stop) for start, stop in d["stage_units"]]
         activation = d["activation"]
         if isinstance(activation, str):
-            activation = _resolve_activation(activation, None, stage_units)
+            activation = resolve_activation(activation, None, stage_units)
         return cls(
             pp=d["pp"],
             dp=d["dp"],
@@ -148,51 +151,6 @@ class PipelinePlan:
         )
 
 
-def _by_unit(stage_units: list[range], activation: list[list[str]]) -> dict[int, str]:
-    return {u: choice for units, choices in zip(stage_units, activation)
-            for u, choice in zip(units, choices)}
-
-
-def _activation_done(programs: list[Program], stage_units: list[range],
-                     n_micro: int) -> list[list[str]]:
-    """What the programs do per unit: "recompute" where every micro-batch has R, "offload" where
-    every one has O, "keep" where none has either; anything else is named by what it mixes."""
-    def choice(program: Program, u: int) -> str:
-        recomputed = {a.mb for a in program if a.op is Op.RECOMPUTE and a.unit == u}
-        offloaded = {a.mb for a in program if a.op is Op.OFFLOAD and a.unit == u}
-        if not recomputed and not offloaded:
-            return "keep"
-        if len(recomputed) == n_micro and not offloaded:
-            return "recompute"
-        if len(offloaded) == n_micro and not recomputed:
-            return "offload"
-        return f"recompute {sorted(recomputed)}, offload {sorted(offloaded)}"
-
-    return [[choice(program, u) for u in units] for program, units in zip(programs, stage_units)]
-
-
-def _resolve_activation(activation: str | list[str], unit_activation: dict[int, str] | None,
-                        stage_units: list[range]) -> list[list[str]]:
-    """The choice per stage per unit: `activation` for every decoder block, or one entry per
-    stage for that stage's decoder blocks; the embedding and the head keep; `unit_activation`
-    overrides any unit."""
-    pp, n_units = len(stage_units), stage_units[-1].stop
-    per_stage = [activation] * pp if isinstance(activation, str) else list(activation)
-    if len(per_stage) != pp:
-        raise ScheduleConfigError(
-            f"activation {per_stage} has {len(per_stage)} entries for pp={pp}; give one policy, "
-            f"or one per stage")
-    overrides = unit_activation or {}
-    for choice in per_stage + list(overrides.values()):
-        _choice("activation policy", choice, ACTIVATIONS)
-    for u in overrides:
-        if not 0 <= u < n_units:
-            raise ScheduleConfigError(
-                f"unit_activation names unit {u}, but the model has units 0..{n_units - 1}")
-    return [[overrides.get(u, choice if 0 < u < n_units - 1 else "keep") for u in units]
-            for choice, units in zip(per_stage, stage_units)]
-
-
 def _compute_and_p2p(programs: list[Program], stage_units: list[range],
                      activation: dict[int, str]) -> list[Program]:
     """What both policies start with: each unit's activation policy, then the pipeline
@@ -209,7 +167,7 @@ def _baseline(programs: list[Program], stage_units: list[range], dp: int,
     programs = _compute_and_p2p(programs, stage_units, activation)
     programs = passes.add_grad_sync(programs, stage_units, dp)
     programs = passes.add_update(programs, stage_units, clip)
-    return passes.add_views(programs, stage_units, view_window)
+    return add_views(programs, stage_units, view_window)
 
 
 def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
@@ -223,31 +181,10 @@ def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
     programs = _compute_and_p2p(programs, stage_units, activation)
     programs = passes.add_unit_grad_sync(programs, dp)
     programs = passes.add_unit_update(programs, stage_units, dp, clip)
-    return passes.add_views(programs, stage_units, view_window)
+    return add_views(programs, stage_units, view_window)
 
 
 POLICIES = {"ratrain": _ratrain, "baseline": _baseline}
-
-
-def _choice(kind: str, value: str, known) -> None:
-    if value not in known:
-        raise ScheduleConfigError(f"unknown {kind} {value!r}; choose one of {', '.join(known)}")
-
-
-def _check_baseline(activation: str | list[str], resolved: list[list[str]],
-                    stage_units: list[range], view_window: int | None) -> None:
-    """The baseline is GPU-style: one activation policy for every decoder block (the embedding
-    and the head keep), parameter views resident."""
-    asked = {activation} if isinstance(activation, str) else set(activation)
-    uniform = _resolve_activation(_by_unit(stage_units, resolved)[1], None, stage_units)
-    if len(asked) > 1 or resolved != uniform:
-        raise ScheduleConfigError(
-            f"baseline takes one activation policy for every decoder block, got {resolved} "
-            f"(per stage, per unit); use --policy ratrain for per-stage choices")
-    if view_window is not None and view_window >= 1:
-        raise ScheduleConfigError(
-            f"baseline keeps parameter views resident (view_window None or 0), got "
-            f"view_window={view_window}; --view-window needs --policy ratrain")
 
 
 def build_plan(
@@ -280,10 +217,10 @@ def build_plan(
     with whole backwards takes none. `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
-    _choice("schedule", schedule, SCHEDULES)
-    _choice("policy", policy, POLICIES)
-    _choice("rank order", rank_order, RANK_ORDERS)
-    _choice("state home", state_home, STATE_HOMES)
+    check_choice("schedule", schedule, SCHEDULES)
+    check_choice("policy", policy, POLICIES)
+    check_choice("rank order", rank_order, RANK_ORDERS)
+    check_choice("state home", state_home, STATE_HOMES)
     if dp < 1:
         raise ScheduleConfigError(f"dp must be >= 1, got {dp}")
     if n_micro < 1:
@@ -298,13 +235,13 @@ def build_plan(
     reason = micro_batch_refusal(n_micro, pp, schedule)
     if reason:
         raise ScheduleConfigError(reason)
-    resolved = _resolve_activation(activation, unit_activation, stage_units)
+    resolved = resolve_activation(activation, unit_activation, stage_units)
     if policy == "baseline":
-        _check_baseline(activation, resolved, stage_units, view_window)
+        check_baseline(activation, resolved, stage_units, view_window)
     programs = builder(stage_units, n_micro)
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
-    programs = POLICIES[policy](programs, stage_units, dp, _by_unit(stage_units, resolved), clip,
+    programs = POLICIES[policy](programs, stage_units, dp, by_unit(stage_units, resolved), clip,
                                 view_window)
     if check:
         validate(programs, stage_units, n_micro, dp)
@@ -322,7 +259,7 @@ def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
                 f"backward ({', '.join(SPLIT_SCHEDULES)}); {schedule!r} runs whole backwards")
         return None
     weight_grad = weight_grad or "bubble"
-    _choice("weight-gradient placement", weight_grad, WEIGHT_GRADS)
+    check_choice("weight-gradient placement", weight_grad, WEIGHT_GRADS)
     return weight_grad
 
 
@@ -342,6 +279,6 @@ def build_eval_programs(stage_units: list[range], n_micro: int,
     programs = passes.add_step_end(
         passes.add_p2p(builders.forward_only(stage_units, n_micro), stage_units)
     )
-    programs = passes.add_views(programs, stage_units, view_window)
+    programs = add_views(programs, stage_units, view_window)
     validate(programs, stage_units, n_micro, dp=1, forward_only=True)
     return programs
