@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from ratrain.cli.plan_cmd import in_runs
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from peers import machine  # noqa: E402
@@ -112,19 +114,6 @@ def _plan_text(r: dict) -> str:
             f"views {views}")
 
 
-def _activation_text(choices: list[str]) -> str:
-    """Per-stage choices in runs: recompute x2,keep."""
-    out, last, count = [], None, 0
-    for c in [*choices, None]:
-        if c == last:
-            count += 1
-            continue
-        if last is not None:
-            out.append(last if count == 1 else f"{last} x{count}")
-        last, count = c, 1
-    return ",".join(out)
-
-
 def report(result: dict) -> str:
     lines = []
     for study in result["studies"]:
@@ -149,7 +138,7 @@ def report(result: dict) -> str:
                 continue
             lines.append(
                 f"| {r['devices']} | {r['global_batch']} | {r['policy']} | {_plan_text(r)} | "
-                f"{_activation_text(r['stage_choices'])} | {r['tokens_per_s']:,.0f} | "
+                f"{in_runs(r['stage_choices'])} | {r['tokens_per_s']:,.0f} | "
                 f"{r['tokens_per_s_per_device']:.1f} | {r['scaling_efficiency']:.1%} "
                 f"(vs {r['reference_devices']}) | {r['bubble']:.1%} | "
                 f"{r['max_stage_bytes'] / 1e9:.2f} | {search_s} |")

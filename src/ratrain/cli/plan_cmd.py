@@ -152,16 +152,16 @@ def _rows(found) -> list[list]:
     for i, c in enumerate(found.best, 1):
         L = c.layout
         choices = c.choices(n_units)
-        summary = ",".join(choices) if len(choices) <= 4 else _runs(choices)
+        summary = ",".join(choices) if len(choices) <= 4 else in_runs(choices)
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     L.lifecycle.label(), _runs([str(b - a) for a, b, _ in c.partition]),
+                     L.lifecycle.label(), in_runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])
     return rows
 
 
-def _runs(choices: list[str]) -> str:
+def in_runs(choices: list[str]) -> str:
     """Per-stage choices in runs: keep x2,recompute x30."""
     out, last, count = [], None, 0
     for c in [*choices, None]:
