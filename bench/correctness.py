@@ -61,7 +61,7 @@ def runs(args) -> dict[str, list[str]]:
               "--global-batch", str(args.global_batch), "--micro-batch-size",
               str(args.micro_batch_size), "--dtype", "float32", "--steps", str(args.steps),
               "--threads", "1"]
-    pipeline = ["--pp", "2", "--dp", "2"]
+    pipeline = ["--pp", "2", "--dp", "2", "--schedule", "1f1b"]  # the run docs/correctness.md records
     # Recompute and keep compute the same values (docs/benchmarks.md, memory: bit-identical
     # losses), so the baseline's uniform choice leaves the arithmetic as ratrain's.
     return {"ratrain": [*common, *pipeline, "--activation", args.activation, "--policy", "ratrain"],

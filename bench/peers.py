@@ -17,6 +17,10 @@ the counterpart of ratrain's end-of-step `E` action, so every rank knows the ste
   by one flat all_reduce after the schedule (sync="allreduce"). Clipping: the local squared
   norm, all_reduced over the pipeline group, then clip_grad_norm_'s coefficient
   min(1, clip / (norm + 1e-6)).
+  Another schedule class may replace Schedule1F1B: a multi-stage one (e.g.
+  `ScheduleInterleavedZeroBubble`) gets a list of this rank's one stage. A zero-bubble schedule
+  splits the backward, and its weight half (`stage_backward_weight`: torch.autograd.grad) skips
+  DDP's gradient hooks, so DDP would average stage 0's replicas only: use sync="allreduce" there.
 
 Bench scripts import this module as `peers` (their own directory is on sys.path when run as
 `python bench/<script>.py` or under torchrun).
@@ -33,6 +37,8 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from ratrain.config import RunConfig, TrainConfig
 from ratrain.models.llama import build_units, lm_loss
@@ -106,13 +112,18 @@ class DDPPeer:
                             self.groups)
 
 
+def _splits_backward(schedule) -> bool:
+    """Whether a schedule runs weight gradients as actions of their own (W: zero bubble)."""
+    order = getattr(schedule, "pipeline_order", {})  # multi-stage schedules only
+    return any(a is not None and a.computation_type == "W" for acts in order.values() for a in acts)
+
+
 class PipelinePeer:
-    """Schedule1F1B over this stage's ratrain units; replicas synchronized by DDP or all_reduce."""
+    """A torch pipeline schedule (Schedule1F1B by default) over this stage's ratrain units;
+    replicas synchronized by DDP or all_reduce."""
 
     def __init__(self, cfg: RunConfig, stage_units: range, groups, clip: float = 0.0,
-                 sync: str = "ddp", bucket_cap_mb: float = 25.0):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
+                 sync: str = "ddp", bucket_cap_mb: float = 25.0, schedule=Schedule1F1B):
         if sync not in ("ddp", "allreduce"):
             raise ValueError(f"sync must be 'ddp' or 'allreduce', got {sync!r}")
         pp, dp = groups.grid.pp, groups.grid.dp
@@ -137,8 +148,10 @@ class PipelinePeer:
         stage = PipelineStage(submod, groups.stage, pp, groups.device,
                               input_args=example_in, output_args=example_out,
                               group=groups.pipeline)
-        self.schedule = Schedule1F1B(stage, n_microbatches=cfg.n_micro, loss_fn=lm_loss,
-                                     scale_grads=True)
+        # Multi-stage schedules take the list of this rank's stages: here one.
+        stages = stage if issubclass(schedule, PipelineScheduleSingle) else [stage]
+        self.schedule = schedule(stages, n_microbatches=cfg.n_micro, loss_fn=lm_loss,
+                                 scale_grads=True)
         self.params = list(self.module.parameters())
         self.optimizer = adamw(self.params, t)
         how = {"ddp": f"stage modules wrapped in DistributedDataParallel over the replicas "
@@ -147,8 +160,13 @@ class PipelinePeer:
                "allreduce": "one flat all_reduce of the stage's gradients over the replicas "
                             "after the schedule",
                "none": "no data parallelism"}[self.sync]
-        self.description = (f"torch.distributed.pipelining Schedule1F1B; {how}; global-norm "
-                            f"clipping {'(max norm %g)' % clip if clip > 0 else 'off'}; AdamW")
+        if self.sync == "allreduce" and _splits_backward(self.schedule):
+            how += (" (not DDP: the split weight backward, torch.autograd.grad, skips DDP's "
+                    "gradient hooks, so DDP would average stage 0 only)")
+        layout = "" if stages is stage else ", one stage per rank"
+        self.description = (f"torch.distributed.pipelining {schedule.__name__}{layout}; {how}; "
+                            f"global-norm clipping {'(max norm %g)' % clip if clip > 0 else 'off'}; "
+                            f"AdamW")
 
     def _allreduce_grads(self) -> None:
         grads = [p.grad for p in self.params]

@@ -1,11 +1,11 @@
 """Schedules: ratrain's `ratrain` and `baseline` policies against the torch peer a user would pick.
 
-For each configuration (pipeline degree pp, data-parallel degree dp, rank order), three
+For each configuration (pipeline degree pp, data-parallel degree dp, rank order), several
 implementations train the same model from the same initial weights on the same batches, in the
-same processes and process group (gloo, one thread per rank), interleaved in rounds:
+same processes and process group (gloo, one thread per rank), interleaved in rounds. Always:
 
-* ratrain:  `PipelineEngine` with the plan of `policy="ratrain"` (`plan_for`), a `Tracer`
-  attached as the CLI does by default.
+* ratrain:  `PipelineEngine` with the plan of `policy="ratrain"` and schedule 1f1b (`plan_for`), a
+  `Tracer` attached as the CLI does by default.
 * baseline: the same with `policy="baseline"` (GPU-style 1F1B: every gradient synchronized after
   the pipeline flush, one optimizer step at the end).
 * peer:     pp = 1: PyTorch `DistributedDataParallel` (no_sync for all but the last micro-batch,
@@ -13,15 +13,29 @@ same processes and process group (gloo, one thread per rank), interleaved in rou
   ratrain units with each stage module wrapped in DDP over its replicas, as torchtitan does
   (`--peer-sync allreduce`: one all_reduce after the schedule instead). See bench/peers.py.
 
-All three clip by the global gradient norm (`--clip`, default 1.0, the training default; 0 turns
+and on request:
+
+* zbh1-PLACEMENT (`--split bubble,grouped`, one each): the ratrain row's engine with schedule
+  zbh1 (every backward split into input and weight gradients) and that weight-gradient placement
+  (`parallel.weight_grad`), policy ratrain, traced alike.
+* peer-zb (`--peer-zb`, pp > 1 only; at pp = 1 skipped with a line): torch's
+  `ScheduleInterleavedZeroBubble` with one stage per rank (the same non-interleaved layout as the
+  peer), replicas averaged by one all_reduce after the schedule whatever `--peer-sync` says (DDP
+  would average stage 0 only: the split weight backward bypasses its hooks). torch refuses
+  n_micro that is not a multiple of max(1, n_micro // pp); such a layout skips it with torch's
+  message.
+
+All clip by the global gradient norm (`--clip`, default 1.0, the training default; 0 turns
 clipping off), use AdamW with ratrain's settings and a constant learning rate (train.lr), and
 end each step with the loss reduced to every rank. Each implementation keeps its own step
-counter, so all walk the loader's steps 0, 1, 2, ... alike and their step-k losses must agree.
-A round runs `--steps` steps of each implementation (order ratrain, baseline, peer in odd rounds,
+counter, so all walk the loader's steps 0, 1, 2, ... alike and their step-k losses must agree
+(the maximum difference of every pair is printed). A round runs `--steps` steps of each
+implementation (in the list's order, ratrain, baseline, zbh1-*, peer, peer-zb, in odd rounds,
 reversed in even ones), with a barrier between phases; every step is timed on rank 0 with
-perf_counter; a round's rate is its tokens over the sum of its step times. The table reports
-per-implementation medians over rounds and the within-round ratios, and beside them a lower bound
-on the step time of the configuration:
+perf_counter; a round's rate is its tokens over the sum of its step times. The tables report
+per-implementation medians over rounds and the within-round ratios (ratrain against baseline and
+each peer; each zbh1-* against ratrain, baseline and peer-zb), and beside them the 1F1B bound, a
+lower bound on the step time of a 1F1B schedule in the configuration:
 
     max(compute including the 1F1B bubble, bytes crossing the slow link in one direction / rate)
 
@@ -29,11 +43,13 @@ compute: t[s], the forward + backward time of one micro-batch on stage s, measur
 rounds on fresh copies of the stage's units, one rank at a time (nothing else on the cores; the
 fastest of the stage's replicas); compute = max(sum_s t + (n_micro - 1) * max_s t (the 1F1B
 bubble: (n_micro + pp - 1) * t for equal stages), n_micro * dp * sum_s t / min(ranks, cores)
-(more ranks than cores share them)). link (two-node mode only): the activations and their
-gradients of every micro-batch whose neighbouring stages sit on different nodes, plus, for every
-stage whose replicas sit on both nodes, that stage's fp32 gradient bytes (what an all-reduce must
-at least move across the cut, each way). The same per-micro-batch compute as ratrain's traces saw
-it during the timed steps (shared cores included) is printed beside it.
+(more ranks than cores share them)). A split backward (zbh1, peer-zb) fills part of that bubble
+with weight gradients, so its step can beat the pipeline term: a ratio to the bound below 1 is
+no error. link (two-node mode only): the activations and their gradients of every micro-batch
+whose neighbouring stages sit on different nodes, plus, for every stage whose replicas sit on
+both nodes, that stage's fp32 gradient bytes (what an all-reduce must at least move across the
+cut, each way). The same per-micro-batch compute as ratrain's traces saw it during the timed
+steps (shared cores included) is printed beside it.
 
 `--link RATE` runs the ranks as two nodes: two network namespaces joined by a veth pair with a
 `tbf` qdisc of RATE on both ends, the ranks of each node started by `torchrun` inside its
@@ -41,7 +57,8 @@ namespace (needs root). Without it, the ranks run locally over loopback.
 
     python bench/schedules.py [--configs 1x2,2x2:pp-dp,2x2:dp-pp] [--link 200mbit]
         [--model tiny] [--seq-len 256] [--global-batch 16] [--micro-batch-size B] [--clip 1.0]
-        [--steps 3] [--rounds 12] [--warmup 1] [--out bench/results/schedules.json]
+        [--steps 3] [--rounds 12] [--warmup 1] [--split bubble,grouped] [--peer-zb]
+        [--out bench/results/schedules.json]
 """
 
 from __future__ import annotations
@@ -65,6 +82,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
 from torch import nn
 
 from ratrain.config import DataConfig, ParallelConfig, RunConfig, TrainConfig
@@ -77,14 +95,17 @@ from ratrain.runtime.engine import PipelineEngine
 from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.launch import RankFailed, exit_without_teardown, launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
+from ratrain.schedule.plan import SPLIT_SCHEDULES
+from ratrain.schedule.weight_grads import WEIGHT_GRADS
 from ratrain.trace import Tracer
 from ratrain.train import make_data, plan_for
 
 from peers import DDPPeer, PipelinePeer, machine
-from schedules_report import IMPLS, analyse, print_layout, print_overview
+from schedules_report import analyse, print_layout, print_overview
 from two_nodes import LinkUnavailable, TwoNodes, parse_rate
 
-ENGINES = ("ratrain", "baseline")  # the ratrain PipelineEngines (traced)
+PEER_ZB = "peer-zb"
+ZERO_BUBBLE = "ScheduleInterleavedZeroBubble"  # torch's, with one stage per rank
 ORDERS = ("pp-dp", "dp-pp")
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
@@ -122,8 +143,41 @@ def parse_layouts(text: str, default_order: str) -> list[Layout]:
     return out
 
 
+def engine(name: str, label: str, policy: str, schedule: str = "1f1b",
+           weight_grad: str | None = None) -> dict:
+    """A ratrain PipelineEngine implementation, as the result records it."""
+    return {"name": name, "label": label, "kind": "engine", "policy": policy,
+            "schedule": schedule, "weight_grad": weight_grad,
+            "split_backward": schedule in SPLIT_SCHEDULES}
 
-def make_config(args, layout: Layout, policy: str) -> RunConfig:
+
+def peer(name: str, schedule: str | None, sync: str, layout: Layout) -> dict:
+    """A torch implementation: `schedule` a class of torch.distributed.pipelining (None: DDP at
+    pp = 1), `sync` how its replicas average gradients (bench/peers.py)."""
+    with_sync = {"ddp": " + DDP", "allreduce": " + all_reduce"}[sync] if layout.dp > 1 else ""
+    what = f"{schedule}{with_sync}" if schedule else "DDP"
+    return {"name": name, "label": f"{name}: torch {what}", "kind": "peer", "schedule": schedule,
+            "sync": sync, "split_backward": schedule == ZERO_BUBBLE}
+
+
+def implementations(args, layout: Layout) -> tuple[list[dict], dict[str, str]]:
+    """The layout's implementations in round order, and those skipped with why."""
+    impls = [engine("ratrain", f"ratrain (policy {args.ratrain_policy})", args.ratrain_policy),
+             engine("baseline", "ratrain baseline", "baseline")]
+    impls += [engine(f"zbh1-{w}", f"ratrain zbh1, weight grads {w}", "ratrain", "zbh1", w)
+              for w in args.split]
+    if layout.pp == 1:
+        impls.append(peer("peer", None, "ddp", layout))
+        return impls, {PEER_ZB: "pp=1: no pipeline to schedule"} if args.peer_zb else {}
+    impls.append(peer("peer", "Schedule1F1B", args.peer_sync, layout))
+    if args.peer_zb:
+        # all_reduce whatever --peer-sync says: DDP misses the split weight backward (peers.py)
+        impls.append(peer(PEER_ZB, ZERO_BUBBLE, "allreduce", layout))
+    return impls, {}
+
+
+def make_config(args, layout: Layout, impl: dict) -> RunConfig:
+    """The config of an engine implementation (`engine`)."""
     model = get_preset(args.model)
     if args.layers:
         model.n_layers = args.layers
@@ -142,8 +196,10 @@ def make_config(args, layout: Layout, policy: str) -> RunConfig:
             eval_batches=0,
             seed=args.seed,
         ),
-        parallel=ParallelConfig(pp=layout.pp, dp=layout.dp, policy=policy, backend="gloo",
-                                threads_per_rank=1, rank_order=layout.order),
+        # the schedule given, never `auto`: each row is the schedule it names
+        parallel=ParallelConfig(pp=layout.pp, dp=layout.dp, policy=impl["policy"],
+                                schedule=impl["schedule"], weight_grad=impl["weight_grad"],
+                                backend="gloo", threads_per_rank=1, rank_order=layout.order),
     )
     cfg.validate()
     return cfg
@@ -205,10 +261,30 @@ def rank_main(spec: dict) -> None:
     dist.destroy_process_group()
 
 
+def _make_peer(impl: dict, cfg: RunConfig, units: range, groups, opts: dict):
+    clip = cfg.train.grad_clip
+    if impl["schedule"] is None:
+        return DDPPeer(cfg, groups, clip, opts["bucket_mb"])
+    return PipelinePeer(cfg, units, groups, clip, impl["sync"], opts["bucket_mb"],
+                        getattr(pipelining, impl["schedule"]))
+
+
+def _make_peers(spec: dict, cfg: RunConfig, units: range, groups) -> tuple[dict, dict[str, str]]:
+    """The spec's peers that torch accepts for this layout, and every skipped implementation
+    (the spec's and those torch refuses) with why."""
+    peers, skipped = {}, dict(spec["skipped"])
+    for impl in (d for d in spec["impls"] if d["kind"] == "peer"):
+        try:
+            peers[impl["name"]] = _make_peer(impl, cfg, units, groups, spec["opts"])
+        except ValueError as e:  # alike on every rank: it depends on pp and n_micro only
+            skipped[impl["name"]] = f"torch's {impl['schedule']} refuses this layout: {e}"
+    return peers, skipped
+
+
 def _bench(spec: dict) -> None:
     layout = Layout(**spec["layout"])
     opts = spec["opts"]
-    cfgs = {impl: RunConfig.from_dict(spec["cfgs"][impl]) for impl in ENGINES}
+    cfgs = {impl: RunConfig.from_dict(d) for impl, d in spec["cfgs"].items()}
     base = cfgs["baseline"]
     t = base.train
     groups = init_groups(make_grid(layout), "gloo")
@@ -216,22 +292,20 @@ def _bench(spec: dict) -> None:
     loader, _ = make_data(base, load_tokenizer(base.data.tokenizer), layout.dp, groups.replica)
 
     keep = max(opts["steps"], opts["warmup"], 1)
-    tracers = {impl: Tracer(keep_steps=keep) for impl in ENGINES}
-    engines = {impl: PipelineEngine(cfgs[impl], plan_for(cfgs[impl]), groups, tracers[impl])
-               for impl in ENGINES}
-    if layout.pp == 1:
-        peer = DDPPeer(base, groups, t.grad_clip, opts["bucket_mb"])
-    else:
-        units = engines["baseline"].plan.stage_units[groups.stage]
-        peer = PipelinePeer(base, units, groups, t.grad_clip, opts["peer_sync"], opts["bucket_mb"])
-    steps_fn = {
-        "ratrain": lambda b, s: engines["ratrain"].train_step(b, t.lr, s).loss,
-        "baseline": lambda b, s: engines["baseline"].train_step(b, t.lr, s).loss,
-        "peer": lambda b, s: peer.train_step(b),
-    }
-    next_step = dict.fromkeys(IMPLS, 0)
+    tracers = {impl: Tracer(keep_steps=keep) for impl in cfgs}
+    engines = {impl: PipelineEngine(cfg, plan_for(cfg), groups, tracers[impl])
+               for impl, cfg in cfgs.items()}
+    peers, skipped = _make_peers(spec, base, engines["baseline"].plan.stage_units[groups.stage],
+                                 groups)
+    steps_fn = {**{impl: (lambda b, s, e=e: e.train_step(b, t.lr, s).loss)
+                   for impl, e in engines.items()},
+                **{impl: (lambda b, s, p=p: p.train_step(b)) for impl, p in peers.items()}}
+    run = [{**d, "description": peers[d["name"]].description} if d["name"] in peers else d
+           for d in spec["impls"] if d["name"] in steps_fn]
+    impls = [d["name"] for d in run]
+    next_step = dict.fromkeys(impls, 0)
     tokens_per_step = t.global_batch * t.seq_len
-    traced: dict[str, list[dict[str, float]]] = {impl: [] for impl in ENGINES}
+    traced: dict[str, list[dict[str, float]]] = {impl: [] for impl in engines}
 
     def phase(impl: str, n: int, timed: bool):
         dist.barrier()
@@ -253,13 +327,13 @@ def _bench(spec: dict) -> None:
         return times, losses
 
     warm = {}
-    for impl in IMPLS:
+    for impl in impls:
         times, losses = phase(impl, opts["warmup"], timed=False)
         warm[impl] = {"step_times_s": times, "losses": losses}
 
     rounds = []
     for r in range(opts["rounds"]):
-        order = IMPLS if r % 2 == 0 else IMPLS[::-1]
+        order = impls if r % 2 == 0 else impls[::-1]
         row = {"round": r + 1, "order": list(order)}
         for impl in order:
             times, losses = phase(impl, opts["steps"], timed=True)
@@ -267,7 +341,7 @@ def _bench(spec: dict) -> None:
                          "step_times_s": times, "losses": losses}
         if is_main:
             print(f"  round {r + 1}/{opts['rounds']}: "
-                  + ", ".join(f"{impl} {row[impl]['tokens_per_s']:.0f}" for impl in IMPLS)
+                  + ", ".join(f"{impl} {row[impl]['tokens_per_s']:.0f}" for impl in impls)
                   + " tok/s", flush=True)
         rounds.append(row)
 
@@ -283,8 +357,10 @@ def _bench(spec: dict) -> None:
             "rounds": rounds,
             "warmup": warm,
             "ranks": ranks,
-            "peer": peer.description,
-            "plans": {impl: engines[impl].plan.to_dict() for impl in ENGINES},
+            "implementations": run,
+            "skipped": skipped,
+            "peer": peers["peer"].description,
+            "plans": {impl: e.plan.to_dict() for impl, e in engines.items()},
         }))
 
 
@@ -343,9 +419,24 @@ def _parser() -> argparse.ArgumentParser:
                     help="DDP bucket_cap_mb of the peer (default 25, DDP's own default)")
     ap.add_argument("--ratrain-policy", choices=("ratrain", "baseline"), default="ratrain",
                     help="policy of the 'ratrain' row (baseline: an A/A run of the harness)")
+    ap.add_argument("--split", type=_placements, default=[], metavar="PLACEMENTS",
+                    help=f"comma-separated weight-gradient placements ({', '.join(WEIGHT_GRADS)}): "
+                         f"one more implementation zbh1-PLACEMENT each, policy ratrain with "
+                         f"schedule zbh1 (default: none)")
+    ap.add_argument("--peer-zb", action="store_true",
+                    help=f"pp > 1: one more peer, {PEER_ZB}: torch's {ZERO_BUBBLE} with one stage "
+                         f"per rank, replicas averaged by all_reduce")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)  # a rank under torchrun
     return ap
+
+
+def _placements(text: str) -> list[str]:
+    out = [w.strip() for w in text.split(",")]
+    if any(w not in WEIGHT_GRADS for w in out) or len(set(out)) < len(out):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct placements out of "
+                                         f"{', '.join(WEIGHT_GRADS)}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,19 +474,19 @@ def _main(args, argv) -> int:
     rate_bps = parse_rate(args.link) if args.link else None
     if rate_bps and any(x.world % 2 for x in layouts):
         raise UserError("--link runs two nodes with the same number of ranks: every pp x dp must be even")
-    cfgs = {}
-    for x in layouts:
-        cfgs[x] = {"ratrain": make_config(args, x, args.ratrain_policy),
-                   "baseline": make_config(args, x, "baseline")}
-        for cfg in cfgs[x].values():
-            plan_for(cfg)  # too few micro-batches for the stages etc.: a UserError, before launching
+    impls = {x: implementations(args, x) for x in layouts}
+    cfgs = {x: {d["name"]: make_config(args, x, d) for d in impls[x][0] if d["kind"] == "engine"}
+            for x in layouts}
+    for cfg in (cfg for per in cfgs.values() for cfg in per.values()):
+        plan_for(cfg)  # too few micro-batches for the stages etc.: a UserError, before launching
     # SIGTERM ends the run like Ctrl-C, through the finally blocks that remove the namespaces.
     signal.signal(signal.SIGTERM, _interrupt)
     with TwoNodes(args.link) if rate_bps else nullcontext() as net:  # no link here: one line, exit 2
-        return _run(args, argv, layouts, cfgs, rate_bps, net)
+        return _run(args, argv, layouts, impls, cfgs, rate_bps, net)
 
 
-def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, net) -> int:
+def _run(args, argv, layouts: list[Layout], impls: dict, cfgs: dict, rate_bps: float | None,
+         net) -> int:
     base = cfgs[layouts[0]]["baseline"]
     tokenizer = load_tokenizer(base.data.tokenizer)
     check_fits(tokenizer, base.model.vocab_size)
@@ -409,14 +500,11 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
           f"clip {t.grad_clip:g}, gloo, 1 thread/rank, {where}; {args.rounds} rounds x {args.steps} "
           f"steps per implementation after {args.warmup} warm-up; 'ratrain' row: policy "
           f"{args.ratrain_policy}", flush=True)
-    names = {"ratrain": f"ratrain (policy {args.ratrain_policy})", "baseline": "ratrain baseline"}
     results = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for i, x in enumerate(layouts):
             cfg = cfgs[x]["baseline"]
-            sync = {"ddp": " + DDP", "allreduce": " + all_reduce"}[args.peer_sync] if x.dp > 1 else ""
-            names["peer"] = "peer: torch DDP" if x.pp == 1 else f"peer: torch Schedule1F1B{sync}"
             per_node = f", {x.world // 2} per node" if rate_bps else ""
             cores = len(os.sched_getaffinity(0))
             over = f"; {x.world} ranks on {cores} cores: oversubscribed" if x.world > cores else ""
@@ -425,9 +513,10 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
             work = Path(tmp) / f"config{i}"
             work.mkdir()
             spec = {"layout": dataclasses.asdict(x),
-                    "cfgs": {impl: cfgs[x][impl].to_dict() for impl in ENGINES},
+                    "impls": impls[x][0], "skipped": impls[x][1],
+                    "cfgs": {impl: c.to_dict() for impl, c in cfgs[x].items()},
                     "opts": {"steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
-                             "peer_sync": args.peer_sync, "bucket_mb": args.ddp_bucket_mb},
+                             "bucket_mb": args.ddp_bucket_mb},
                     "result_path": str(work / "rank0.json"), "error_dir": str(work / "errors")}
             t0 = time.perf_counter()
             if rate_bps:
@@ -451,8 +540,13 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
                    "tokens_per_step": t.global_batch * t.seq_len,
                    "peer": raw["peer"], "wall_s": time.perf_counter() - t0,
                    **analyse(x, raw, cfg, rate_bps), **raw}
-            print(f"peer: {raw['peer']}\n")
-            print_layout(x, res, names)
+            for d in raw["implementations"]:
+                if d["kind"] == "peer":
+                    print(f"{d['name']}: {d['description']}")
+            for impl, why in raw["skipped"].items():
+                print(f"{impl}: skipped: {why}")
+            print()
+            print_layout(x, res)
             results.append(res)
     wall = time.perf_counter() - started
 
@@ -469,13 +563,14 @@ def _run(args, argv, layouts: list[Layout], cfgs: dict, rate_bps: float | None, 
                      "grad_clip": t.grad_clip, "lr": t.lr, "seed": t.seed, "backend": "gloo",
                      "threads_per_rank": 1, "steps_per_round": args.steps, "rounds": args.rounds,
                      "warmup": args.warmup, "ratrain_policy": args.ratrain_policy,
+                     "split": args.split, "peer_zb": args.peer_zb,
                      "peer_sync": args.peer_sync, "ddp_bucket_mb": args.ddp_bucket_mb,
                      "link": args.link, "link_bits_per_s": rate_bps,
                      "timing": "perf_counter around each train step on rank 0",
-                     "lower_bound": "max(compute incl. the 1F1B bubble and the cores' share, from "
-                                    "each stage's forward+backward per micro-batch measured alone; "
-                                    "bytes crossing the link per direction / rate); see each "
-                                    "config's lower_bound"},
+                     "lower_bound": "the 1F1B bound: max(compute incl. the 1F1B bubble and the "
+                                    "cores' share, from each stage's forward+backward per "
+                                    "micro-batch measured alone; bytes crossing the link per "
+                                    "direction / rate); see each config's lower_bound"},
         "configs": results,
         "wall_s": wall,
     }

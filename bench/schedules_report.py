@@ -1,9 +1,13 @@
-"""The analysis half of bench/schedules.py: the lower bound of a layout's step time, the
-summaries and within-round ratios of the three implementations, and the tables printed."""
+"""The analysis half of bench/schedules.py: the lower bound of a layout's step time (1F1B's), the
+summaries and within-round ratios of the implementations a run had, and the tables printed.
+
+An implementation is the dict bench/schedules.py records: name, label, kind ("engine": a ratrain
+PipelineEngine, or "peer": torch), split_backward, and its schedule settings."""
 
 from __future__ import annotations
 
 import statistics
+from itertools import combinations
 from typing import TYPE_CHECKING
 
 from ratrain.config import RunConfig
@@ -13,12 +17,14 @@ from peers import summary as stat_summary
 if TYPE_CHECKING:
     from schedules import Layout
 
-IMPLS = ("ratrain", "baseline", "peer")
-COMPUTE = ("F", "B", "R")  # per-micro-batch compute actions; U (the update) is reported apart
+COMPUTE = ("F", "B", "BI", "BW", "R")  # per-micro-batch compute actions; U (the update) apart
+SHORT = {"ratrain": "r", "baseline": "base"}  # in the overview's ratio headers (r/base, r/peer)
 
 
 def lower_bound(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | None) -> dict:
-    """max(compute including the 1F1B bubble, bytes crossing the slow link per direction / rate).
+    """max(compute including the 1F1B bubble, bytes crossing the slow link per direction / rate):
+    the 1F1B bound. A split backward (zbh1, torch's zero bubble) fills part of that bubble with
+    weight gradients, so its step can be shorter than the pipeline term.
 
     compute = max(pipeline, cpu), from t[s], the forward + backward time of one micro-batch on
     stage s measured alone (bench/schedules.py's `_compute_alone`; the fastest of the stage's replicas, which all do
@@ -79,45 +85,61 @@ def lower_bound(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | Non
     return out
 
 
+def ratio_pairs(impls: list[dict]) -> list[tuple[str, str]]:
+    """The within-round ratios a / b: ratrain against baseline and every peer; every split-backward
+    engine against ratrain (1F1B), baseline and every split-backward peer (its like)."""
+    peers = [d["name"] for d in impls if d["kind"] == "peer"]
+    split = {kind: [d["name"] for d in impls if d["kind"] == kind and d["split_backward"]]
+             for kind in ("engine", "peer")}
+    return ([("ratrain", b) for b in ("baseline", *peers)]
+            + [(a, b) for a in split["engine"] for b in ("ratrain", "baseline", *split["peer"])])
+
+
+def _names(res: dict) -> list[str]:
+    return [d["name"] for d in res["implementations"]]
+
+
 def analyse(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | None) -> dict:
     tokens_per_step = cfg.train.global_batch * cfg.train.seq_len
-    rates = {impl: [row[impl]["tokens_per_s"] for row in raw["rounds"]] for impl in IMPLS}
+    impls = _names(raw)
+    rates = {impl: [row[impl]["tokens_per_s"] for row in raw["rounds"]] for impl in impls}
     bound = lower_bound(layout, raw, cfg, rate_bps)
     summary = {}
-    for impl in IMPLS:
+    for impl in impls:
         s = stat_summary(rates[impl])
         s["step_s"] = tokens_per_step / s["median"]
         s["step_over_bound"] = s["step_s"] / bound["bound_s"]
         summary[impl] = s
     paired = {}
-    for other in ("baseline", "peer"):
-        ratios = [a / b for a, b in zip(rates["ratrain"], rates[other])]
-        paired[f"ratrain_vs_{other}"] = {**stat_summary(ratios), "per_round": ratios}
+    for a, b in ratio_pairs(raw["implementations"]):
+        ratios = [x / y for x, y in zip(rates[a], rates[b])]
+        paired[f"{a}_vs_{b}"] = {**stat_summary(ratios), "per_round": ratios}
     # Every implementation walks the loader's steps in order: its k-th loss is step k's.
     seqs = {impl: raw["warmup"][impl]["losses"] + [x for row in raw["rounds"] for x in row[impl]["losses"]]
-            for impl in IMPLS}
+            for impl in impls}
     diffs = {f"{a}_vs_{b}": max(abs(x - y) for x, y in zip(seqs[a], seqs[b]))
-             for a, b in (("ratrain", "baseline"), ("ratrain", "peer"), ("baseline", "peer"))}
+             for a, b in combinations(impls, 2)}
     return {"summary_tokens_per_s": summary, "paired_ratios": paired, "lower_bound": bound,
-            "max_abs_loss_difference": diffs, "n_losses_compared": len(seqs["peer"]),
-            "first_step_loss": {impl: seqs[impl][0] for impl in IMPLS},
-            "last_step_loss": {impl: seqs[impl][-1] for impl in IMPLS}}
+            "max_abs_loss_difference": diffs, "n_losses_compared": len(seqs["ratrain"]),
+            "first_step_loss": {impl: seqs[impl][0] for impl in impls},
+            "last_step_loss": {impl: seqs[impl][-1] for impl in impls}}
 
 
-def print_layout(layout: Layout, res: dict, names: dict[str, str]) -> None:
+def print_layout(layout: Layout, res: dict) -> None:
     s, b = res["summary_tokens_per_s"], res["lower_bound"]
-    header = (f"{'implementation':<38} {'tok/s median':>12} {'min':>7} {'max':>7} {'step s':>7} "
+    width = max(38, *(len(d["label"]) for d in res["implementations"]))
+    header = (f"{'implementation':<{width}} {'tok/s median':>12} {'min':>7} {'max':>7} {'step s':>7} "
               f"{'/ bound':>7}")
     print(header)
     print("-" * len(header))
-    for impl in IMPLS:
-        x = s[impl]
-        print(f"{names[impl]:<38} {x['median']:>12.0f} {x['min']:>7.0f} {x['max']:>7.0f} "
+    for d in res["implementations"]:
+        x = s[d["name"]]
+        print(f"{d['label']:<{width}} {x['median']:>12.0f} {x['min']:>7.0f} {x['max']:>7.0f} "
               f"{x['step_s']:>7.3f} {x['step_over_bound']:>7.2f}")
     for key, p in res["paired_ratios"].items():
         print(f"{key.replace('_vs_', ' / ')} within each round: median {p['median']:.3f} "
               f"(min {p['min']:.3f}, max {p['max']:.3f})")
-    line = f"lower bound {b['bound_s']:.3f} s = max(compute {b['compute_s']:.3f} s"
+    line = f"1F1B bound {b['bound_s']:.3f} s = max(compute {b['compute_s']:.3f} s"
     if "link_s" in b:
         line += (f", link {b['link_bytes_per_direction'] / 1e6:.2f} MB each way / "
                  f"{b['rate_bits_per_s'] / 8e6:.2f} MB/s = {b['link_s']:.3f} s")
@@ -130,21 +152,41 @@ def print_layout(layout: Layout, res: dict, names: dict[str, str]) -> None:
     d = res["max_abs_loss_difference"]
     f = res["first_step_loss"]
     print(f"losses: first step {', '.join(f'{k} {v:.6f}' for k, v in f.items())}; max |difference| "
-          f"over {res['n_losses_compared']} steps: ratrain-baseline {d['ratrain_vs_baseline']:.3g}, "
-          f"ratrain-peer {d['ratrain_vs_peer']:.3g}, baseline-peer {d['baseline_vs_peer']:.3g}")
+          f"over {res['n_losses_compared']} steps: "
+          + ", ".join(f"{k.replace('_vs_', '-')} {v:.3g}" for k, v in d.items()))
+
+
+def _ratio_header(key: str) -> str:
+    return "/".join(SHORT.get(impl, impl) for impl in key.split("_vs_"))
 
 
 def print_overview(results: list[dict]) -> None:
-    header = (f"{'config':<18} {'ratrain':>8} {'baseline':>9} {'peer':>8} {'r/base':>7} {'r/peer':>7} "
-              f"{'bound s':>8} {'ratrain':>8} {'baseline':>9} {'peer':>6}")
-    print(f"{'':<18} {'tokens/s (median)':^27} {'within-round':^15} {'':>8} "
-          f"{'step time / bound':^26}")
+    """One row per layout, a column per implementation and ratio any layout had ('-' where
+    this one lacks it)."""
+    impls = list(dict.fromkeys(n for res in results for n in _names(res)))
+    pairs = list(dict.fromkeys(k for res in results for k in res["paired_ratios"]))
+    rates = [(n, max(len(n) + 1, 8)) for n in impls]
+    ratios = [(k, max(len(_ratio_header(k)) + 1, 7)) for k in pairs]
+    over = [(n, max(len(n) + 1, 6)) for n in impls]
+
+    def group(title: str, cols: list) -> str:
+        return f" {title:^{sum(w for _, w in cols) + len(cols) - 1}}"
+
+    def cells(cols: list, values: dict, fmt: str) -> str:
+        return "".join(f" {values[k]:>{w}{fmt}}" if k in values else f" {'-':>{w}}"
+                       for k, w in cols)
+
+    print(f"{'':<18}{group('tokens/s (median)', rates)}{group('within-round', ratios)} {'':>8}"
+          f"{group('step time / 1F1B bound', over)}")
+    header = (f"{'config':<18}" + "".join(f" {n:>{w}}" for n, w in rates)
+              + "".join(f" {_ratio_header(k):>{w}}" for k, w in ratios) + f" {'bound s':>8}"
+              + "".join(f" {n:>{w}}" for n, w in over))
     print(header)
     print("-" * len(header))
     for res in results:
         s, p = res["summary_tokens_per_s"], res["paired_ratios"]
-        print(f"{res['layout']['key']:<18} {s['ratrain']['median']:>8.0f} {s['baseline']['median']:>9.0f} "
-              f"{s['peer']['median']:>8.0f} {p['ratrain_vs_baseline']['median']:>7.3f} "
-              f"{p['ratrain_vs_peer']['median']:>7.3f} {res['lower_bound']['bound_s']:>8.3f} "
-              f"{s['ratrain']['step_over_bound']:>8.2f} {s['baseline']['step_over_bound']:>9.2f} "
-              f"{s['peer']['step_over_bound']:>6.2f}")
+        print(f"{res['layout']['key']:<18}"
+              + cells(rates, {n: x["median"] for n, x in s.items()}, ".0f")
+              + cells(ratios, {k: x["median"] for k, x in p.items()}, ".3f")
+              + f" {res['lower_bound']['bound_s']:>8.3f}"
+              + cells(over, {n: x["step_over_bound"] for n, x in s.items()}, ".2f"))

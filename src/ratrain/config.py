@@ -22,6 +22,8 @@ from ratrain.schedule.weight_grads import WEIGHT_GRADS
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
 
+AUTO_SCHEDULE = "auto"  # the schedule and BW placement chosen by simulation (schedule_choice.py)
+
 
 @dataclass
 class ModelConfig:
@@ -134,7 +136,7 @@ class ParallelConfig:
     pp: int = 1
     dp: int = 1
     policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
-    schedule: str = "1f1b"  # a name in schedule.plan.SCHEDULES
+    schedule: str = "auto"  # a name in schedule.plan.SCHEDULES, or auto: chosen by simulation (schedule_choice.py)
     weight_grad: str | None = None  # a split schedule's BW placement: bubble (its default) or grouped
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
@@ -159,14 +161,14 @@ class ParallelConfig:
             raise UserError(f"unknown policy {self.policy!r}; available: ratrain, baseline")
         if self.rank_order not in ("pp-dp", "dp-pp"):
             raise UserError(f"unknown rank order {self.rank_order!r}; available: pp-dp, dp-pp")
-        if self.schedule not in SCHEDULES:
+        if self.schedule not in SCHEDULES and self.schedule != AUTO_SCHEDULE:
             raise UserError(f"unknown schedule {self.schedule!r}; available: "
-                            f"{', '.join(SCHEDULES)}")
+                            f"{', '.join([AUTO_SCHEDULE, *SCHEDULES])}")
         if self.weight_grad is not None:
             if self.weight_grad not in WEIGHT_GRADS:
                 raise UserError(f"unknown weight-gradient placement {self.weight_grad!r}; "
                                 f"available: {', '.join(WEIGHT_GRADS)}")
-            if self.schedule not in SPLIT_SCHEDULES:
+            if self.schedule not in (*SPLIT_SCHEDULES, AUTO_SCHEDULE):
                 raise UserError(f"--weight-grad places the weight gradients of a split backward; "
                                 f"schedule {self.schedule!r} runs whole backwards (use "
                                 f"{', '.join(SPLIT_SCHEDULES)})")

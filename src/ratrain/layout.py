@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ratrain.config import RunConfig
+from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
 from ratrain.runnable import check_runnable
 from ratrain.schedule.errors import ScheduleError
@@ -67,11 +67,34 @@ def check_plan(plan: PipelinePlan, cfg: RunConfig, host_is_separate: bool,
                    world=world)
 
 
+def resolve_schedule(cfg: RunConfig, host_is_separate: bool,
+                     host_collectives: bool | None = None, profile=None,
+                     budget: float | None = None, device_name: str | None = None):
+    """Where cfg's schedule is `auto`, choose it (schedule_choice.py) and write the choice
+    into cfg, so that the run records and every rank runs what was chosen. `profile`: a
+    HardwareProfile to simulate on (default: the run's --profile, else the preset of the
+    device, `device_name` on a GPU); `budget`: bytes a stage may hold (default: the
+    profile's). Returns the Choice, or None where the schedule was given."""
+    if cfg.parallel.schedule != AUTO_SCHEDULE:
+        return None
+    from ratrain.schedule_choice import choose, default_profile
+    from ratrain.sim.profile import load_profile
+
+    if profile is None:
+        profile = load_profile(cfg.train.profile or default_profile(
+            (device_name or "GPU") if host_is_separate else None))
+    choice = choose(cfg, lambda c: plan_for_config(c, host_is_separate, host_collectives),
+                    profile, budget)
+    cfg.parallel.schedule, cfg.parallel.weight_grad = choice.schedule, choice.weight_grad
+    return choice
+
+
 def plan_for_config(cfg: RunConfig, host_is_separate: bool,
                     host_collectives: bool | None = None) -> PipelinePlan:
     """The plan of cfg's layout and lifecycle flags (a request that cannot run, or that the
     schedule can't satisfy, is a UserError), with views where they differ from the masters
-    (has_views)."""
+    (has_views). A schedule `auto` is chosen first (resolve_schedule), into cfg."""
+    resolve_schedule(cfg, host_is_separate, host_collectives)
     check_config(cfg, host_is_separate, host_collectives=host_collectives)
     p = cfg.parallel
     policies = p.activation_per_stage
@@ -112,6 +135,9 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
         plan = PipelinePlan.from_dict(data)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
+    if cfg.parallel.schedule == AUTO_SCHEDULE:  # a plan without one (older files): the plan's
+        cfg.parallel.schedule = plan.schedule
+        cfg.parallel.weight_grad = cfg.parallel.weight_grad or plan.weight_grad
     want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
             "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
             "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state,

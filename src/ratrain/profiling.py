@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from ratrain.config import RunConfig, TrainConfig
+from ratrain.config import ParallelConfig, RunConfig, TrainConfig
 from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
 from ratrain.profiling_ranks import (ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, STEP_REPEATS,
@@ -72,7 +72,8 @@ def profile_config(model: str, seq_len: int, micro_batch_size: int, dtype: str) 
     m = dataclasses.replace(get_preset(model), n_layers=1)
     cfg = RunConfig(model=m, train=TrainConfig(seq_len=seq_len, micro_batch_size=micro_batch_size,
                                                global_batch=N_MICRO * micro_batch_size,
-                                               dtype=dtype))
+                                               dtype=dtype),
+                    parallel=ParallelConfig(schedule="1f1b"))  # measured as trained; BI/BW apart
     cfg.validate()
     return cfg
 

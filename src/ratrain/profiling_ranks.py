@@ -23,6 +23,7 @@ from ratrain.runtime.engine import PipelineEngine
 from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.stage import DTYPES
+from ratrain.schedule.plan import SPLIT_SCHEDULES
 from ratrain.trace import Tracer
 from ratrain.train import plan_for
 
@@ -152,7 +153,7 @@ def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, activation
     median = {key: statistics.median(v) for key, v in durations.items()}
     if activation != "keep":
         return {"block_forward_no_grad": median["F block"]}
-    if cfg.parallel.schedule != "1f1b":
+    if cfg.parallel.schedule in SPLIT_SCHEDULES:
         return {f"split {kind}": [median[f"BI {kind}"], median[f"BW {kind}"]] for kind in KINDS}
     out: dict = {kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
                  if f"F {kind}" in median}

@@ -8,13 +8,10 @@ names those). Pure Python: the planner and the CLI call it without torch.
 
 from __future__ import annotations
 
-import os
-
 from ratrain.errors import UserError
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
 SPLIT_SCHEDULE_NAMES = ("zbh1",)  # schedule.plan.SPLIT_SCHEDULES (plan.py imports this module)
-ALLOW_SPLIT = "RATRAIN_ALLOW_SPLIT_MULTIPROCESS"  # short runs and the tests of its arithmetic
 
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
@@ -45,9 +42,6 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     reason = micro_batch_refusal(global_batch // (dp * micro_batch_size), pp, schedule)
     if reason:
         return reason
-    reason = schedule_refusal(schedule, pp, dp)
-    if reason:
-        return reason
     if tie_embeddings and pp > 1:
         return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
                 "(pipelined tied embeddings are not supported yet)")
@@ -75,17 +69,6 @@ def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | 
     name = SCHEDULE_NAMES.get(schedule, schedule)
     return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
             f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
-
-
-def schedule_refusal(schedule: str, pp: int, dp: int) -> str | None:
-    """A split schedule runs in one process only for now. Measured 2026-11-23: in multi-process
-    runs of zbh1 (either placement) each rank's RSS grows by about one step's activations every
-    step, in one process it does not; the losses are right (tests/distributed)."""
-    if schedule in SPLIT_SCHEDULE_NAMES and pp * dp > 1 and not os.environ.get(ALLOW_SPLIT):
-        return (f"--schedule {schedule} runs in one process only for now: with pp x dp > 1 its "
-                f"memory grows by about a step's activations every step (a known bug, issue "
-                f"21); use --schedule 1f1b ({ALLOW_SPLIT}=1 runs it anyway)")
-    return None
 
 
 def sharding_refusal(shard_state: bool, dp: int, state_home: str,

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -23,12 +24,12 @@ from tqdm import tqdm
 
 from ratrain import checkpoint
 from ratrain.checkpoint import rng
-from ratrain.config import RunConfig
+from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
-from ratrain.layout import check_config, check_plan, load_plan, plan_for_config
+from ratrain.layout import check_config, check_plan, load_plan, plan_for_config, resolve_schedule
 from ratrain.metrics import MetricsLog, RssGrowth, StepExtras, plot_loss
 from ratrain.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
@@ -63,10 +64,12 @@ def plan_for(cfg: RunConfig, plan_data: dict | None = None) -> PipelinePlan:
 
 
 def needs_executor(cfg: RunConfig) -> bool:
-    """Whether a single-process run needs the executor rather than the plain engine."""
+    """Whether a single-process run needs the executor rather than the plain engine (which
+    runs 1F1B's order, keeping everything, in fp32)."""
     p = cfg.parallel
     return bool(p.plan_file or p.activation_per_stage != ["keep"] or cfg.train.dtype != "float32"
-                or p.state_home != "device")
+                or p.state_home != "device" or p.schedule not in ("1f1b", AUTO_SCHEDULE)
+                or p.weight_grad is not None)
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False):
@@ -97,6 +100,7 @@ def prepare(cfg: RunConfig, progress: bool = True,
         check_plan(plan, cfg, host_is_separate=cuda, world=world)
     else:
         check_config(cfg, host_is_separate=cuda, world=world)
+        _choose_schedule(cfg, cuda, progress)
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
     if str(cfg.data.path).endswith(".bin"):
@@ -106,6 +110,19 @@ def prepare(cfg: RunConfig, progress: bool = True,
     if plan is None and (distributed or needs_executor(cfg)):
         plan = plan_for_config(cfg, host_is_separate=cuda)
     return plan
+
+
+def _choose_schedule(cfg: RunConfig, cuda: bool, progress: bool) -> None:
+    """--schedule auto: the choice (layout.resolve_schedule) on this device's memory (a GPU's
+    own; on a CPU the profile's budget), said at the start of the run with its progress (the
+    summary and config.yaml record it either way)."""
+    device_name = budget = None
+    if cuda:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        device_name, budget = props.name, props.total_memory
+    choice = resolve_schedule(cfg, cuda, budget=budget, device_name=device_name)
+    if progress and choice and choice.candidates and int(os.environ.get("RANK", 0)) == 0:
+        print(choice.why, file=sys.stderr, flush=True)
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
@@ -362,7 +379,8 @@ class _Loop:
         summary = {"run_dir": str(self.run_dir), "steps": last.get("step"), "final_loss": last.get("loss"),
                    "val_loss": last.get("val_loss"),
                    "tokens_per_s": sum(rates) / len(rates) if rates else last.get("tokens_per_s"),
-                   "peak_memory_bytes": last.get("peak_memory_bytes")}
+                   "peak_memory_bytes": last.get("peak_memory_bytes"),
+                   "schedule": self.cfg.parallel.schedule, "weight_grad": self.cfg.parallel.weight_grad}
         if "ledger_peak_bytes_per_rank" in last:
             summary["ledger_peak_bytes_per_stage"] = self._per_stage(last["ledger_peak_bytes_per_rank"])
             summary["ledger_at_peak_by_kind_per_rank"] = at_peak

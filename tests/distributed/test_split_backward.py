@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from ratrain.metrics import read_metrics
-from ratrain.runnable import ALLOW_SPLIT
 from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.launch import launch_local
 from ratrain.schedule.plan import build_plan
@@ -64,10 +63,7 @@ def references(corpus, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", CASES, ids=map(_id, CASES))
-def test_split_schedule_matches_single_process(case, corpus, references, tmp_path, monkeypatch):
-    # runnable.schedule_refusal keeps multi-process split runs out (their memory grows each
-    # step); their arithmetic is tested all the same (the ranks inherit the environment)
-    monkeypatch.setenv(ALLOW_SPLIT, "1")
+def test_split_schedule_matches_single_process(case, corpus, references, tmp_path):
     pp, dp, policy, activation, window, weight_grad, clip, sharded = case
     cfg = micro_config(*corpus, steps=STEPS)
     cfg.train.grad_clip = 1.0 if clip else 0.0

@@ -100,21 +100,24 @@ def test_a_split_schedule_shows_its_halves_and_placement(monkeypatch, capsys):
     assert code == 0
     plan = json.loads(stdout)
     assert (plan["schedule"], plan["weight_grad"]) == ("zbh1", "bubble")
-    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--weight-grad",
-                              "bubble")
+    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--schedule", "1f1b",
+                              "--weight-grad", "bubble")
     assert code == 2 and "--weight-grad places the weight gradients of a split backward" in stderr
-
-
-def test_split_schedules_stay_out_of_multi_process_runs_while_they_leak(monkeypatch, capsys):
-    # runnable.schedule_refusal: a multi-process zbh1 run grows by a step's activations a step
-    code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--top", "5")
+    # a placement without a schedule: the split schedule is implied
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--weight-grad",
+                                   "grouped", "--json")
     assert code == 0, stderr
-    header = next(line for line in stdout.splitlines() if line.startswith("#"))
-    assert "schedule" in header
-    code, stdout, _ = run_cli(monkeypatch, capsys, *SEARCH, "--json", "--top", "40")
+    assert (json.loads(stdout)["schedule"], json.loads(stdout)["weight_grad"]) == ("zbh1", "grouped")
+
+
+def test_the_search_weighs_split_schedules_on_multi_process_layouts(monkeypatch, capsys):
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--json", "--top", "200")
+    assert code == 0, stderr
     plans = json.loads(stdout)["plans"]
-    assert all(p["schedule"] == "1f1b" or p["pp"] * p["dp"] == 1 for p in plans)
-    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--pp", "2",
-                              "--global-batch", "4", "--micro-batch-size", "2",
-                              "--schedule", "zbh1")
-    assert code == 2 and "--schedule zbh1 runs in one process only for now" in stderr
+    split = {(p["pp"], p["dp"], p["weight_grad"]) for p in plans if p["schedule"] == "zbh1"}
+    assert (2, 1, "bubble") in split and (1, 2, "grouped") in split
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--pp", "2",
+                                   "--global-batch", "4", "--micro-batch-size", "2",
+                                   "--schedule", "zbh1")
+    assert code == 0, stderr
+

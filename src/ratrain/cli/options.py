@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ratrain.config import RunConfig
+from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
 from ratrain.layout import read_plan_file
 from ratrain.schedule.plan import SCHEDULES
@@ -48,7 +48,7 @@ _CONFIG_OPTIONS = [
     click.option("--dp", type=int, help="Data-parallel replicas."),
     click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
-    click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="The order of forwards and backwards: 1f1b, gpipe, or zbh1 (zero-bubble ZB-H1: each backward split into the input gradient and the weight gradient, the latter filling the pipeline's bubble).  [default: 1f1b]"),
+    click.option("--schedule", type=click.Choice([AUTO_SCHEDULE, *SCHEDULES]), help="The order of forwards and backwards: 1f1b, gpipe, or zbh1 (zero-bubble ZB-H1: each backward split into the input gradient and the weight gradient, the latter placed by --weight-grad); auto: the fastest of 1f1b and zbh1's placements whose memory fits, by simulating this run's plans on --profile (default: cpu-local on a CPU, the GPU family's preset on a GPU), said at the start of the run.  [default: auto]"),
     click.option("--weight-grad", type=click.Choice(WEIGHT_GRADS), help="Where a split schedule (zbh1) runs the weight gradients: bubble (in the pipeline's cool-down) or grouped (per unit, all micro-batches together, so each unit's gradient is final early and its sync hides under the rest; keeps every micro-batch's activations until then).  [default: bubble]"),
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),

@@ -20,7 +20,7 @@ from ratrain.cli.options import build_config, config_options, use_plan_file
 def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     """Predict one training step on a hardware profile: step time, tokens/s, bubble, exposed
     communication and peak memory per stage, by simulating the very programs the executor runs."""
-    from ratrain.layout import check_plan, load_plan, plan_for_config
+    from ratrain.layout import check_plan, load_plan, plan_for_config, resolve_schedule
     from ratrain.sim.profile import load_profile
     from ratrain.sim.simulator import simulate as run_simulation
     from ratrain.trace import write_chrome_trace
@@ -35,7 +35,10 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     if plan_file:
         plan = load_plan(cfg, plan_data)
         check_plan(plan, cfg, host_is_separate, host_collectives=hw.device.host_collectives)
-    else:
+    else:  # --schedule auto: chosen on this profile
+        choice = resolve_schedule(cfg, host_is_separate, hw.device.host_collectives, profile=hw)
+        if choice and choice.candidates and not as_json:
+            click.echo(choice.why)
         plan = plan_for_config(cfg, host_is_separate, hw.device.host_collectives)
     t = cfg.train
     result = run_simulation(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,

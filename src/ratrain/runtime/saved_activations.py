@@ -27,7 +27,13 @@ class SavedActivations:
     def _pack(self, t: torch.Tensor):
         if t.untyped_storage().data_ptr() in self.passthrough:
             return t
-        self.tensors.append(t)
+        # Detached: an op's saved output carries that op's node as grad_fn, and holding it here
+        # would close a cycle through C++ (node -> its saved variable's hooks -> this -> tensor
+        # -> node) that Python's gc cannot see. A full backward breaks it by freeing what it
+        # used; a split backward's BI keeps the graph (retain_graph) and BW frees only the
+        # weight halves, so every micro-batch's input-path graph leaked. Autograd re-attaches
+        # the node on unpack, so nothing else changes.
+        self.tensors.append(t.detach())
         return len(self.tensors) - 1
 
     def _unpack(self, packed):

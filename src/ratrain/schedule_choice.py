@@ -1,0 +1,106 @@
+"""`--schedule auto` (the default): the schedule and weight-gradient placement a run takes when
+the user names neither, chosen by simulating the run's own plan under each candidate the
+planner would weigh for its layout (planner.layouts.schedules) on a hardware profile, and taking
+the fastest whose every stage's memory estimate fits the device.
+
+1F1B stays unless a split schedule is predicted faster by more than the margin below: the
+simulator's error out of sample is several per cent (docs/benchmarks.md), and 1F1B holds less
+for BW. A single process has one candidate (nothing waits for its input gradients and there is
+no sync to hide), nor has the `baseline` policy (GPU-style 1F1B, what ratrain is measured
+against), so nothing is simulated there.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+from ratrain.planner.layouts import schedules
+
+AUTO = "auto"
+MARGIN = 0.03  # a split schedule must be predicted this much faster than 1F1B to be taken
+CPU_PROFILE = "cpu-local"
+GPU_PROFILES = {"H100": "h100-80g-ib", "H200": "h100-80g-ib", "A100": "a100-40g-10gbe"}
+
+
+@dataclass
+class Candidate:
+    schedule: str
+    weight_grad: str | None
+    step_s: float
+    peak_bytes: int  # the largest stage's device peak
+
+    @property
+    def label(self) -> str:
+        return self.schedule + (f" {self.weight_grad}" if self.weight_grad else "")
+
+
+@dataclass
+class Choice:
+    schedule: str
+    weight_grad: str | None
+    why: str  # one line for the start of the run
+    candidates: list[Candidate]
+
+
+def default_profile(device_name: str | None) -> str:
+    """The preset a choice is simulated on when the run names no --profile: the CPU one, or
+    the GPU preset of the device's family (the H100 one for an unknown GPU)."""
+    if device_name is None:
+        return CPU_PROFILE
+    upper = device_name.upper()
+    return next((p for key, p in GPU_PROFILES.items() if key in upper), GPU_PROFILES["H100"])
+
+
+def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> Choice:
+    """The schedule for cfg (whose schedule is `auto`; a --weight-grad given keeps only the
+    split candidates with that placement). `build_plan(cfg)` makes a candidate's plan (a
+    UserError drops it); `profile` a HardwareProfile; `budget` the bytes a stage may hold
+    (default: the profile's device memory)."""
+    from ratrain.sim.simulator import simulate
+
+    p, t = cfg.parallel, cfg.train
+    budget = budget or profile.device.memory_bytes
+    options = [(s, w) for s, w in schedules(p.pp, p.dp)
+               if p.weight_grad is None or w == p.weight_grad]
+    if p.policy == "baseline" and p.weight_grad is None:  # the GPU-style 1F1B it stands for
+        options = [("1f1b", None)]
+    if p.weight_grad is not None and not options:  # pp = dp = 1: grouped has nothing to group
+        options = [("zbh1", p.weight_grad)]
+    if len(options) == 1:
+        s, w = options[0]
+        return Choice(s, w, f"schedule {s}" + (f" {w}" if w else "") + " (the only candidate)",
+                      [])
+    found, refused = [], []
+    for s, w in options:
+        trial = copy.deepcopy(cfg)
+        trial.parallel.schedule, trial.parallel.weight_grad = s, w
+        try:
+            plan = build_plan(trial)
+        except UserError as e:
+            refused.append(f"{s}: {e}")
+            continue
+        result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
+                          seq_len=t.seq_len, dtype=t.dtype)
+        found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks)))
+    if not found:
+        raise UserError("no schedule can run this layout: " + "; ".join(refused))
+    fits = [c for c in found if c.peak_bytes <= budget] or [min(found, key=lambda c: c.peak_bytes)]
+    best = min(fits, key=lambda c: c.step_s)
+    plain = next((c for c in fits if c.schedule == "1f1b"), None)
+    if plain and best is not plain and best.step_s > plain.step_s * (1 - MARGIN):
+        best = plain
+    return Choice(best.schedule, best.weight_grad, _why(best, found, budget, profile.name), found)
+
+
+def _why(best: Candidate, found: list[Candidate], budget: float, profile: str) -> str:
+    gib = 2 ** 30
+    others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if c.peak_bytes <= budget else
+                                                        " (does not fit)")
+                       for c in found if c is not best)
+    fit = ("fits" if best.peak_bytes <= budget else "the least memory of none that fit")
+    return (f"schedule {best.label}: simulated {best.step_s:.3g} s/step on {profile} "
+            f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB of a "
+            f"{budget / gib:.1f} GiB budget, {fit}. --schedule overrides")

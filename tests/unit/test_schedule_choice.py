@@ -1,0 +1,69 @@
+"""`--schedule auto`: the schedule a run takes is the fastest simulated candidate that fits,
+1F1B unless a split schedule is clearly faster, and the choice is written into the config."""
+
+from ratrain.config import RunConfig
+from ratrain.layout import plan_for_config, resolve_schedule
+from ratrain.models.presets import get_preset
+from ratrain.schedule_choice import MARGIN, choose, default_profile
+from ratrain.sim.profile import load_profile
+
+from .cli_runner import run_cli
+
+
+def _cfg(pp: int, dp: int, n_micro: int) -> RunConfig:
+    cfg = RunConfig(model=get_preset("small"))
+    cfg.train.seq_len, cfg.train.micro_batch_size = 256, 2
+    cfg.train.global_batch = 2 * dp * n_micro
+    cfg.parallel.pp, cfg.parallel.dp = pp, dp
+    return cfg
+
+
+def _choose(cfg, budget=None):
+    return choose(cfg, lambda c: plan_for_config(c, False), load_profile("cpu-local"), budget)
+
+
+def test_the_fastest_candidate_that_fits_is_chosen():
+    choice = _choose(_cfg(2, 1, 4))
+    by_label = {c.label: c for c in choice.candidates}
+    assert set(by_label) == {"1f1b", "zbh1 bubble", "zbh1 grouped"}
+    fastest = min(choice.candidates, key=lambda c: c.step_s)
+    assert fastest.step_s < by_label["1f1b"].step_s * (1 - MARGIN)  # the case worth choosing
+    assert (choice.schedule, choice.weight_grad) == (fastest.schedule, fastest.weight_grad)
+    # a budget only 1F1B fits leaves it the one
+    budget = by_label["1f1b"].peak_bytes
+    assert any(c.peak_bytes > budget for c in choice.candidates)
+    tight = _choose(_cfg(2, 1, 4), budget)
+    chosen = next(c for c in tight.candidates
+                  if (c.schedule, c.weight_grad) == (tight.schedule, tight.weight_grad))
+    assert chosen.peak_bytes <= budget
+
+def test_a_tie_keeps_1f1b():
+    choice = _choose(_cfg(1, 2, 2))
+    by_label = {c.label: c for c in choice.candidates}
+    assert abs(by_label["zbh1 grouped"].step_s / by_label["1f1b"].step_s - 1) < MARGIN
+    assert (choice.schedule, choice.weight_grad) == ("1f1b", None)
+
+
+def test_the_choice_is_written_into_the_config_and_a_given_schedule_is_kept():
+    cfg = _cfg(2, 1, 4)
+    choice = resolve_schedule(cfg, False)
+    assert (cfg.parallel.schedule, cfg.parallel.weight_grad) == (choice.schedule, choice.weight_grad)
+    assert resolve_schedule(cfg, False) is None  # given now
+    one = _cfg(1, 1, 2)
+    assert resolve_schedule(one, False).candidates == []  # nothing to choose between
+    assert one.parallel.schedule == "1f1b"
+
+
+def test_a_gpu_without_a_profile_is_simulated_on_its_familys_preset():
+    assert default_profile(None) == "cpu-local"
+    assert default_profile("NVIDIA A100-SXM4-40GB") == "a100-40g-10gbe"
+    assert default_profile("NVIDIA H200") == "h100-80g-ib"
+
+
+def test_simulate_says_what_it_chose(monkeypatch, capsys):
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--model", "small", "--pp", "2",
+                                   "--seq-len", "256", "--global-batch", "8",
+                                   "--micro-batch-size", "2")
+    assert code == 0, stderr
+    first = stdout.splitlines()[0]
+    assert first.startswith("schedule zbh1") and "1f1b" in first and "--schedule overrides" in first
