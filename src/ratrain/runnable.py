@@ -11,7 +11,6 @@ from __future__ import annotations
 from ratrain.errors import UserError
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
-SPLIT_SCHEDULE_NAMES = ("zbh1",)  # schedule.plan.SPLIT_SCHEDULES (plan.py imports this module)
 
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,

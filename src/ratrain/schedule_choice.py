@@ -34,7 +34,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.schedule + (f" {self.weight_grad}" if self.weight_grad else "")
+        return _label(self.schedule, self.weight_grad)
 
 
 @dataclass
@@ -71,8 +71,7 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> 
         options = [("zbh1", p.weight_grad)]
     if len(options) == 1:
         s, w = options[0]
-        return Choice(s, w, f"schedule {s}" + (f" {w}" if w else "") + " (the only candidate)",
-                      [])
+        return Choice(s, w, f"schedule {_label(s, w)} (the only candidate)", [])
     found, refused = [], []
     for s, w in options:
         trial = copy.deepcopy(cfg)
@@ -93,6 +92,10 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> 
     if plain and best is not plain and best.step_s > plain.step_s * (1 - MARGIN):
         best = plain
     return Choice(best.schedule, best.weight_grad, _why(best, found, budget, profile.name), found)
+
+
+def _label(schedule: str, weight_grad: str | None) -> str:
+    return schedule + (f" {weight_grad}" if weight_grad else "")
 
 
 def _why(best: Candidate, found: list[Candidate], budget: float, profile: str) -> str:
