@@ -16,6 +16,7 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
+from ratrain.runnable import GRAD_LIFETIMES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import WEIGHT_GRADS
 
@@ -142,6 +143,7 @@ class ParallelConfig:
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
     shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
+    grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.GRAD_LIFETIMES)
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1
@@ -181,6 +183,9 @@ class ParallelConfig:
                             "give one, or one per stage")
         if self.view_window < 0:
             raise UserError(f"--view-window must be >= 0, got {self.view_window}")
+        if self.grad_lifetime not in GRAD_LIFETIMES:
+            raise UserError(f"unknown gradient lifetime {self.grad_lifetime!r}; available: "
+                            f"{', '.join(GRAD_LIFETIMES)}")
         if self.state_home not in STATE_HOMES:
             raise UserError(f"state home must be one of {', '.join(STATE_HOMES)}, got {self.state_home!r}")
 

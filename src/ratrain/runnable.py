@@ -11,12 +11,15 @@ from __future__ import annotations
 from ratrain.errors import UserError
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
+GRAD_LIFETIMES = ("step", "transient", "micro-batch")
+"""How long a unit's full-size fp32 gradient lives (schedule/plan.PipelinePlan.grad_lifetime)."""
 
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
             clip: bool = True, state_home: str = "device", shard_state: bool = False,
-            view_window: int | None = None, tie_embeddings: bool = False,
+            view_window: int | None = None, grad_lifetime: str = "step",
+            tie_embeddings: bool = False,
             host_is_separate: bool = False, host_collectives: bool | None = None,
             world: int | None = None) -> str | None:
     """Why this cannot run (one line, as the user's mistake is told), or None when it can.
@@ -44,7 +47,7 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if tie_embeddings and pp > 1:
         return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
                 "(pipelined tied embeddings are not supported yet)")
-    reason = sharding_refusal(shard_state, dp, state_home, view_window)
+    reason = sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
     if reason:
         return reason
     if host_collectives is None:
@@ -70,11 +73,20 @@ def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | 
             f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
 
 
-def sharding_refusal(shard_state: bool, dp: int, state_home: str,
-                     view_window: int | None) -> str | None:
+def sharding_refusal(shard_state: bool, dp: int, state_home: str, view_window: int | None,
+                     grad_lifetime: str = "step", policy: str = "ratrain") -> str | None:
     """Sharded state splits each unit's masters over the replicas: it needs more than one, the
     state on the device (the collectives run where the state lives; NCCL only on the device),
-    and compute views (the gathered weights) in the programs."""
+    and compute views (the gathered weights) in the programs. A gradient that lives less than
+    the step is a sharded state's (only the shard's gradient outlives it) and a lifecycle
+    choice (the baseline accumulates for the step)."""
+    if grad_lifetime != "step":
+        if not shard_state:
+            return (f"--grad-lifetime {grad_lifetime} frees the full-size gradient once it is "
+                    f"reduce-scattered, which only sharded state does; add --shard-state")
+        if policy != "ratrain":
+            return (f"--grad-lifetime {grad_lifetime} is a lifecycle choice of --policy "
+                    f"ratrain; the baseline accumulates each gradient for the step")
     if not shard_state:
         return None
     if dp < 2:

@@ -380,7 +380,8 @@ class _Loop:
                    "val_loss": last.get("val_loss"),
                    "tokens_per_s": sum(rates) / len(rates) if rates else last.get("tokens_per_s"),
                    "peak_memory_bytes": last.get("peak_memory_bytes"),
-                   "schedule": self.cfg.parallel.schedule, "weight_grad": self.cfg.parallel.weight_grad}
+                   "schedule": self.cfg.parallel.schedule, "weight_grad": self.cfg.parallel.weight_grad,
+                   "grad_lifetime": self.cfg.parallel.grad_lifetime}
         if "ledger_peak_bytes_per_rank" in last:
             summary["ledger_peak_bytes_per_stage"] = self._per_stage(last["ledger_peak_bytes_per_rank"])
             summary["ledger_at_peak_by_kind_per_rank"] = at_peak

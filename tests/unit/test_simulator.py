@@ -126,9 +126,11 @@ def test_every_op_has_a_cost_and_its_kind_comes_from_the_registry():
 
 def test_every_storage_the_registry_names_has_a_size():
     """The executor binds every storage name of the registry's memory effects to tensors; the
-    cost model must size every one of them (for a block, the head and the embedding)."""
+    cost model must size every one of them (for a block, the head and the embedding); sharded
+    with a gradient lifetime shorter than the step, so that the full gradient is a storage."""
     from ratrain.schedule.ops import SPECS, Hold
-    plan = build_plan(2, 1, 1, 2, activation="offload", view_window=1)
+    plan = build_plan(2, 1, 2, 2, activation="offload", view_window=1, shard_state=True,
+                      grad_lifetime="transient")
     setup = stage_setups(plan, _model(2), _profile(), micro_batch_size=2, seq_len=16,
                          dtype="float32")[0]
     costs = StageCosts(setup)

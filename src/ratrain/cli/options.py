@@ -9,6 +9,7 @@ import click
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
 from ratrain.layout import read_plan_file
+from ratrain.runnable import GRAD_LIFETIMES
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import WEIGHT_GRADS
 
@@ -54,6 +55,7 @@ _CONFIG_OPTIONS = [
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
     click.option("--shard-state/--no-shard-state", default=None, help="Each data-parallel replica holds 1/dp of every unit's fp32 masters and AdamW state (ZeRO-style): gradients are reduce-scattered, each replica updates its slice, and the compute views are all-gathered. Needs --dp >= 2 and --state-home device.  [default: off]"),
+    click.option("--grad-lifetime", type=click.Choice(GRAD_LIFETIMES), help="With --shard-state, how long each unit's full-size fp32 gradient lives: step (accumulated over the step, reduce-scattered once), transient (the same sync, but the buffer exists only from the unit's first backward to its reduce-scatter's end), micro-batch (each micro-batch's gradient reduce-scattered right after its backward: 1/dp of the memory, m times the traffic).  [default: step]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -65,7 +67,7 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
-           "state_home": "parallel", "shard_state": "parallel"}
+           "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
@@ -111,7 +113,8 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     cfg.parallel.plan_file = str(Path(plan_file).resolve())
     layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
-                      ("shard_state", bool), ("schedule", str), ("weight_grad", str)):
+                      ("shard_state", bool), ("schedule", str), ("weight_grad", str),
+                      ("grad_lifetime", str)):
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash

@@ -52,12 +52,13 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "micro_batch_size": t.micro_batch_size, "dtype": t.dtype, "policy": plan.policy,
                "state_home": plan.state_home, "view_window": plan.view_window,
                "shard_state": plan.shard_state, "schedule": plan.schedule,
-               "weight_grad": plan.weight_grad,
+               "weight_grad": plan.weight_grad, "grad_lifetime": plan.grad_lifetime,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    sharded = ", state sharded over the replicas" if plan.shard_state else ""
+    sharded = (f", state sharded over the replicas (gradient lifetime {plan.grad_lifetime})"
+               if plan.shard_state else "")
     placed = f" (weight gradients: {plan.weight_grad})" if plan.weight_grad else ""
     click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy} "
                f"{plan.schedule}{placed}{sharded}, "

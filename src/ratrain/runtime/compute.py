@@ -82,12 +82,13 @@ def backward(ex, st: StepState, a: Action) -> None:
         y.backward()
     else:
         y.backward(st.grad.pop((a.unit, a.mb)))
-    ex.stage.state[a.unit].fold_grads()
+    state = ex.stage.state[a.unit]
+    state.fold_grads()
     x = st.inp.pop((a.unit, a.mb))
     st.saved.pop((a.unit, a.mb), None)
     if a.unit > 0:
         st.grad[(a.unit - 1, a.mb)] = x.grad
-    st.bind(input_grad=[x.grad])
+    st.bind(input_grad=[x.grad], grad_full=state.full_grad_storage())
 
 
 def backward_input(ex, st: StepState, a: Action) -> None:
@@ -117,6 +118,8 @@ def backward_weight(ex, st: StepState, a: Action) -> None:
         y.backward(grad_y)
     else:
         split_backward.backward_weight(kept)
-    ex.stage.state[a.unit].fold_grads()
+    state = ex.stage.state[a.unit]
+    state.fold_grads()
     st.inp.pop(key)
     st.saved.pop(key, None)
+    st.bind(grad_full=state.full_grad_storage())

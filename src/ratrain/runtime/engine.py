@@ -96,7 +96,7 @@ class PipelineEngine(_UnitStateMixin):
         self.stage_index = groups.stage if groups else 0
         self.program = plan.programs[self.stage_index]
         view_units = {a.unit for a in self.program if a.op is Op.PREFETCH}
-        shard = (ShardOver(groups.replicas, groups.replica, groups.grid.dp)
+        shard = (ShardOver(groups.replicas, groups.replica, groups.grid.dp, plan.grad_lifetime)
                  if plan.shard_state else None)
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],
                            groups.device if groups else device,

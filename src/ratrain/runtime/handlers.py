@@ -23,6 +23,8 @@ HANDLERS = {
     Op.WAIT_RECV_GRAD: transfer.wait,
     Op.GRAD_SYNC: lifecycle.grad_sync,
     Op.WAIT_GRAD_SYNC: lifecycle.wait_grad_sync,
+    Op.GRAD_REDUCE: lifecycle.grad_reduce,
+    Op.WAIT_GRAD_REDUCE: lifecycle.wait_grad_reduce,
     Op.GRAD_NORM: lifecycle.grad_norm,
     Op.WAIT_GRAD_NORM: lifecycle.wait_grad_norm,
     Op.UPDATE: lifecycle.update,

@@ -1,5 +1,5 @@
 """The lifecycle actions of a unit's training state and activations: views (P, WP, X),
-gradient sync (GS, WGS), the global norm (N, WN), the update (U), activation offload (O, L,
+gradient sync (GS, WGS; one micro-batch's: RS, WRS), the global norm (N, WN), the update (U), activation offload (O, L,
 WL), and the step's end (E).
 
 Values the step computes on the device (loss sums, the gradient norm, the clip coefficient,
@@ -71,6 +71,19 @@ def wait_grad_sync(ex, st: StepState, a: Action) -> None:
     if work is not None:
         ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
     ex.stage.state[a.unit].wait_sync()
+
+
+def grad_reduce(ex, st: StepState, a: Action):
+    """One micro-batch's reduce-scatter (gradient lifetime "micro-batch")."""
+    work = st.syncs[a.unit] = ex.stage.state[a.unit].start_reduce()
+    return work
+
+
+def wait_grad_reduce(ex, st: StepState, a: Action) -> None:
+    work = st.syncs.pop(a.unit, None)
+    if work is not None:
+        ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
+    ex.stage.state[a.unit].wait_reduce()
 
 
 def grad_norm(ex, st: StepState, a: Action):

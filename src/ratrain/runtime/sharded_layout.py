@@ -9,6 +9,18 @@ runtime/unit_state.py, calls this layout for what differs from a replicated stat
           all-gather the slots: the module's parameters are views into that buffer
     B u   the view's gradients fold into a full flat fp32 accumulation (N_pad), as unsharded
     GS u  reduce-scatter that accumulation: each replica gets the sum of its own slice
+    RS u.m  (gradient lifetime "micro-batch") reduce-scatter one micro-batch's accumulation into
+          a slice-sized buffer; WRS u.m adds it to the slice's gradient
+
+How long the full accumulation lives is the layout's `grad_lifetime`: "step", allocated once and
+kept; "transient", made by the unit's first backward of the step and freed when its
+reduce-scatter has completed;
+"micro-batch", made by each backward and freed when that micro-batch's reduce-scatter has
+completed. What persists: N_pad + S floats a unit ("step"), S ("transient"), 2 S
+("micro-batch": the slice's gradient and the reduction's output). Reduce-scatters are fp32
+whatever the compute dtype: the gradient is reduced as the unsharded all-reduce reduces it, so
+losses match the replicated run; a compute-dtype reduction would halve the traffic (bfloat16)
+and round each micro-batch's partial sums.
     N     the squared norm of the slice (the executor then sums it over the replicas)
     U u   AdamW on the slice, then zero both gradient buffers; the view is stale
 
@@ -41,9 +53,11 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 class Sharded(StateLayout):
     """Slice `replica` of `replicas` of the unit, over `group` (the stage's replicas)."""
 
-    def __init__(self, group, replica: int, replicas: int):
+    def __init__(self, group, replica: int, replicas: int, grad_lifetime: str = "step"):
         self.group, self.replica, self.replicas = group, replica, replicas
+        self.grad_lifetime = grad_lifetime
         self._gather_work = None  # the view's all-gather in flight
+        self._incoming: torch.Tensor | None = None  # RS's output ("micro-batch")
 
     def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
         if state.view_dtype is None or not state.params:
@@ -71,16 +85,25 @@ class Sharded(StateLayout):
         decay = [len(state.shapes[i]) >= 2 for i, _, _ in self._piece_of]
         state.optimizer = new_optimizer(self.pieces, decay) if self.pieces else None
 
-        state.grad = torch.zeros(self.shard * self.replicas, dtype=torch.float32, device=device)
         state.update_grad = torch.zeros(self.shard, dtype=torch.float32, device=device)
         for piece, (i, a, b) in zip(self.pieces, self._piece_of):
             piece.grad = state.update_grad[self._in_slice(state, i, a):self._in_slice(state, i, b)]
         state.empty_view()  # `state.view`: the flat gathered buffer in the compute dtype, once made
         state.ledger.hold(("masters", state), "masters", [self.master])
-        state.ledger.hold(("gradients", state), "gradients", [state.grad, state.update_grad])
+        held = [state.update_grad]
+        if self.grad_lifetime == "step":
+            state.grad = self._new_accumulation(state)
+            held.append(state.grad)
+        elif self.grad_lifetime == "micro-batch":
+            self._incoming = torch.zeros(self.shard, dtype=torch.float32, device=device)
+            held.append(self._incoming)
+        state.ledger.hold(("gradients", state), "gradients", held)
         # AdamW steps taken (every replica takes them together), counted on the device so that
         # a skipped step (found_inf) is counted without the host reading it.
         self.steps = torch.zeros((), dtype=torch.float32, device=device)
+
+    def _new_accumulation(self, state: UnitState) -> torch.Tensor:
+        return torch.zeros(self.shard * self.replicas, dtype=torch.float32, device=state.device)
 
     def _in_slice(self, state: UnitState, i: int, at: int) -> int:
         """Where element `at` of parameter i lies in the replica's slice."""
@@ -108,10 +131,29 @@ class Sharded(StateLayout):
 
     # -- sync, update -------------------------------------------------------------------------
 
+    def accumulation(self, state: UnitState) -> torch.Tensor:
+        if state.grad is None:
+            state.grad = self._new_accumulation(state)
+        return state.grad
+
     def start_sync(self, state: UnitState, group=None) -> dist.Work:
         """The reduce-scatter: this replica's slice of the sum over the replicas (the loss is
         already scaled by 1/dp, so the sum is the mean). Over the layout's own group."""
-        return _reduce_scatter(state.update_grad, state.grad, group=self.group, async_op=True)
+        return _reduce_scatter(state.update_grad, self.accumulation(state), group=self.group,
+                               async_op=True)
+
+    def synced(self, state: UnitState) -> None:
+        if self.grad_lifetime != "step":
+            state.grad = None
+
+    def start_reduce(self, state: UnitState) -> dist.Work:
+        """One micro-batch's reduce-scatter, into a slice-sized buffer (the slice's gradient
+        still accumulates the earlier micro-batches')."""
+        return _reduce_scatter(self._incoming, state.grad, group=self.group, async_op=True)
+
+    def reduced(self, state: UnitState) -> None:
+        state.update_grad.add_(self._incoming)
+        state.grad = None
 
     def updated(self, state: UnitState, found_inf: torch.Tensor | None) -> None:
         self.steps.add_(1)

@@ -27,6 +27,7 @@ class ShardOver:
     group: object
     replica: int
     replicas: int
+    grad_lifetime: str = "step"  # how long a unit's full-size gradient lives
 
 
 class Stage:
@@ -63,7 +64,8 @@ class Stage:
         for u, m in self.modules.items():
             params = unit_parameters(m, owned)
             if shard and params:
-                layout, view_dtype = Sharded(shard.group, shard.replica, shard.replicas), self.dtype
+                layout, view_dtype = (Sharded(shard.group, shard.replica, shard.replicas,
+                                            shard.grad_lifetime), self.dtype)
             else:
                 layout, view_dtype = Replicated(home), self.dtype if u in view_units else None
             self.state[u] = UnitState(params, new_optimizer, layout, view_dtype=view_dtype,

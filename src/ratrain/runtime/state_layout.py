@@ -8,7 +8,9 @@ serves them all:
                   full accumulation every backward folds into; `state.update_grad`, what the
                   update reads once synced), and their entries in the memory ledger
     make_view     how the compute view is made from the masters (P), wait_view its wait (WP)
-    start_sync    how the gradient is synced over the replicas (GS)
+    accumulation  the full-size buffer a backward folds into (made anew where it was freed)
+    start_sync    how the gradient is synced over the replicas (GS), synced what follows it
+    start_reduce  how one micro-batch's gradient is reduced (RS), reduced what follows it
     updated       what it must count of the updates it takes (checkpoints)
     full_masters, load_masters, optimizer_state, load_optimizer_state
                   how checkpoints read and write the state: always whole units, in the format an
@@ -46,6 +48,26 @@ class StateLayout:
 
     home: torch.device | None = None
     """Where the masters, gradients and optimizer state live; None: the compute device."""
+
+    grad_lifetime: str = "step"
+    """How long `state.grad`, the full-size accumulation, lives (runnable.GRAD_LIFETIMES):
+    "step", from build on; otherwise the layout frees it once it is reduced and the next
+    backward makes it anew (`accumulation`)."""
+
+    def accumulation(self, state: UnitState) -> torch.Tensor:
+        """The full-size fp32 buffer a backward's gradients fold into."""
+        return state.grad
+
+    def synced(self, state: UnitState) -> None:
+        """After the sync started by start_sync has completed."""
+
+    def start_reduce(self, state: UnitState) -> dist.Work:
+        """Reduce one micro-batch's gradient (gradient lifetime "micro-batch")."""
+        raise NotImplementedError(f"{type(self).__name__} reduces a gradient once per step")
+
+    def reduced(self, state: UnitState) -> None:
+        """After the reduction started by start_reduce has completed."""
+        raise NotImplementedError
 
     def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
         raise NotImplementedError

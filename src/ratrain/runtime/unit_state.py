@@ -67,9 +67,7 @@ class UnitState:
         self.update_grad: torch.Tensor | None = None  # what the update reads, once synced
         self.view: torch.Tensor | None = None  # the flat view buffer, where the layout makes one
         self.layout.build(self, new_optimizer)
-        # Each parameter's region of the accumulation, shaped like it (what fold_grads adds to).
-        self._accumulators = self.param_slices(self.grad) if self.grad is not None else []
-        self._sync = None  # the gradient sync in flight
+        self._sync = None  # the gradient sync in flight (GS, or one micro-batch's RS)
         self._folding = None  # (event, [(accumulator, pinned copy of a view's gradient)])
 
     def param_slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -112,6 +110,18 @@ class UnitState:
             self.empty_view()
             self.ledger.release(("views", self))
 
+    def _accumulation_slices(self) -> list[torch.Tensor]:
+        """Each parameter's region of the accumulation, shaped like it (what fold_grads adds
+        to); the layout makes the accumulation anew where its gradient lifetime freed it, so
+        nothing here keeps a reference to it."""
+        return self.param_slices(self.layout.accumulation(self))
+
+    def full_grad_storage(self) -> list[torch.Tensor]:
+        """The accumulation where it lives shorter than the step (the `grad_full` storage of
+        the registry's B and BW effects); where it lives for the step, the unit's state holds
+        it already: nothing."""
+        return [self.grad] if self.layout.grad_lifetime != "step" and self.grad is not None else []
+
     def fold_grads(self) -> None:
         """After a backward: add the view's gradients, in fp32, to the accumulation.
 
@@ -122,14 +132,14 @@ class UnitState:
         if not self.has_view:
             return
         if self.copies.stream is None or self.home == self.device:
-            for p, acc in zip(self.params, self._accumulators):
+            for p, acc in zip(self.params, self._accumulation_slices()):
                 if p.grad is not None:
                     acc.add_(p.grad.to(self.home, torch.float32))
                     p.grad = None
             return
         self._finish_fold()
         staged, done = [], None
-        for p, acc in zip(self.params, self._accumulators):
+        for p, acc in zip(self.params, self._accumulation_slices()):
             if p.grad is not None:
                 host = self.copies.host_empty(p.grad)
                 done = self.copies.copy(host, p.grad)
@@ -164,6 +174,20 @@ class UnitState:
         if self._sync is not None:
             self._sync.wait()
             self._sync = None
+            self.layout.synced(self)
+
+    def start_reduce(self) -> dist.Work:
+        """Start reducing the micro-batch's gradient just accumulated over the replicas
+        (gradient lifetime "micro-batch"); nothing may touch it until wait_reduce."""
+        self._sync = self.layout.start_reduce(self)
+        return self._sync
+
+    def wait_reduce(self) -> None:
+        """Add the reduced slice to the shard's gradient; the full-size one is freed."""
+        if self._sync is not None:
+            self._sync.wait()
+            self._sync = None
+            self.layout.reduced(self)
 
     def sq_norm(self) -> torch.Tensor | None:
         """Squared L2 norm of the gradient this state updates with (fp32 scalar on the home;
@@ -173,7 +197,7 @@ class UnitState:
         over the flat buffer: one fp32 norm over a whole block's ~10^6 elements is off by ~1e-5
         relative (8e-5 seen on the tiny preset's real gradients), which moved the clipping
         coefficient away from the reference's."""
-        if self.grad is None:
+        if self.update_grad is None:
             return None
         self._finish_fold()
         if not self.masters:
@@ -191,7 +215,7 @@ class UnitState:
         step count stay as they are) but the gradients are zeroed all the same. Its value is
         never read on the host: the fused AdamW reads it where it runs (`found_inf`, as
         GradScaler sets it), so on a GPU the host does not wait for the norm."""
-        if self.grad is None:  # no parameters
+        if self.update_grad is None:  # no parameters
             return
         self._finish_fold()
         if found_inf is not None:

@@ -107,7 +107,15 @@ def check_completeness(
                                 f"nothing to offload", {s: program.index(Action(Op.OFFLOAD, u, m))})
         syncs = int(dp > 1 and not forward_only)
         for u in units:
-            if counts[Action(Op.GRAD_SYNC, u)] != syncs:
+            # once per step (GS), or once per micro-batch (RS: gradient lifetime "micro-batch")
+            reduces = [counts[Action(Op.GRAD_REDUCE, u, m)] for m in range(n_micro)]
+            if any(reduces):
+                if counts[Action(Op.GRAD_SYNC, u)] or set(reduces) != {syncs}:
+                    fail(programs, f"rank {s} reduces unit {u}'s gradient per micro-batch "
+                                    f"(RS{u}.*: {reduces}) and starts GS{u} "
+                                    f"{counts[Action(Op.GRAD_SYNC, u)]} times; expected one RS "
+                                    f"per micro-batch and no GS with dp={dp}")
+            elif counts[Action(Op.GRAD_SYNC, u)] != syncs:
                 fail(programs, f"rank {s} starts GS{u} {counts[Action(Op.GRAD_SYNC, u)]} times; "
                                 f"expected {syncs} with dp={dp} in {kind} program")
         end = Action(Op.STEP_END)

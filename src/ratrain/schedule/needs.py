@@ -25,20 +25,29 @@ class RankContext:
     units: range
     pos: dict[Action, int]  # first step of each action
     last_backward: dict[int, int]  # unit -> step of its last B or BW (its gradient is final)
-    last_sync: int  # step of the stage's last WGS (-1: none)
+    last_sync: int  # step of the stage's last WGS or WRS (-1: none)
     split: set[int]  # units whose backward is split (BI, BW)
+    weight_grads: dict[int, list[int]]  # unit -> micro-batches of its B or BW, in program order
+    last_reduce: dict[int, int]  # unit -> step of its last WRS (gradient lifetime "micro-batch")
 
     @classmethod
     def of(cls, program: Program, stage: int, stages: int, units: range) -> RankContext:
         pos: dict[Action, int] = {}
         last_backward: dict[int, int] = {}
+        weight_grads: dict[int, list[int]] = {}
+        last_reduce: dict[int, int] = {}
         for i, a in enumerate(program):
             pos.setdefault(a, i)
             if a.op in WEIGHT_GRAD_OPS:
                 last_backward[a.unit] = i
-        last_sync = max(pos.get(Action(Op.WAIT_GRAD_SYNC, u), -1) for u in units)
+                weight_grads.setdefault(a.unit, []).append(a.mb)
+            if a.op is Op.WAIT_GRAD_REDUCE:
+                last_reduce[a.unit] = i
+        last_sync = max([pos.get(Action(Op.WAIT_GRAD_SYNC, u), -1) for u in units]
+                        + list(last_reduce.values()))
         split = {a.unit for a in pos if a.op is Op.BACKWARD_WEIGHT}
-        return cls(stage, stages, units, pos, last_backward, last_sync, split)
+        return cls(stage, stages, units, pos, last_backward, last_sync, split, weight_grads,
+                   last_reduce)
 
     def runs(self, a: Action) -> bool:
         return a in self.pos
@@ -82,6 +91,25 @@ def _backward(a: Action, ctx: RankContext) -> list[Need]:
     return needs
 
 
+def _weight_grad(a: Action, ctx: RankContext) -> list[Need]:
+    """B and BW fold into the unit's full-size gradient: where each micro-batch's gradient is
+    reduced on its own (RS), the previous one's reduction must have completed first (it reads
+    that buffer, which this backward makes anew)."""
+    order = ctx.weight_grads.get(a.unit, [])
+    at = order.index(a.mb) if a.mb in order else 0
+    if at and ctx.runs(Action(Op.GRAD_REDUCE, a.unit, order[at - 1])):
+        return [Action(Op.WAIT_GRAD_REDUCE, a.unit, order[at - 1])]
+    return []
+
+
+def _backward_whole(a: Action, ctx: RankContext) -> list[Need]:
+    return _backward(a, ctx) + _weight_grad(a, ctx)
+
+
+def _backward_weight(a: Action, ctx: RankContext) -> list[Need]:
+    return [Action(Op.BACKWARD_INPUT, a.unit, a.mb)] + _weight_grad(a, ctx)
+
+
 def _after(op: Op, unit_offset: int = 0) -> Rule:
     """Needs `op` of the same micro-batch on unit + `unit_offset` (what it moves or copies)."""
     def rule(a: Action, ctx: RankContext) -> list[Need]:
@@ -96,7 +124,7 @@ def _send_grad(a: Action, ctx: RankContext) -> list[Need]:
 
 def _grad_norm(a: Action, ctx: RankContext) -> list[Need]:
     return [("every B of the stage", max(ctx.last_backward.values(), default=-1)),
-            ("every WGS of the stage", ctx.last_sync)]
+            ("every WGS and WRS of the stage", ctx.last_sync)]
 
 
 def _update(a: Action, ctx: RankContext) -> list[Need]:
@@ -106,6 +134,9 @@ def _update(a: Action, ctx: RankContext) -> list[Need]:
         needs.append(Action(Op.WAIT_GRAD_NORM))
     if ctx.runs(Action(Op.WAIT_GRAD_SYNC, a.unit)):
         needs.append(Action(Op.WAIT_GRAD_SYNC, a.unit))
+    elif a.unit in ctx.last_reduce:
+        needs.append((f"every WRS{a.unit}.*", ctx.last_reduce[a.unit]))
+        needs.append(ctx.every_backward(a.unit))
     else:
         needs.append(ctx.every_backward(a.unit))
     return needs
@@ -113,9 +144,9 @@ def _update(a: Action, ctx: RankContext) -> list[Need]:
 
 NEEDS: dict[Op, Rule] = {
     Op.FORWARD: _forward,
-    Op.BACKWARD: _backward,
+    Op.BACKWARD: _backward_whole,
     Op.BACKWARD_INPUT: _backward,
-    Op.BACKWARD_WEIGHT: _after(Op.BACKWARD_INPUT),
+    Op.BACKWARD_WEIGHT: _backward_weight,
     Op.RECOMPUTE: _after(Op.FORWARD),
     Op.SEND_ACT: _after(Op.FORWARD),
     Op.WAIT_SEND_ACT: _nothing,
@@ -127,6 +158,9 @@ NEEDS: dict[Op, Rule] = {
     Op.WAIT_RECV_GRAD: _nothing,
     Op.GRAD_SYNC: lambda a, ctx: [ctx.every_backward(a.unit)],
     Op.WAIT_GRAD_SYNC: _nothing,
+    Op.GRAD_REDUCE: lambda a, ctx: [Action(Op.BACKWARD_WEIGHT if a.unit in ctx.split
+                                           else Op.BACKWARD, a.unit, a.mb)],
+    Op.WAIT_GRAD_REDUCE: _nothing,
     Op.GRAD_NORM: _grad_norm,
     Op.WAIT_GRAD_NORM: _nothing,
     Op.UPDATE: _update,

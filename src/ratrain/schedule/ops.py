@@ -24,6 +24,11 @@ micro-batch m); the executor binds each name to real tensors, the simulator to s
     received        RA's buffer: the previous stage's output, which becomes F's `input`
     output_grad     RG's buffer: the gradient of the unit's output
     input_grad      what B (or BI) produces: the gradient of the unit's input
+    grad_full       the unit's full-size fp32 gradient accumulation where it lives only as long
+                    as it must (sharded state, gradient lifetime "transient" or "micro-batch";
+                    held per unit, not per micro-batch, from a backward until the sync that
+                    reduces it has completed); where it lives for the whole step it is part of
+                    the unit's state and binds to nothing here
     wgrad_seeds     what BI keeps for BW: the gradient of the output of each op of the unit
                     that reads a weight (unit 0, whose input is token ids: its output and its
                     output gradient, from which BW runs its whole backward)
@@ -56,6 +61,8 @@ class Op(str, Enum):
     WAIT_RECV_GRAD = "WRG"
     GRAD_SYNC = "GS"
     WAIT_GRAD_SYNC = "WGS"
+    GRAD_REDUCE = "RS"
+    WAIT_GRAD_REDUCE = "WRS"
     GRAD_NORM = "N"
     WAIT_GRAD_NORM = "WN"
     UPDATE = "U"
@@ -85,13 +92,15 @@ class Peer(str, Enum):
 
 @dataclass(frozen=True)
 class Hold:
-    """The action's owner `owner` (keyed by the action's unit + `unit_offset` and micro-batch)
-    keeps `storages` alive, counted under ledger `kind`."""
+    """The action's owner `owner` (keyed by the action's unit + `unit_offset` and micro-batch;
+    `per_unit`: by the unit alone, so that actions on different micro-batches share it) keeps
+    `storages` alive, counted under ledger `kind`."""
 
     owner: str
     kind: str
     storages: tuple[str, ...]
     unit_offset: int = 0
+    per_unit: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class Release:
 
     owner: str
     unit_offset: int = 0
+    per_unit: bool = False
 
 
 Effect = Hold | Release
@@ -107,7 +117,7 @@ Effect = Hold | Release
 
 def owner_key(effect: Effect, unit: int | None, mb: int | None) -> tuple:
     u = unit + effect.unit_offset
-    return (effect.owner, u) if mb is None else (effect.owner, u, mb)
+    return (effect.owner, u) if mb is None or effect.per_unit else (effect.owner, u, mb)
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,9 @@ def _wait(start: Op, doc: str, **kw) -> OpSpec:
 
 
 
+_HOLD_FULL_GRAD = Hold("fullgrad", "gradients", ("grad_full",), per_unit=True)
+_RELEASE_FULL_GRAD = Release("fullgrad", per_unit=True)
+
 SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.FORWARD, "Run one unit's forward on one micro-batch; keep what its backward needs "
            "(per policy).", OpClass.COMPUTE, in_eval=True,
@@ -162,7 +175,7 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "parameter gradients and leaves the gradient of its input.", OpClass.COMPUTE,
            input_grad=True, weight_grad=True,
            memory=(Release("grad"), Release("act"), Release("out"), Release("offloaded"),
-                   Hold("grad", "buffers", ("input_grad",), -1))),
+                   Hold("grad", "buffers", ("input_grad",), -1), _HOLD_FULL_GRAD)),
     OpSpec(Op.BACKWARD_INPUT, "The input half of a split backward of one unit on one "
            "micro-batch: the gradient of its input only (what the previous unit and stage wait "
            "for), keeping the activations and the gradients BW starts from (`wgrad_seeds`). "
@@ -174,7 +187,7 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "accumulate unit u's parameter gradients as B would (nothing but the unit's own "
            "sync waits for it), then free the micro-batch's activations.", OpClass.COMPUTE,
            weight_grad=True,
-           memory=(Release("wgrad"), Release("act"), Release("offloaded"))),
+           memory=(Release("wgrad"), Release("act"), Release("offloaded"), _HOLD_FULL_GRAD)),
     OpSpec(Op.RECOMPUTE, "Re-run a unit's forward from its kept input, so the following "
            "backward has its graph.", OpClass.COMPUTE,
            memory=(Release("act"), Release("out"), Hold("act", "activations", ("saved", "input")),
@@ -195,6 +208,11 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.GRAD_SYNC, "Start the data-parallel sync of one unit's accumulated gradients "
            "(all-reduce; sharded state: reduce-scatter).", OpClass.COLLECTIVE, mb=False,
            waited_by=Op.WAIT_GRAD_SYNC, peers=(Peer.REPLICAS,), eager=True),
+    OpSpec(Op.GRAD_REDUCE, "Start reducing one micro-batch's gradient of a unit over the "
+           "data-parallel replicas (sharded state, gradient lifetime \"micro-batch\": a "
+           "reduce-scatter of the full-size gradient its B or BW just made; each replica gets "
+           "its slice's sum).", OpClass.COLLECTIVE, waited_by=Op.WAIT_GRAD_REDUCE,
+           peers=(Peer.REPLICAS,), eager=True),
     OpSpec(Op.GRAD_NORM, "Start reducing the stage's squared gradient norm over the pipeline "
            "group (for clipping by the global norm, and float16's overflow check); needs every "
            "gradient of the stage final and synchronized.", OpClass.COLLECTIVE, unit=False,
@@ -230,7 +248,11 @@ SPECS.update({spec.op: spec for spec in (
           memory=(Release("grad"),)),
     _wait(Op.RECV_GRAD, "Wait for that gradient to arrive."),
     _wait(Op.GRAD_SYNC, "Wait for that sync; the unit's gradients are then final and "
-          "identical on all replicas (sharded: its shard's)."),
+          "identical on all replicas (sharded: its shard's). A full-size gradient that lives "
+          "only until its sync is freed.", memory=(_RELEASE_FULL_GRAD,)),
+    _wait(Op.GRAD_REDUCE, "Wait for that reduction, add the slice's sum to the shard's "
+          "gradient and free the full-size one (the unit's next backward makes a new one).",
+          memory=(_RELEASE_FULL_GRAD,)),
     _wait(Op.GRAD_NORM, "Wait for that reduction; the clipping coefficient of the step is then "
           "known (as a device value: nothing is read on the host before E)."),
     _wait(Op.RELOAD, "Wait for that reload; the saved tensors are on the device again and "

@@ -4,7 +4,9 @@ into policies):
 
     baseline:  add_activation_policy -> add_p2p -> add_grad_sync -> add_update -> add_views
     ratrain:   add_activation_policy -> add_p2p -> add_unit_grad_sync -> add_unit_update
-               -> add_views
+               -> add_views; with a gradient lifetime shorter than the step,
+               add_early_sync_waits after the sync pass, which is add_micro_batch_grad_sync
+               for lifetime "micro-batch"
     eval:      add_p2p -> add_step_end -> add_views
 
 (add_views, the parameter views' pass, is view_passes.py's.)
@@ -15,8 +17,10 @@ moving what is already placed; no pass reorders the compute actions. Inputs are 
 
 from __future__ import annotations
 
+import bisect
+
 from ratrain.schedule.ir import Action, Program
-from ratrain.schedule.ops import COMPUTE_OPS, INPUT_GRAD_OPS, SPECS, WEIGHT_GRAD_OPS, Op
+from ratrain.schedule.ops import COMPUTE_OPS, INPUT_GRAD_OPS, SPECS, WAIT_OF, WEIGHT_GRAD_OPS, Op
 
 
 def add_activation_policy(programs: list[Program], policy: dict[int, str]) -> list[Program]:
@@ -245,6 +249,56 @@ def add_unit_grad_sync(programs: list[Program], dp: int) -> list[Program]:
     return out
 
 
+def add_micro_batch_grad_sync(programs: list[Program], dp: int) -> list[Program]:
+    """Per-micro-batch gradient reduction (`ratrain`, sharded state, gradient lifetime
+    "micro-batch"; nothing when dp == 1), in place of add_unit_grad_sync: `RS u.m` right after
+    each backward of unit u that accumulates its gradient (B, or BW where split), so the
+    replicas reduce-scatter that micro-batch's full-size gradient while the stage computes on.
+    add_early_sync_waits places the waits."""
+    if dp == 1:
+        return [list(program) for program in programs]
+    out = []
+    for program in programs:
+        at: dict[int, list[Action]] = {}
+        for i, a in enumerate(program):
+            if a.op in WEIGHT_GRAD_OPS:
+                at.setdefault(after_compute(program, i), []).append(
+                    Action(Op.GRAD_REDUCE, a.unit, a.mb))
+        out.append(insert_at(program, at))
+    return out
+
+
+def add_early_sync_waits(programs: list[Program]) -> list[Program]:
+    """The wait of every gradient sync (GS u, or RS u.m) right after the stage's next compute
+    action: a gradient lifetime shorter than the step frees the unit's full-size gradient at
+    that wait, so waiting early keeps about two alive, not one per unit, at the price of
+    exposing a sync that one compute action does not hide. Where that next action is the
+    unit's own next backward (it makes a new full-size gradient), right before it. A wait that
+    would land at the pipeline flush is left to add_unit_update, which places it with the
+    update."""
+    out = []
+    for program in programs:
+        flush = _flush_point(program)
+        computes = [i for i, a in enumerate(program) if a.op in COMPUTE_OPS]
+        at: dict[int, list[Action]] = {}
+        latest = None  # index of the latest compute action
+        for k, a in enumerate(program):
+            if a.op in COMPUTE_OPS:
+                latest = k
+            if a.op not in (Op.GRAD_SYNC, Op.GRAD_REDUCE) or latest is None:
+                continue
+            n = bisect.bisect_right(computes, latest)
+            if n == len(computes):
+                continue
+            nxt = program[computes[n]]
+            same = nxt.op in WEIGHT_GRAD_OPS and nxt.unit == a.unit
+            i = computes[n] if same else after_compute(program, computes[n])
+            if i < flush:
+                at.setdefault(i, []).append(Action(WAIT_OF[a.op], a.unit, a.mb))
+        out.append(insert_at(program, at))
+    return out
+
+
 def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
                     clip: bool) -> list[Program]:
     """Per-unit optimizer updates (`ratrain`), then `E`.
@@ -255,7 +309,8 @@ def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
     Syncs complete in the order they were started (they share one link), so the stage waits for
     them in that order, each as late as the program allows:
 
-    * no clipping: `WGS u` (dp > 1) then `U u` for each unit in the order its gradient became
+    * no clipping: `WGS u` (dp > 1; or the wait of the unit's last `RS u.m`; unless
+      add_early_sync_waits placed it already) then `U u` for each unit in the order its gradient became
       final, so each update runs while the later units' syncs are still in flight; a stage
       updates on its own timeline while earlier stages still run their cool-down backwards.
     * clipping: the coefficient needs the global norm, that is every unit's synchronized
@@ -263,11 +318,16 @@ def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
       squared norm over the pipeline (`N`), waits for it (`WN`), then updates its units. The
       syncs still overlap the backward; only the updates wait for the norm.
     """
-    def wait(u: int) -> list[Action]:
-        return [Action(Op.WAIT_GRAD_SYNC, u)] if dp > 1 else []
-
     out = []
     for program, units in zip(programs, stage_units):
+        placed = set(program)
+        unwaited = {a.unit: Action(WAIT_OF[a.op], a.unit, a.mb) for a in program
+                    if a.op in (Op.GRAD_SYNC, Op.GRAD_REDUCE)
+                    and Action(WAIT_OF[a.op], a.unit, a.mb) not in placed}
+
+        def wait(u: int) -> list[Action]:
+            return [unwaited[u]] if u in unwaited else []
+
         order = _final_order(program, units)
         if clip:
             norm = [Action(Op.GRAD_NORM), Action(Op.WAIT_GRAD_NORM)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ratrain.runnable import micro_batch_refusal, sharding_refusal
+from ratrain.runnable import GRAD_LIFETIMES, micro_batch_refusal, sharding_refusal
 from ratrain.schedule import builders, passes
 from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
                                                 check_baseline, check_choice,
@@ -69,6 +69,13 @@ class PipelinePlan:
     weight_grad: str | None = None
     """Where a split schedule's weight gradients (BW) run (schedule/weight_grads.py):
     "bubble" or "grouped"; None for a schedule whose backward is whole (B)."""
+    grad_lifetime: str = "step"
+    """How long a unit's full-size fp32 gradient lives (sharded state only; runnable.py):
+    "step", accumulated over the step and reduce-scattered once (GS); "transient", the same
+    program, but the buffer exists only from the unit's first backward of the step until its
+    reduce-scatter has completed (WGS); "micro-batch", each micro-batch's gradient
+    reduce-scattered right after its backward (RS u.m, WRS u.m) and added to the shard's, so
+    the buffer lives from one backward to that reduction (m times the traffic)."""
 
     @property
     def n_layers(self) -> int:
@@ -97,7 +104,13 @@ class PipelinePlan:
         if self.activation != done:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
                                 f"programs do: {done}")
-        check_sharding(self.shard_state, self.dp, self.state_home, self.view_window)
+        check_sharding(self.shard_state, self.dp, self.state_home, self.view_window,
+                       self.grad_lifetime, self.policy)
+        reduced = any(a.op is Op.GRAD_REDUCE for program in self.programs for a in program)
+        if reduced != (self.grad_lifetime == "micro-batch" and self.dp > 1):
+            raise ScheduleError(f"grad_lifetime {self.grad_lifetime!r}, but the programs "
+                                f"{'do' if reduced else 'do not'} reduce each micro-batch's "
+                                f"gradient (RS)")
         if self.shard_state:
             for s, (program, units) in enumerate(zip(self.programs, self.stage_units)):
                 viewed = {a.unit for a in program if a.op is Op.PREFETCH}
@@ -122,6 +135,7 @@ class PipelinePlan:
             "shard_state": self.shard_state,
             # only where the backward is split: other plans read as before
             **({"weight_grad": self.weight_grad} if self.weight_grad else {}),
+            **({"grad_lifetime": self.grad_lifetime} if self.grad_lifetime != "step" else {}),
         }
 
     @classmethod
@@ -148,6 +162,7 @@ class PipelinePlan:
             state_home=d.get("state_home", "device"),
             shard_state=d.get("shard_state", False),
             weight_grad=d.get("weight_grad"),
+            grad_lifetime=d.get("grad_lifetime", "step"),
         )
 
 
@@ -160,7 +175,8 @@ def _compute_and_p2p(programs: list[Program], stage_units: list[range],
 
 
 def _baseline(programs: list[Program], stage_units: list[range], dp: int,
-              activation: dict[int, str], clip: bool, view_window: int | None) -> list[Program]:
+              activation: dict[int, str], clip: bool, view_window: int | None,
+              grad_lifetime: str = "step") -> list[Program]:
     """GPU-style: one activation policy for every decoder block (build_plan refuses per-stage
     choices); every gradient synchronized after the pipeline flush; one optimizer step at the
     end (after the global norm when `clip`); parameter views resident (window None or 0)."""
@@ -171,15 +187,23 @@ def _baseline(programs: list[Program], stage_units: list[range], dp: int,
 
 
 def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
-             activation: dict[int, str], clip: bool, view_window: int | None) -> list[Program]:
+             activation: dict[int, str], clip: bool, view_window: int | None,
+             grad_lifetime: str = "step") -> list[Program]:
     """The training-state lifecycle, per unit and per stage: each unit recovers its
     activations as chosen for it (keep, recompute, or offload and reload); each unit's gradient
     sync starts right after its last backward and is waited as late as possible; each unit is
     updated after its own sync (after the global norm when `clip`), no stage waiting for another
     except for that norm; parameter views prefetched within the window ahead of use and
-    released after it (view_window K >= 1), or resident."""
+    released after it (view_window K >= 1), or resident. A gradient lifetime shorter than the
+    step waits for each sync after one more compute action (it frees the full-size gradient);
+    "micro-batch" reduces each micro-batch's gradient right after its backward."""
     programs = _compute_and_p2p(programs, stage_units, activation)
-    programs = passes.add_unit_grad_sync(programs, dp)
+    if grad_lifetime == "micro-batch":
+        programs = passes.add_micro_batch_grad_sync(programs, dp)
+    else:
+        programs = passes.add_unit_grad_sync(programs, dp)
+    if grad_lifetime != "step":
+        programs = passes.add_early_sync_waits(programs)
     programs = passes.add_unit_update(programs, stage_units, dp, clip)
     return add_views(programs, stage_units, view_window)
 
@@ -204,6 +228,7 @@ def build_plan(
     check: bool = True,
     shard_state: bool = False,
     weight_grad: str | None = None,
+    grad_lifetime: str = "step",
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -214,7 +239,8 @@ def build_plan(
     `view_window`, `clip` and `shard_state`: see PipelinePlan. `state_home` and `shard_state`
     are recorded for the executor; they change no program. `weight_grad` places a split
     schedule's BWs ("bubble", the default, or "grouped": schedule/weight_grads.py); a schedule
-    with whole backwards takes none. `check` False skips the checks of the programs (a search that builds
+    with whole backwards takes none. `grad_lifetime` (sharded state): see PipelinePlan.
+    `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
     check_choice("schedule", schedule, SCHEDULES)
@@ -228,7 +254,8 @@ def build_plan(
     if view_window is not None and view_window < 0:
         raise ScheduleConfigError(
             f"view_window must be >= 0 (or None: the view is the master), got {view_window}")
-    check_sharding(shard_state, dp, state_home, view_window)
+    check_choice("gradient lifetime", grad_lifetime, GRAD_LIFETIMES)
+    check_sharding(shard_state, dp, state_home, view_window, grad_lifetime, policy)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)
@@ -242,11 +269,12 @@ def build_plan(
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
     programs = POLICIES[policy](programs, stage_units, dp, by_unit(stage_units, resolved), clip,
-                                view_window)
+                                view_window, grad_lifetime)
     if check:
         validate(programs, stage_units, n_micro, dp)
     return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
-                        rank_order, view_window, state_home, shard_state, weight_grad)
+                        rank_order, view_window, state_home, shard_state, weight_grad,
+                        grad_lifetime)
 
 
 def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
@@ -263,9 +291,10 @@ def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
     return weight_grad
 
 
-def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None) -> None:
+def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None,
+                   grad_lifetime: str = "step", policy: str = "ratrain") -> None:
     """Raise where sharded state cannot run with these choices (runnable.sharding_refusal)."""
-    reason = sharding_refusal(shard_state, dp, state_home, view_window)
+    reason = sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
     if reason:
         raise ScheduleConfigError(reason)
 

@@ -27,12 +27,16 @@ four ops do; replica 0 is the one simulated:
            plus (dp-1) latencies (`ring_half`), not the all-reduce's 2(dp-1)/dp
            (StageCosts.grad_sync, which the planner's closed forms read too)
     U u    updates S parameters, not N (StageCosts.update_params)
+    RS u.m (gradient lifetime "micro-batch") one micro-batch's reduce-scatter, priced as GS; its
+           wait WRS adds the reduced slice to the shard's gradient (12 S bytes)
     N      the local norm reads 4 S bytes a unit; before the pipeline's reduction the squared
            norm is summed over the replicas: a blocking all-reduce of one fp32 scalar
            (StageCosts.norm_replicas; the simulator's "norm" kind runs it on the replicas' links)
 
 The ledger (`unit_state_owners`, `view_bytes`): masters 4 S, gradients 4 (N_pad + S) (the full
-accumulation buffer and the shard's), AdamW 8 x (real elements of the slice) + 4 x (pieces:
+accumulation buffer and the shard's; with a gradient lifetime shorter than the step, 4 S, or
+8 S with the reduction's output, and the full 4 N_pad as the `grad_full` storage of B or BW
+until WGS or WRS), AdamW 8 x (real elements of the slice) + 4 x (pieces:
 the parameter tensors the slice intersects), the view elt N_pad.
 
 Memory effects are the registry's, the same the executor applies to real tensors; here
@@ -92,6 +96,8 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.WAIT_RECV_GRAD: _zero,
     Op.GRAD_SYNC: lambda c, a: c.grad_sync(a.unit),
     Op.WAIT_GRAD_SYNC: _zero,
+    Op.GRAD_REDUCE: lambda c, a: c.grad_sync(a.unit),
+    Op.WAIT_GRAD_REDUCE: lambda c, a: c.reduced_add(a.unit),
     Op.GRAD_NORM: lambda c, a: ring(c.s.pipeline, 4, c.s.pp),
     Op.WAIT_GRAD_NORM: _zero,
     Op.UPDATE: lambda c, a: c.update(a.unit),

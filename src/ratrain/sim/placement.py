@@ -35,7 +35,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             state_home=plan.state_home, dp=plan.dp, pp=plan.pp,
             p2p_prev=hops[s - 1] if s > 0 else None, p2p_next=hops[s] if s < plan.pp - 1 else None,
             replicas=rings[s], pipeline=pipeline,
-            clip=plan.clip, shard_state=plan.shard_state,
+            clip=plan.clip, shard_state=plan.shard_state, grad_lifetime=plan.grad_lifetime,
         ))
     return setups
 

@@ -40,6 +40,7 @@ class StageSetup:
     pipeline: Link  # the ring of one replica's stages
     clip: bool
     shard_state: bool = False  # masters and AdamW state sliced over the dp replicas (ZeRO-style)
+    grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.py)
 
     @cached_property
     def shape(self) -> uc.UnitShape:
@@ -136,6 +137,10 @@ class StageCosts:
             return ring_half(link, self.grad_sync_bytes(u), dp)
         return ring(link, self.grad_sync_bytes(u), dp)
 
+    def reduced_add(self, u: int) -> float:
+        """WRS: the reduced slice added to the shard's gradient (read two, write one)."""
+        return 12 * self.s.shard(u).size / self.bandwidth if self.s.shard_state else 0.0
+
     def gather(self, u: int, link: Link | None = None) -> float:
         """Sharded P u: cast the replica's fp32 slice into its slot of the view (read 4 S,
         write elt S), then all-gather the view over the replicas."""
@@ -173,10 +178,13 @@ class StageCosts:
     def unit_state_owners(self, u: int) -> list[tuple[tuple, str, tuple, int]]:
         """A unit's masters, fp32 gradients and AdamW state (from the first update on).
         Sharded: the slice's masters, the full accumulation buffer plus the shard's gradient,
-        AdamW over the slice's pieces (one 1-D parameter per tensor it intersects)."""
+        AdamW over the slice's pieces (one 1-D parameter per tensor it intersects); with a
+        gradient lifetime shorter than the step, no full buffer (`grad_full` is the
+        backward's), and for "micro-batch" the reduction's slice-sized output."""
         shard = self.s.shard(u)
         if shard:
-            masters, gradients = 4 * shard.size, 4 * (shard.padded + shard.size)
+            full = {"step": shard.padded, "transient": 0, "micro-batch": shard.size}
+            masters, gradients = 4 * shard.size, 4 * (full[self.s.grad_lifetime] + shard.size)
             optimizer = 8 * shard.real + 4 * shard.pieces
         else:
             n = self.s.params(u)
@@ -219,6 +227,10 @@ class StageCosts:
                           for i, n in enumerate(uc.wgrad_seed_bytes(self.s.shape, self.s.kind(u)))]
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
+        if name == "grad_full":
+            shard = self.s.shard(u)
+            live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
+            return [(("gradfull", u), 4 * shard.padded)] if live else []
         raise KeyError(f"no size for storage {name!r} of {a}")
 
     def tokens_bytes(self) -> int:
