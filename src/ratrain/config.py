@@ -144,6 +144,7 @@ class ParallelConfig:
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
     shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
     grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.GRAD_LIFETIMES)
+    shard_group: int | None = None  # hybrid sharding: shard over groups of this many replicas, replicate across
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1

@@ -47,7 +47,7 @@ def check_config(cfg: RunConfig, host_is_separate: bool, world: int | None = Non
                    micro_batch_size=t.micro_batch_size, schedule=p.schedule, policy=p.policy,
                    dtype=t.dtype, clip=_clip(cfg), state_home=p.state_home,
                    shard_state=p.shard_state, view_window=_view_window(cfg, host_is_separate),
-                   grad_lifetime=p.grad_lifetime,
+                   grad_lifetime=p.grad_lifetime, shard_group=p.shard_group,
                    tie_embeddings=cfg.model.tie_embeddings, host_is_separate=host_is_separate,
                    host_collectives=host_collectives,
                    world=world)
@@ -62,7 +62,8 @@ def check_plan(plan: PipelinePlan, cfg: RunConfig, host_is_separate: bool,
                    micro_batch_size=t.micro_batch_size, schedule=plan.schedule,
                    policy=plan.policy, dtype=t.dtype, clip=plan.clip,
                    state_home=plan.state_home, shard_state=plan.shard_state,
-                   view_window=plan.view_window, grad_lifetime=plan.grad_lifetime, tie_embeddings=cfg.model.tie_embeddings,
+                   view_window=plan.view_window, grad_lifetime=plan.grad_lifetime,
+                   shard_group=plan.shard_group, tie_embeddings=cfg.model.tie_embeddings,
                    host_is_separate=host_is_separate,
                    host_collectives=host_collectives,
                    world=world)
@@ -105,7 +106,8 @@ def plan_for_config(cfg: RunConfig, host_is_separate: bool,
             activation=policies[0] if len(policies) == 1 else policies,
             units_per_stage=p.partition, clip=_clip(cfg), rank_order=p.rank_order,
             view_window=_view_window(cfg, host_is_separate), state_home=p.state_home,
-            shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime)
+            shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
+            shard_group=p.shard_group)
     except ScheduleError as e:
         raise UserError(str(e)) from None
 
@@ -142,7 +144,7 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
     want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
             "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
             "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state,
-            "grad_lifetime": cfg.parallel.grad_lifetime,
+            "grad_lifetime": cfg.parallel.grad_lifetime, "shard_group": cfg.parallel.shard_group,
             "schedule": cfg.parallel.schedule,
             "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
     have = {k: getattr(plan, k) for k in want}

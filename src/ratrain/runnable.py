@@ -19,6 +19,7 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
             clip: bool = True, state_home: str = "device", shard_state: bool = False,
             view_window: int | None = None, grad_lifetime: str = "step",
+            shard_group: int | None = None,
             tie_embeddings: bool = False,
             host_is_separate: bool = False, host_collectives: bool | None = None,
             world: int | None = None) -> str | None:
@@ -47,7 +48,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if tie_embeddings and pp > 1:
         return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
                 "(pipelined tied embeddings are not supported yet)")
-    reason = sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
+    reason = (sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
+              or hybrid_refusal(shard_group, shard_state, dp, policy))
     if reason:
         return reason
     if host_collectives is None:
@@ -98,6 +100,24 @@ def sharding_refusal(shard_state: bool, dp: int, state_home: str, view_window: i
     if view_window is None:
         return ("sharded state needs compute views (the gathered weights): view_window must "
                 "be 0 (resident) or a window >= 1, not None")
+    return None
+
+
+def hybrid_refusal(shard_group: int | None, shard_state: bool, dp: int,
+                   policy: str = "ratrain") -> str | None:
+    """Hybrid sharding shards within groups of replicas and replicates across them: the groups
+    must split the replicas evenly into at least two groups of at least two."""
+    if shard_group is None:
+        return None
+    if not shard_state:
+        return (f"--shard-group {shard_group} shards the state within groups of replicas, which "
+                f"needs --shard-state")
+    if policy != "ratrain":
+        return (f"--shard-group is a lifecycle choice of --policy ratrain (the cross-group "
+                f"all-reduce of each shard is placed per unit)")
+    if not 2 <= shard_group < dp or dp % shard_group:
+        return (f"--shard-group {shard_group} must divide --dp {dp} into at least two groups of "
+                f"at least two replicas (leave it out to shard over all {dp})")
     return None
 
 

@@ -188,7 +188,8 @@ def rank_main(cfg_dict: dict, run_dir: str, resume_from: str | None, progress: b
         plan = plan_for(cfg) if distributed or needs_executor(cfg) else None
     if distributed:
         p = cfg.parallel
-        groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s)
+        groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
+                             plan.shard_group)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
     else:

@@ -1,5 +1,6 @@
 """Gradient lifetimes of sharded state: a unit's full-size gradient freed once reduce-scattered
-("transient"), or reduce-scattered per micro-batch ("micro-batch"). The run computes the same
+("transient"), or reduce-scattered per micro-batch ("micro-batch"); and hybrid sharding (state
+sharded within groups of replicas, replicated across them). The run computes the same
 training as one process; the executor's ledger is the simulator's, kind by kind; checkpoints
 resume under another layout; and the full-size gradient no longer outlives its sync."""
 
@@ -52,6 +53,9 @@ def _ledgers(run_dir):
     (1, 4, "micro-batch", {}),
     (2, 2, "micro-batch", {"activation": "recompute"}),
     (1, 2, "transient", {"schedule": "zbh1", "weight_grad": "grouped"}),
+    # hybrid sharding on two simulated nodes of two replicas each
+    (1, 4, "step", {"shard_group": 2}),
+    (2, 4, "micro-batch", {"shard_group": 2}),
 ])
 def test_gradient_lifetime_matches_single_process(pp, dp, lifetime, parallel, corpus, reference,
                                                   tmp_path):

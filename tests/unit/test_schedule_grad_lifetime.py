@@ -142,3 +142,67 @@ def test_simulated_gradients_fall_with_the_lifetime(n_micro):
         assert held["transient"] < full * (1 / 8 + 0.1)
     else:
         assert held["transient"] > full
+
+
+# --- hybrid sharding ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lifetime", ["step", "transient", "micro-batch"])
+def test_hybrid_sums_each_shard_across_groups_after_its_last_sync(lifetime):
+    plan = _sharded(2, 4, 4, lifetime, shard_group=2)
+    plan.validate()
+    final_wait = Op.WAIT_GRAD_REDUCE if lifetime == "micro-batch" else Op.WAIT_GRAD_SYNC
+    for program, units in zip(plan.programs, plan.stage_units):
+        norm = program.index(Action(Op.GRAD_NORM))
+        for u in units:
+            last = max(i for i, a in enumerate(program) if a.op is final_wait and a.unit == u)
+            start = program.index(Action(Op.CROSS_SYNC, u))
+            wait = program.index(Action(Op.WAIT_CROSS_SYNC, u))
+            assert start == last + 1 and start < wait < norm
+
+
+def test_hybrid_plan_round_trips_and_is_checked():
+    plan = _sharded(1, 4, 2, "step", shard_group=2)
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["shard_group"] == 2 and PipelinePlan.from_dict(d) == plan
+    assert "shard_group" not in _sharded(1, 4, 2, "step").to_dict()
+    del d["shard_group"]  # the programs still sum across groups
+    with pytest.raises(ScheduleError, match="do sum the shards across the groups"):
+        PipelinePlan.from_dict(d).validate()
+    text = format_program(plan.programs[0])
+    broken = text.replace("GX1 ", "GX1 GX1 WGX1 ", 1)
+    with pytest.raises(ScheduleError, match="starts GX1 2 times"):
+        validate([parse_program(broken)], plan.stage_units, 2, 4)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(shard_group=2), "needs --shard-state"),
+    (dict(shard_group=3, shard_state=True, view_window=0), "must divide --dp 4 into at least two"),
+    (dict(shard_group=4, shard_state=True, view_window=0), "must divide --dp 4 into at least two"),
+    (dict(shard_group=2, shard_state=True, view_window=0, policy="baseline"),
+     "lifecycle choice of --policy ratrain"),
+])
+def test_hybrid_refusals_are_one_line(change, needle):
+    ok = dict(n_layers=2, pp=1, dp=4, global_batch=8, micro_batch_size=2)
+    reason = runnable.refusal(**{**ok, **change})
+    assert reason and needle in reason and "\n" not in reason
+
+
+def test_hybrid_shards_are_bigger_and_each_is_summed_across_groups():
+    """llama2-7b, dp=16 on mt3000: sharded over a node's replicas the state per device is
+    dp / shard_group times a full sharding's, and every unit's shard is all-reduced across the
+    groups (GX) in the simulated step."""
+    from ratrain.models.presets import get_preset
+
+    model = get_preset("llama2-7b")
+    profile = load_profile("mt3000")
+    per_node = profile.devices_per_node
+    results = {}
+    for group in (None, per_node):
+        plan = build_plan(model.n_layers, 1, 16, 1, view_window=1, shard_state=True,
+                          activation="recompute", shard_group=group)
+        results[group] = simulate(plan, model, profile, seq_len=4096, micro_batch_size=1,
+                                  dtype="float16")
+    whole, hybrid = (results[g].ranks[0].at_peak["masters"] for g in (None, per_node))
+    assert hybrid == pytest.approx(whole * 16 / per_node, rel=0.01)
+    spans = [name for name, *_ in results[per_node].ranks[0].spans if name.startswith("GX")]
+    assert len(spans) == model.n_layers + 2

@@ -56,6 +56,7 @@ _CONFIG_OPTIONS = [
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
     click.option("--shard-state/--no-shard-state", default=None, help="Each data-parallel replica holds 1/dp of every unit's fp32 masters and AdamW state (ZeRO-style): gradients are reduce-scattered, each replica updates its slice, and the compute views are all-gathered. Needs --dp >= 2 and --state-home device.  [default: off]"),
     click.option("--grad-lifetime", type=click.Choice(GRAD_LIFETIMES), help="With --shard-state, how long each unit's full-size fp32 gradient lives: step (accumulated over the step, reduce-scattered once), transient (the same sync, but the buffer exists only from the unit's first backward to its reduce-scatter's end), micro-batch (each micro-batch's gradient reduce-scattered right after its backward: 1/dp of the memory, m times the traffic).  [default: step]"),
+    click.option("--shard-group", type=int, help="With --shard-state, hybrid sharding: shard each unit's state within groups of this many neighbouring replicas (a node's) and replicate it across the groups, so only a shard's gradient crosses between them (an all-reduce per unit). Must divide --dp into at least two groups.  [default: shard over all --dp replicas]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -67,7 +68,8 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
-           "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel"}
+           "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel",
+           "shard_group": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
@@ -114,7 +116,7 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
                       ("shard_state", bool), ("schedule", str), ("weight_grad", str),
-                      ("grad_lifetime", str)):
+                      ("grad_lifetime", str), ("shard_group", int)):
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash

@@ -53,11 +53,14 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "state_home": plan.state_home, "view_window": plan.view_window,
                "shard_state": plan.shard_state, "schedule": plan.schedule,
                "weight_grad": plan.weight_grad, "grad_lifetime": plan.grad_lifetime,
+               "shard_group": plan.shard_group,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    sharded = (f", state sharded over the replicas (gradient lifetime {plan.grad_lifetime})"
+    over = (f"groups of {plan.shard_group} replicas, replicated across the groups"
+            if plan.shard_group else "the replicas")
+    sharded = (f", state sharded over {over} (gradient lifetime {plan.grad_lifetime})"
                if plan.shard_state else "")
     placed = f" (weight gradients: {plan.weight_grad})" if plan.weight_grad else ""
     click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy} "

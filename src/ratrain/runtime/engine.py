@@ -96,7 +96,8 @@ class PipelineEngine(_UnitStateMixin):
         self.stage_index = groups.stage if groups else 0
         self.program = plan.programs[self.stage_index]
         view_units = {a.unit for a in self.program if a.op is Op.PREFETCH}
-        shard = (ShardOver(groups.replicas, groups.replica, groups.grid.dp, plan.grad_lifetime)
+        shard = (ShardOver(groups.shard, groups.shard_replica, groups.shard_replicas,
+                           plan.grad_lifetime, groups.cross_group)
                  if plan.shard_state else None)
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],
                            groups.device if groups else device,

@@ -25,6 +25,8 @@ HANDLERS = {
     Op.WAIT_GRAD_SYNC: lifecycle.wait_grad_sync,
     Op.GRAD_REDUCE: lifecycle.grad_reduce,
     Op.WAIT_GRAD_REDUCE: lifecycle.wait_grad_reduce,
+    Op.CROSS_SYNC: lifecycle.cross_sync,
+    Op.WAIT_CROSS_SYNC: lifecycle.wait_cross_sync,
     Op.GRAD_NORM: lifecycle.grad_norm,
     Op.WAIT_GRAD_NORM: lifecycle.wait_grad_norm,
     Op.UPDATE: lifecycle.update,

@@ -86,15 +86,28 @@ def wait_grad_reduce(ex, st: StepState, a: Action) -> None:
     ex.stage.state[a.unit].wait_reduce()
 
 
+def cross_sync(ex, st: StepState, a: Action):
+    """Hybrid sharding: the shard's gradient summed across the shard groups."""
+    work = st.syncs[a.unit] = ex.stage.state[a.unit].start_cross_sync()
+    return work
+
+
+def wait_cross_sync(ex, st: StepState, a: Action) -> None:
+    work = st.syncs.pop(a.unit, None)
+    if work is not None:
+        ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
+    ex.stage.state[a.unit].wait_cross_sync()
+
+
 def grad_norm(ex, st: StepState, a: Action):
     """Start reducing the stage's squared gradient norm over the pipeline stages (sharded:
-    first summed over the stage's replicas, each of which holds a slice)."""
+    first summed over the replicas the state is sharded over, each of which holds a slice)."""
     parts = [sq for s in ex.stage.state.values() if (sq := s.sq_norm()) is not None]
     device = ex.stage.device
     sq = (torch.stack([p.to(device) for p in parts]).sum() if parts
           else torch.zeros((), device=device)).reshape(1)
     if ex.stage.sharded:
-        ex.comm.wait(dist.all_reduce(sq, group=ex.groups.replicas, async_op=True), st.when,
+        ex.comm.wait(dist.all_reduce(sq, group=ex.groups.shard, async_op=True), st.when,
                      str(a), ex.comm.replica_peers())
     work = dist.all_reduce(sq, group=ex.groups.pipeline, async_op=True) if ex.pp > 1 else None
     st.norm = (work, sq)

@@ -30,6 +30,26 @@ class Groups:
     act_to_next: dist.ProcessGroup | None = None
     grad_to_prev: dist.ProcessGroup | None = None
     grad_from_next: dist.ProcessGroup | None = None
+    # Hybrid sharding: the stage's replicas in this rank's shard group (neighbouring replicas)
+    # and those holding the same shard in the other groups. Without it the state is sharded
+    # over all the stage's replicas.
+    shard_group: dist.ProcessGroup | None = None
+    cross_group: dist.ProcessGroup | None = None
+    shard_size: int | None = None
+
+    @property
+    def shard(self) -> dist.ProcessGroup:
+        """The group a unit's state is sharded over."""
+        return self.shard_group or self.replicas
+
+    @property
+    def shard_replica(self) -> int:
+        """This rank's place in that group."""
+        return self.replica % self.shard_size if self.shard_size else self.replica
+
+    @property
+    def shard_replicas(self) -> int:
+        return self.shard_size or self.grid.dp
 
     @property
     def prev_rank(self) -> int | None:
@@ -61,13 +81,15 @@ def _restart_store(world: int, timeout_s: float) -> dist.Store | None:
     return dist.PrefixStore(f"ratrain/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
-def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0) -> Groups:
+def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
+                shard_group: int | None = None) -> Groups:
     """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
     local launcher or by torchrun) and create every pipeline and replica group. `timeout_s`
     bounds joining and every collective the backend times itself.
 
     new_group is collective over the whole world, so every rank creates every group in the same
-    order and keeps its own.
+    order and keeps its own. `shard_group`: hybrid sharding's group size (groups of that many
+    neighbouring replicas of each stage, and the groups across them).
     """
     backend = pick_backend(backend)
     rank = int(os.environ["RANK"])
@@ -104,4 +126,16 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0)
                 groups.act_to_next, groups.grad_from_next = act, grad
             if r == replica and s + 1 == stage:
                 groups.act_from_prev, groups.grad_to_prev = act, grad
+    if shard_group:
+        groups.shard_size = shard_group
+        for s in range(grid.pp):
+            ranks = grid.replica_ranks(s)
+            for k in range(0, grid.dp, shard_group):
+                g = dist.new_group(ranks[k:k + shard_group])
+                if s == stage and k <= replica < k + shard_group:
+                    groups.shard_group = g
+            for i in range(shard_group):
+                g = dist.new_group(ranks[i::shard_group])
+                if s == stage and replica % shard_group == i:
+                    groups.cross_group = g
     return groups

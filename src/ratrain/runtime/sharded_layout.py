@@ -11,6 +11,9 @@ runtime/unit_state.py, calls this layout for what differs from a replicated stat
     GS u  reduce-scatter that accumulation: each replica gets the sum of its own slice
     RS u.m  (gradient lifetime "micro-batch") reduce-scatter one micro-batch's accumulation into
           a slice-sized buffer; WRS u.m adds it to the slice's gradient
+    GX u  (hybrid sharding) all-reduce the slice's gradient over the replicas that hold the same
+          slice in the other shard groups; the layout's `group` is then the replica's shard
+          group (neighbouring replicas, a node's), not all of the stage's replicas
 
 How long the full accumulation lives is the layout's `grad_lifetime`: "step", allocated once and
 kept; "transient", made by the unit's first backward of the step and freed when its
@@ -53,8 +56,10 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 class Sharded(StateLayout):
     """Slice `replica` of `replicas` of the unit, over `group` (the stage's replicas)."""
 
-    def __init__(self, group, replica: int, replicas: int, grad_lifetime: str = "step"):
+    def __init__(self, group, replica: int, replicas: int, grad_lifetime: str = "step",
+                 cross=None):
         self.group, self.replica, self.replicas = group, replica, replicas
+        self.cross = cross  # hybrid sharding: the same slice's replicas in the other groups
         self.grad_lifetime = grad_lifetime
         self._gather_work = None  # the view's all-gather in flight
         self._incoming: torch.Tensor | None = None  # RS's output ("micro-batch")
@@ -154,6 +159,11 @@ class Sharded(StateLayout):
     def reduced(self, state: UnitState) -> None:
         state.update_grad.add_(self._incoming)
         state.grad = None
+
+    def start_cross_sync(self, state: UnitState) -> dist.Work:
+        """Hybrid sharding: the slice's gradient, summed within the group, summed over the
+        groups (in place)."""
+        return dist.all_reduce(state.update_grad, group=self.cross, async_op=True)
 
     def updated(self, state: UnitState, found_inf: torch.Tensor | None) -> None:
         self.steps.add_(1)

@@ -28,6 +28,7 @@ class ShardOver:
     replica: int
     replicas: int
     grad_lifetime: str = "step"  # how long a unit's full-size gradient lives
+    cross: object = None  # hybrid sharding: the replicas holding the same slice in other groups
 
 
 class Stage:
@@ -65,7 +66,7 @@ class Stage:
             params = unit_parameters(m, owned)
             if shard and params:
                 layout, view_dtype = (Sharded(shard.group, shard.replica, shard.replicas,
-                                            shard.grad_lifetime), self.dtype)
+                                            shard.grad_lifetime, shard.cross), self.dtype)
             else:
                 layout, view_dtype = Replicated(home), self.dtype if u in view_units else None
             self.state[u] = UnitState(params, new_optimizer, layout, view_dtype=view_dtype,

@@ -11,6 +11,7 @@ serves them all:
     accumulation  the full-size buffer a backward folds into (made anew where it was freed)
     start_sync    how the gradient is synced over the replicas (GS), synced what follows it
     start_reduce  how one micro-batch's gradient is reduced (RS), reduced what follows it
+    start_cross_sync  how a shard's gradient is summed across shard groups (GX)
     updated       what it must count of the updates it takes (checkpoints)
     full_masters, load_masters, optimizer_state, load_optimizer_state
                   how checkpoints read and write the state: always whole units, in the format an
@@ -68,6 +69,10 @@ class StateLayout:
     def reduced(self, state: UnitState) -> None:
         """After the reduction started by start_reduce has completed."""
         raise NotImplementedError
+
+    def start_cross_sync(self, state: UnitState) -> dist.Work:
+        """Sum the shard's gradient across shard groups (hybrid sharding, GX)."""
+        raise NotImplementedError(f"{type(self).__name__} is not sharded within groups")
 
     def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
         raise NotImplementedError

@@ -189,6 +189,16 @@ class UnitState:
             self._sync = None
             self.layout.reduced(self)
 
+    def start_cross_sync(self) -> dist.Work:
+        """Hybrid sharding: start summing the shard's gradient across the shard groups."""
+        self._sync = self.layout.start_cross_sync(self)
+        return self._sync
+
+    def wait_cross_sync(self) -> None:
+        if self._sync is not None:
+            self._sync.wait()
+            self._sync = None
+
     def sq_norm(self) -> torch.Tensor | None:
         """Squared L2 norm of the gradient this state updates with (fp32 scalar on the home;
         sharded: this replica's slice, zero where it is all padding); None without parameters.

@@ -118,6 +118,9 @@ def check_completeness(
             elif counts[Action(Op.GRAD_SYNC, u)] != syncs:
                 fail(programs, f"rank {s} starts GS{u} {counts[Action(Op.GRAD_SYNC, u)]} times; "
                                 f"expected {syncs} with dp={dp} in {kind} program")
+            if counts[Action(Op.CROSS_SYNC, u)] > syncs:
+                fail(programs, f"rank {s} starts GX{u} {counts[Action(Op.CROSS_SYNC, u)]} "
+                                f"times; expected at most {syncs} with dp={dp} in {kind} program")
         end = Action(Op.STEP_END)
         if counts[end] != 1 or program[-1] != end:
             marks = {s: program.index(end)} if end in program else {}

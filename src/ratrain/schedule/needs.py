@@ -25,7 +25,7 @@ class RankContext:
     units: range
     pos: dict[Action, int]  # first step of each action
     last_backward: dict[int, int]  # unit -> step of its last B or BW (its gradient is final)
-    last_sync: int  # step of the stage's last WGS or WRS (-1: none)
+    last_sync: int  # step of the stage's last WGS, WRS or WGX (-1: none)
     split: set[int]  # units whose backward is split (BI, BW)
     weight_grads: dict[int, list[int]]  # unit -> micro-batches of its B or BW, in program order
     last_reduce: dict[int, int]  # unit -> step of its last WRS (gradient lifetime "micro-batch")
@@ -43,7 +43,8 @@ class RankContext:
                 weight_grads.setdefault(a.unit, []).append(a.mb)
             if a.op is Op.WAIT_GRAD_REDUCE:
                 last_reduce[a.unit] = i
-        last_sync = max([pos.get(Action(Op.WAIT_GRAD_SYNC, u), -1) for u in units]
+        last_sync = max([pos.get(Action(op, u), -1) for u in units
+                         for op in (Op.WAIT_GRAD_SYNC, Op.WAIT_CROSS_SYNC)]
                         + list(last_reduce.values()))
         split = {a.unit for a in pos if a.op is Op.BACKWARD_WEIGHT}
         return cls(stage, stages, units, pos, last_backward, last_sync, split, weight_grads,
@@ -127,11 +128,21 @@ def _grad_norm(a: Action, ctx: RankContext) -> list[Need]:
             ("every WGS and WRS of the stage", ctx.last_sync)]
 
 
+def _cross_sync(a: Action, ctx: RankContext) -> list[Need]:
+    """The shard's gradient, reduced within its group: the unit's sync waited (WGS, or every
+    WRS of the unit)."""
+    if a.unit in ctx.last_reduce:
+        return [(f"every WRS{a.unit}.*", ctx.last_reduce[a.unit])]
+    return [Action(Op.WAIT_GRAD_SYNC, a.unit)]
+
+
 def _update(a: Action, ctx: RankContext) -> list[Need]:
     """The global norm if the program reduces one; its synced gradient, else every backward."""
     needs: list[Need] = []
     if ctx.runs(Action(Op.WAIT_GRAD_NORM)) or ctx.runs(Action(Op.GRAD_NORM)):
         needs.append(Action(Op.WAIT_GRAD_NORM))
+    if ctx.runs(Action(Op.CROSS_SYNC, a.unit)):
+        needs.append(Action(Op.WAIT_CROSS_SYNC, a.unit))
     if ctx.runs(Action(Op.WAIT_GRAD_SYNC, a.unit)):
         needs.append(Action(Op.WAIT_GRAD_SYNC, a.unit))
     elif a.unit in ctx.last_reduce:
@@ -161,6 +172,8 @@ NEEDS: dict[Op, Rule] = {
     Op.GRAD_REDUCE: lambda a, ctx: [Action(Op.BACKWARD_WEIGHT if a.unit in ctx.split
                                            else Op.BACKWARD, a.unit, a.mb)],
     Op.WAIT_GRAD_REDUCE: _nothing,
+    Op.CROSS_SYNC: _cross_sync,
+    Op.WAIT_CROSS_SYNC: _nothing,
     Op.GRAD_NORM: _grad_norm,
     Op.WAIT_GRAD_NORM: _nothing,
     Op.UPDATE: _update,

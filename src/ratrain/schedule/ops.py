@@ -63,6 +63,8 @@ class Op(str, Enum):
     WAIT_GRAD_SYNC = "WGS"
     GRAD_REDUCE = "RS"
     WAIT_GRAD_REDUCE = "WRS"
+    CROSS_SYNC = "GX"
+    WAIT_CROSS_SYNC = "WGX"
     GRAD_NORM = "N"
     WAIT_GRAD_NORM = "WN"
     UPDATE = "U"
@@ -213,6 +215,10 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "reduce-scatter of the full-size gradient its B or BW just made; each replica gets "
            "its slice's sum).", OpClass.COLLECTIVE, waited_by=Op.WAIT_GRAD_REDUCE,
            peers=(Peer.REPLICAS,), eager=True),
+    OpSpec(Op.CROSS_SYNC, "Start the all-reduce of unit u's shard gradient over the replicas "
+           "that hold the same shard in the other shard groups (hybrid sharding: across nodes; "
+           "within a group the reduce-scatter has summed it already).", OpClass.COLLECTIVE,
+           mb=False, waited_by=Op.WAIT_CROSS_SYNC, peers=(Peer.REPLICAS,)),
     OpSpec(Op.GRAD_NORM, "Start reducing the stage's squared gradient norm over the pipeline "
            "group (for clipping by the global norm, and float16's overflow check); needs every "
            "gradient of the stage final and synchronized.", OpClass.COLLECTIVE, unit=False,
@@ -253,6 +259,8 @@ SPECS.update({spec.op: spec for spec in (
     _wait(Op.GRAD_REDUCE, "Wait for that reduction, add the slice's sum to the shard's "
           "gradient and free the full-size one (the unit's next backward makes a new one).",
           memory=(_RELEASE_FULL_GRAD,)),
+    _wait(Op.CROSS_SYNC, "Wait for that all-reduce; the shard's gradient is then the sum over "
+          "every replica."),
     _wait(Op.GRAD_NORM, "Wait for that reduction; the clipping coefficient of the step is then "
           "known (as a device value: nothing is read on the host before E)."),
     _wait(Op.RELOAD, "Wait for that reload; the saved tensors are on the device again and "

@@ -6,7 +6,8 @@ into policies):
     ratrain:   add_activation_policy -> add_p2p -> add_unit_grad_sync -> add_unit_update
                -> add_views; with a gradient lifetime shorter than the step,
                add_early_sync_waits after the sync pass, which is add_micro_batch_grad_sync
-               for lifetime "micro-batch"
+               for lifetime "micro-batch"; with hybrid sharding, add_cross_sync after the
+               update pass
     eval:      add_p2p -> add_step_end -> add_views
 
 (add_views, the parameter views' pass, is view_passes.py's.)
@@ -336,6 +337,30 @@ def add_unit_update(programs: list[Program], stage_units: list[range], dp: int,
             tail = [a for u in order for a in wait(u) + [Action(Op.UPDATE, u)]]
         out.append(insert_at(program, {_flush_point(program): tail}))
     return add_step_end(out)
+
+
+def add_cross_sync(programs: list[Program]) -> list[Program]:
+    """Hybrid sharding (`ratrain`): a unit's shard gradient, summed within its shard group by
+    the reduce-scatter, still has to be summed over the groups. `GX u` right after the wait of
+    the unit's last sync (WGS u, or its last WRS), so the all-reduce across the groups starts as
+    soon as the shard is reduced within its own; `WGX u` right before the first action that
+    reads the shard's gradient: the norm's `N`, or `U u`. Run after add_unit_update."""
+    out = []
+    for program in programs:
+        final: dict[int, int] = {}  # unit -> index of the wait of its last sync
+        for i, a in enumerate(program):
+            if a.op in (Op.WAIT_GRAD_SYNC, Op.WAIT_GRAD_REDUCE):
+                final[a.unit] = i
+        at: dict[int, list[Action]] = {}
+        for u, i in final.items():
+            at.setdefault(i + 1, []).append(Action(Op.CROSS_SYNC, u))
+            reader = next(j for j in range(i + 1, len(program))
+                          if program[j] in (Action(Op.GRAD_NORM), Action(Op.UPDATE, u)))
+            at.setdefault(reader, []).append(Action(Op.WAIT_CROSS_SYNC, u))
+        # a start goes in front of a wait placed at the same spot
+        out.append(insert_at(program, {i: sorted(acts, key=lambda a: a.op is Op.WAIT_CROSS_SYNC)
+                                       for i, acts in at.items()}))
+    return out
 
 
 def add_step_end(programs: list[Program]) -> list[Program]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ratrain.runnable import GRAD_LIFETIMES, micro_batch_refusal, sharding_refusal
+from ratrain.runnable import (GRAD_LIFETIMES, hybrid_refusal, micro_batch_refusal,
+                              sharding_refusal)
 from ratrain.schedule import builders, passes
 from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
                                                 check_baseline, check_choice,
@@ -76,6 +77,11 @@ class PipelinePlan:
     reduce-scatter has completed (WGS); "micro-batch", each micro-batch's gradient
     reduce-scattered right after its backward (RS u.m, WRS u.m) and added to the shard's, so
     the buffer lives from one backward to that reduction (m times the traffic)."""
+    shard_group: int | None = None
+    """Hybrid sharding (sharded state only): each unit's state is sharded over groups of this
+    many neighbouring replicas (a node's) and replicated across the dp / shard_group groups;
+    the programs add `GX u` / `WGX u`, the all-reduce of the shard's gradient across the groups,
+    so only a shard's worth of gradient crosses between groups. None: sharded over all dp."""
 
     @property
     def n_layers(self) -> int:
@@ -106,6 +112,12 @@ class PipelinePlan:
                                 f"programs do: {done}")
         check_sharding(self.shard_state, self.dp, self.state_home, self.view_window,
                        self.grad_lifetime, self.policy)
+        check_hybrid(self.shard_group, self.shard_state, self.dp, self.policy)
+        crossed = any(a.op is Op.CROSS_SYNC for program in self.programs for a in program)
+        if crossed != (self.shard_group is not None):
+            raise ScheduleError(f"shard_group {self.shard_group}, but the programs "
+                                f"{'do' if crossed else 'do not'} sum the shards across the "
+                                f"groups (GX)")
         reduced = any(a.op is Op.GRAD_REDUCE for program in self.programs for a in program)
         if reduced != (self.grad_lifetime == "micro-batch" and self.dp > 1):
             raise ScheduleError(f"grad_lifetime {self.grad_lifetime!r}, but the programs "
@@ -136,6 +148,7 @@ class PipelinePlan:
             # only where the backward is split: other plans read as before
             **({"weight_grad": self.weight_grad} if self.weight_grad else {}),
             **({"grad_lifetime": self.grad_lifetime} if self.grad_lifetime != "step" else {}),
+            **({"shard_group": self.shard_group} if self.shard_group is not None else {}),
         }
 
     @classmethod
@@ -163,6 +176,7 @@ class PipelinePlan:
             shard_state=d.get("shard_state", False),
             weight_grad=d.get("weight_grad"),
             grad_lifetime=d.get("grad_lifetime", "step"),
+            shard_group=d.get("shard_group"),
         )
 
 
@@ -176,7 +190,7 @@ def _compute_and_p2p(programs: list[Program], stage_units: list[range],
 
 def _baseline(programs: list[Program], stage_units: list[range], dp: int,
               activation: dict[int, str], clip: bool, view_window: int | None,
-              grad_lifetime: str = "step") -> list[Program]:
+              grad_lifetime: str = "step", shard_group: int | None = None) -> list[Program]:
     """GPU-style: one activation policy for every decoder block (build_plan refuses per-stage
     choices); every gradient synchronized after the pipeline flush; one optimizer step at the
     end (after the global norm when `clip`); parameter views resident (window None or 0)."""
@@ -188,7 +202,7 @@ def _baseline(programs: list[Program], stage_units: list[range], dp: int,
 
 def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
              activation: dict[int, str], clip: bool, view_window: int | None,
-             grad_lifetime: str = "step") -> list[Program]:
+             grad_lifetime: str = "step", shard_group: int | None = None) -> list[Program]:
     """The training-state lifecycle, per unit and per stage: each unit recovers its
     activations as chosen for it (keep, recompute, or offload and reload); each unit's gradient
     sync starts right after its last backward and is waited as late as possible; each unit is
@@ -196,7 +210,8 @@ def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
     except for that norm; parameter views prefetched within the window ahead of use and
     released after it (view_window K >= 1), or resident. A gradient lifetime shorter than the
     step waits for each sync after one more compute action (it frees the full-size gradient);
-    "micro-batch" reduces each micro-batch's gradient right after its backward."""
+    "micro-batch" reduces each micro-batch's gradient right after its backward. Hybrid
+    sharding (`shard_group`) sums each shard across the groups after its last sync."""
     programs = _compute_and_p2p(programs, stage_units, activation)
     if grad_lifetime == "micro-batch":
         programs = passes.add_micro_batch_grad_sync(programs, dp)
@@ -205,6 +220,8 @@ def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
     if grad_lifetime != "step":
         programs = passes.add_early_sync_waits(programs)
     programs = passes.add_unit_update(programs, stage_units, dp, clip)
+    if shard_group is not None:
+        programs = passes.add_cross_sync(programs)
     return add_views(programs, stage_units, view_window)
 
 
@@ -229,6 +246,7 @@ def build_plan(
     shard_state: bool = False,
     weight_grad: str | None = None,
     grad_lifetime: str = "step",
+    shard_group: int | None = None,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -239,7 +257,8 @@ def build_plan(
     `view_window`, `clip` and `shard_state`: see PipelinePlan. `state_home` and `shard_state`
     are recorded for the executor; they change no program. `weight_grad` places a split
     schedule's BWs ("bubble", the default, or "grouped": schedule/weight_grads.py); a schedule
-    with whole backwards takes none. `grad_lifetime` (sharded state): see PipelinePlan.
+    with whole backwards takes none. `grad_lifetime` and `shard_group` (sharded state): see
+    PipelinePlan.
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -256,6 +275,7 @@ def build_plan(
             f"view_window must be >= 0 (or None: the view is the master), got {view_window}")
     check_choice("gradient lifetime", grad_lifetime, GRAD_LIFETIMES)
     check_sharding(shard_state, dp, state_home, view_window, grad_lifetime, policy)
+    check_hybrid(shard_group, shard_state, dp, policy)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)
@@ -269,12 +289,12 @@ def build_plan(
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
     programs = POLICIES[policy](programs, stage_units, dp, by_unit(stage_units, resolved), clip,
-                                view_window, grad_lifetime)
+                                view_window, grad_lifetime, shard_group)
     if check:
         validate(programs, stage_units, n_micro, dp)
     return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
-                        grad_lifetime)
+                        grad_lifetime, shard_group)
 
 
 def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
@@ -295,6 +315,13 @@ def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int
                    grad_lifetime: str = "step", policy: str = "ratrain") -> None:
     """Raise where sharded state cannot run with these choices (runnable.sharding_refusal)."""
     reason = sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
+    if reason:
+        raise ScheduleConfigError(reason)
+
+
+def check_hybrid(shard_group: int | None, shard_state: bool, dp: int, policy: str) -> None:
+    """Raise where hybrid sharding cannot run with these choices (runnable.hybrid_refusal)."""
+    reason = hybrid_refusal(shard_group, shard_state, dp, policy)
     if reason:
         raise ScheduleConfigError(reason)
 

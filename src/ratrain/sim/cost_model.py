@@ -29,6 +29,10 @@ four ops do; replica 0 is the one simulated:
     U u    updates S parameters, not N (StageCosts.update_params)
     RS u.m (gradient lifetime "micro-batch") one micro-batch's reduce-scatter, priced as GS; its
            wait WRS adds the reduced slice to the shard's gradient (12 S bytes)
+    GX u   (hybrid sharding: the state sharded over groups of `shard_group` replicas, S = N_pad /
+           shard_group) a ring all-reduce of the 4 S-byte slice gradient over the dp /
+           shard_group replicas that hold the same slice, on their ring (`cross_ring`); P, GS, RS
+           and N's scalar run over the shard group's ring (`shard_ring`)
     N      the local norm reads 4 S bytes a unit; before the pipeline's reduction the squared
            norm is summed over the replicas: a blocking all-reduce of one fp32 scalar
            (StageCosts.norm_replicas; the simulator's "norm" kind runs it on the replicas' links)
@@ -98,6 +102,8 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.WAIT_GRAD_SYNC: _zero,
     Op.GRAD_REDUCE: lambda c, a: c.grad_sync(a.unit),
     Op.WAIT_GRAD_REDUCE: lambda c, a: c.reduced_add(a.unit),
+    Op.CROSS_SYNC: lambda c, a: c.cross_sync(a.unit),
+    Op.WAIT_CROSS_SYNC: _zero,
     Op.GRAD_NORM: lambda c, a: ring(c.s.pipeline, 4, c.s.pp),
     Op.WAIT_GRAD_NORM: _zero,
     Op.UPDATE: lambda c, a: c.update(a.unit),

@@ -36,8 +36,24 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             p2p_prev=hops[s - 1] if s > 0 else None, p2p_next=hops[s] if s < plan.pp - 1 else None,
             replicas=rings[s], pipeline=pipeline,
             clip=plan.clip, shard_state=plan.shard_state, grad_lifetime=plan.grad_lifetime,
+            shard_group=plan.shard_group,
+            **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups
+
+
+def hybrid_links(stage: int, pp: int, dp: int, rank_order: str, shard_group: int | None,
+                 profile: HardwareProfile) -> dict[str, Link]:
+    """Hybrid sharding: the ring of replica 0's shard group (its neighbouring replicas) and
+    that of the replicas holding the same slice in the other groups; none without it."""
+    if shard_group is None:
+        return {}
+    ranks = RankGrid(pp, dp, rank_order).replica_ranks(stage)
+
+    def link(group):
+        return profile.link(len({r // profile.devices_per_node for r in group}) == 1).collective
+
+    return {"shard_ring": link(ranks[:shard_group]), "cross_ring": link(ranks[::shard_group])}
 
 
 def stage_groups(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> list[int] | None:

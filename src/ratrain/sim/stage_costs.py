@@ -41,6 +41,9 @@ class StageSetup:
     clip: bool
     shard_state: bool = False  # masters and AdamW state sliced over the dp replicas (ZeRO-style)
     grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.py)
+    shard_group: int | None = None  # hybrid sharding: replicas per shard group (None: all dp)
+    shard_ring: Link | None = None  # hybrid: the ring of replica 0's shard group
+    cross_ring: Link | None = None  # hybrid: the ring of the replicas holding replica 0's slice
 
     @cached_property
     def shape(self) -> uc.UnitShape:
@@ -52,9 +55,19 @@ class StageSetup:
     def params(self, u: int) -> int:
         return uc.param_count(self.model, u)
 
+    @property
+    def shard_replicas(self) -> int:
+        """How many replicas a unit's state is sharded over."""
+        return self.shard_group or self.dp
+
+    @property
+    def shard_link(self) -> Link:
+        """The ring of those replicas."""
+        return self.shard_ring or self.replicas
+
     def shard(self, u: int) -> uc.Shard | None:
         """Replica 0's shard of unit u's state; None where the state is not sharded."""
-        return uc.shard(self.model, u, self.dp) if self.shard_state else None
+        return uc.shard(self.model, u, self.shard_replicas) if self.shard_state else None
 
 
 class StageCosts:
@@ -127,15 +140,23 @@ class StageCosts:
     def norm_replicas(self) -> float:
         """Sharded: the squared norm summed over the replicas first (a blocking all-reduce of
         one fp32 scalar inside N); 0 otherwise (every replica has the whole sum)."""
-        return ring(self.s.replicas, 4, self.s.dp) if self.s.shard_state else 0.0
+        return ring(self.s.shard_link, 4, self.s.shard_replicas) if self.s.shard_state else 0.0
 
     def grad_sync(self, u: int, link: Link | None = None, dp: int | None = None) -> float:
         """Unit u's gradient sync (GS) over `link` among `dp` replicas (default: the stage's):
-        an all-reduce, or sharded, a reduce-scatter of the padded gradient."""
-        link, dp = link or self.s.replicas, dp or self.s.dp
+        an all-reduce, or sharded, a reduce-scatter of the padded gradient (over the shard
+        group, with hybrid sharding)."""
         if self.s.shard_state:
+            link, dp = link or self.s.shard_link, dp or self.s.shard_replicas
             return ring_half(link, self.grad_sync_bytes(u), dp)
-        return ring(link, self.grad_sync_bytes(u), dp)
+        return ring(link or self.s.replicas, self.grad_sync_bytes(u), dp or self.s.dp)
+
+    def cross_sync(self, u: int) -> float:
+        """Hybrid sharding's GX u: an all-reduce of the slice's fp32 gradient over the
+        dp / shard_group replicas that hold the same slice."""
+        shard = self.s.shard(u)
+        groups = self.s.dp // self.s.shard_replicas
+        return ring(self.s.cross_ring or self.s.replicas, 4 * shard.size, groups) if shard else 0.0
 
     def reduced_add(self, u: int) -> float:
         """WRS: the reduced slice added to the shard's gradient (read two, write one)."""
@@ -146,7 +167,8 @@ class StageCosts:
         write elt S), then all-gather the view over the replicas."""
         shard = self.s.shard(u)
         cast = (4 + self.s.shape.elt) * shard.size / self.bandwidth
-        return cast + ring_half(link or self.s.replicas, self.view_bytes(u), self.s.dp)
+        return cast + ring_half(link or self.s.shard_link, self.view_bytes(u),
+                                self.s.shard_replicas)
 
     # -- bytes --------------------------------------------------------------------------------
 
