@@ -43,6 +43,15 @@ def test_nothing_fits_is_an_account_and_exit_2(monkeypatch, capsys):
     assert "Traceback" not in stderr
 
 
+def test_a_search_cut_by_its_time_limit_before_any_plan_says_so(monkeypatch, capsys):
+    """Not "no plan fits" (with a closest plan that fits): the search did not finish."""
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--time-limit", "1e-9")
+    assert code == 2 and stdout == ""
+    assert stderr.startswith("error: the search stopped at --time-limit 1e-09 s before it found "
+                             "a plan that fits (0 simulated;")
+    assert "raise --time-limit" in stderr and "no plan fits" not in stderr
+
+
 def test_a_budget_that_is_not_one(monkeypatch, capsys):
     code, _, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--memory-budget", "plenty")
     assert code == 2
@@ -69,9 +78,11 @@ def test_a_planned_run_refuses_a_flag_it_was_not_made_for(monkeypatch, capsys, t
 
 
 def test_a_sharded_plan_says_so_in_the_table_the_json_and_the_plan_file(monkeypatch, capsys, tmp_path):
+    """The baseline's (ratrain's frees its gradients early here: the test below)."""
     out = tmp_path / "plan.json"
     args = ("plan", "--model", "tiny", "--profile", "mt3000", "--devices", "4", "--dtype",
-            "float16", "--memory-budget", "40MB", "--micro-batch-size", "2", "--top", "1")
+            "float16", "--memory-budget", "40MB", "--micro-batch-size", "2", "--top", "1",
+            "--policy", "baseline")
     code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--out", str(out))
     assert code == 0, stderr
     row = next(line for line in stdout.splitlines() if line.startswith("1 "))
@@ -79,6 +90,7 @@ def test_a_sharded_plan_says_so_in_the_table_the_json_and_the_plan_file(monkeypa
     plan = json.loads(out.read_text())
     assert plan["shard_state"] is True and plan["dp"] == 2
     assert plan["run"]["parallel"]["shard_state"] is True
+    assert "grad_lifetime" not in plan and plan["run"]["parallel"]["grad_lifetime"] == "step"
     code, stdout, _ = run_cli(monkeypatch, capsys, *args, "--json")
     assert code == 0 and json.loads(stdout)["plans"][0]["shard_state"] is True
     code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out), "--profile",
@@ -121,3 +133,53 @@ def test_the_search_weighs_split_schedules_on_multi_process_layouts(monkeypatch,
                                    "--schedule", "zbh1")
     assert code == 0, stderr
 
+
+
+def test_a_shorter_gradient_lifetime_in_the_table_the_plan_file_and_the_run(monkeypatch, capsys,
+                                                                          tmp_path):
+    """tiny in fp32 on 2 devices as one stage under 52 MB: no plan whose full-size gradients
+    live the step fits; the search's plan frees them early. The table says which lifetime, the
+    plan file carries it (the plan's and run.parallel's), `simulate --plan` predicts what the
+    search did, and `train --plan` prepares the run with it."""
+    import shutil
+    from sysconfig import get_paths
+
+    from ratrain import train
+
+    out = tmp_path / "plan.json"
+    args = ("plan", "--model", "tiny", "--profile", "cpu-local", "--devices", "2", "--pp", "1",
+            "--seq-len", "64", "--memory-budget", "52MB", "--top", "1")
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--out", str(out))
+    assert code == 0, stderr
+    row = next(line for line in stdout.splitlines() if line.startswith("1 "))
+    plan = json.loads(out.read_text())
+    lifetime = plan["grad_lifetime"]
+    assert lifetime in ("transient", "micro-batch")
+    assert f"device, sharded, grad {lifetime} / window 1" in row
+    assert plan["run"]["parallel"]["grad_lifetime"] == lifetime
+    assert plan["shard_state"] is True and plan["dp"] == 2
+    assert max(plan["prediction"]["stage_peak_bytes"]) <= 52e6 * 0.9
+    code, stdout, _ = run_cli(monkeypatch, capsys, *args, "--json")
+    assert code == 0 and json.loads(stdout)["plans"][0]["grad_lifetime"] == lifetime
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out),
+                                   "--profile", "cpu-local", "--json")
+    assert code == 0, stderr
+    got = json.loads(stdout)
+    assert got["grad_lifetime"] == lifetime
+    assert got["step_time_s"] == plan["prediction"]["step_time_s"]
+    code, _, stderr = run_cli(monkeypatch, capsys, *args, "--grad-lifetime", "step")
+    assert code == 2 and "--grad-lifetime is the planner's to choose" in stderr
+
+    data = tmp_path / "text"
+    data.mkdir()
+    shutil.copy(f"{get_paths()['stdlib']}/textwrap.py", data)
+    launched = []  # (the ranks are not started: the 2-process run is tests/distributed's)
+    monkeypatch.setattr(train, "launch_local", lambda *a, **k: launched.append(a) or False)
+    code, _, stderr = run_cli(monkeypatch, capsys, "train", "--plan", str(out), "--data",
+                              str(data), "--steps", "1", "--no-progress", "--no-trace",
+                              "--run-dir", str(tmp_path / "run"))
+    assert code == 0, stderr
+    world, _, (_, _, _, _, _, ranks_plan) = launched[0]
+    assert world == 2 and ranks_plan["grad_lifetime"] == lifetime
+    assert ranks_plan["programs"] == plan["programs"]
+    assert f"grad_lifetime: {lifetime}" in (tmp_path / "run" / "config.yaml").read_text()

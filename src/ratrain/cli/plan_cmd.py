@@ -58,6 +58,8 @@ def _show(cfg, out, as_json) -> None:
     activation = "; ".join(f"stage {s}: " + ",".join(choices)
                            for s, choices in enumerate(pipeline_plan.activation))
     sharded = (f", sharded over the {pipeline_plan.dp} replicas"
+               + (f" (gradient lifetime {pipeline_plan.grad_lifetime})"
+                  if pipeline_plan.grad_lifetime != "step" else "")
                if pipeline_plan.shard_state else "")
     click.echo(f"activations per unit: {activation}; views: {views}; "
                f"state home: {pipeline_plan.state_home}{sharded}")
@@ -72,7 +74,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     from ratrain.sim.profile import load_profile
 
     for flag in ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
-                 "partition", "rank_order", "shard_state"):
+                 "partition", "rank_order", "shard_state", "grad_lifetime"):
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")
@@ -107,6 +109,10 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         search.layouts(request, refused)  # training would refuse every one: say why
         if refused:
             raise UserError(f"no layout on {devices} devices can run: {refused[0]}")
+    if not found.best and not found.complete:  # not "nothing fits": the search did not finish
+        raise UserError(f"the search stopped at --time-limit {time_limit:g} s before it found a "
+                        f"plan that fits ({found.simulated} simulated; {found.layouts} layouts); "
+                        f"raise --time-limit")
     if not found.best:
         raise UserError(account.account(request))
     best = found.best[0]

@@ -10,6 +10,7 @@ from ratrain.planner.layouts import Layout, PlanRequest, layouts, lifecycles
 from ratrain.planner.partition import fits, least_excess
 from ratrain.planner.search import Candidate, UnitTables, evaluate
 from ratrain.planner.stage_cost import Lifecycle, UnitTable
+from ratrain.sim import unit_costs as uc
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
           "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",)}
@@ -92,7 +93,7 @@ def account(request: PlanRequest) -> str:
     lines.append(
         f"  closest: pp={L.pp} dp={L.dp}, micro-batch {L.micro_batch_size}, "
         f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
-        f"{L.lifecycle.state_home}{', sharded' if L.lifecycle.shard_state else ''}: "
+        f"{L.lifecycle.state_home}{_sharded(L.lifecycle)}: "
         f"stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
         f"{decimal_bytes(c.stage_bytes[worst] - r.limit_of(groups[worst]))} over ({by_kind}"
         + (f", process beyond the ledger {decimal_bytes(c.stage_bytes[worst] - rank.device_peak)}"
@@ -104,8 +105,51 @@ def account(request: PlanRequest) -> str:
         lines.append(f"  its host tier holds {decimal_bytes(c.host_bytes[s])} for stage {s}; the "
                      f"profile allows {decimal_bytes(r.host_limit_of(groups[s]))} per device after "
                      f"the margin")
-    lines.extend("  " + hint for hint in _hints(request, c))
+    lines.extend("  " + hint for hint in _hints(request, c, worst))
     return "\n".join(lines)
+
+
+def _sharded(life: Lifecycle) -> str:
+    if not life.shard_state:
+        return ""
+    return ", sharded" + (f" (gradient lifetime {life.grad_lifetime})"
+                          if life.grad_lifetime != "step" else "")
+
+
+def _lifetime_hint(request: PlanRequest, c: Candidate, worst: int) -> str | None:
+    """What the gradient lifetimes did, or would do, for the closest plan's fullest stage: the
+    full-size fp32 gradients it holds at its peak (freed early already), or for the whole step
+    (and whether --policy ratrain, whose lifetimes free them early, fits)."""
+    r, life = request, c.layout.lifecycle
+    if not life.shard_state:
+        return None
+    rank = c.result.ranks[worst]
+    a, b, _ = c.partition[worst]
+    if life.grad_lifetime != "step":
+        # what the ledger held before training is the masters and the shards' gradients
+        full = (rank.at_peak.get("gradients", 0) + rank.at_peak.get("masters", 0)
+                - rank.held_before_training)
+        how = ("each micro-batch's reduce-scattered after its backward" if
+               life.grad_lifetime == "micro-batch" else "each freed once reduce-scattered")
+        return (f"the full-size fp32 gradients are already freed early (gradient lifetime "
+                f"{life.grad_lifetime}: {how}): stage {worst} holds {decimal_bytes(max(0, full))} "
+                f"of them at its peak, instead of {decimal_bytes(_full_grads(r, c, a, b))} for the "
+                f"whole step")
+    full = _full_grads(r, c, a, b)
+    text = (f"the full-size fp32 gradients take {decimal_bytes(full)} on stage {worst} for the "
+            f"whole step")
+    if r.policy == "ratrain":
+        return text  # (shorter lifetimes were searched: this one was closest)
+    text += ("; --policy ratrain frees each once reduce-scattered (gradient lifetimes transient, "
+             "micro-batch)")
+    fits = _fits_with(r, policy="ratrain")
+    return text + (": it fits" if fits else ", which does not fit either")
+
+
+def _full_grads(request: PlanRequest, c: Candidate, a: int, b: int) -> float:
+    """Bytes of units [a, b)'s full-size fp32 gradient buffers, sharded over the layout's dp
+    (padded to it)."""
+    return sum(4 * uc.shard(request.model, u, c.layout.dp).padded for u in range(a, b))
 
 
 def _sharded_block(request: PlanRequest, dp: int) -> float:
@@ -129,8 +173,11 @@ def _sharding_hint(request: PlanRequest) -> str:
         if sharded <= 0.5 * r.limit:
             break
     else:
+        whole = ("the view and the full-size fp32 gradient (alive from the block's backward to "
+                 "its reduce-scatter, with the gradient lifetimes) stay whole"
+                 if r.policy == "ratrain" else "the fp32 gradient buffer and the view stay whole")
         return (f"even sharded over dp={dp} replicas it takes {decimal_bytes(sharded)} "
-                f"({sharded / r.limit:.0%}): the fp32 gradient buffer and the view stay whole")
+                f"({sharded / r.limit:.0%}): {whole}")
     what = (f"sharded across dp={dp} data-parallel replicas (ZeRO-style) it would take "
             f"{decimal_bytes(sharded)} ({sharded / r.limit:.0%})")
     if dp > r.devices:
@@ -139,7 +186,7 @@ def _sharding_hint(request: PlanRequest) -> str:
                    f"did not fit")
 
 
-def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
+def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int) -> list[str]:
     r = request
     hints = []
     n_units = r.model.n_layers + 2
@@ -182,6 +229,9 @@ def _hints(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
     if host is not None and table.state[1] > r.host_limit:
         hints.append(f"state on the host would need {decimal_bytes(table.state[1])} per block; "
                      f"the profile's host tier allows {decimal_bytes(r.host_limit)} per device")
+    lifetime = _lifetime_hint(r, closest_candidate, worst)
+    if lifetime:
+        hints.append(lifetime)
     if r.profile.device.host_link is not None and r.policy == "baseline":
         if _fits_with(r, policy="ratrain"):
             hints.append("--policy ratrain fits: it can keep state on the host, per-stage "

@@ -17,7 +17,8 @@ from ratrain.schedule.ir import Op
 
 
 def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0,
-                lead_s: Sequence[float] | None = None) -> float:
+                lead_s: Sequence[float] | None = None,
+                collectives_s: Sequence[float] | None = None) -> float:
     """A step can end no sooner than this (seconds); communication, copies and shared cores
     only add time. Stage 0's last backward comes after every other stage's, and after
     `tail_s` more (its last sync and updates) the step ends. Stage s computes nothing before
@@ -39,7 +40,10 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
     the input halves of the stages after it.
 
     Apart from these, every stage ends its own work and its updates before the step ends (E
-    waits for every stage); stage 0's tail is not added to that.
+    waits for every stage); stage 0's tail is not added to that. And stage s's collectives
+    over its replicas (`collectives_s[s]`, sharded state: its gradient syncs, m per unit where
+    each micro-batch's gradient is reduce-scattered, and its views' all-gathers) run one after
+    the other on its links within the step.
     """
     m, pp = n_micro, len(estimates)
     lead = lead_s or [0.0] * pp
@@ -65,7 +69,7 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
         alone = max(alone, lead[s] + own + e.update_s)
         before_f += e.forward_s
         before_b += chain(e)
-    return max(best + tail_s, alone)
+    return max(best + tail_s, alone, max(collectives_s or [0.0]))
 
 
 def stage_orders(pp: int, n_micro: int, weight_grad: str | None) -> list[list[tuple[Op, int]]]:

@@ -103,8 +103,10 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     """State homes and view windows worth trying on this profile and dtype; views only where
     they differ from the masters (layout.has_views). Sharded state (on the device, with views,
     the gathered weights: always there) for layouts of dp >= 2 (`layouts` leaves it out of the
-    others). The baseline is GPU-style: state on the device, views resident; sharded too, as
-    DeepSpeed's ZeRO-1 with its pipeline engine."""
+    others), ratrain's with each gradient lifetime (runnable.GRAD_LIFETIMES; `layouts` leaves
+    out those that cannot help a layout: `lifetime_helps`). The baseline is GPU-style: state
+    on the device, views resident; sharded too, as DeepSpeed's ZeRO-1 with its pipeline
+    engine (the gradient accumulated for the step)."""
     host_tier = _host_is_separate(request)
     windows = (0, 1) if request.policy == "ratrain" else (0,)
     out = []
@@ -117,9 +119,39 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
         for window in windows:
             out.append(Lifecycle(home, window, request.policy))
     if has_views(request.dtype, "device", host_tier, shard_state=True):
-        out.extend(Lifecycle("device", window, request.policy, shard_state=True)
-                   for window in windows)
+        lifetimes = runnable.GRAD_LIFETIMES if request.policy == "ratrain" else ("step",)
+        out.extend(Lifecycle("device", window, request.policy, shard_state=True,
+                             grad_lifetime=lifetime)
+                   for window in windows for lifetime in lifetimes)
     return out
+
+
+def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None) -> bool:
+    """Whether a gradient lifetime shorter than the step can make a plan of this layout fit
+    where "step" does not, or "micro-batch" where "transient" does not; where not, it only
+    adds exposed syncs (each waited after one more compute action) and, for "micro-batch",
+    m - 1 more reduce-scatters per unit and a slice-sized buffer, so the search leaves it out.
+
+    - "transient" under 1F1B with more micro-batches than stages: every stage runs a forward
+      after its first backward (stage s's first backward follows min(p - s, m) forwards), and
+      from then until its last backward every unit holds its full-size gradient, with as many
+      micro-batches in flight as at the stage's first backward: "step"'s peak. (The buffers
+      then count as the ledger's growth, which a profile's process overhead grows with.) Not
+      so under ZB-H1 with BWs in the bubble: a stage's peak there can come before its first
+      BW (a few hundred kB less for tiny's last stage), so it stays.
+    - "micro-batch" with one micro-batch, or with BWs grouped per unit (each unit's backwards
+      of the step consecutive): "transient" holds the same buffers whenever a backward runs
+      (one micro-batch: freed at the same waits; grouped: "micro-batch" frees a unit's only
+      between its own BWs), with one reduce-scatter per unit, no wait before each BW of the
+      unit, and no slice-sized output held besides the shard's.
+
+    tests/unit/test_planner.py simulates both sides of each of these on tiny.
+    """
+    if lifetime == "transient":
+        return weight_grad is not None or n_micro <= pp
+    if lifetime == "micro-batch":
+        return n_micro > 1 and weight_grad != "grouped"
+    return True
 
 
 def schedules(pp: int, dp: int) -> list[tuple[str, str | None]]:
@@ -142,7 +174,8 @@ def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
         n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
         micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
         clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,
-        view_window=life.view_window, tie_embeddings=request.model.tie_embeddings,
+        view_window=life.view_window, grad_lifetime=life.grad_lifetime,
+        tie_embeddings=request.model.tie_embeddings,
         host_is_separate=_host_is_separate(request),
         host_collectives=request.profile.device.host_collectives)
 
@@ -170,6 +203,9 @@ def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layo
                         continue
                     for order, act, (schedule, weight_grad) in itertools.product(
                             orders, activations, schedules(pp, dp)):
+                        if not lifetime_helps(life.grad_lifetime, g // (dp * mbs), pp,
+                                              weight_grad):
+                            continue
                         groups = stage_groups(pp, dp, order, request.profile)
                         if groups is not None:
                             out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,

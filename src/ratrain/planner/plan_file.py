@@ -10,7 +10,7 @@ from ratrain.planner.search import Candidate, SearchResult
 
 RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
             "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window",
-                         "shard_state", "schedule", "weight_grad")}
+                         "shard_state", "grad_lifetime", "schedule", "weight_grad")}
 
 
 def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
@@ -25,6 +25,7 @@ def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
                      "rank_order": layout.rank_order, "state_home": layout.lifecycle.state_home,
                      "view_window": layout.lifecycle.view_window or 0,
                      "shard_state": layout.lifecycle.shard_state,
+                     "grad_lifetime": layout.lifecycle.grad_lifetime,
                      "schedule": layout.schedule, "weight_grad": layout.weight_grad,
                      "partition": [b - a for a, b, _ in candidate.partition]},
     }
@@ -60,6 +61,7 @@ def summary(found: SearchResult) -> dict:
                    "rank_order": c.layout.rank_order, "state_home": c.layout.lifecycle.state_home,
                    "view_window": c.layout.lifecycle.view_window,
                    "shard_state": c.layout.lifecycle.shard_state,
+                   "grad_lifetime": c.layout.lifecycle.grad_lifetime,
                    "schedule": c.layout.schedule, "weight_grad": c.layout.weight_grad,
                    "partition": [b - a for a, b, _ in c.partition],
                    **prediction(c, r)} for c in found.best],

@@ -124,7 +124,8 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       state_home=layout.lifecycle.state_home,
                       unit_activation=unit_activation if layout.activation == "mixed" else None,
                       check=False, shard_state=layout.lifecycle.shard_state,
-                      schedule=layout.schedule, weight_grad=layout.weight_grad)
+                      schedule=layout.schedule, weight_grad=layout.weight_grad,
+                      grad_lifetime=layout.lifecycle.grad_lifetime)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
@@ -154,7 +155,8 @@ def expand(request: PlanRequest, tables: UnitTables, layout: Layout, slack: floa
         stages = [e for _, _, e in part]
         out.append(Candidate(layout, part, lower_bound(
             stages, layout.n_micro, _tail(request, per_stage[0], layout, part),
-            _lead(request, per_stage, layout, part))))
+            _lead(request, per_stage, layout, part),
+            _collectives(request, per_stage, layout, part))))
     return out
 
 
@@ -167,7 +169,10 @@ def _tail(request: PlanRequest, table: UnitTable, layout: Layout, part: Partitio
     """What stage 0 must still do after its last backward: synchronize the gradients still
     unsynchronized (ratrain: its first unit's, the last it backwards; baseline: every one) over
     the fastest of `links` (default: of the profile's), then update (after the global norm,
-    every unit; sharded, the norm first sums over the replicas)."""
+    every unit; sharded, the norm first sums over the replicas). A gradient lifetime shorter
+    than the step changes none of it: "transient" starts the same sync there, "micro-batch"
+    the last micro-batch's reduce-scatter, of the same full-size gradient (its m - 1 others
+    may all have run before; `_collectives` counts them)."""
     links = links or _links(request)
     first = part[0]
     units = range(first[0], first[1])
@@ -188,8 +193,33 @@ def _lead(request: PlanRequest, tables: list[UnitTable], layout: Layout,
     first unit's view (over the fastest link the profile has); None otherwise."""
     if not layout.lifecycle.shard_state:
         return None
-    return [min(table.costs.gather(a, link) for link in _links(request))
+    return [min(table.gather(a, link) for link in _links(request))
             for table, (a, _, _) in zip(tables, part)]
+
+
+def syncs_per_unit(layout: Layout) -> int:
+    """The gradient syncs each unit starts in a step: none without replicas, one (GS), or one
+    per micro-batch (RS, gradient lifetime "micro-batch")."""
+    if layout.dp < 2:
+        return 0
+    return layout.n_micro if layout.lifecycle.grad_lifetime == "micro-batch" else 1
+
+
+def _collectives(request: PlanRequest, tables: list[UnitTable], layout: Layout, part: Partition,
+                 rings: list[Link] | None = None) -> list[float] | None:
+    """Sharded: each stage's collectives over its replicas, which the simulator runs one after
+    the other on the stage's links: every unit's syncs (`syncs_per_unit`) and at least one
+    all-gather of its view; on the stage's replica link (`rings`) or the fastest of the
+    profile's. None otherwise (the syncs of unsharded state are all-reduces of the same size
+    and are left to `_tail`)."""
+    if not layout.lifecycle.shard_state:
+        return None
+    syncs = syncs_per_unit(layout)
+    out = []
+    for s, (table, (a, b, _)) in enumerate(zip(tables, part)):
+        links = (rings[s],) if rings else _links(request)
+        out.append(min(table.collectives(a, b, link, syncs) for link in links))
+    return out
 
 
 def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> float:
@@ -199,14 +229,15 @@ def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> fl
     layout, part = candidate.layout, candidate.partition
     per_stage = tables(layout)
     hops, rings, _ = stage_links(layout.pp, layout.dp, layout.rank_order, request.profile)
-    lead = ([t.costs.gather(a, link) for t, (a, _, _), link in zip(per_stage, part, rings)]
+    lead = ([t.gather(a, link) for t, (a, _, _), link in zip(per_stage, part, rings)]
             if layout.lifecycle.shard_state else [0.0] * layout.pp)
     act = per_stage[0].act
     path = pipeline_path([e for _, _, e in part], layout.n_micro, lead,
                          [link.time(act) for link in hops],
                          _tail(request, per_stage[0], layout, part, (rings[0],)),
                          layout.weight_grad)
-    return max(candidate.bound, path)
+    busy = _collectives(request, per_stage, layout, part, rings) or [0.0]
+    return max(candidate.bound, path, max(busy))
 
 
 def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:

@@ -12,6 +12,9 @@ planner/bounds.py gives what no plan of these stages can beat, which makes pruni
 Sharded state (ZeRO-style, `Lifecycle.shard_state`) changes the units' sizes, not the shape of
 the sums: a unit table is made for one data-parallel degree, and the cost model's
 `unit_state_owners`, `view_bytes` and `update` give a replica's shard (sim/cost_model.py).
+Its gradient lifetime (`Lifecycle.grad_lifetime`, schedule/plan.PipelinePlan.grad_lifetime)
+moves each unit's full-size fp32 gradient out of the state held all step into what the stage
+holds while it computes: `UnitTable.full_grads` says how many are alive at once.
 """
 
 from __future__ import annotations
@@ -38,12 +41,18 @@ class Lifecycle:
     view_window: int | None  # None: no views (they are the masters); 0: resident; K: window
     policy: str  # "ratrain" or "baseline"
     shard_state: bool = False  # masters and AdamW state sharded over the replicas (device, views)
+    grad_lifetime: str = "step"  # sharded: how long a unit's full-size gradient lives
 
     def label(self) -> str:
-        """The state home and views as the plan table shows them: "device, sharded / window 1"."""
+        """The state home and views as the plan table shows them: "device, sharded / window 1",
+        "device, sharded, grad transient / window 1" (a lifetime shorter than the step)."""
         views = ("-" if self.view_window is None
                  else "resident" if self.view_window == 0 else f"window {self.view_window}")
-        return f"{self.state_home}{', sharded' if self.shard_state else ''} / {views}"
+        sharded = ""
+        if self.shard_state:
+            sharded = ", sharded" + (f", grad {self.grad_lifetime}"
+                                     if self.grad_lifetime != "step" else "")
+        return f"{self.state_home}{sharded} / {views}"
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class UnitTable:
         """`limit` and `host_limit`: the bytes a stage's estimate may reach on the device and in
         its host tier. `dp`: the replicas a sharded lifecycle splits the state over.
         `schedule`, `weight_grad`: the plan's (schedule/plan.py)."""
-        self.model, self.profile, self.lifecycle = model, profile, lifecycle
+        self.model, self.profile, self.lifecycle, self.dp = model, profile, lifecycle, dp
         self.n_units = model.n_layers + 2
         self.n_micro = n_micro
         self.limit, self.host_limit = limit, host_limit
@@ -110,7 +119,8 @@ class UnitTable:
                            activation={}, view_units=frozenset(units) if views else frozenset(),
                            state_home=lifecycle.state_home, dp=dp, pp=1, p2p_prev=None,
                            p2p_next=None, replicas=dummy, pipeline=dummy, clip=clip,
-                           shard_state=lifecycle.shard_state)
+                           shard_state=lifecycle.shard_state,
+                           grad_lifetime=lifecycle.grad_lifetime)
         c = StageCosts(setup)
         self.costs = c
         shape = setup.shape
@@ -131,6 +141,13 @@ class UnitTable:
         # masters and gradients: held before the first step, so not part of the ledger's growth
         self.held = [sum(owner[3] for owner in own if owner[1] in ("masters", "gradients"))
                      for own in owners]
+        # the full-size gradient a backward makes where it lives less than the step (else it
+        # is in `state`); unit 0's backward stands for any
+        self.full = [sum(n for _, n in c.storages("grad_full", Action(Op.BACKWARD, u, 0)))
+                     for u in units]
+        self.full_sized = any(self.full)
+        self._gathers: dict[tuple[int, float, float], float] = {}
+        self._collective_sums: dict[tuple[float, float], tuple[list[float], list[float]]] = {}
         self.view = [c.view_bytes(u) if views else 0 for u in units]
         self.act = c.act_bytes()
         self.table = uc.table_bytes(shape, "block")
@@ -138,7 +155,8 @@ class UnitTable:
         self.host_tier = profile.device.host_link is not None
         self.states_on_device = not (lifecycle.state_home == "host" and self.host_tier)
         self._sums = {name: [0, *accumulate(getattr(self, name))]
-                      for name in ("forward", "update", "out", "saved", "state", "view", "held")}
+                      for name in ("forward", "update", "out", "saved", "state", "view", "held",
+                                   "full")}
         self._schedule(schedule, weight_grad)
         block = 1 if self.n_units > 2 else 0
         self.block_saved = self.saved[block] if block else 0
@@ -146,6 +164,7 @@ class UnitTable:
     def _schedule(self, schedule: str, weight_grad: str | None) -> None:
         """What depends on the schedule: the backward's actions and what it keeps."""
         self.schedule, self.weight_grad = schedule, weight_grad
+        self._fit_cache: dict[tuple, StageEstimate | None] = {}  # cheapest_fit's, per schedule
         split = weight_grad is not None
         o = self.costs.overhead
         self.backward = [b + o for b in self._whole] if split else self._whole
@@ -176,6 +195,111 @@ class UnitTable:
         if self.weight_grad == "bubble":
             return one_f_one_b_in_flight(0, pp, self.n_micro)
         return one_f_one_b_in_flight(stage, pp, self.n_micro)
+
+    def gather(self, u: int, link: Link) -> float:
+        """The cost model's all-gather of unit u's view over `link` (sharded), remembered."""
+        key = (u, link.bandwidth, link.latency)  # (a Link is not hashable)
+        if key not in self._gathers:
+            self._gathers[key] = self.costs.gather(u, link)
+        return self._gathers[key]
+
+    def collectives(self, a: int, b: int, link: Link, syncs: int) -> float:
+        """Sharded: `syncs` gradient syncs (the cost model's reduce-scatters) and one all-gather
+        of the view of each of units [a, b) over `link` among the table's replicas."""
+        key = (link.bandwidth, link.latency)
+        if key not in self._collective_sums:
+            sync = [self.costs.grad_sync(u, link, self.dp) for u in range(self.n_units)]
+            gather = [self.gather(u, link) for u in range(self.n_units)]
+            self._collective_sums[key] = ([0.0, *accumulate(sync)], [0.0, *accumulate(gather)])
+        sync_sums, gather_sums = self._collective_sums[key]
+        return syncs * (sync_sums[b] - sync_sums[a]) + gather_sums[b] - gather_sums[a]
+
+    def full_grads(self, a: int, b: int, stage: int, pp: int,
+                   recomputed: frozenset[int] = frozenset(),
+                   recovering: float = 0.0) -> tuple[float, float]:
+        """Bytes of full-size gradients (a gradient lifetime shorter than the step) alive at the
+        stage's peak, net of the activations freed by then, beyond the rest of `estimate`'s sum:
+        (with the most micro-batches in flight, with one fewer). `recomputed`: the stage's
+        recomputed units; `recovering`: what `estimate` adds for a recomputation's activations.
+
+        A sync's wait follows the stage's next compute action (schedule/passes.py,
+        add_early_sync_waits), so a buffer lives from a backward until one more compute action
+        has run. Where each unit's backwards of the step are consecutive ("micro-batch": one
+        buffer per backward; one micro-batch; BWs grouped per unit) a micro-batch's backward
+        frees that micro-batch's activations unit by unit as the buffers appear
+        (`_backward_walk`); after its last unit's, a forward of the next micro-batch's, or in
+        the cool-down the next micro-batch's first backward, runs while that buffer lives (one
+        micro-batch fewer in flight). BWs grouped per unit run in an order of their own: any
+        two buffers, net of what their BWs freed.
+
+        "transient" with more micro-batches keeps each unit's from its first backward to its
+        last: under 1F1B and ZB-H1 in the bubble every unit's, once the first micro-batch's
+        backward is through. Where no forward follows that (stage s holds all its micro-batches:
+        m <= p - s, 1F1B), the peak is either in that first backward, the buffers of the units
+        it has gone through alive and their kept activations freed (`_first_backward`), or
+        after it, with one micro-batch fewer and every buffer."""
+        if not self.total("full", a, b):
+            return 0.0, 0.0
+        full, m = self.full, self.n_micro
+        if self.lifecycle.grad_lifetime == "transient" and m > 1 and self.weight_grad != "grouped":
+            every = self.total("full", a, b)
+            if self.weight_grad is None and self.in_flight(stage, pp) == m:
+                return self._first_backward(a, b, recomputed, recovering), every
+            return every, every
+        kept = [0 if u in recomputed else self.saved[u] for u in range(a, b)]
+        if self.weight_grad == "grouped":
+            # a unit's buffer appears at its first BW, which frees that micro-batch's kept
+            # activations of the unit; a second is alive only once the other unit's group is
+            # through, every micro-batch's freed
+            most = min(sum(sorted(full[a:b])[-2:]),
+                       max(0.0, *(f - k for f, k in zip(full[a:b], kept)))
+                       + max(0.0, *(f - m * k for f, k in zip(full[a:b], kept))))
+            return most, most
+        split = self.weight_grad is not None
+        most = self._backward_walk(a, b, recomputed, recovering, split)
+        fewer = 0.0
+        if m > 1:  # the first unit's buffer, during the next forward or cool-down backward
+            fewer = full[a] + self.saved[a] + self.out[a]
+            if b - a > 1 and (split or b - 1 not in recomputed):
+                fewer = max(fewer, full[a] + full[b - 1] - kept[-1])
+        return most, fewer
+
+    def _backward_walk(self, a: int, b: int, recomputed: frozenset[int], recovering: float,
+                       split: bool) -> float:
+        """One micro-batch's backward through units b - 1 down to a, each buffer freed after the
+        next compute action: after unit u's backward (split: its BW), its buffer and unit
+        u + 1's are alive where nothing ran between them (a whole backward's recomputation R of
+        u does), and the kept activations of units u..b-1 freed; at R of u, unit u + 1's and
+        the recomputed activations (where `estimate` did not add them, counting on a kept
+        unit's freed ones). The most, net."""
+        most = freed = before = 0.0  # before: the buffer of the unit backwarded just before
+        for u in range(b - 1, a - 1, -1):
+            if u in recomputed and not split:
+                most = max(most, before - freed + (0.0 if recovering else self.block_saved))
+                before = 0.0  # waited right after R
+            if u not in recomputed:
+                freed += self.saved[u]
+            most = max(most, before + self.full[u] - freed)
+            before = self.full[u]
+        return most
+
+    def _first_backward(self, a: int, b: int, recomputed: frozenset[int],
+                        recovering: float) -> float:
+        """"transient", the stage's first micro-batch's backward (units b - 1 down to a) with
+        every micro-batch in flight: after unit u's backward the buffers of units u..b-1 are
+        alive and the saved activations of the kept ones freed; at u's recomputation (R) those
+        of u + 1..b-1, and the recomputed activations (where `estimate` did not add them,
+        counting on a kept unit's freed ones)."""
+        alive = freed = 0.0
+        most = 0.0
+        for u in range(b - 1, a - 1, -1):
+            if u in recomputed and not recovering:
+                most = max(most, alive - freed + self.block_saved)
+            alive += self.full[u]
+            if u not in recomputed:
+                freed += self.saved[u]
+            most = max(most, alive - freed)
+        return most
 
     def seeded(self, stage: int, pp: int) -> int:
         """Micro-batches whose BI has run and BW not yet, at most (what BI keeps for BW)."""
@@ -213,7 +337,13 @@ class UnitTable:
             recovering = self.block_saved if k and k == nb else 0
         transient = 3 * self.act + recovering
         in_flight = self.in_flight(stage, pp)
-        held = states + views + in_flight * per_micro + shared + transient
+        full_most = full_fewer = 0.0
+        if self.full_sized:
+            recomputed = frozenset(choice.per_unit(range(a, b), self.n_units)
+                                   if k and not choice.offload else ())
+            full_most, full_fewer = self.full_grads(a, b, stage, pp, recomputed, recovering)
+        held = (states + views + shared + transient
+                + max(in_flight * per_micro + full_most, (in_flight - 1) * per_micro + full_fewer))
         # between BI and BW a split backward keeps what BW needs: its seeds, and the
         # recovered (recomputed or reloaded) activations, which 1F1B frees at once
         held += self.seeded(stage, pp) * (self.total("seeds", a, b) + dropped)
@@ -238,7 +368,15 @@ class UnitTable:
         """The fastest activation choice of the stage that fits `limit` bytes: keep, else the
         fewest recomputed blocks (`choices` "mixed"), else None. `choices` "keep"/"recompute"/
         "offload" allows only that uniform choice. The search does not choose offload yet: its
-        estimate is off by up to 2x either way (copies in flight on the copy engine)."""
+        estimate is off by up to 2x either way (copies in flight on the copy engine).
+        Remembered: a partition's bisection asks for the same stages again and again."""
+        key = (a, b, stage, pp, limit, choices)
+        if key not in self._fit_cache:
+            self._fit_cache[key] = self._cheapest_fit(a, b, stage, pp, limit, choices)
+        return self._fit_cache[key]
+
+    def _cheapest_fit(self, a: int, b: int, stage: int, pp: int, limit: float,
+                      choices: str) -> StageEstimate | None:
         nb = self.blocks(a, b)
         if choices in ("keep", "recompute", "offload"):
             choice = {"keep": StageChoice(), "recompute": StageChoice(recompute=nb),
