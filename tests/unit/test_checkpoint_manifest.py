@@ -128,3 +128,30 @@ def test_a_manifest_that_cannot_be_written_removes_the_partial(tmp_path, monkeyp
     with pytest.raises(checkpoint.CheckpointWriteError, match="step_000004"):
         checkpoint.finalize(tmp_path, 4, {"config": {}}, files, keep=2)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
+
+
+def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went(tmp_path,
+                                                                                  monkeypatch):
+    """Rank 1's disk fills and it removes the shared partial directory; rank 0, still writing
+    into it, then fails with "no such file" and may report first. The launcher reports the
+    earliest failure, so rank 1's is dated when its write failed, before the removal."""
+    from ratrain.runtime.launch import _first_failure, record_failure
+
+    _save(tmp_path, 2)
+
+    def fails_with(code, text):
+        def write(directory, unit, state):
+            raise OSError(code, text)
+        return write
+
+    monkeypatch.setattr(checkpoint, "write_unit", fails_with(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(checkpoint.CheckpointWriteError) as filled:
+        checkpoint.save_units(tmp_path, 4, _states(4))
+    monkeypatch.setattr(checkpoint, "write_unit", fails_with(errno.ENOENT, "No such file or directory"))
+    with pytest.raises(checkpoint.CheckpointWriteError) as gone:
+        checkpoint.save_units(tmp_path, 4, _states(4))
+    reports = tmp_path / "errors"
+    record_failure(reports, 0, gone.value)  # rank 0's report is written first
+    record_failure(reports, 1, filled.value)
+    first = _first_failure(reports, 0, "")
+    assert first.rank == 1 and "No space left on device" in str(first), str(first)

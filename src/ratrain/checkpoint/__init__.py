@@ -11,6 +11,7 @@ verifies is the one a run resumes from.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -29,7 +30,14 @@ class CheckpointDamaged(UserError):
 
 
 class CheckpointWriteError(RunFailure):
-    """A checkpoint could not be written (a full disk); the earlier ones are untouched."""
+    """A checkpoint could not be written (a full disk); the earlier ones are untouched.
+    `failed_at`: when the write failed, before the partial directory was removed. The launcher
+    reports the earliest failure, and removing the directory fails the other ranks' writes
+    (no such file): their reports must not come first."""
+
+    def __init__(self, message: str, failed_at: float):
+        super().__init__(message)
+        self.failed_at = failed_at
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -83,12 +91,14 @@ def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep:
 
 
 def _write_failed(run_dir: Path, step: int, e: OSError) -> CheckpointWriteError:
+    failed_at = time.time()
     shutil.rmtree(_partial(run_dir, step), ignore_errors=True)
     kept = [p.name for p in complete_dirs(run_dir)]
     return CheckpointWriteError(
         f"could not write checkpoint step_{step:06d} in {Path(run_dir) / 'checkpoints'}: "
         f"{e.strerror or e}; the partial checkpoint was removed, "
-        + (f"the earlier ones are intact ({', '.join(kept)})" if kept else "there is no earlier one"))
+        + (f"the earlier ones are intact ({', '.join(kept)})" if kept else "there is no earlier one"),
+        failed_at)
 
 
 def remove_partials(run_dir: Path) -> None:

@@ -68,7 +68,7 @@ def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
     tmp = error_dir / f"rank_{rank}.json.tmp"
     tmp.write_text(json.dumps({
         "rank": rank,
-        "time": time.time(),
+        "time": getattr(exc, "failed_at", None) or time.time(),  # (checkpoint's: before cleanup)
         "type": type(exc).__name__,
         "message": str(exc),
         "user_error": isinstance(exc, UserError),
