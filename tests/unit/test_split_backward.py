@@ -84,7 +84,13 @@ def test_split_backward_on_model_variants(model):
     ref_losses, ref_weights, _, _ = _run(cfg, clip=False)
     losses, weights, measured, predicted = _run(cfg, clip=False, schedule="zbh1",
                                                 weight_grad="grouped")
-    assert losses == ref_losses
+    if cfg.model.tie_embeddings:
+        # the shared weight's gradient sums the head's and the embedding's parts; grouped runs
+        # every head BW before the embedding's backward, 1f1b alternates them, and float sums
+        # in another order differ in the last bits
+        assert losses == pytest.approx(ref_losses, rel=1e-6)
+    else:
+        assert losses == ref_losses
     assert all(torch.allclose(a, b, rtol=0, atol=1e-7) for a, b in zip(weights, ref_weights))
     if not cfg.model.tie_embeddings:
         assert measured == predicted

@@ -44,9 +44,8 @@ def _apply_saving(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> tuple[
     """Forward with autograd; what it saves is held in st.saved[(u, mb)] and returned."""
     if x.is_floating_point():
         x.requires_grad_()
-    held = {p.untyped_storage().data_ptr() for p in ex.stage.modules[u].parameters()}
-    held.add(x.untyped_storage().data_ptr())
-    saved = st.saved[(u, mb)] = SavedActivations(held)
+    params = list(ex.stage.modules[u].parameters())
+    saved = st.saved[(u, mb)] = SavedActivations(params, {x.untyped_storage().data_ptr()})
     with saved.hooks():
         y = _apply(ex, st, u, mb, x)
     return y, saved.tensors

@@ -4,20 +4,43 @@ count it, move it to the host tier and bring it back (`O`, `L`, `WL`).
 Installed with torch's saved-tensor hooks around the unit's forward (or recompute): every tensor
 autograd saves goes through `_pack`, which keeps it here and hands autograd an index; the
 backward's `_unpack` returns whatever the index holds by then (the device tensor, or its reloaded
-copy). Parameters and the unit's input are held elsewhere for the whole step, so they are passed
-through untouched and never offloaded.
+copy). The unit's input is held elsewhere for the whole step, so it is passed through untouched.
+
+What autograd saves of a parameter (the weight itself, or a view of it such as a matmul's
+`weight.t()`) is packed as a reference into the parameter's storage and rebuilt on unpack over
+the storage the parameter has then. A compute view the program releases between a forward and
+its backward (`X u`, then `P u` again) is thereby really freed: holding the tensor itself would
+keep the released view's memory alive, out of the ledger, until the backward (a whole unit's
+view per micro-batch in flight). The program makes the view again before the unit's backward,
+with the same values (no update comes between a step's forward and its backward).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+from torch import nn
 
 from ratrain.runtime.copy_engine import CopyEngine
 
 
+class _InParameter(NamedTuple):
+    """A saved tensor that lies in parameter `index`'s storage, by its place there."""
+
+    index: int
+    dtype: torch.dtype
+    offset: int
+    size: torch.Size
+    stride: tuple[int, ...]
+
+
 class SavedActivations:
-    def __init__(self, passthrough: set[int]):
-        self.passthrough = passthrough  # storage addresses of parameters and the unit's input
+    def __init__(self, params: list[nn.Parameter], passthrough: set[int]):
+        self.params = params  # the parameters the unit reads (a tied head: the embedding's too)
+        self._param_of = {p.untyped_storage().data_ptr(): i for i, p in enumerate(params)
+                          if p.untyped_storage().data_ptr()}  # (0: no memory, nothing to find)
+        self.passthrough = passthrough  # storage addresses of the unit's input
         self.tensors: list[torch.Tensor] = []
         self._reloaded = None  # the reload copy's event
 
@@ -25,7 +48,11 @@ class SavedActivations:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor):
-        if t.untyped_storage().data_ptr() in self.passthrough:
+        key = t.untyped_storage().data_ptr()
+        if key in self._param_of:
+            return _InParameter(self._param_of[key], t.dtype, t.storage_offset(), t.size(),
+                                t.stride())
+        if key in self.passthrough:
             return t
         # Detached: an op's saved output carries that op's node as grad_fn, and holding it here
         # would close a cycle through C++ (node -> its saved variable's hooks -> this -> tensor
@@ -37,6 +64,14 @@ class SavedActivations:
         return len(self.tensors) - 1
 
     def _unpack(self, packed):
+        if isinstance(packed, _InParameter):
+            p = self.params[packed.index]
+            storage = p.untyped_storage()
+            if storage.nbytes() == 0:
+                raise RuntimeError("a unit's backward ran without its compute view (the program "
+                                   "released it and did not prefetch it again)")
+            return torch.empty(0, dtype=packed.dtype, device=p.device).set_(
+                storage, packed.offset, packed.size, packed.stride)
         return self.tensors[packed] if isinstance(packed, int) else packed
 
     def offload(self, copies: CopyEngine) -> None:

@@ -24,6 +24,13 @@ completed. What persists: N_pad + S floats a unit ("step"), S ("transient"), 2 S
 whatever the compute dtype: the gradient is reduced as the unsharded all-reduce reduces it, so
 losses match the replicated run; a compute-dtype reduction would halve the traffic (bfloat16)
 and round each micro-batch's partial sums.
+
+On gloo a reduce-scatter is an all-reduce of the full-size buffer in place, and the replica
+copies its slice out once the wait returns. gloo's own flat reduce-scatter does the same
+arithmetic, but on a clone of the input: a hidden full-size buffer per reduction in flight,
+outside the ledger. Its work also ignores the wait's deadline and has no future for the trace.
+(torch 2.13, ProcessGroupGloo::reduce_scatter_tensor_coalesced.) The full-size buffer is not
+read again before it is zeroed or freed, so summing into it in place is safe.
     N     the squared norm of the slice (the executor then sums it over the replicas)
     U u   AdamW on the slice, then zero both gradient buffers; the view is stale
 
@@ -63,6 +70,10 @@ class Sharded(StateLayout):
         self.grad_lifetime = grad_lifetime
         self._gather_work = None  # the view's all-gather in flight
         self._incoming: torch.Tensor | None = None  # RS's output ("micro-batch")
+        # gloo: (slice-sized output, full-size buffer being summed in place) of the reduction
+        # in flight, whose slice is copied out once it has completed
+        self._in_place = group is not None and dist.get_backend(group) == "gloo"
+        self._scattering: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
         if state.view_dtype is None or not state.params:
@@ -141,22 +152,37 @@ class Sharded(StateLayout):
             state.grad = self._new_accumulation(state)
         return state.grad
 
+    def _start_reduce_scatter(self, out: torch.Tensor, full: torch.Tensor) -> dist.Work:
+        """This replica's slice of the sum of `full` over the group, into `out` once
+        `_finish_reduce_scatter` has run after the wait."""
+        if self._in_place:
+            self._scattering = (out, full)
+            return dist.all_reduce(full, group=self.group, async_op=True)
+        return _reduce_scatter(out, full, group=self.group, async_op=True)
+
+    def _finish_reduce_scatter(self) -> None:
+        if self._scattering is not None:
+            out, full = self._scattering
+            self._scattering = None
+            out.copy_(full[self.lo:self.lo + self.shard])
+
     def start_sync(self, state: UnitState, group=None) -> dist.Work:
         """The reduce-scatter: this replica's slice of the sum over the replicas (the loss is
         already scaled by 1/dp, so the sum is the mean). Over the layout's own group."""
-        return _reduce_scatter(state.update_grad, self.accumulation(state), group=self.group,
-                               async_op=True)
+        return self._start_reduce_scatter(state.update_grad, self.accumulation(state))
 
     def synced(self, state: UnitState) -> None:
+        self._finish_reduce_scatter()
         if self.grad_lifetime != "step":
             state.grad = None
 
     def start_reduce(self, state: UnitState) -> dist.Work:
         """One micro-batch's reduce-scatter, into a slice-sized buffer (the slice's gradient
         still accumulates the earlier micro-batches')."""
-        return _reduce_scatter(self._incoming, state.grad, group=self.group, async_op=True)
+        return self._start_reduce_scatter(self._incoming, state.grad)
 
     def reduced(self, state: UnitState) -> None:
+        self._finish_reduce_scatter()
         state.update_grad.add_(self._incoming)
         state.grad = None
 
