@@ -275,6 +275,8 @@ class _Loop:
             self.tracer.reset_origin()
         rss = RssGrowth()
         rss.start()
+        # what the RSS growth leaves out: the state allocated before training
+        self.held_before_training = self.engine.ledger_bytes()
         rates, row = [], {}
         for step in range(start, t.steps):
             batches = next(self.loader)
@@ -368,7 +370,8 @@ class _Loop:
     def _finish(self, last: dict, rates: list[float]) -> None:
         traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None,
                               "end of run", "the trace gather")
-        at_peak = self._gather(self.engine.ledger_at_peak(), "end of run", "the memory gather")
+        ledgers = self._gather((self.engine.ledger_at_peak(), self.held_before_training),
+                               "end of run", "the memory gather")
         if not self.is_main:
             return
         if self.tracer:
@@ -385,7 +388,8 @@ class _Loop:
                    "grad_lifetime": self.cfg.parallel.grad_lifetime}
         if "ledger_peak_bytes_per_rank" in last:
             summary["ledger_peak_bytes_per_stage"] = self._per_stage(last["ledger_peak_bytes_per_rank"])
-            summary["ledger_at_peak_by_kind_per_rank"] = at_peak
+            summary["ledger_at_peak_by_kind_per_rank"] = [at_peak for at_peak, _ in ledgers]
+            summary["ledger_before_training_bytes_per_rank"] = [held for _, held in ledgers]
         if "rss_growth_bytes_per_rank" in last:
             summary["rss_growth_bytes_per_stage"] = self._per_stage(last["rss_growth_bytes_per_rank"])
         self.extras.finish(summary)

@@ -76,10 +76,13 @@ def test_gradient_lifetime_matches_single_process(pp, dp, lifetime, parallel, co
     predicted = simulate(plan, cfg.model, load_profile("cpu-local"), seq_len=cfg.train.seq_len,
                          micro_batch_size=cfg.train.micro_batch_size, dtype=cfg.train.dtype)
     measured = _ledgers(tmp_path)
+    before = json.loads((tmp_path / "summary.json").read_text())[
+        "ledger_before_training_bytes_per_rank"]
     grid = RankGrid(pp, dp)
     for s, rank in enumerate(predicted.ranks):
         at_peak = measured[grid.rank(s, 0)]
         assert rank.peak == sum(at_peak.values()), s
+        assert before[grid.rank(s, 0)] == rank.held_before_training, s
         assert ({k: v for k, v in rank.at_peak.items() if v}
                 == {k: v for k, v in at_peak.items() if v}), s
 

@@ -50,6 +50,9 @@ class _UnitStateMixin:
     def ledger_at_peak(self) -> dict[str, int] | None:
         return None
 
+    def ledger_bytes(self) -> int | None:
+        return None
+
 
 class LocalEngine(_UnitStateMixin):
     def __init__(self, cfg: RunConfig, device: torch.device, modules=None):
@@ -122,6 +125,10 @@ class PipelineEngine(_UnitStateMixin):
     def ledger_at_peak(self) -> dict[str, int]:
         """Those bytes by kind, at the peak."""
         return dict(self.stage.ledger.at_peak)
+
+    def ledger_bytes(self) -> int:
+        """The bytes held now."""
+        return self.stage.ledger.total
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
         return self.executor.train_step(self.program, batches, lr, step)
