@@ -126,6 +126,7 @@ def paper_models() -> list[dict]:
                              state_home=c.layout.lifecycle.state_home,
                              shard_state=c.layout.lifecycle.shard_state,
                              grad_lifetime=c.layout.lifecycle.grad_lifetime,
+                             shard_group=c.layout.lifecycle.shard_group,
                              view_window=c.layout.lifecycle.view_window,
                              partition=[b - a for a, b, _ in c.partition],
                              stage_choices=c.choices(request.model.n_layers + 2),

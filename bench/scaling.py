@@ -73,7 +73,7 @@ def plan_at(study: str, devices: int, policy: str, args) -> dict:
             pp=L.pp, dp=L.dp, devices_used=L.devices, n_micro=L.n_micro,
             micro_batch_size=L.micro_batch_size, rank_order=L.rank_order,
             state_home=L.lifecycle.state_home, shard_state=L.lifecycle.shard_state,
-            grad_lifetime=L.lifecycle.grad_lifetime,
+            grad_lifetime=L.lifecycle.grad_lifetime, shard_group=L.lifecycle.shard_group,
             view_window=L.lifecycle.view_window, partition=[b - a for a, b, _ in c.partition],
             stage_choices=c.choices(model.n_layers + 2), step_time_s=c.step_time,
             tokens_per_s=c.result.tokens_per_s,

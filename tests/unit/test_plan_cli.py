@@ -167,8 +167,14 @@ def test_a_shorter_gradient_lifetime_in_the_table_the_plan_file_and_the_run(monk
     got = json.loads(stdout)
     assert got["grad_lifetime"] == lifetime
     assert got["step_time_s"] == plan["prediction"]["step_time_s"]
+    # --grad-lifetime restricts the search: with today's (the step's) nothing fits
     code, _, stderr = run_cli(monkeypatch, capsys, *args, "--grad-lifetime", "step")
-    assert code == 2 and "--grad-lifetime is the planner's to choose" in stderr
+    assert code == 2 and "error: no plan fits" in stderr, stderr
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--grad-lifetime", lifetime)
+    assert code == 0 and f"grad {lifetime} / window 1" in stdout, stderr
+    code, _, stderr = run_cli(monkeypatch, capsys, *args, "--grad-lifetime", "transient",
+                              "--policy", "baseline")
+    assert code == 2 and "--grad-lifetime transient needs --policy ratrain" in stderr, stderr
 
     data = tmp_path / "text"
     data.mkdir()

@@ -19,6 +19,7 @@ from ratrain.planner.partition import Partition
 from ratrain.planner.bounds import lower_bound
 from ratrain.planner.stage_cost import StageChoice
 from ratrain.sim.profile import load_profile
+from ratrain.sim.simulator import simulate
 
 TINY = get_preset("tiny")
 
@@ -432,3 +433,47 @@ def test_a_stage_never_spans_two_device_groups():
         grid = RankGrid(lay.pp, lay.dp, lay.rank_order)
         for s, g in enumerate(lay.groups):
             assert {profile.group_of_rank(r) for r in grid.replica_ranks(s)} == {g}
+
+
+def test_over_a_slow_link_between_nodes_the_search_shards_within_each_node():
+    """llama2-7b on 16 A100s, two nodes of 8 joined by 10 GbE, one stage (--pp 1): sharded
+    over all 16 replicas every reduce-scatter crosses the slow link; hybrid sharding (within
+    each node's 8, replicated across the two) sends only each slice's all-reduce across it.
+    The search finds that plan, and its estimate is what the simulator makes of the plan built
+    with the shard group."""
+    from ratrain.planner import layouts as layouts_module
+
+    request = _request(None, 16, model=get_preset("llama2-7b"), profile="a100-40g-10gbe",
+                       global_batch=32, seq_len=4096, dtype="float16", top=1,
+                       pipeline_degrees=(1,))
+    found = search.search(request)
+    best = found.best[0]
+    assert best.layout.dp == 16 and best.layout.lifecycle.shard_group == 8
+    assert best.plan.shard_group == 8
+    assert "sharded in 8s" in best.layout.lifecycle.label()
+    again = simulate(best.plan, request.model, request.profile, seq_len=request.seq_len,
+                     micro_batch_size=best.layout.micro_batch_size, dtype=request.dtype)
+    assert again.step_time == pytest.approx(best.step_time, rel=1e-9)
+    assert max(r.device_peak for r in again.ranks) <= request.limit
+
+    # without hybrid sharding the fastest plan is far slower: sharded over all 16, or 8
+    # replicas within one node
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layouts_module, "_shard_groups", lambda r: (None,))
+        flat = search.search(request).best[0]
+    assert flat.layout.lifecycle.shard_group is None
+    assert flat.step_time > 1.2 * best.step_time
+
+
+def test_hybrid_sharding_is_searched_only_where_the_replicas_span_nodes():
+    """mt3000 (nodes of 4): a shard group of 4 for dp = 8, 12, ...; never for dp <= 4, nor
+    for the baseline, nor where every device is in one node."""
+    request = _request(None, 8, profile="mt3000", dtype="float16", global_batch=8, seq_len=64)
+    groups = {(L.dp, L.lifecycle.shard_group) for L in search.layouts(request)
+              if L.lifecycle.shard_state}
+    assert (8, 4) in groups and (8, None) in groups
+    assert not {(dp, g) for dp, g in groups if g is not None and dp <= 4}
+    baseline = dataclasses.replace(request, policy="baseline")
+    assert all(L.lifecycle.shard_group is None for L in search.layouts(baseline))
+    one_node = _request(None, 8, global_batch=8, seq_len=64)  # cpu-local: one node of 64
+    assert all(L.lifecycle.shard_group is None for L in search.layouts(one_node))

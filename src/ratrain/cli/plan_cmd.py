@@ -57,7 +57,9 @@ def _show(cfg, out, as_json) -> None:
              else f"window {pipeline_plan.view_window}")
     activation = "; ".join(f"stage {s}: " + ",".join(choices)
                            for s, choices in enumerate(pipeline_plan.activation))
-    sharded = (f", sharded over the {pipeline_plan.dp} replicas"
+    over = (f"within groups of {pipeline_plan.shard_group} of the {pipeline_plan.dp} replicas"
+            if pipeline_plan.shard_group else f"over the {pipeline_plan.dp} replicas")
+    sharded = (f", sharded {over}"
                + (f" (gradient lifetime {pipeline_plan.grad_lifetime})"
                   if pipeline_plan.grad_lifetime != "step" else "")
                if pipeline_plan.shard_state else "")
@@ -74,11 +76,15 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     from ratrain.sim.profile import load_profile
 
     for flag in ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
-                 "partition", "rank_order", "shard_state", "grad_lifetime"):
+                 "partition", "rank_order", "shard_state", "shard_group"):
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")
     cfg.validate()
+    lifetime = opts.get("grad_lifetime")
+    if lifetime not in (None, "step") and cfg.parallel.policy != "ratrain":
+        raise UserError(f"--grad-lifetime {lifetime} needs --policy ratrain (the baseline "
+                        f"accumulates the step's gradient)")
     hw = load_profile(profile_spec)
     hw.rate(cfg.train.dtype)
     if devices is None:
@@ -102,7 +108,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         policy=cfg.parallel.policy, clip=t.grad_clip > 0 or t.dtype == "float16", top=top,
         micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
         pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
-        time_limit_s=time_limit)
+        grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit)
     found = search.search(request)
     if not found.best and not found.layouts:
         refused: list[str] = []

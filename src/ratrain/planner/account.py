@@ -112,8 +112,10 @@ def account(request: PlanRequest) -> str:
 def _sharded(life: Lifecycle) -> str:
     if not life.shard_state:
         return ""
-    return ", sharded" + (f" (gradient lifetime {life.grad_lifetime})"
-                          if life.grad_lifetime != "step" else "")
+    return (", sharded" + (f" within groups of {life.shard_group} replicas"
+                           if life.shard_group else "")
+            + (f" (gradient lifetime {life.grad_lifetime})" if life.grad_lifetime != "step"
+               else ""))
 
 
 def _lifetime_hint(request: PlanRequest, c: Candidate, worst: int) -> str | None:
@@ -149,7 +151,8 @@ def _lifetime_hint(request: PlanRequest, c: Candidate, worst: int) -> str | None
 def _full_grads(request: PlanRequest, c: Candidate, a: int, b: int) -> float:
     """Bytes of units [a, b)'s full-size fp32 gradient buffers, sharded over the layout's dp
     (padded to it)."""
-    return sum(4 * uc.shard(request.model, u, c.layout.dp).padded for u in range(a, b))
+    over = c.layout.lifecycle.shard_group or c.layout.dp
+    return sum(4 * uc.shard(request.model, u, over).padded for u in range(a, b))
 
 
 def _sharded_block(request: PlanRequest, dp: int) -> float:

@@ -34,6 +34,8 @@ class PlanRequest:
     top: int = 5
     micro_batch_sizes: tuple[int, ...] | None = None  # None: every one that divides the batch
     pipeline_degrees: tuple[int, ...] | None = None  # None: 1 .. units
+    # None: every one the policy allows; else only plans with one of these (unsharded: "step")
+    grad_lifetimes: tuple[str, ...] | None = None
     time_limit_s: float = 60.0
 
     def device(self, group: int = 0):
@@ -106,9 +108,35 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     others), ratrain's with each gradient lifetime (runnable.GRAD_LIFETIMES; `layouts` leaves
     out those that cannot help a layout: `lifetime_helps`). The baseline is GPU-style: state
     on the device, views resident; sharded too, as DeepSpeed's ZeRO-1 with its pipeline
-    engine (the gradient accumulated for the step)."""
+    engine (the gradient accumulated for the step). `request.grad_lifetimes` keeps only the
+    lifecycles of those lifetimes, unsharded state counting as "step"."""
     host_tier = _host_is_separate(request)
     windows = (0, 1) if request.policy == "ratrain" else (0,)
+    out = _unsharded_lifecycles(request, host_tier, windows)
+    if has_views(request.dtype, "device", host_tier, shard_state=True):
+        lifetimes = runnable.GRAD_LIFETIMES if request.policy == "ratrain" else ("step",)
+        out.extend(Lifecycle("device", window, request.policy, shard_state=True,
+                             grad_lifetime=lifetime, shard_group=group)
+                   for group in _shard_groups(request)
+                   for window in windows for lifetime in lifetimes)
+    if request.grad_lifetimes is not None:
+        out = [life for life in out if life.grad_lifetime in request.grad_lifetimes]
+    return out
+
+
+def _shard_groups(request: PlanRequest) -> tuple[int | None, ...]:
+    """Shard over every replica (None); for ratrain, also hybrid sharding within a node's
+    replicas (`layouts` keeps it where the replicas span several nodes' worth)."""
+    node = request.profile.devices_per_node
+    return (None, node) if request.policy == "ratrain" and node >= 2 else (None,)
+
+
+def _hybrid_applies(shard_group: int | None, dp: int) -> bool:
+    return shard_group is None or (shard_group < dp and dp % shard_group == 0)
+
+
+def _unsharded_lifecycles(request: PlanRequest, host_tier: bool,
+                          windows: tuple[int, ...]) -> list[Lifecycle]:
     out = []
     for home in ("device", "host") if host_tier else ("device",):
         if request.policy == "baseline" and home == "host":
@@ -118,11 +146,6 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
             continue
         for window in windows:
             out.append(Lifecycle(home, window, request.policy))
-    if has_views(request.dtype, "device", host_tier, shard_state=True):
-        lifetimes = runnable.GRAD_LIFETIMES if request.policy == "ratrain" else ("step",)
-        out.extend(Lifecycle("device", window, request.policy, shard_state=True,
-                             grad_lifetime=lifetime)
-                   for window in windows for lifetime in lifetimes)
     return out
 
 
@@ -175,7 +198,7 @@ def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
         micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
         clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,
         view_window=life.view_window, grad_lifetime=life.grad_lifetime,
-        tie_embeddings=request.model.tie_embeddings,
+        shard_group=life.shard_group, tie_embeddings=request.model.tie_embeddings,
         host_is_separate=_host_is_separate(request),
         host_collectives=request.profile.device.host_collectives)
 
@@ -196,6 +219,8 @@ def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layo
             for mbs in request.micro_batch_sizes or _divisors(g // dp):
                 orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
                 for life in lifecycles(request):
+                    if not _hybrid_applies(life.shard_group, dp):
+                        continue  # (not a refusal: a layout of that dp shards over all)
                     reason = refusal(request, pp, dp, mbs, life)
                     if reason:
                         if refused is not None:

@@ -10,7 +10,7 @@ from ratrain.planner.search import Candidate, SearchResult
 
 RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
             "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window",
-                         "shard_state", "grad_lifetime", "schedule", "weight_grad")}
+                         "shard_state", "grad_lifetime", "shard_group", "schedule", "weight_grad")}
 
 
 def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
@@ -26,6 +26,7 @@ def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
                      "view_window": layout.lifecycle.view_window or 0,
                      "shard_state": layout.lifecycle.shard_state,
                      "grad_lifetime": layout.lifecycle.grad_lifetime,
+                     "shard_group": layout.lifecycle.shard_group,
                      "schedule": layout.schedule, "weight_grad": layout.weight_grad,
                      "partition": [b - a for a, b, _ in candidate.partition]},
     }
@@ -62,6 +63,7 @@ def summary(found: SearchResult) -> dict:
                    "view_window": c.layout.lifecycle.view_window,
                    "shard_state": c.layout.lifecycle.shard_state,
                    "grad_lifetime": c.layout.lifecycle.grad_lifetime,
+                   "shard_group": c.layout.lifecycle.shard_group,
                    "schedule": c.layout.schedule, "weight_grad": c.layout.weight_grad,
                    "partition": [b - a for a, b, _ in c.partition],
                    **prediction(c, r)} for c in found.best],

@@ -26,7 +26,7 @@ from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.stage_cost import UnitTable
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.cost_model import ring
-from ratrain.sim.placement import stage_links
+from ratrain.sim.placement import hybrid_links, stage_links
 from ratrain.sim.profile import Link
 from ratrain.sim.result import SimResult
 from ratrain.sim.simulator import simulate
@@ -125,7 +125,8 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       unit_activation=unit_activation if layout.activation == "mixed" else None,
                       check=False, shard_state=layout.lifecycle.shard_state,
                       schedule=layout.schedule, weight_grad=layout.weight_grad,
-                      grad_lifetime=layout.lifecycle.grad_lifetime)
+                      grad_lifetime=layout.lifecycle.grad_lifetime,
+                      shard_group=layout.lifecycle.shard_group)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
@@ -177,13 +178,15 @@ def _tail(request: PlanRequest, table: UnitTable, layout: Layout, part: Partitio
     first = part[0]
     units = range(first[0], first[1])
     synced = units if layout.lifecycle.policy == "baseline" else units[:1]
+    # sharded, over the replicas the state is sharded over (hybrid: the shard group's)
+    over = table.costs.s.shard_replicas if layout.lifecycle.shard_state else layout.dp
     sync = 0.0
     if layout.dp > 1:
-        sync = sum(min(table.costs.grad_sync(u, link, layout.dp) for link in links)
+        sync = sum(min(table.costs.grad_sync(u, link, over) for link in links)
                    for u in synced)
     update = first[2].update_s if request.clip else table.update[units[0]]
     if request.clip and layout.lifecycle.shard_state:
-        update += min(ring(link, 4, layout.dp) for link in links)
+        update += min(ring(link, 4, over) for link in links)
     return sync + update
 
 
@@ -206,19 +209,37 @@ def syncs_per_unit(layout: Layout) -> int:
 
 
 def _collectives(request: PlanRequest, tables: list[UnitTable], layout: Layout, part: Partition,
-                 rings: list[Link] | None = None) -> list[float] | None:
+                 rings: list[tuple[Link, Link | None]] | None = None) -> list[float] | None:
     """Sharded: each stage's collectives over its replicas, which the simulator runs one after
-    the other on the stage's links: every unit's syncs (`syncs_per_unit`) and at least one
-    all-gather of its view; on the stage's replica link (`rings`) or the fastest of the
-    profile's. None otherwise (the syncs of unsharded state are all-reduces of the same size
-    and are left to `_tail`)."""
+    the other on the stage's links: every unit's syncs (`syncs_per_unit`), at least one
+    all-gather of its view, and with hybrid sharding each unit's all-reduce across the shard
+    groups; on the stage's (shard ring, cross ring) (`rings`) or the fastest of the profile's
+    links. None otherwise (the syncs of unsharded state are all-reduces of the same size and
+    are left to `_tail`)."""
     if not layout.lifecycle.shard_state:
         return None
     syncs = syncs_per_unit(layout)
+    hybrid = layout.lifecycle.shard_group is not None
     out = []
     for s, (table, (a, b, _)) in enumerate(zip(tables, part)):
-        links = (rings[s],) if rings else _links(request)
-        out.append(min(table.collectives(a, b, link, syncs) for link in links))
+        links = [rings[s]] if rings else [(link, link) for link in _links(request)]
+        out.append(min(table.collectives(a, b, shard, syncs)
+                       + (table.cross_syncs(a, b, cross) if hybrid else 0.0)
+                       for shard, cross in links))
+    return out
+
+
+def _stage_rings(request: PlanRequest, layout: Layout) -> list[tuple[Link, Link | None]]:
+    """Each stage's (ring of the replicas its state is sharded over, ring across the shard
+    groups: hybrid sharding's, else None)."""
+    _, rings, _ = stage_links(layout.pp, layout.dp, layout.rank_order, request.profile)
+    group = layout.lifecycle.shard_group
+    if group is None:
+        return [(ring, None) for ring in rings]
+    out = []
+    for s in range(layout.pp):
+        links = hybrid_links(s, layout.pp, layout.dp, layout.rank_order, group, request.profile)
+        out.append((links["shard_ring"], links["cross_ring"]))
     return out
 
 
@@ -228,15 +249,16 @@ def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> fl
     then stage 0's last sync and updates."""
     layout, part = candidate.layout, candidate.partition
     per_stage = tables(layout)
-    hops, rings, _ = stage_links(layout.pp, layout.dp, layout.rank_order, request.profile)
-    lead = ([t.gather(a, link) for t, (a, _, _), link in zip(per_stage, part, rings)]
+    hops, _, _ = stage_links(layout.pp, layout.dp, layout.rank_order, request.profile)
+    sharded_rings = _stage_rings(request, layout)
+    lead = ([t.gather(a, shard) for t, (a, _, _), (shard, _) in zip(per_stage, part, sharded_rings)]
             if layout.lifecycle.shard_state else [0.0] * layout.pp)
     act = per_stage[0].act
     path = pipeline_path([e for _, _, e in part], layout.n_micro, lead,
                          [link.time(act) for link in hops],
-                         _tail(request, per_stage[0], layout, part, (rings[0],)),
+                         _tail(request, per_stage[0], layout, part, (sharded_rings[0][0],)),
                          layout.weight_grad)
-    busy = _collectives(request, per_stage, layout, part, rings) or [0.0]
+    busy = _collectives(request, per_stage, layout, part, sharded_rings) or [0.0]
     return max(candidate.bound, path, max(busy))
 
 

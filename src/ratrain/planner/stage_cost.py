@@ -28,7 +28,7 @@ from ratrain.config import ModelConfig
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.builders import one_f_one_b_in_flight
 from ratrain.sim import unit_costs as uc
-from ratrain.sim.cost_model import StageCosts, StageSetup
+from ratrain.sim.cost_model import StageCosts, StageSetup, ring
 from ratrain.sim.profile import HardwareProfile, Link
 
 
@@ -42,16 +42,18 @@ class Lifecycle:
     policy: str  # "ratrain" or "baseline"
     shard_state: bool = False  # masters and AdamW state sharded over the replicas (device, views)
     grad_lifetime: str = "step"  # sharded: how long a unit's full-size gradient lives
+    shard_group: int | None = None  # hybrid sharding: replicas per shard group (a node's)
 
     def label(self) -> str:
         """The state home and views as the plan table shows them: "device, sharded / window 1",
-        "device, sharded, grad transient / window 1" (a lifetime shorter than the step)."""
+        "device, sharded, grad transient / window 1" (a lifetime shorter than the step),
+        "device, sharded in 4s / resident" (hybrid: within groups of 4 replicas)."""
         views = ("-" if self.view_window is None
                  else "resident" if self.view_window == 0 else f"window {self.view_window}")
         sharded = ""
         if self.shard_state:
-            sharded = ", sharded" + (f", grad {self.grad_lifetime}"
-                                     if self.grad_lifetime != "step" else "")
+            sharded = (", sharded" + (f" in {self.shard_group}s" if self.shard_group else "")
+                       + (f", grad {self.grad_lifetime}" if self.grad_lifetime != "step" else ""))
         return f"{self.state_home}{sharded} / {views}"
 
 
@@ -120,7 +122,8 @@ class UnitTable:
                            state_home=lifecycle.state_home, dp=dp, pp=1, p2p_prev=None,
                            p2p_next=None, replicas=dummy, pipeline=dummy, clip=clip,
                            shard_state=lifecycle.shard_state,
-                           grad_lifetime=lifecycle.grad_lifetime)
+                           grad_lifetime=lifecycle.grad_lifetime,
+                           shard_group=lifecycle.shard_group)
         c = StageCosts(setup)
         self.costs = c
         shape = setup.shape
@@ -205,14 +208,22 @@ class UnitTable:
 
     def collectives(self, a: int, b: int, link: Link, syncs: int) -> float:
         """Sharded: `syncs` gradient syncs (the cost model's reduce-scatters) and one all-gather
-        of the view of each of units [a, b) over `link` among the table's replicas."""
+        of the view of each of units [a, b) over `link` among the replicas the state is
+        sharded over (hybrid: the shard group's)."""
         key = (link.bandwidth, link.latency)
         if key not in self._collective_sums:
-            sync = [self.costs.grad_sync(u, link, self.dp) for u in range(self.n_units)]
+            sync = [self.costs.grad_sync(u, link) for u in range(self.n_units)]
             gather = [self.gather(u, link) for u in range(self.n_units)]
             self._collective_sums[key] = ([0.0, *accumulate(sync)], [0.0, *accumulate(gather)])
         sync_sums, gather_sums = self._collective_sums[key]
         return syncs * (sync_sums[b] - sync_sums[a]) + gather_sums[b] - gather_sums[a]
+
+    def cross_syncs(self, a: int, b: int, link: Link) -> float:
+        """Hybrid sharding: the all-reduces of units [a, b)'s slices across the shard groups
+        over `link` (GX; the cost model's)."""
+        groups = self.dp // self.lifecycle.shard_group
+        return sum(ring(link, 4 * self.costs.s.shard(u).size, groups)
+                   for u in range(a, b) if self.costs.s.shard(u))
 
     def full_grads(self, a: int, b: int, stage: int, pp: int,
                    recomputed: frozenset[int] = frozenset(),
