@@ -9,6 +9,10 @@ the counterpart of ratrain's end-of-step `E` action, so every rank knows the ste
 
 * `DDPPeer` (pp = 1): `DistributedDataParallel` over the whole model, `no_sync` for every
   micro-batch but the last, each micro-batch loss x 1/n_micro, then `clip_grad_norm_`.
+* `FSDP2Peer` (pp = 1): `fully_shard` (FSDP2) on every ratrain unit and on the whole model over
+  the replicas, gradient sync on the last micro-batch only (ratrain's default gradient lifetime
+  `step`: accumulated, reduce-scattered once), each micro-batch loss x 1/n_micro, then
+  `clip_grad_norm_`; the learning rate is the caller's (bench/fsdp.py passes ratrain's schedule).
 * `PipelinePeer` (pp >= 1): `torch.distributed.pipelining`'s `PipelineStage` (static shapes) +
   `Schedule1F1B(loss_fn=lm_loss)` (default scale_grads=True: gradients / n_micro). With dp > 1
   the replicas' gradients are averaged either by wrapping the stage module in DDP over the
@@ -103,6 +107,47 @@ class DDPPeer:
             with self.ddp.no_sync() if i < n - 1 else nullcontext():
                 loss = lm_loss(self.ddp(x), y)
                 (loss / n).backward()
+            losses.append(loss.detach())
+        if self.clip > 0:
+            nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _reduce_loss(torch.stack([torch.stack(losses).sum(), torch.tensor(float(n))]),
+                            self.groups)
+
+
+class FSDP2Peer:
+    """pp = 1: FSDP2 over the replicas, AdamW on the sharded (DTensor) parameters."""
+
+    def __init__(self, cfg: RunConfig, groups, clip: float):
+        # Imported here so that a torch without FSDP2 fails this peer only, with its own error.
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        self.groups = groups
+        self.clip = clip
+        self.module = nn.Sequential(*build_units(cfg.model, cfg.train.seed))
+        mesh = DeviceMesh.from_group(groups.replicas, groups.device.type)
+        # One FSDP group per unit, as ratrain shards and gathers per unit (and torchtitan wraps
+        # per block); the root holds nothing after that and only drives the hooks.
+        for unit in self.module:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(self.module, mesh=mesh)
+        self.params = list(self.module.parameters())
+        self.optimizer = adamw(self.params, cfg.train)  # p.dim() of a DTensor is the full tensor's
+        self.description = (f"torch FSDP2 fully_shard per unit and on the model over {groups.grid.dp} "
+                            f"replicas (gradient sync on the last micro-batch only), "
+                            f"clip_grad_norm_ {'(max norm %g)' % clip if clip > 0 else 'off'}, AdamW")
+
+    def train_step(self, batches, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = len(batches)
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            self.module.set_requires_gradient_sync(i == n - 1)
+            loss = lm_loss(self.module(x), y)
+            (loss / n).backward()
             losses.append(loss.detach())
         if self.clip > 0:
             nn.utils.clip_grad_norm_(self.params, self.clip)

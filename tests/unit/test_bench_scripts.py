@@ -1,6 +1,6 @@
-"""bench/scaling.py and bench/correctness.py: their arithmetic, tables and plots on small
-inputs (no training runs; one real planner search of a size that takes a fraction of a
-second)."""
+"""bench/scaling.py, bench/correctness.py and bench/fsdp.py: their arithmetic, tables, plots
+and command lines on small inputs (no training runs; one real planner search of a size that
+takes a fraction of a second)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -22,6 +24,8 @@ def _load(name: str):
 
 scaling = _load("scaling")
 correctness = _load("correctness")
+fsdp = _load("fsdp")
+grad_lifetime = _load("grad_lifetime")
 
 
 def _row(study, devices, policy, tps):
@@ -113,3 +117,69 @@ def test_the_correctness_report_and_plot(tmp_path):
     assert "ABOVE the 1e-5 target" in text
     correctness.plot(result, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_fsdp_ratrain_rows_are_the_sharded_cli_run_plus_their_own_flags():
+    args = argparse.Namespace(row=["transient=--grad-lifetime transient"], view_window=1)
+    rows = fsdp.rows(args)
+    assert rows == {"fsdp2": None, "ratrain-sharded": [],
+                    "transient": ["--grad-lifetime", "transient"]}
+    cmd = fsdp.ratrain_command(args, 4, rows["transient"], Path("c.yaml"), Path("run"))
+    assert cmd[cmd.index("--dp") + 1] == "4" and cmd[cmd.index("--pp") + 1] == "1"
+    assert "--shard-state" in cmd and cmd[cmd.index("--view-window") + 1] == "1"
+    assert cmd[-2:] == ["--grad-lifetime", "transient"]
+    for bad in ("no-equals-sign", "ratrain-sharded=--dtype float32"):  # a name taken
+        with pytest.raises(SystemExit):
+            fsdp.rows(argparse.Namespace(row=[bad], view_window=1))
+    with pytest.raises(SystemExit, match="--steps must be >= 2"):
+        fsdp.main(["--steps", "1"])
+
+
+def test_fsdp_summary_medians_largest_rank_and_loss_difference_against_ratrain():
+    def run(times, losses, rss_mib):
+        return {"step_times_s": times, "losses": losses,
+                "peak_rss_bytes_per_rank": [m * fsdp.MIB for m in rss_mib],
+                "rss_growth_bytes_per_rank": [m * fsdp.MIB // 2 for m in rss_mib]}
+
+    ratrain = [run([9.0, 1.0], [2.0, 1.0], [100, 90]), run([9.0, 2.0], [2.0, 1.0], [100, 90]),
+               run([9.0, 1.0], [2.0, 1.0], [100, 90])]
+    peer = [run([0.1, 2.0], [2.0, 1.01], [130, 140]), run([0.1, 2.0], [2.0, 1.01], [150, 120]),
+            run([0.1, 4.0], [2.0, 1.01], [110, 100])]
+    s = fsdp.summarize(peer, ratrain, tokens_per_step=100)
+    assert s["tokens_per_s"] == {"median": 50.0, "min": 25.0, "max": 50.0}  # first step untimed
+    assert s["vs_ratrain"] == 0.5  # rounds' ratios 0.5, 1.0, 0.25
+    assert s["peak_rss_mib"] == 140 and s["rss_growth_mib"] == 70
+    assert abs(s["max_rel_loss_diff_vs_ratrain"] - 0.01) < 1e-12 and s["losses_repeat"]
+    result = {"layouts": {"2": {"rows": {"fsdp2": s}, "failed": {"x": "exit 2: no such option"}}}}
+    text = fsdp.table(result)
+    assert "| 2 | fsdp2 | 50 (25-50) | 0.500 | 140 | 70 | 1.00e-02 |" in text
+    assert "| 2 | x | failed: exit 2: no such option |" in text
+
+
+def test_grad_lifetime_report_falls_from_step_and_the_budget_check():
+    mib, mb = grad_lifetime.MIB, 1e6
+
+    def run(ledger_mib, rss_mib, step_s=1.0, peak_mb=(100, 100)):
+        return {"ledger_peak": [ledger_mib * mib] * 2, "peak_rss": [m * mib for m in rss_mib],
+                "tokens_per_s": 100.0, "step_time_s": step_s, "peak": [p * mb for p in peak_mb]}
+
+    memory = {"glibc default": {"step": [run(300, (800, 820)), run(300, (810, 830))],
+                                "transient": [run(200, (700, 760)), run(200, (720, 740))]}}
+    planned = {"budget": "300MB", "devices": 2, "global_batch": 4,
+               "accounts": {"step only": "error: no plan fits 300.00 MB\n  closest: ..."},
+               "plans": {"every lifetime": {
+                   "plan": {"pp": 1, "dp": 2, "micro_batch_size": 1, "shard_state": True,
+                            "grad_lifetime": "transient", "view_window": 1,
+                            "stage_choices": ["keep"]},
+                   "predicted": {"step_time_s": 2.0, "stage_peak_bytes": [250e6]},
+                   "runs": {"glibc default": [run(0, (0, 0), 2.2, (290, 301)),
+                                              run(0, (0, 0), 2.1, (280, 295))]}}}}
+    text = grad_lifetime.report({"model": "small", "seq_len": 256, "memory": memory,
+                                 "planned": planned})
+    # medians per rank (805, 825) and (710, 750): the largest rank falls 75, the ledger 100
+    assert "| glibc default | transient | 200 | 710, 750 | 100 / 75 | 100 |" in text
+    assert "| glibc default | step | 300 | 805, 825 | 0 / 0 | 100 |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| every lifetime"))
+    assert "sharded, grad transient, views window 1, keep" in row
+    assert "| 2.200, 2.100 | +7.5% | 290.0, 301.0 | NO |" in row  # rank 1 went over 300 MB
+    assert "step only: error: no plan fits 300.00 MB" in text
