@@ -181,9 +181,10 @@ def _slice(sizes: list[int], dp: int) -> tuple[int, int, int]:
     return s, s * dp, sum(1 for start in starts if start < s)
 
 
-def _sharded_setup(dp: int, bandwidth: float = 1e9, link: Link = Link(1e8, 1e-3)):
+def _sharded_setup(dp: int, bandwidth: float = 1e9, link: Link = Link(1e8, 1e-3),
+                   host_link: Link | None = None):
     p = _profile(f=0.0, b=0.0)
-    p.device = dataclasses.replace(p.device, memory_bandwidth=bandwidth)
+    p.device = dataclasses.replace(p.device, memory_bandwidth=bandwidth, host_link=host_link)
     for links in (p.intra_node, p.inter_node):
         links.collective = link
     plan = build_plan(2, 1, dp, 1, clip=True, view_window=0, shard_state=True)
@@ -191,14 +192,16 @@ def _sharded_setup(dp: int, bandwidth: float = 1e9, link: Link = Link(1e8, 1e-3)
 
 
 @pytest.mark.parametrize("dp", [2, 7])
-def test_sharded_gather_sync_update_and_norm_take_their_formulas(dp):
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_sharded_gather_sync_update_and_norm_take_their_formulas(dp, device):
     """Sharded state over dp replicas (fp32, S = ceil(N / dp), N_pad = dp S): P is a cast of
     the slice ((4 + 4) S at memory bandwidth) and a ring all-gather of the 4 N_pad-byte view,
-    GS a ring reduce-scatter of the 4 N_pad-byte gradient ((dp-1)/dp of it, dp-1 latencies), U
-    updates S parameters (36 bytes each with clipping), N reads 4 S bytes a unit and then
-    sums over the replicas, blocking (a ring all-reduce of 4 bytes)."""
+    GS a ring reduce-scatter of the 4 N_pad-byte gradient ((dp-1)/dp of it, dp-1 latencies;
+    on a CPU, gloo's, twice that: an all-reduce), U updates S parameters (36 bytes each with
+    clipping), N reads 4 S bytes a unit and then sums over the replicas, blocking (a ring
+    all-reduce of 4 bytes)."""
     bw, link = 1e9, Link(1e8, 1e-3)
-    plan, r = _sharded_setup(dp, bw, link)
+    plan, r = _sharded_setup(dp, bw, link, Link(1e10, 1e-5) if device == "gpu" else None)
     timeline = r.ranks[0]
     spans = {name: t1 - t0 for name, t0, t1 in timeline.spans}
     actions = {str(a): (t0, t1) for a, t0, t1 in timeline.actions}
@@ -206,7 +209,8 @@ def test_sharded_gather_sync_update_and_norm_take_their_formulas(dp):
     for u, sizes in enumerate(TINY_SIZES):
         s, padded, _ = _slice(sizes, dp)
         assert spans[f"P{u}"] == pytest.approx(8 * s / bw + half(4 * padded), rel=1e-12)
-        assert spans[f"GS{u}"] == pytest.approx(half(4 * padded), rel=1e-12)
+        sync = half(4 * padded) * (2 if device == "cpu" else 1)
+        assert spans[f"GS{u}"] == pytest.approx(sync, rel=1e-12)
         t0, t1 = actions[f"U{u}"]
         assert t1 - t0 == pytest.approx(36 * s / bw, rel=1e-12)
     t0, t1 = actions["N"]

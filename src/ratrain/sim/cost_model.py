@@ -25,7 +25,9 @@ four ops do; replica 0 is the one simulated:
            Its entry is in `SHARDED_OPS`, which `ops_for` lays over `OPS` for a sharded stage.
     GS u   a ring reduce-scatter of the 4 N_pad-byte gradient: (dp-1)/dp of it over the link
            plus (dp-1) latencies (`ring_half`), not the all-reduce's 2(dp-1)/dp
-           (StageCosts.grad_sync, which the planner's closed forms read too)
+           (StageCosts.grad_sync, which the planner's closed forms read too). On CPU devices
+           the all-reduce's: gloo reduce-scatters by all-reducing the full buffer
+           (`Device.reduce_scatter_all_reduces`)
     U u    updates S parameters, not N (StageCosts.update_params)
     RS u.m (gradient lifetime "micro-batch") one micro-batch's reduce-scatter, priced as GS; its
            wait WRS adds the reduced slice to the shard's gradient (12 S bytes)

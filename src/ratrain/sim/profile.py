@@ -120,6 +120,13 @@ class Device:
     def process_overhead(self, ledger_growth: float) -> float:
         return self.process_overhead_bytes + self.process_overhead_per_byte * ledger_growth
 
+    @property
+    def reduce_scatter_all_reduces(self) -> bool:
+        """Whether a reduce-scatter moves an all-reduce's bytes: CPU devices (no host link) run
+        gloo, whose reduce-scatter is an all-reduce of the full buffer (runtime/sharded_layout.py);
+        NCCL's ring reduce-scatter moves half of that."""
+        return self.host_link is None
+
 
 @dataclass
 class DeviceGroup:

@@ -145,10 +145,11 @@ class StageCosts:
     def grad_sync(self, u: int, link: Link | None = None, dp: int | None = None) -> float:
         """Unit u's gradient sync (GS) over `link` among `dp` replicas (default: the stage's):
         an all-reduce, or sharded, a reduce-scatter of the padded gradient (over the shard
-        group, with hybrid sharding)."""
+        group, with hybrid sharding), which costs an all-reduce on gloo."""
         if self.s.shard_state:
             link, dp = link or self.s.shard_link, dp or self.s.shard_replicas
-            return ring_half(link, self.grad_sync_bytes(u), dp)
+            scatter = ring if self.s.profile.device.reduce_scatter_all_reduces else ring_half
+            return scatter(link, self.grad_sync_bytes(u), dp)
         return ring(link or self.s.replicas, self.grad_sync_bytes(u), dp or self.s.dp)
 
     def cross_sync(self, u: int) -> float:
