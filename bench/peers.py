@@ -101,19 +101,9 @@ class DDPPeer:
                             f"clip_grad_norm_ {'(max norm %g)' % clip if clip > 0 else 'off'}, AdamW")
 
     def train_step(self, batches) -> float:
-        n = len(batches)
-        losses = []
-        for i, (x, y) in enumerate(batches):
-            with self.ddp.no_sync() if i < n - 1 else nullcontext():
-                loss = lm_loss(self.ddp(x), y)
-                (loss / n).backward()
-            losses.append(loss.detach())
-        if self.clip > 0:
-            nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return _reduce_loss(torch.stack([torch.stack(losses).sum(), torch.tensor(float(n))]),
-                            self.groups)
+        return _accumulated_step(
+            self, batches, self.ddp,
+            lambda last: nullcontext() if last else self.ddp.no_sync())
 
 
 class FSDP2Peer:
@@ -142,19 +132,30 @@ class FSDP2Peer:
     def train_step(self, batches, lr: float) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        n = len(batches)
-        losses = []
-        for i, (x, y) in enumerate(batches):
-            self.module.set_requires_gradient_sync(i == n - 1)
-            loss = lm_loss(self.module(x), y)
+        return _accumulated_step(self, batches, self.module, self._syncing)
+
+    def _syncing(self, last: bool):
+        self.module.set_requires_gradient_sync(last)
+        return nullcontext()
+
+
+def _accumulated_step(peer, batches, model, syncing) -> float:
+    """One step of a data-parallel peer: each micro-batch's loss x 1/n backward inside
+    `syncing(last micro-batch)` (the replicas' gradients are reduced on the last one only),
+    then clip_grad_norm_, AdamW, and the step's mean loss over the pipeline and replicas."""
+    n = len(batches)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        with syncing(i == n - 1):
+            loss = lm_loss(model(x), y)
             (loss / n).backward()
-            losses.append(loss.detach())
-        if self.clip > 0:
-            nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return _reduce_loss(torch.stack([torch.stack(losses).sum(), torch.tensor(float(n))]),
-                            self.groups)
+        losses.append(loss.detach())
+    if peer.clip > 0:
+        nn.utils.clip_grad_norm_(peer.params, peer.clip)
+    peer.optimizer.step()
+    peer.optimizer.zero_grad(set_to_none=True)
+    return _reduce_loss(torch.stack([torch.stack(losses).sum(), torch.tensor(float(n))]),
+                        peer.groups)
 
 
 def _splits_backward(schedule) -> bool:
