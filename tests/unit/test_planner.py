@@ -313,7 +313,8 @@ def test_the_planner_walks_the_order_the_1f1b_builder_gives():
     """One source of 1F1B's order (schedule/builders.py): the programs are built from
     `one_f_one_b_order`, and the planner's micro-batches in flight (memory) and walk (bounds)
     read it too."""
-    from ratrain.planner.stage_cost import Lifecycle, UnitTable
+    from ratrain.planner.lifecycle import Lifecycle
+    from ratrain.planner.stage_cost import UnitTable
     from ratrain.schedule.builders import (one_f_one_b, one_f_one_b_in_flight,
                                            one_f_one_b_order, partition_units)
 

@@ -9,7 +9,8 @@ from ratrain.planner.bounds import lower_bound
 from ratrain.planner.layouts import Layout, PlanRequest, layouts, lifecycles
 from ratrain.planner.partition import fits, least_excess
 from ratrain.planner.search import Candidate, UnitTables, evaluate
-from ratrain.planner.stage_cost import Lifecycle, UnitTable
+from ratrain.planner.lifecycle import Lifecycle
+from ratrain.planner.stage_cost import UnitTable
 from ratrain.sim import unit_costs as uc
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),

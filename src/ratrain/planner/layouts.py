@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ratrain import runnable
 from ratrain.config import ModelConfig
 from ratrain.layout import has_views
-from ratrain.planner.stage_cost import Lifecycle
+from ratrain.planner.lifecycle import Lifecycle
 from ratrain.sim.placement import stage_groups
 from ratrain.sim.profile import HardwareProfile
 

@@ -25,36 +25,12 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from ratrain.config import ModelConfig
+from ratrain.planner.lifecycle import Lifecycle
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.builders import one_f_one_b_in_flight
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.cost_model import StageCosts, StageSetup, ring
 from ratrain.sim.profile import HardwareProfile, Link
-
-
-@dataclass(frozen=True)
-class Lifecycle:
-    """Where state lives and how parameter views are made: the choices a stage's memory
-    depends on besides its activations."""
-
-    state_home: str  # "device" or "host"
-    view_window: int | None  # None: no views (they are the masters); 0: resident; K: window
-    policy: str  # "ratrain" or "baseline"
-    shard_state: bool = False  # masters and AdamW state sharded over the replicas (device, views)
-    grad_lifetime: str = "step"  # sharded: how long a unit's full-size gradient lives
-    shard_group: int | None = None  # hybrid sharding: replicas per shard group (a node's)
-
-    def label(self) -> str:
-        """The state home and views as the plan table shows them: "device, sharded / window 1",
-        "device, sharded, grad transient / window 1" (a lifetime shorter than the step),
-        "device, sharded in 4s / resident" (hybrid: within groups of 4 replicas)."""
-        views = ("-" if self.view_window is None
-                 else "resident" if self.view_window == 0 else f"window {self.view_window}")
-        sharded = ""
-        if self.shard_state:
-            sharded = (", sharded" + (f" in {self.shard_group}s" if self.shard_group else "")
-                       + (f", grad {self.grad_lifetime}" if self.grad_lifetime != "step" else ""))
-        return f"{self.state_home}{sharded} / {views}"
 
 
 @dataclass(frozen=True)
