@@ -13,8 +13,8 @@ import yaml
 
 from ratrain import profiling
 from ratrain.errors import UserError
-from ratrain.sim.profile import (PRESET_DIR, HardwareProfile, Link, MeasuredShape, UnitTimes,
-                                 load_profile, presets)
+from ratrain.sim.profile import (PRESET_DIR, ComputeRate, HardwareProfile, Link, MeasuredShape,
+                                 UnitTimes, load_profile, presets)
 from ratrain.sim.profile_repeats import combine, spread, unstable
 
 from .cli_runner import run_cli
@@ -278,6 +278,27 @@ def test_repeats_that_agree_say_so():
     assert combined.device.contention == 0.02
     assert combined.notes["stability"] == "2 repeats: every figure within 10% of its median"
     assert spread([0.0, 0.0]) == 0.0 and spread([1.0, 2.0, 3.0]) == 1.0
+
+
+def test_repeats_merge_a_compute_rate_into_its_median_achieved_rate():
+    """Each repeat's efficiency is its block's rate over its own peak, so a slow peak comes
+    with a high efficiency. The median efficiency times the median peak is the median-peak
+    repeat's rate, not the median rate: 42.8 GFLOP/s where the median is 48.4 (the three
+    repeats of 2026-11-23)."""
+    repeats = []
+    for peak, achieved in ((44.9e9, 50.3e9), (66.6e9, 42.8e9), (87.1e9, 48.4e9)):
+        r = _repeat(2.0e-3, 0.02, 100e-6, 2e9)
+        r.device.compute = {"float32": ComputeRate(peak, achieved / peak)}
+        repeats.append(r)
+    combined = combine(repeats, [4096.0])
+    rate = combined.device.compute["float32"]
+    assert rate.peak_flops == 66.6e9
+    assert rate.achieved == pytest.approx(48.4e9)
+    # judged as what each does to a prediction: the peak (MFU) and the achieved rate
+    note = combined.notes["stability"]
+    assert "device.compute.float32.peak_flops spread 63%" in note
+    assert "device.compute.float32.achieved spread 15%" in note
+    assert "efficiency" not in note
 
 
 def test_repeats_beside_other_work_are_set_aside_or_named():

@@ -6,7 +6,13 @@ taken over what the figure does to a prediction:
 - a time, a rate or a size: the figure itself;
 - a link: the time it predicts for each size it was measured at (from one fit to the next,
   latency and bandwidth trade off against each other; the simulator only uses their sum);
-- contention: the slowdown it applies, 1 + contention.
+- contention: the slowdown it applies, 1 + contention;
+- a compute rate: its peak, and the rate it achieves (peak x efficiency), which is what prices
+  the shapes the profile did not measure. Each repeat derives its efficiency from its own
+  peak, so peak and efficiency move against each other (on this 2-core VM: peaks 45-87
+  GFLOP/s, efficiencies 1.12-0.56, for achieved rates within 16%); the merged efficiency is
+  the median achieved rate over the median peak, not the median efficiency, whose product with
+  another repeat's peak priced every unmeasured shape 13% slow (2026-11-23).
 
 A figure that does not repeat is named in the profile's notes (`stability`) with its values.
 Its median is used, except for contention, which is then not applied (0): on a machine whose
@@ -28,6 +34,7 @@ from typing import Any
 
 from ratrain.sim.profile import HardwareProfile, Link, from_dict
 
+RATE = {"peak_flops", "efficiency"}  # a ComputeRate as plain data
 TOLERANCE = 0.10
 BUSY = 0.25  # cores of other work beside a measurement that disturb it
 CONTENTION = "device.contention"
@@ -49,6 +56,10 @@ def figures(profile: dict[str, Any], sizes: list[float]) -> dict[str, list[float
             if set(node) == {"bandwidth", "latency"}:
                 link = Link(node["bandwidth"], node["latency"])
                 out[path] = [link.time(n) for n in sizes]
+                return
+            if set(node) == RATE:
+                out[f"{path}.peak_flops"] = [float(node["peak_flops"])]
+                out[f"{path}.achieved"] = [_achieved(node)]
                 return
             for key, value in node.items():
                 if key not in ("notes", "description", "name"):
@@ -119,12 +130,20 @@ def _median(data: list[Any], sizes: list[float]) -> Any:
             def total(d: dict) -> float:
                 return sum(Link(d["bandwidth"], d["latency"]).time(n) for n in sizes)
             return sorted(data, key=total)[(len(data) - 1) // 2]
+        if set(first) == RATE:
+            peak = statistics.median_low([d["peak_flops"] for d in data])
+            return {"peak_flops": peak,
+                    "efficiency": statistics.median_low([_achieved(d) for d in data]) / peak}
         return {k: _median([d[k] for d in data], sizes) for k in first}
     if isinstance(first, list):
         return [_median([d[i] for d in data], sizes) for i in range(len(first))]
     if isinstance(first, (int, float)) and not isinstance(first, bool):
         return statistics.median_low(data)  # a value that was measured, of the field's type
     return first
+
+
+def _achieved(rate: dict[str, float]) -> float:
+    return float(rate["peak_flops"] * rate["efficiency"])
 
 
 def _stability_note(n: int, bad: dict[str, float], values: dict[str, list[float]],
