@@ -19,7 +19,12 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
     rows.append(["block forward, no grad", _fmt_s(m.block_forward_no_grad_s)])
     for dtype, rate in d.compute.items():
         rows.append([f"peak {dtype} (matmul)", _fmt_rate(rate.peak_flops, "FLOP/s")])
-    rows.append([f"block efficiency ({m.dtype})", f"{d.compute[m.dtype].efficiency:.2f}"])
+    rate = d.compute[m.dtype]
+    if rate.attention_efficiency is None:
+        rows.append([f"block efficiency ({m.dtype})", f"{rate.efficiency:.2f}"])
+    else:
+        rows.append([f"efficiency ({m.dtype}): block without attention / attention's core",
+                     f"{rate.efficiency:.2f} / {rate.attention_efficiency:.2f}"])
     rows.append(["memory bandwidth (AdamW)", _fmt_rate(d.memory_bandwidth, "B/s")])
     if d.host_link:
         rows.append(["host link", _fmt_link(d.host_link)])

@@ -15,9 +15,11 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from ratrain.config import RunConfig, TrainConfig
 from ratrain.metrics import RssGrowth
+from ratrain.models.llama import alibi_bias
 from ratrain.optim import make_optimizer
 from ratrain.runtime.engine import PipelineEngine
 from ratrain.runtime.grid import RankGrid
@@ -101,7 +103,25 @@ def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
         cfg.parallel, schedule="zbh1")), device, sync, None, "keep", blocks)
     for kind in KINDS:  # the halves of a split backward: BI, BW
         result[kind] += split[f"split {kind}"]
+    result["attention_s"] = _attention_s(cfg, device, sync)
     Path(out_dir, "result_0.json").write_text(json.dumps(result))
+
+
+def _attention_s(cfg: RunConfig, device: torch.device, sync) -> float:
+    """Seconds of attention's core forward and backward on the profiled shape, as the model's
+    attention runs it (causal with RoPE, an ALiBi bias otherwise): its products are one head
+    wide, so it runs far below the matmul peak, and its FLOPs grow with the sequence."""
+    m, t = cfg.model, cfg.train
+    dtype = DTYPES[t.dtype]
+    q, k, v = (torch.randn(t.micro_batch_size, m.n_heads, t.seq_len, m.head_dim, device=device,
+                           dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = None if m.position == "rope" else alibi_bias(m.n_heads, t.seq_len, device, dtype)
+
+    def step() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        out.backward(torch.ones_like(out))
+
+    return _median_s(step, sync)
 
 
 def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None,

@@ -210,7 +210,7 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     assert m.block.backward_input_s > 0 and m.block.backward_weight_s > 0
     assert m.block_forward_no_grad_s > 0
     rate = profile.rate("float32")
-    assert rate.peak_flops > 0 and 0 < rate.efficiency <= 1.5
+    assert rate.peak_flops > 0 and 0 < rate.efficiency <= 1.5 and 0 < rate.attention_efficiency < 1.5
     for links in (profile.intra_node, profile.inter_node):
         assert links.p2p.bandwidth > 0 and links.collective.bandwidth > 0
     assert profile.device.memory_bandwidth > 0 and profile.device.action_overhead_s >= 0
@@ -288,12 +288,13 @@ def test_repeats_merge_a_compute_rate_into_its_median_achieved_rate():
     repeats = []
     for peak, achieved in ((44.9e9, 50.3e9), (66.6e9, 42.8e9), (87.1e9, 48.4e9)):
         r = _repeat(2.0e-3, 0.02, 100e-6, 2e9)
-        r.device.compute = {"float32": ComputeRate(peak, achieved / peak)}
+        r.device.compute = {"float32": ComputeRate(peak, achieved / peak, 15e9 / peak)}
         repeats.append(r)
     combined = combine(repeats, [4096.0])
     rate = combined.device.compute["float32"]
     assert rate.peak_flops == 66.6e9
     assert rate.achieved == pytest.approx(48.4e9)
+    assert rate.attention_achieved == pytest.approx(15e9)
     # judged as what each does to a prediction: the peak (MFU) and the achieved rate
     note = combined.notes["stability"]
     assert "device.compute.float32.peak_flops spread 63%" in note
@@ -327,3 +328,43 @@ def test_other_work_counts_what_is_not_ours():
     other.wait()
     assert ours.returncode == 0
     assert w.cores > 0.3  # the spinning process, which ran the whole time
+
+
+# --- compute rates ---------------------------------------------------------------------------------
+
+
+def _priced_block_s(profile, model: str, seq_len: int, micro: int) -> float:
+    """A block's forward + backward as the simulator prices it from the profile's rates."""
+    from ratrain.models.presets import get_preset
+    from ratrain.schedule.plan import build_plan
+    from ratrain.sim.cost_model import StageCosts
+    from ratrain.sim.placement import stage_setups
+
+    m = get_preset(model)
+    setup = stage_setups(build_plan(m.n_layers, 1, 1, 1), m, profile, micro_batch_size=micro,
+                         seq_len=seq_len, dtype="float32")[0]
+    return StageCosts(setup).forward(1) + StageCosts(setup).backward(1)
+
+
+def test_the_rates_price_the_profiled_block_at_its_measured_time_and_attention_apart():
+    """Attention's core timed alone gets its own efficiency, the rest of the block the rest:
+    priced from the rates, the profiled shape costs what was measured, and a longer sequence
+    pays attention's FLOPs at attention's rate (on our CPU a quarter of the rest's)."""
+    cfg = profiling.profile_config("tiny", 256, 2, "float32")
+    per_rank = [{"matmul_s": {"float32": 2 * 1024**3 / 60e9}}]
+    block, attention_s = UnitTimes(0.019, 0.035), 0.0137
+    rates = profiling._compute_rates(cfg, "cpu", per_rank, block, attention_s)
+    rate = rates["float32"]
+    assert rate.peak_flops == pytest.approx(60e9)
+    assert rate.attention_efficiency < rate.efficiency / 3
+    profile = load_profile("cpu-local")
+    profile.device.compute, profile.measured = rates, []
+    assert _priced_block_s(profile, "tiny", 256, 2) == pytest.approx(0.054)
+    # the same 512 tokens as one sequence: the products cost the same, attention twice
+    longer = _priced_block_s(profile, "tiny", 512, 1)
+    assert longer == pytest.approx(0.054 + attention_s)
+    # one rate for everything (an older profile) would have priced it far cheaper
+    profile.device.compute = profiling._compute_rates(cfg, "cpu", per_rank, block, 0.0)
+    assert profile.device.compute["float32"].attention_efficiency is None
+    assert _priced_block_s(profile, "tiny", 256, 2) == pytest.approx(0.054)
+    assert _priced_block_s(profile, "tiny", 512, 1) < 0.054 + attention_s / 2

@@ -172,16 +172,14 @@ def _simulated(schedule, pp, dp, n_micro, weight_grad=None):
 
 
 def test_the_halves_cost_what_the_whole_backward_costs():
-    from ratrain.models.presets import get_preset
     from ratrain.sim import unit_costs as uc
 
-    shape = uc.UnitShape(get_preset("tiny"), 2, 256)
     for kind in ("embedding", "block", "head"):
-        bi, bw = uc.split_backward_s(shape, kind, 1.0)
-        assert bi + bw == pytest.approx(1.0) and bw > 0
-    block_bi, block_bw = uc.split_backward_s(shape, "block", 1.0)
-    assert block_bi > block_bw  # attention's backward is all input gradient
-    assert uc.split_backward_s(shape, "embedding", 1.0) == (0.0, 1.0)
+        bi, bw = uc.split_backward_s(kind, 0.7, 0.3 if kind == "block" else 0.0)
+        assert bi + bw == pytest.approx(1.0 if kind == "block" else 0.7) and bw > 0
+    assert uc.split_backward_s("block", 0.7, 0.3) == pytest.approx((0.65, 0.35))  # attention: BI
+    assert uc.split_backward_s("head", 0.7, 0.0) == (0.35, 0.35)
+    assert uc.split_backward_s("embedding", 0.7, 0.0) == (0.0, 0.7)
 
 
 def test_zbh1_fills_the_bubble_in_the_simulator():

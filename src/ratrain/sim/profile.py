@@ -48,10 +48,20 @@ class ComputeRate:
 
     peak_flops: float
     efficiency: float = 0.5
+    """Of the units' FLOPs outside attention's core (their matrix products and what goes with
+    them); all of their FLOPs where `attention_efficiency` is None."""
+    attention_efficiency: float | None = None
+    """Of attention's core, softmax(q k^T) v forward and backward (causal: the half it
+    computes): its products are one head wide, and run far below the matmul peak on a CPU (0.2
+    of it on our 2-core VM, where the rest of a block gets 0.7). None: `efficiency`."""
 
     @property
     def achieved(self) -> float:
         return self.peak_flops * self.efficiency
+
+    @property
+    def attention_achieved(self) -> float:
+        return self.peak_flops * (self.attention_efficiency or self.efficiency)
 
 
 @dataclass
@@ -277,13 +287,13 @@ def _value(kind, value: Any, path: str, where: str):
     return value
 
 
-_POSITIVE = {"bandwidth", "peak_flops", "efficiency", "memory_bytes", "memory_bandwidth",
-             "devices_per_node", "cores", "seq_len", "micro_batch_size", "count"}
+_POSITIVE = {"bandwidth", "peak_flops", "efficiency", "attention_efficiency", "memory_bytes",
+             "memory_bandwidth", "devices_per_node", "cores", "seq_len", "micro_batch_size", "count"}
 
 _TYPES = {
     Link: {"bandwidth": float, "latency": float},
     LinkClass: {"p2p": Link, "collective": Link},
-    ComputeRate: {"peak_flops": float, "efficiency": float},
+    ComputeRate: {"peak_flops": float, "efficiency": float, "attention_efficiency": "optional-float"},
     UnitTimes: {"forward_s": float, "backward_s": float, "backward_input_s": "optional-float",
                 "backward_weight_s": "optional-float"},
     MeasuredShape: {"model": str, "seq_len": int, "micro_batch_size": int, "dtype": str,

@@ -7,12 +7,13 @@ taken over what the figure does to a prediction:
 - a link: the time it predicts for each size it was measured at (from one fit to the next,
   latency and bandwidth trade off against each other; the simulator only uses their sum);
 - contention: the slowdown it applies, 1 + contention;
-- a compute rate: its peak, and the rate it achieves (peak x efficiency), which is what prices
-  the shapes the profile did not measure. Each repeat derives its efficiency from its own
-  peak, so peak and efficiency move against each other (on this 2-core VM: peaks 45-87
-  GFLOP/s, efficiencies 1.12-0.56, for achieved rates within 16%); the merged efficiency is
-  the median achieved rate over the median peak, not the median efficiency, whose product with
-  another repeat's peak priced every unmeasured shape 13% slow (2026-11-23).
+- a compute rate: its peak, and the rates it achieves (peak x efficiency, and attention's),
+  which are what price the shapes the profile did not measure. Each repeat derives its
+  efficiencies from its own peak, so peak and efficiency move against each other (on this
+  2-core VM: peaks 45-87 GFLOP/s, efficiencies 1.12-0.56, for achieved rates within 16%); a
+  merged efficiency is the median achieved rate over the median peak, not the median
+  efficiency, whose product with another repeat's peak priced every unmeasured shape 13% slow
+  (2026-11-23).
 
 A figure that does not repeat is named in the profile's notes (`stability`) with its values.
 Its median is used, except for contention, which is then not applied (0): on a machine whose
@@ -34,7 +35,7 @@ from typing import Any
 
 from ratrain.sim.profile import HardwareProfile, Link, from_dict
 
-RATE = {"peak_flops", "efficiency"}  # a ComputeRate as plain data
+RATE = "peak_flops"  # the key of a ComputeRate as plain data
 TOLERANCE = 0.10
 BUSY = 0.25  # cores of other work beside a measurement that disturb it
 CONTENTION = "device.contention"
@@ -57,9 +58,11 @@ def figures(profile: dict[str, Any], sizes: list[float]) -> dict[str, list[float
                 link = Link(node["bandwidth"], node["latency"])
                 out[path] = [link.time(n) for n in sizes]
                 return
-            if set(node) == RATE:
+            if RATE in node:
                 out[f"{path}.peak_flops"] = [float(node["peak_flops"])]
-                out[f"{path}.achieved"] = [_achieved(node)]
+                out[f"{path}.achieved"] = [_achieved(node, "efficiency")]
+                if node.get("attention_efficiency") is not None:
+                    out[f"{path}.attention_achieved"] = [_achieved(node, "attention_efficiency")]
                 return
             for key, value in node.items():
                 if key not in ("notes", "description", "name"):
@@ -130,10 +133,11 @@ def _median(data: list[Any], sizes: list[float]) -> Any:
             def total(d: dict) -> float:
                 return sum(Link(d["bandwidth"], d["latency"]).time(n) for n in sizes)
             return sorted(data, key=total)[(len(data) - 1) // 2]
-        if set(first) == RATE:
+        if RATE in first:
             peak = statistics.median_low([d["peak_flops"] for d in data])
-            return {"peak_flops": peak,
-                    "efficiency": statistics.median_low([_achieved(d) for d in data]) / peak}
+            return {key: (peak if key == RATE else None if any(d.get(key) is None for d in data)
+                          else statistics.median_low([_achieved(d, key) for d in data]) / peak)
+                    for key in first}
         return {k: _median([d[k] for d in data], sizes) for k in first}
     if isinstance(first, list):
         return [_median([d[i] for d in data], sizes) for i in range(len(first))]
@@ -142,8 +146,9 @@ def _median(data: list[Any], sizes: list[float]) -> Any:
     return first
 
 
-def _achieved(rate: dict[str, float]) -> float:
-    return float(rate["peak_flops"] * rate["efficiency"])
+def _achieved(rate: dict[str, float], efficiency: str) -> float:
+    """FLOP/s achieved at one of a rate's efficiencies."""
+    return float(rate["peak_flops"] * rate[efficiency])
 
 
 def _stability_note(n: int, bad: dict[str, float], values: dict[str, list[float]],

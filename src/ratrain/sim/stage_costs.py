@@ -75,6 +75,7 @@ class StageCosts:
         self.s = setup
         p = setup.profile
         self.rate = p.rate(setup.dtype).achieved
+        self.attention_rate = p.rate(setup.dtype).attention_achieved
         self.measured = p.measured_for(setup.model.name, setup.seq_len, setup.micro_batch_size,
                                        setup.dtype)
         self.bandwidth = p.device.memory_bandwidth
@@ -91,15 +92,14 @@ class StageCosts:
             if not with_grad and kind == "block" and self.measured.block_forward_no_grad_s:
                 return self.measured.block_forward_no_grad_s
             return times.forward_s
-        shape = self.s.shape
-        return uc.forward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
+        return sum(self._priced(uc.forward_flops(self.s.shape, kind), kind))
 
     def backward(self, u: int) -> float:
-        return self._backward_compute(u) + self._fold(u)
+        return sum(self._backward_parts(u)) + self._fold(u)
 
     def backward_input(self, u: int) -> float:
-        """BI: measured where the profile has the shape's halves, else the input-gradient
-        share of the backward (uc.split_backward_s)."""
+        """BI: measured where the profile has the shape's halves, else priced
+        (uc.split_backward_s)."""
         return self._split(u)[0]
 
     def backward_weight(self, u: int) -> float:
@@ -111,14 +111,26 @@ class StageCosts:
         times = getattr(self.measured, kind) if self.measured is not None else None
         if times is not None and times.backward_input_s is not None:
             return times.backward_input_s, times.backward_weight_s
-        return uc.split_backward_s(self.s.shape, kind, self._backward_compute(u))
+        return uc.split_backward_s(kind, *self._backward_parts(u))
 
-    def _backward_compute(self, u: int) -> float:
-        kind = self.s.kind(u)
+    def _backward_parts(self, u: int) -> tuple[float, float]:
+        """Seconds of unit u's backward in its matrix products (and the rest), and in
+        attention's core: a measured backward shared out by FLOPs, else priced."""
+        kind, shape = self.s.kind(u), self.s.shape
         if self.measured is not None:
-            return getattr(self.measured, kind).backward_s
+            whole = getattr(self.measured, kind).backward_s
+            attention = whole * uc.attention_flops(shape, kind) / uc.forward_flops(shape, kind) \
+                if kind == "block" else 0.0
+            return whole - attention, attention
+        return self._priced(uc.backward_flops(shape, kind), kind, backward=True)
+
+    def _priced(self, flops: float, kind: str, backward: bool = False) -> tuple[float, float]:
+        """(matrix products and memory traffic, attention's core) seconds of `flops` of a unit
+        of `kind`, each part at its own rate (ComputeRate.attention_efficiency)."""
         shape = self.s.shape
-        return uc.backward_flops(shape, kind) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth
+        attention = uc.attention_flops(shape, kind) * (2.0 if backward else 1.0)
+        return ((flops - attention) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth,
+                attention / self.attention_rate)
 
     def _fold(self, u: int) -> float:
         """Folding a view's gradient into fp32 after a backward: read both, write one."""

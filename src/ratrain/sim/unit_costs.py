@@ -51,7 +51,7 @@ def forward_flops(shape: UnitShape, kind: str) -> float:
         return 2.0 * t * m.dim * m.vocab_size
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     linear = 2.0 * t * (m.dim * (q + 2 * kv) + q * m.dim + 3 * m.dim * m.ffn_dim)
-    return linear + _attention_flops(shape)
+    return linear + attention_flops(shape, kind)
 
 
 def backward_flops(shape: UnitShape, kind: str) -> float:
@@ -162,28 +162,21 @@ def table_bytes(shape: UnitShape, kind: str) -> int:
     return 2 * shape.seq_len * m.head_dim * shape.elt if kind == "block" and m.position == "rope" else 0
 
 
-def weight_grad_share(shape: UnitShape, kind: str) -> float:
-    """The part of a unit's backward that is its weight gradient (BW of a split backward), from
-    the FLOPs: each matmul's backward is one product for its input's gradient and one, as
-    large, for its weight's; attention has no weights, so its backward is all BI; the
-    embedding's backward is all weight (a scatter-add; its input is token ids)."""
+def split_backward_s(kind: str, matmul_s: float, attention_s: float) -> tuple[float, float]:
+    """(BI, BW) seconds of a unit's backward whose matrix products (and what goes with them)
+    take `matmul_s` and attention's core `attention_s`: each product's backward is one product
+    for its input's gradient and one, as large, for its weight's; attention has no weights, so
+    its backward is all BI; the embedding's is all weight (a scatter-add; its input is token
+    ids). The one place that prices the halves where a profile did not measure them."""
     if kind == "embedding":
-        return 1.0
-    if kind == "head":
-        return 0.5
-    linear = forward_flops(shape, kind) - _attention_flops(shape)
-    return linear / backward_flops(shape, kind)
+        return 0.0, matmul_s + attention_s
+    return matmul_s / 2 + attention_s, matmul_s / 2
 
 
-def split_backward_s(shape: UnitShape, kind: str, backward_s: float) -> tuple[float, float]:
-    """(BI, BW) seconds of a backward that takes `backward_s` whole, split by
-    weight_grad_share. The one place that prices the halves: a profile that measures BI and BW
-    would be read here instead."""
-    w = weight_grad_share(shape, kind)
-    return backward_s * (1.0 - w), backward_s * w
-
-
-def _attention_flops(shape: UnitShape) -> float:
+def attention_flops(shape: UnitShape, kind: str) -> float:
+    """The part of forward_flops in attention's core, softmax(q k^T) v: none outside a block."""
+    if kind != "block":
+        return 0.0
     m = shape.model
     attention = 4.0 * shape.micro_batch_size * m.n_heads * shape.seq_len ** 2 * m.head_dim
     return attention / 2 if m.position == "rope" else attention
