@@ -89,6 +89,25 @@ def test_compute_shares_the_cores_and_contends_for_the_node(cores, contention, p
     assert shared.ranks[0].compute == pytest.approx(slowdown * alone.ranks[0].compute)
 
 
+@pytest.mark.parametrize("devices_per_node,slowed", [(2, True), (1, False)])
+def test_a_sync_between_local_ranks_takes_its_share_of_the_cores(devices_per_node, slowed):
+    """On a CPU a collective between ranks of one node is copies and reductions on its cores:
+    while the top block's sync runs (d seconds), the two replicas' next backward (1 s of work)
+    shares two cores with two communication threads, so it runs at half speed and takes
+    1 + d/2. Between nodes the link, not the cores, does the work."""
+    p = _profile(f=0.5, b=1.0, cores=2)
+    p.devices_per_node = devices_per_node
+    p.intra_node.collective = p.inter_node.collective = Link(bandwidth=4e6, latency=0.0)
+    r = simulate(build_plan(2, 1, 2, 1, clip=False), _model(2), p, micro_batch_size=2,
+                 seq_len=256)
+    spans = {name: t1 - t0 for name, t0, t1 in r.ranks[0].spans}
+    took = {str(a): end - start for a, start, end in r.ranks[0].actions}
+    assert 0.1 < spans["GS2"] < 2.0  # block 2's sync overlaps block 1's backward
+    assert took["B3.0"] == pytest.approx(1.0)  # the head's: nothing in flight yet
+    for unit, sync in ((2, "GS3"), (1, "GS2")):
+        assert took[f"B{unit}.0"] == pytest.approx(1.0 + spans[sync] / 2 if slowed else 1.0)
+
+
 def test_syncs_share_the_link_in_the_order_they_start():
     p = _profile(f=0.0, b=0.0)
     p.intra_node.collective = Link(bandwidth=1e8, latency=0.0)

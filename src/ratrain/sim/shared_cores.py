@@ -1,9 +1,12 @@
 """Compute on a node whose ranks share its cores (a CPU profile's `cores`).
 
-Processor sharing: each running job progresses at min(1, cores / busy ranks of the node) of full
-speed, slowed further by the profile's `contention` as more of the node's cores are busy (shared
-caches and memory bandwidth). A stage's job weighs as many ranks as the stage has replicas on
-its node, since data-parallel replicas compute at once.
+Processor sharing: each running job progresses at min(1, cores / busy threads of the node) of
+full speed, slowed further by the profile's `contention` as more of the node's cores are busy
+(shared caches and memory bandwidth). A stage's job weighs as many ranks as the stage has
+replicas on its node, since data-parallel replicas compute at once. Communication between
+ranks of the node (gloo over loopback: the copies and reductions of its threads) occupies
+cores as well while it runs: the prefetch all-gathers and gradient reductions of a sharded
+stage on 2 cores slow its compute by about 6% (the planned runs of docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class SharedCores:
         self.node_of, self.weight = node_of, weight
         self._now, self._at = now, at
         self.jobs: dict[int, list] = {}  # job -> [stage, remaining work, weight, done]
+        self.occupants: dict[int, tuple[int, int]] = {}  # communication in flight -> (node, weight)
         self._ids = itertools.count()
         self._version = 0
         self._settled = 0.0
@@ -31,12 +35,34 @@ class SharedCores:
         self.jobs[next(self._ids)] = [s, seconds, self.weight[s], done]
         self._reschedule()
 
+    def occupy(self, s: int, start: float, end: float, weight: int) -> None:
+        """Communication of stage s runs on the node's cores from `start` to `end` (on a CPU
+        a collective or a transfer between local ranks is copies and reductions by the
+        communication threads): `weight` threads take their share of the cores from the
+        compute jobs. Its own duration is the link's, measured on idle cores."""
+        occupant = next(self._ids)
+
+        def arrive() -> None:
+            self._settle()
+            self.occupants[occupant] = (self.node_of[s], weight)
+            self._reschedule()
+
+        def leave() -> None:
+            self._settle()
+            del self.occupants[occupant]
+            self._reschedule()
+
+        self._at(start, arrive)
+        self._at(end, leave)
+
     def _rate(self, node: int) -> float:
-        """Each running job's speed on `node`: its share of the cores (processor sharing),
-        slowed by the contention of the busy cores for caches and memory bandwidth."""
-        busy = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
-        if not busy:
+        """Each running job's speed on `node`: its share of the cores (processor sharing, beside
+        the communication threads that occupy them), slowed by the contention of the busy
+        cores for caches and memory bandwidth."""
+        computing = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
+        if not computing:
             return 1.0
+        busy = computing + sum(w for n, w in self.occupants.values() if n == node)
         shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
         return min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
 

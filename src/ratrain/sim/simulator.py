@@ -12,7 +12,8 @@ and the norm first sums over the replicas, blocking (sim/cost_model.py).
 
 Data-parallel replicas run identical programs on identical costs, so each stage is simulated
 once; its replicas appear in the size of its gradient ring and, on a machine whose ranks share
-cores (a CPU profile's `cores`), in how many compute at once (sim/shared_cores.py).
+cores (a CPU profile's `cores`), in how many compute at once and how many threads their
+communication within the node keeps busy (sim/shared_cores.py).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class _Simulation:
         self.cores = None if profile.device.cores is None else SharedCores(
             profile.device.cores, profile.device.contention, node_of, weight,
             lambda: self.now, self._at)
+        self.node_of, self.weight = node_of, weight
         self.synchronous_copies = [c.host_link is None for c in costs]
         # What lives in the host tier, where it is not the device's own memory (a GPU's host).
         self.host_kinds = [set() if synchronous else
@@ -171,6 +173,8 @@ class _Simulation:
                     op.done = op.start + cost.duration(c, a)
                     self.send_free[s] = self.recv_free[s] = op.done
                     self._at(op.done, self._complete, s, op)
+                    if self.weight[s] == self.plan.dp:  # every replica on this node
+                        self._occupy(s, op.start, op.done)
                 else:
                     self._post(s, a, op, cost.duration(c, a))
             self._record_memory(s, a)
@@ -248,6 +252,15 @@ class _Simulation:
         for stage, side, _ in sides:
             side.start, side.done = start, end
             self._at(end, self._complete, stage, side)
+        if self.node_of[src] == self.node_of[dst]:
+            for stage in (src, dst):
+                self._occupy(stage, start, end)
+
+    def _occupy(self, s: int, start: float, end: float) -> None:
+        """Communication between ranks of one node is work of their cores (sim/shared_cores.py):
+        one thread per replica of the stage."""
+        if self.cores is not None and end > start:
+            self.cores.occupy(s, start, end, self.weight[s])
 
     def _over_replicas(self, s: int, seconds: float, then) -> None:
         """A blocking collective over stage s's replicas (sharded N's scalar all-reduce): on
