@@ -3,9 +3,11 @@ the user names neither, chosen by simulating the run's own plan under each candi
 planner would weigh for its layout (planner.layouts.schedules) on a hardware profile, and taking
 the fastest whose every stage's memory estimate fits the device.
 
-1F1B stays unless a split schedule is predicted faster by more than the margin below: the
-simulator's error out of sample is several per cent (docs/benchmarks.md), and 1F1B holds less
-for BW. A single process has one candidate (nothing waits for its input gradients and there is
+Candidates predicted within the margin below of the fastest cannot be told apart (the
+simulator's error out of sample is several per cent, docs/benchmarks.md): of those the one
+that holds least is taken. So 1F1B stays unless a split schedule is predicted clearly faster,
+and of two split placements predicted alike the one that keeps fewer micro-batches for BW
+wins (ZB-H1 in the bubble rather than grouped, which holds every micro-batch). A single process has one candidate (nothing waits for its input gradients and there is
 no sync to hide), nor has the `baseline` policy (GPU-style 1F1B, what ratrain is measured
 against), so nothing is simulated there.
 """
@@ -20,7 +22,7 @@ from ratrain.errors import UserError
 from ratrain.planner.layouts import schedules
 
 AUTO = "auto"
-MARGIN = 0.03  # a split schedule must be predicted this much faster than 1F1B to be taken
+MARGIN = 0.03  # candidates predicted within this of the fastest count as alike
 CPU_PROFILE = "cpu-local"
 GPU_PROFILES = {"H100": "h100-80g-ib", "H200": "h100-80g-ib", "A100": "a100-40g-10gbe"}
 
@@ -87,10 +89,9 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> 
     if not found:
         raise UserError("no schedule can run this layout: " + "; ".join(refused))
     fits = [c for c in found if c.peak_bytes <= budget] or [min(found, key=lambda c: c.peak_bytes)]
-    best = min(fits, key=lambda c: c.step_s)
-    plain = next((c for c in fits if c.schedule == "1f1b"), None)
-    if plain and best is not plain and best.step_s > plain.step_s * (1 - MARGIN):
-        best = plain
+    fastest = min(c.step_s for c in fits)
+    alike = [c for c in fits if c.step_s * (1 - MARGIN) < fastest]
+    best = min(alike, key=lambda c: (c.peak_bytes, c.step_s))
     return Choice(best.schedule, best.weight_grad, _why(best, found, budget, profile.name), found)
 
 
