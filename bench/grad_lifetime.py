@@ -34,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ratrain.metrics import read_metrics
+from ratrain.planner.budget import parse_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from peers import machine  # noqa: E402
@@ -59,7 +62,7 @@ def train(args: list[str], run_dir: Path, env: dict) -> dict:
                "--no-progress", "--run-dir", str(run_dir), cwd=run_dir.parent, env=env)
     if proc.returncode:
         raise SystemExit(proc.stderr.strip())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text())
     last = rows[-1]
     before = summary["ledger_before_training_bytes_per_rank"]
@@ -183,7 +186,7 @@ def report(result: dict) -> str:
                     + f"{(max(base['rss']) - max(m['rss'])) / MIB:.0f} | {m['tokens_per_s']:.0f} |")
     if "planned" in result:
         p = result["planned"]
-        budget = _bytes(p["budget"])
+        budget = parse_bytes(p["budget"])
         stages = f", pipeline stages fixed at {p['pp']}" if p.get("pp") else ""
         lines += ["", f"budget {p['budget']} per device, {p['devices']} devices, global batch "
                   f"{p['global_batch']}{stages}", "",
@@ -215,11 +218,6 @@ def _medians(runs: list[dict]) -> dict:
     return {"ledger": statistics.median(r["ledger_peak"][0] for r in runs),
             "rss": [statistics.median(r["peak_rss"][i] for r in runs) for i in ranks],
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)}
-
-
-def _bytes(text: str) -> float:
-    from ratrain.planner.budget import parse_bytes
-    return parse_bytes(text)
 
 
 if __name__ == "__main__":

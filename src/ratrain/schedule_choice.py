@@ -7,8 +7,9 @@ Candidates predicted within the margin below of the fastest cannot be told apart
 simulator's error out of sample is several per cent, docs/benchmarks.md): of those the one
 that holds least is taken. So 1F1B stays unless a split schedule is predicted clearly faster,
 and of two split placements predicted alike the one that keeps fewer micro-batches for BW
-wins (ZB-H1 in the bubble rather than grouped, which holds every micro-batch). A single process has one candidate (nothing waits for its input gradients and there is
-no sync to hide), nor has the `baseline` policy (GPU-style 1F1B, what ratrain is measured
+wins (ZB-H1 in the bubble rather than grouped, which holds every micro-batch). A single
+process has one candidate (nothing waits for its input gradients and there is no sync to
+hide), nor has the `baseline` policy (GPU-style 1F1B, what ratrain is measured
 against), so nothing is simulated there.
 """
 

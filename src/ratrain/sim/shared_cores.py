@@ -35,16 +35,16 @@ class SharedCores:
         self.jobs[next(self._ids)] = [s, seconds, self.weight[s], done]
         self._reschedule()
 
-    def occupy(self, s: int, start: float, end: float, weight: int) -> None:
+    def occupy(self, s: int, start: float, end: float) -> None:
         """Communication of stage s runs on the node's cores from `start` to `end` (on a CPU
         a collective or a transfer between local ranks is copies and reductions by the
-        communication threads): `weight` threads take their share of the cores from the
-        compute jobs. Its own duration is the link's, measured on idle cores."""
+        communication threads): one thread per replica of the stage takes its share of the
+        cores from the compute jobs. Its own duration is the link's, measured on idle cores."""
         occupant = next(self._ids)
 
         def arrive() -> None:
             self._settle()
-            self.occupants[occupant] = (self.node_of[s], weight)
+            self.occupants[occupant] = (self.node_of[s], self.weight[s])
             self._reschedule()
 
         def leave() -> None:

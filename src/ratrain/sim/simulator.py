@@ -73,7 +73,6 @@ class _Simulation:
         self.cores = None if profile.device.cores is None else SharedCores(
             profile.device.cores, profile.device.contention, node_of, weight,
             lambda: self.now, self._at)
-        self.node_of, self.weight = node_of, weight
         self.synchronous_copies = [c.host_link is None for c in costs]
         # What lives in the host tier, where it is not the device's own memory (a GPU's host).
         self.host_kinds = [set() if synchronous else
@@ -173,8 +172,7 @@ class _Simulation:
                     op.done = op.start + cost.duration(c, a)
                     self.send_free[s] = self.recv_free[s] = op.done
                     self._at(op.done, self._complete, s, op)
-                    if self.weight[s] == self.plan.dp:  # every replica on this node
-                        self._occupy(s, op.start, op.done)
+                    self._occupy(op.start, op.done, s)
                 else:
                     self._post(s, a, op, cost.duration(c, a))
             self._record_memory(s, a)
@@ -252,15 +250,21 @@ class _Simulation:
         for stage, side, _ in sides:
             side.start, side.done = start, end
             self._at(end, self._complete, stage, side)
-        if self.node_of[src] == self.node_of[dst]:
-            for stage in (src, dst):
-                self._occupy(stage, start, end)
+        self._occupy(start, end, src, dst)
 
-    def _occupy(self, s: int, start: float, end: float) -> None:
-        """Communication between ranks of one node is work of their cores (sim/shared_cores.py):
-        one thread per replica of the stage."""
-        if self.cores is not None and end > start:
-            self.cores.occupy(s, start, end, self.weight[s])
+    def _occupy(self, start: float, end: float, s: int, peer: int | None = None) -> None:
+        """Communication within one node is work of its cores (sim/shared_cores.py): stage s's
+        sync where all its replicas are on its node, or a transfer between s and `peer` on
+        one node. Between nodes the link does the work."""
+        cores = self.cores
+        if cores is None or end <= start:
+            return
+        if peer is None:
+            if cores.weight[s] == self.plan.dp:
+                cores.occupy(s, start, end)
+        elif cores.node_of[s] == cores.node_of[peer]:
+            cores.occupy(s, start, end)
+            cores.occupy(peer, start, end)
 
     def _over_replicas(self, s: int, seconds: float, then) -> None:
         """A blocking collective over stage s's replicas (sharded N's scalar all-reduce): on
