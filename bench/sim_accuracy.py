@@ -7,7 +7,13 @@ policies, activation policies, and two runs as two nodes over a tbf rate-limited
 network namespaces (root; skipped with a line where namespaces cannot be made).
 
 Every configuration runs once per round (`--rounds`, the order reversed in even rounds, so a
-shared machine's drift hits all alike). Measured: the median step time over the steps after the
+shared machine's drift hits all alike). Without --profile, `ratrain profile` measures one repeat
+before each round and one after the last, and the simulator reads their merge (the median of
+every figure, as `ratrain profile --repeats N` merges back-to-back repeats): on a VM whose speed
+drifts by 10-15% within an hour (2026-11-25), a profile taken only before the runs moved every
+prediction together. The table also gives the error from the first repeat alone (the machine
+profiled once, beforehand) and how far the rounds of one configuration differ from each other:
+what a perfect simulator's error would be against a single round. Measured: the median step time over the steps after the
 first two, its median over rounds; per rank the executor's ledger peak and the process's peak
 RSS growth (metrics.jsonl; RSS: median over rounds). Predicted: the simulated step
 time; per stage the simulated ledger peak, and the RSS growth it implies (RankTimeline.rss_growth:
@@ -20,7 +26,7 @@ stages, per-stage recompute, sharded state, the slow link), priced from FLOPs an
 rates: the simulator out of sample; `split`, split backwards (zbh1, grouped weight gradients)
 beside 1F1B on the same layouts.
 
-    python bench/sim_accuracy.py [--set in|out|split|all] [--profile FILE] [--steps 10] [--rounds 2] [--link 200mbit] [--out bench/results/sim_accuracy.json]
+    python bench/sim_accuracy.py [--set in|out|split|all] [--profile FILE] [--steps 10] [--rounds 3] [--link 200mbit] [--out bench/results/sim_accuracy.json]
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ from ratrain.config import RunConfig
 from ratrain.metrics import read_metrics
 from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
+from ratrain.profiling import LINK_SIZES
 from ratrain.sim.profile import Link, LinkClass, load_profile
+from ratrain.sim.profile_repeats import combine, spread
 from ratrain.sim.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,6 +168,14 @@ def _over_link(profile, rate_bits: float, world: int):
                                inter_node=LinkClass(p2p=link, collective=link))
 
 
+def _profile_repeat(path: Path):
+    """One repeat of `ratrain profile` on the profiled shape."""
+    subprocess.run([sys.executable, "-m", "ratrain.cli", "profile", "--model", MODEL,
+                    "--seq-len", str(SEQ), "--micro-batch-size", str(MICRO), "--repeats", "1",
+                    "--out", str(path)], check=True, stdout=subprocess.DEVNULL)
+    return load_profile(path)
+
+
 def _plan(cfg: RunConfig, c: Config):
     p = cfg.parallel
     return build_plan(cfg.model.n_layers, p.pp, p.dp, cfg.n_micro, policy=c.policy,
@@ -178,7 +194,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="a profile YAML; default: measure one with `ratrain profile`")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
     ap.add_argument("--set", choices=SETS, default="all",
                     help="in: the profiled shape; out: shapes the profile did not measure; "
@@ -188,16 +204,12 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        profile_path = args.profile
-        if profile_path is None:
-            profile_path = str(tmp / "profile.yaml")
-            subprocess.run([sys.executable, "-m", "ratrain.cli", "profile", "--model", MODEL,
-                            "--seq-len", str(SEQ), "--micro-batch-size", str(MICRO),
-                            "--out", profile_path], check=True)
-        profile = load_profile(profile_path)
+        repeats = [] if args.profile is None else [load_profile(args.profile)]
         configs = [c for c in SETS[args.set] if not args.only or c.label in args.only.split(",")]
         runs: dict[str, list[dict]] = {c.label: [] for c in configs}
         for r in range(args.rounds):  # alternate the order: a shared machine's drift hits all
+            if args.profile is None:
+                repeats.append(_profile_repeat(tmp / f"profile-{r}.yaml"))
             for c in (configs if r % 2 == 0 else configs[::-1]):
                 label = c.label
                 cfg = _config(c, args.steps)
@@ -214,6 +226,9 @@ def main() -> None:
                     continue
                 print(f"round {r + 1}: {label}: {runs[label][-1]['step_time_s']:.3f} s",
                       file=sys.stderr, flush=True)
+        if args.profile is None:
+            repeats.append(_profile_repeat(tmp / "profile-last.yaml"))
+        profile = combine(repeats, LINK_SIZES) if len(repeats) > 1 else repeats[0]
         rows = []
         for c in configs:
             label, pp, dp = c.label, c.pp, c.dp
@@ -221,8 +236,10 @@ def main() -> None:
                 continue
             cfg = _config(c, args.steps)
             plan = _plan(cfg, c)
-            used = _over_link(profile, parse_rate(args.link), pp * dp) if c.linked else profile
+            used, before = ((_over_link(p, parse_rate(args.link), pp * dp) if c.linked else p)
+                            for p in (profile, repeats[0]))
             sim = simulate(plan, cfg.model, used, micro_batch_size=c.micro, seq_len=c.seq)
+            sim_before = simulate(plan, cfg.model, before, micro_batch_size=c.micro, seq_len=c.seq)
             got = runs[label]
             ledger = _per_stage(got[0]["ledger"], pp, dp)
             rss = ([statistics.median(_per_stage(g["rss_growth"], pp, dp)[s] for g in got)
@@ -235,6 +252,7 @@ def main() -> None:
                 "schedule": c.schedule, "weight_grad": c.weight_grad,
                 "in_sample": (c.model, c.seq, c.micro) == (MODEL, SEQ, MICRO),
                 "step_time_s": {"predicted": sim.step_time,
+                                "predicted_from_first_repeat": sim_before.step_time,
                                 "measured": statistics.median(g["step_time_s"] for g in got),
                                 "measured_per_round": [g["step_time_s"] for g in got]},
                 "ledger_bytes": {"predicted": [r.peak for r in sim.ranks], "measured": ledger,
@@ -244,7 +262,8 @@ def main() -> None:
                 "predicted_bubble": sim.bubble,
             })
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
-              "profile": profile.to_dict(), "profiled": {"model": MODEL, "seq_len": SEQ,
+              "profile": profile.to_dict(),
+              "profile_repeats": [p.to_dict() for p in repeats] if len(repeats) > 1 else None, "profiled": {"model": MODEL, "seq_len": SEQ,
                                                          "micro_batch_size": MICRO},
               "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
@@ -260,10 +279,17 @@ def table(result: dict) -> str:
             "stage: ledger predicted / measured MiB (error)", "RSS growth predicted / measured MiB (error)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     errors: dict[str, list[float]] = {"in sample": [], "out of sample": []}
+    before: dict[str, list[float]] = {"in sample": [], "out of sample": []}
+    rounds_apart = []
     for row in result["rows"]:
         st = row["step_time_s"]
         e = _err(st["predicted"], st["measured"])
-        errors["in sample" if row.get("in_sample", True) else "out of sample"].append(abs(e))
+        which = "in sample" if row.get("in_sample", True) else "out of sample"
+        errors[which].append(abs(e))
+        if "predicted_from_first_repeat" in st:
+            before[which].append(abs(_err(st["predicted_from_first_repeat"], st["measured"])))
+        if len(st["measured_per_round"]) > 1:
+            rounds_apart.append(spread(st["measured_per_round"]))
         led, rss = row["ledger_bytes"], row["rss_growth_bytes"]
         mib = 2 ** 20
         ledger_cells = "; ".join(
@@ -278,6 +304,13 @@ def table(result: dict) -> str:
         if errs:
             lines.append(f"\nstep time {which}: median |error| {statistics.median(errs):.1%}, "
                          f"largest {max(errs):.1%}")
+        if before[which] and result.get("profile_repeats"):
+            lines.append(f"step time {which}, from the first profile repeat alone: median "
+                         f"|error| {statistics.median(before[which]):.1%}, largest "
+                         f"{max(before[which]):.1%}")
+    if rounds_apart:
+        lines.append(f"rounds of one configuration apart ((max - min) / median): median "
+                     f"{statistics.median(rounds_apart):.1%}, largest {max(rounds_apart):.1%}")
     return "\n".join(lines)
 
 
