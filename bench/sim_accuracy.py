@@ -27,6 +27,11 @@ rates: the simulator out of sample; `split`, split backwards (zbh1, grouped weig
 beside 1F1B on the same layouts.
 
     python bench/sim_accuracy.py [--set in|out|split|all] [--profile FILE] [--steps 10] [--rounds 3] [--link 200mbit] [--out bench/results/sim_accuracy.json]
+    python bench/sim_accuracy.py --repredict RESULT.json --out FILE   # today's simulator on stored measurements
+
+Where the profile's figures did not repeat, each row also has the step time with them at their
+fastest and slowest repeat (`predicted_range`), and the table says how many measurements fell
+within it.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ from ratrain.metrics import read_metrics
 from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
 from ratrain.profiling import LINK_SIZES
-from ratrain.sim.profile import Link, LinkClass, load_profile
-from ratrain.sim.profile_repeats import combine, spread
+from ratrain.sim.profile import Link, LinkClass, from_dict, load_profile
+from ratrain.sim.profile_repeats import at_edge, combine, spread
 from ratrain.sim.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,74 +205,131 @@ def main() -> None:
                     help="in: the profiled shape; out: shapes the profile did not measure; "
                          "split: split backwards beside 1F1B")
     ap.add_argument("--only", help="comma-separated labels to run")
+    ap.add_argument("--paired", action="store_true",
+                    help="a profile repeat right before every run, each run predicted from its own "
+                         "(on a VM whose speed moves by a quarter within minutes)")
+    ap.add_argument("--repredict", metavar="RESULT",
+                    help="run nothing: predict a stored result's measurements again with today's "
+                         "simulator (from its profile repeats)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/sim_accuracy.json"))
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        repeats = [] if args.profile is None else [load_profile(args.profile)]
-        configs = [c for c in SETS[args.set] if not args.only or c.label in args.only.split(",")]
-        runs: dict[str, list[dict]] = {c.label: [] for c in configs}
-        for r in range(args.rounds):  # alternate the order: a shared machine's drift hits all
-            if args.profile is None:
-                repeats.append(_profile_repeat(tmp / f"profile-{r}.yaml"))
-            for c in (configs if r % 2 == 0 else configs[::-1]):
-                label = c.label
-                cfg = _config(c, args.steps)
-                plan = _plan(cfg, c)
-                work = tmp / f"{label.replace(' ', '_').replace(',', '_')}-{r}"
-                try:
-                    if c.linked:
-                        with TwoNodes(args.link) as nodes:
-                            runs[label].append(_measure(cfg, plan, work, nodes))
-                    else:
-                        runs[label].append(_measure(cfg, plan, work, None))
-                except LinkUnavailable as e:
-                    print(f"{label}: skipped, no two-node link here ({e})", file=sys.stderr)
-                    continue
-                print(f"round {r + 1}: {label}: {runs[label][-1]['step_time_s']:.3f} s",
-                      file=sys.stderr, flush=True)
-        if args.profile is None:
-            repeats.append(_profile_repeat(tmp / "profile-last.yaml"))
+    if args.repredict:
+        result = json.loads(Path(args.repredict).read_text())
+        repeats = [from_dict(d) for d in result.get("profile_repeats") or [result["profile"]]]
         profile = combine(repeats, LINK_SIZES) if len(repeats) > 1 else repeats[0]
-        rows = []
-        for c in configs:
-            label, pp, dp = c.label, c.pp, c.dp
-            if not runs[label]:
-                continue
-            cfg = _config(c, args.steps)
-            plan = _plan(cfg, c)
-            used, before = ((_over_link(p, parse_rate(args.link), pp * dp) if c.linked else p)
-                            for p in (profile, repeats[0]))
-            sim = simulate(plan, cfg.model, used, micro_batch_size=c.micro, seq_len=c.seq)
-            sim_before = simulate(plan, cfg.model, before, micro_batch_size=c.micro, seq_len=c.seq)
-            got = runs[label]
-            ledger = _per_stage(got[0]["ledger"], pp, dp)
-            rss = ([statistics.median(_per_stage(g["rss_growth"], pp, dp)[s] for g in got)
-                    for s in range(pp)] if got[0]["rss_growth"] else None)
-            rows.append({
-                "config": label, "pp": pp, "dp": dp, "n_micro": cfg.n_micro, "policy": c.policy,
-                "activation": list(c.activation), "link": args.link if c.linked else None,
-                "model": c.model, "seq_len": c.seq, "micro_batch_size": c.micro,
-                "units_per_stage": c.units_per_stage, "shard_state": c.shard_state,
-                "schedule": c.schedule, "weight_grad": c.weight_grad,
-                "in_sample": (c.model, c.seq, c.micro) == (MODEL, SEQ, MICRO),
-                "step_time_s": {"predicted": sim.step_time,
-                                "predicted_from_first_repeat": sim_before.step_time,
-                                "measured": statistics.median(g["step_time_s"] for g in got),
-                                "measured_per_round": [g["step_time_s"] for g in got]},
-                "ledger_bytes": {"predicted": [r.peak for r in sim.ranks], "measured": ledger,
-                                 "same_every_round": all(g["ledger"] == got[0]["ledger"] for g in got)},
-                "rss_growth_bytes": {"predicted": [r.rss_growth(used.device) for r in sim.ranks],
-                                     "measured": rss},
-                "predicted_bubble": sim.bubble,
-            })
-    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
-              "profile": profile.to_dict(),
-              "profile_repeats": [p.to_dict() for p in repeats] if len(repeats) > 1 else None, "profiled": {"model": MODEL, "seq_len": SEQ,
-                                                         "micro_batch_size": MICRO},
-              "rows": rows}
+        by_label = {c.label: c for c in SETS["all"]}
+        for row in result["rows"]:
+            c = by_label[row["config"]]
+            _merge(row, _predicted(c, row["link"] or args.link, profile, repeats[0],
+                                   row.get("profile_per_round")))
+        result["profile"] = profile.to_dict()
+        result["repredicted"] = time.strftime("%Y-%m-%d")
+    else:
+        configs = [c for c in SETS[args.set] if not args.only or c.label in args.only.split(",")]
+        with tempfile.TemporaryDirectory() as tmp:
+            runs, repeats = _measure_all(configs, args, Path(tmp))
+        profile = combine(repeats, LINK_SIZES) if len(repeats) > 1 else repeats[0]
+        rows = [_merge(_row(c, runs[c.label], args.link),
+                       _predicted(c, args.link, profile, repeats[0],
+                                  [g["profile"] for g in runs[c.label]] if args.paired else None))
+                for c in configs if runs[c.label]]
+        result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
+                  "profile": profile.to_dict(),
+                  "profile_repeats": [p.to_dict() for p in repeats] if len(repeats) > 1 else None,
+                  "profiled": {"model": MODEL, "seq_len": SEQ, "micro_batch_size": MICRO},
+                  "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(result))
+
+
+def _measure_all(configs: list[Config], args, tmp: Path) -> tuple[dict[str, list[dict]], list]:
+    """Every configuration once per round, and the profile's repeats (without --profile: one
+    before each round and one after the last; --paired: one before every run, kept with it)."""
+    repeats = [] if args.profile is None else [load_profile(args.profile)]
+    runs: dict[str, list[dict]] = {c.label: [] for c in configs}
+    own = args.paired and args.profile is None
+    for r in range(args.rounds):  # alternate the order: a shared machine's drift hits all
+        if args.profile is None and not own:
+            repeats.append(_profile_repeat(tmp / f"profile-{r}.yaml"))
+        for c in (configs if r % 2 == 0 else configs[::-1]):
+            cfg = _config(c, args.steps)
+            work = tmp / f"{c.label.replace(' ', '_').replace(',', '_')}-{r}"
+            if own:
+                repeats.append(_profile_repeat(tmp / f"profile-{r}-{len(repeats)}.yaml"))
+            try:
+                if c.linked:
+                    with TwoNodes(args.link) as nodes:
+                        runs[c.label].append(_measure(cfg, _plan(cfg, c), work, nodes))
+                else:
+                    runs[c.label].append(_measure(cfg, _plan(cfg, c), work, None))
+            except LinkUnavailable as e:
+                print(f"{c.label}: skipped, no two-node link here ({e})", file=sys.stderr)
+                continue
+            if own:
+                runs[c.label][-1]["profile"] = repeats[-1].to_dict()
+            print(f"round {r + 1}: {c.label}: {runs[c.label][-1]['step_time_s']:.3f} s",
+                  file=sys.stderr, flush=True)
+    if args.profile is None and not own:
+        repeats.append(_profile_repeat(tmp / "profile-last.yaml"))
+    return runs, repeats
+
+
+def _row(c: Config, got: list[dict], link: str) -> dict:
+    """A configuration and what its rounds measured."""
+    cfg = _config(c, 1)
+    ledger = _per_stage(got[0]["ledger"], c.pp, c.dp)
+    rss = ([statistics.median(_per_stage(g["rss_growth"], c.pp, c.dp)[s] for g in got)
+            for s in range(c.pp)] if got[0]["rss_growth"] else None)
+    return {
+        "config": c.label, "pp": c.pp, "dp": c.dp, "n_micro": cfg.n_micro, "policy": c.policy,
+        "activation": list(c.activation), "link": link if c.linked else None,
+        "model": c.model, "seq_len": c.seq, "micro_batch_size": c.micro,
+        "units_per_stage": c.units_per_stage, "shard_state": c.shard_state,
+        "schedule": c.schedule, "weight_grad": c.weight_grad,
+        "in_sample": (c.model, c.seq, c.micro) == (MODEL, SEQ, MICRO),
+        "step_time_s": {"measured": statistics.median(g["step_time_s"] for g in got),
+                        "measured_per_round": [g["step_time_s"] for g in got]},
+        "ledger_bytes": {"measured": ledger,
+                         "same_every_round": all(g["ledger"] == got[0]["ledger"] for g in got)},
+        "rss_growth_bytes": {"measured": rss},
+        **({"profile_per_round": [g["profile"] for g in got]} if "profile" in got[0] else {}),
+    }
+
+
+def _merge(row: dict, predicted: dict) -> dict:
+    """The row with the predictions beside its measurements (one level into each part)."""
+    for key, value in predicted.items():
+        if isinstance(value, dict):
+            row.setdefault(key, {}).update(value)
+        else:
+            row[key] = value
+    return row
+
+
+def _predicted(c: Config, link: str, profile, first_repeat, paired: list | None = None) -> dict:
+    """What the simulator predicts for a configuration: from the merged profile (and at the
+    edges of its figures that did not repeat), from the first repeat alone, and with
+    `paired` (a profile per round, plain data) each round from its own. Merged into the row's
+    measured parts by key."""
+    cfg = _config(c, 1)
+    plan = _plan(cfg, c)
+    world = c.pp * c.dp
+
+    def predict(p):
+        used = _over_link(p, parse_rate(link), world) if c.linked else p
+        return simulate(plan, cfg.model, used, micro_batch_size=c.micro, seq_len=c.seq), used
+
+    sim, used = predict(profile)
+    step = {"predicted": sim.step_time,
+            "predicted_from_first_repeat": predict(first_repeat)[0].step_time}
+    if profile.unstable:
+        step["predicted_range"] = [predict(at_edge(profile, e))[0].step_time
+                                   for e in ("fast", "slow")]
+    if paired:
+        step["predicted_per_round"] = [predict(from_dict(p))[0].step_time for p in paired]
+    return {"step_time_s": step, "ledger_bytes": {"predicted": [r.peak for r in sim.ranks]},
+            "rss_growth_bytes": {"predicted": [r.rss_growth(used.device) for r in sim.ranks]},
+            "predicted_bubble": sim.bubble}
 
 
 def _err(pred: float, meas: float) -> float:
@@ -275,12 +337,14 @@ def _err(pred: float, meas: float) -> float:
 
 
 def table(result: dict) -> str:
-    head = ["config", "n_micro", "step predicted (s)", "measured (s)", "error",
+    head = ["config", "n_micro", "step predicted (s) (range over unstable figures)",
+            "measured (s) (per round)", "error",
             "stage: ledger predicted / measured MiB (error)", "RSS growth predicted / measured MiB (error)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     errors: dict[str, list[float]] = {"in sample": [], "out of sample": []}
     before: dict[str, list[float]] = {"in sample": [], "out of sample": []}
-    rounds_apart = []
+    paired: dict[str, list[float]] = {"in sample": [], "out of sample": []}
+    rounds_apart, in_range, ranged = [], 0, 0
     for row in result["rows"]:
         st = row["step_time_s"]
         e = _err(st["predicted"], st["measured"])
@@ -290,6 +354,13 @@ def table(result: dict) -> str:
             before[which].append(abs(_err(st["predicted_from_first_repeat"], st["measured"])))
         if len(st["measured_per_round"]) > 1:
             rounds_apart.append(spread(st["measured_per_round"]))
+        if "predicted_per_round" in st:
+            per_round = [_err(p, m) for p, m in zip(st["predicted_per_round"],
+                                                    st["measured_per_round"])]
+            paired[which].append(abs(statistics.median(per_round)))
+        if "predicted_range" in st:
+            ranged += 1
+            in_range += st["predicted_range"][0] <= st["measured"] <= st["predicted_range"][1]
         led, rss = row["ledger_bytes"], row["rss_growth_bytes"]
         mib = 2 ** 20
         ledger_cells = "; ".join(
@@ -298,16 +369,26 @@ def table(result: dict) -> str:
         rss_cells = "-" if rss["measured"] is None else "; ".join(
             f"{s}: {p / mib:.1f} / {m / mib:.1f} ({_err(p, m):+.1%})"
             for s, (p, m) in enumerate(zip(rss["predicted"], rss["measured"])))
-        lines.append(f"| {row['config']} | {row['n_micro']} | {st['predicted']:.3f} | "
-                     f"{st['measured']:.3f} | {e:+.1%} | {ledger_cells} | {rss_cells} |")
+        edges = (" ({:.3f}-{:.3f})".format(*st["predicted_range"])
+                 if "predicted_range" in st else "")
+        rounds = ", ".join(f"{t:.3f}" for t in st["measured_per_round"])
+        lines.append(f"| {row['config']} | {row['n_micro']} | {st['predicted']:.3f}{edges} | "
+                     f"{st['measured']:.3f} ({rounds}) | {e:+.1%} | {ledger_cells} | {rss_cells} |")
     for which, errs in errors.items():
         if errs:
             lines.append(f"\nstep time {which}: median |error| {statistics.median(errs):.1%}, "
                          f"largest {max(errs):.1%}")
+        if paired[which]:
+            lines.append(f"step time {which}, each run from the profile repeat just before it: "
+                         f"median |error| {statistics.median(paired[which]):.1%}, largest "
+                         f"{max(paired[which]):.1%}")
         if before[which] and result.get("profile_repeats"):
             lines.append(f"step time {which}, from the first profile repeat alone: median "
                          f"|error| {statistics.median(before[which]):.1%}, largest "
                          f"{max(before[which]):.1%}")
+    if ranged:
+        lines.append(f"measured within the range the profile's unstable figures give "
+                     f"(fastest to slowest repeat): {in_range} of {ranged}")
     if rounds_apart:
         lines.append(f"rounds of one configuration apart ((max - min) / median): median "
                      f"{statistics.median(rounds_apart):.1%}, largest {max(rounds_apart):.1%}")

@@ -14,8 +14,8 @@ import yaml
 from ratrain import profiling
 from ratrain.errors import UserError
 from ratrain.sim.profile import (PRESET_DIR, ComputeRate, HardwareProfile, Link, MeasuredShape,
-                                 UnitTimes, load_profile, presets)
-from ratrain.sim.profile_repeats import combine, spread, unstable
+                                 UnitTimes, from_dict, load_profile, presets)
+from ratrain.sim.profile_repeats import at_edge, combine, spread, unstable
 
 from .cli_runner import run_cli
 
@@ -270,6 +270,53 @@ def test_repeats_combine_into_medians_and_name_what_did_not_repeat():
     assert "intra_node.p2p spread" in note
     bad = unstable([r.to_dict() for r in repeats], sizes)
     assert set(bad) == {"device.contention", "intra_node.p2p"}
+
+
+def test_figures_that_did_not_repeat_keep_their_slowest_and_fastest_repeat():
+    """A prediction can say how far it leans on what did not repeat: the profile keeps each
+    unstable figure at its slowest and fastest repeat, and at_edge puts them in place."""
+    sizes = [4096.0, 1 << 20]
+    repeats = [_repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(2.6e-3, 0.35, 140e-6, 2.2e9),
+               _repeat(2.05e-3, 0.03, 120e-6, 2.1e9)]
+    for r, attention in zip(repeats, (15e9, 10e9, 12e9)):
+        r.device.compute = {"float32": ComputeRate(50e9, 0.8, attention / 50e9)}
+    combined = combine(repeats, sizes)
+    slow, fast = combined.unstable["slow"], combined.unstable["fast"]
+    assert set(slow) == set(fast) == {
+        "measured[0].block.backward_s", "device.contention",
+        "device.compute.float32.attention_efficiency",
+        "intra_node.p2p.bandwidth", "intra_node.p2p.latency"}
+    assert (slow["measured[0].block.backward_s"], fast["measured[0].block.backward_s"]) == (2.6e-3, 2.0e-3)
+    assert (slow["device.contention"], fast["device.contention"]) == (0.35, 0.02)
+    assert slow["device.compute.float32.attention_efficiency"] == pytest.approx(0.2)
+    assert fast["device.compute.float32.attention_efficiency"] == pytest.approx(0.3)
+    # a link's edge is one repeat's fit, the slowest the one predicting the longest times
+    # (4 KiB and 1 MiB: 759 us at 140 us + 2.2 GB/s, 726 us at 100 us + 2 GB/s)
+    assert (slow["intra_node.p2p.bandwidth"], slow["intra_node.p2p.latency"]) == (2.2e9, 140e-6)
+    assert (fast["intra_node.p2p.bandwidth"], fast["intra_node.p2p.latency"]) == (2e9, 100e-6)
+    at_slow, at_fast = at_edge(combined, "slow"), at_edge(combined, "fast")
+    assert at_slow.measured[0].block.backward_s == 2.6e-3 and at_slow.device.contention == 0.35
+    assert at_fast.measured[0].block.backward_s == 2.0e-3 and at_fast.unstable == {}
+    assert combined.measured[0].block.backward_s == 2.05e-3  # the median stays the profile's
+    # it survives the YAML a profile is written as, and a stable profile has none
+    assert from_dict(yaml.safe_load(yaml.safe_dump(combined.to_dict()))).unstable == combined.unstable
+    assert combine(repeats[:1] * 2, sizes).unstable == {}
+
+
+def test_simulate_gives_the_range_the_unstable_figures_allow(monkeypatch, capsys, tmp_path):
+    sizes = [4096.0, 1 << 20]
+    combined = combine([_repeat(2.0e-3, 0.0, 100e-6, 2e9), _repeat(3.0e-3, 0.0, 100e-6, 2e9)],
+                       sizes)
+    path = tmp_path / "profile.yaml"
+    combined.save(path)
+    code, stdout, err = run_cli(monkeypatch, capsys, "simulate", "--model", "tiny",
+                                "--profile", str(path), "--seq-len", "256",
+                                "--micro-batch-size", "2", "--global-batch", "8", "--json")
+    assert code == 0, err
+    out = json.loads(stdout)
+    fast, slow = out["step_time_range_s"]
+    assert fast < slow and fast <= out["step_time_s"] <= slow
+    assert out["unstable_figures"] == ["measured[0].block.backward_s"]
 
 
 def test_repeats_that_agree_say_so():

@@ -22,6 +22,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     communication and peak memory per stage, by simulating the very programs the executor runs."""
     from ratrain.layout import check_plan, load_plan, plan_for_config, resolve_schedule
     from ratrain.sim.profile import load_profile
+    from ratrain.sim.profile_repeats import at_edge
     from ratrain.sim.simulator import simulate as run_simulation
     from ratrain.trace import write_chrome_trace
 
@@ -41,8 +42,15 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
             click.echo(choice.why)
         plan = plan_for_config(cfg, host_is_separate, hw.device.host_collectives)
     t = cfg.train
-    result = run_simulation(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,
-                            seq_len=t.seq_len, dtype=t.dtype)
+
+    def predict(profile):
+        return run_simulation(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
+                              seq_len=t.seq_len, dtype=t.dtype)
+
+    result = predict(hw)
+    # what the figures that did not repeat over the profile's repeats do to this prediction
+    edges = ({edge: predict(at_edge(hw, edge)).step_time for edge in ("fast", "slow")}
+             if hw.unstable else {})
     if trace_file:
         actions, spans = result.trace_events()
         write_chrome_trace(trace_file, actions,
@@ -55,6 +63,9 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "weight_grad": plan.weight_grad, "grad_lifetime": plan.grad_lifetime,
                "shard_group": plan.shard_group,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
+    if edges:
+        summary["step_time_range_s"] = [edges["fast"], edges["slow"]]
+        summary["unstable_figures"] = sorted(hw.unstable["slow"])
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -69,6 +80,10 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                f"replica, global batch {t.global_batch} sequences, {t.dtype}")
     click.echo(f"step {result.step_time:.4g} s, {result.tokens_per_s:,.0f} tokens/s, "
                f"bubble {result.bubble:.1%}")
+    if edges:
+        click.echo(f"  {edges['fast']:.4g}-{edges['slow']:.4g} s with the profile's figures that "
+                   f"did not repeat at their fastest and slowest repeat "
+                   f"({', '.join(sorted(hw.unstable['slow']))})")
     rows = []
     for r in result.ranks:
         fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"

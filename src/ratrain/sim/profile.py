@@ -162,6 +162,10 @@ class HardwareProfile:
     groups: list[DeviceGroup] = field(default_factory=list)
     """A heterogeneous cluster: groups of devices that differ in speed and memory (`device` is
     then the first group's). Empty: every device is `device`."""
+    unstable: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The figures that did not repeat over `ratrain profile`'s repeats, at their slowest and
+    fastest repeat: {"slow": {field path: value}, "fast": {...}} (sim/profile_repeats.py,
+    at_edge). Empty: every figure repeated, or a preset."""
 
     @property
     def device_count(self) -> int | None:
@@ -309,7 +313,7 @@ _TYPES = {
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,
                       "measured": (list, MeasuredShape), "notes": (dict, str),
-                      "groups": (list, DeviceGroup)},
+                      "groups": (list, DeviceGroup), "unstable": (dict, (dict, float))},
 }
 
 

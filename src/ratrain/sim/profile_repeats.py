@@ -19,7 +19,10 @@ A figure that does not repeat is named in the profile's notes (`stability`) with
 Its median is used, except for contention, which is then not applied (0): on a machine whose
 cores are shared with other work (a small VM) one measurement of it differed from the next by
 14x and moved every multi-process prediction by up to 20%; without it the simulator still has
-processor sharing, which is most of what contention there is.
+processor sharing, which is most of what contention there is. The profile also keeps such a
+figure's slowest and fastest repeat (`unstable`), so a prediction can say how far it leans on
+what did not repeat: at_edge gives the profile at either edge, and `ratrain simulate` the step
+time at both.
 
 A repeat measured while other work kept the cores busy (other_work.py) reads that work's load as
 the machine's slowness; where a quieter repeat exists it is set aside, and where none does the
@@ -65,7 +68,7 @@ def figures(profile: dict[str, Any], sizes: list[float]) -> dict[str, list[float
                     out[f"{path}.attention_achieved"] = [_achieved(node, "attention_efficiency")]
                 return
             for key, value in node.items():
-                if key not in ("notes", "description", "name"):
+                if key not in ("notes", "description", "name", "unstable"):
                     walk(value, f"{path}.{key}" if path else key)
         elif isinstance(node, list):
             for i, value in enumerate(node):
@@ -102,13 +105,14 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
     other_work = other_work or [0.0] * len(repeats)
     quiet = [r for r, busy in zip(repeats, other_work) if busy <= BUSY]
     used = quiet or repeats
-    data = [r.to_dict() for r in used]
+    data = [{k: v for k, v in r.to_dict().items() if k != "unstable"} for r in used]
     merged = _median(data, sizes)
     bad = unstable(data, sizes, tolerance) if len(used) > 1 else {}
     # a link shown by its time at the largest size
     values = {path: [f[path][-1] for f in (figures(d, sizes) for d in data)] for path in bad}
     notes = dict(merged.get("notes") or {})
     notes["stability"] = _stability_note(len(used), bad, values, tolerance)
+    merged["unstable"] = _edges(data, bad, merged, sizes)
     if CONTENTION in bad:
         merged["device"]["contention"] = 0.0
     if len(quiet) < len(repeats):
@@ -124,6 +128,63 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
                                    f"applied (0); the times are slower than on a quiet machine")
     merged["notes"] = notes
     return from_dict(merged, "combined profile")
+
+
+# Figures that price memory, not time: no edge of theirs moves a step time.
+_NOT_TIME = ("memory_bytes", "process_overhead_bytes", "process_overhead_per_byte")
+
+
+def _edges(data: list[dict[str, Any]], bad: dict[str, float], merged: dict[str, Any],
+           sizes: list[float]) -> dict[str, dict[str, float]]:
+    """Each unstable figure that prices time, as the fields of its slowest and of its fastest
+    repeat: {"slow": {field path: value}, "fast": {...}}. A rate's edges are its achieved
+    rates over the merged peak; a link's, the fit of the repeat whose times are longest or
+    shortest; any other figure's, its largest and smallest value, the slow edge being the
+    larger of a time or the contention and the smaller of a bandwidth."""
+    slow: dict[str, float] = {}
+    fast: dict[str, float] = {}
+    for path in bad:
+        if path.endswith(_NOT_TIME) or path.endswith(".peak_flops"):
+            continue  # a peak prices nothing alone: its rates are judged as achieved
+        if path.endswith("achieved"):
+            rate_path, key = path.rsplit(".", 1)
+            field = "efficiency" if key == "achieved" else "attention_efficiency"
+            peak = _get(merged, rate_path)["peak_flops"]
+            rates = [_achieved(_get(d, rate_path), field) for d in data]
+            slow[f"{rate_path}.{field}"] = min(rates) / peak
+            fast[f"{rate_path}.{field}"] = max(rates) / peak
+            continue
+        values = [_get(d, path) for d in data]
+        if isinstance(values[0], dict):  # a link
+            by_time = sorted(values, key=lambda d: sum(Link(d["bandwidth"], d["latency"]).time(n)
+                                                       for n in sizes))
+            for edge, link in ((slow, by_time[-1]), (fast, by_time[0])):
+                edge[f"{path}.bandwidth"], edge[f"{path}.latency"] = link["bandwidth"], link["latency"]
+            continue
+        larger_is_slower = not path.endswith(("bandwidth", "flops", "efficiency"))
+        slow[path], fast[path] = ((max(values), min(values)) if larger_is_slower
+                                  else (min(values), max(values)))
+    return {"slow": slow, "fast": fast} if slow else {}
+
+
+def at_edge(profile: HardwareProfile, edge: str) -> HardwareProfile:
+    """The profile with every figure that did not repeat at its "slow" or "fast" repeat."""
+    data = profile.to_dict()
+    for path, value in data["unstable"].get(edge, {}).items():
+        parent, key = path.rsplit(".", 1)
+        _get(data, parent)[key] = value
+    data["unstable"] = {}
+    return from_dict(data, f"{profile.name} at its {edge} edge")
+
+
+def _get(data: Any, path: str) -> Any:
+    """The node of plain data at a figure's path ("device.contention", "measured[0].block")."""
+    for part in path.split("."):
+        name, _, index = part.partition("[")
+        data = data[name]
+        if index:
+            data = data[int(index.rstrip("]"))]
+    return data
 
 
 def _median(data: list[Any], sizes: list[float]) -> Any:
