@@ -27,6 +27,7 @@ rates: the simulator out of sample; `split`, split backwards (zbh1, grouped weig
 beside 1F1B on the same layouts.
 
     python bench/sim_accuracy.py [--set in|out|split|all] [--profile FILE] [--steps 10] [--rounds 3] [--link 200mbit] [--out bench/results/sim_accuracy.json]
+    python bench/sim_accuracy.py --set out --paired --rounds 2   # a profile repeat before every run
     python bench/sim_accuracy.py --repredict RESULT.json --out FILE   # today's simulator on stored measurements
 
 Where the profile's figures did not repeat, each row also has the step time with them at their
