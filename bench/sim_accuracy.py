@@ -13,11 +13,13 @@ every figure, as `ratrain profile --repeats N` merges back-to-back repeats): on 
 drifts by 10-15% within an hour (2026-11-25), a profile taken only before the runs moved every
 prediction together. The table also gives the error from the first repeat alone (the machine
 profiled once, beforehand) and how far the rounds of one configuration differ from each other:
-what a perfect simulator's error would be against a single round. Measured: the median step time over the steps after the
-first two, its median over rounds; per rank the executor's ledger peak and the process's peak
-RSS growth (metrics.jsonl; RSS: median over rounds). Predicted: the simulated step
-time; per stage the simulated ledger peak, and the RSS growth it implies (RankTimeline.rss_growth:
-the ledger's growth from before the first step plus the profile's process overhead). The error of each is (predicted - measured) / measured.
+what a perfect simulator's error would be against a single round.
+
+Measured: the median step time over the steps after the first two, its median over rounds; per
+rank the executor's ledger peak and the process's peak RSS growth (metrics.jsonl; RSS: median
+over rounds). Predicted: the simulated step time; per stage the simulated ledger peak, and the
+RSS growth it implies (RankTimeline.rss_growth: the ledger's growth from before the first step
+plus the profile's process overhead). The error of each is (predicted - measured) / measured.
 
 Two sets of configurations: `in`, the shape the profile measured (tiny, 256 tokens, micro-batches
 of 2), whose unit times the simulator reads; `out`, shapes it did not measure (the `small` and
@@ -54,12 +56,13 @@ from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
 from ratrain.profiling import LINK_SIZES
 from ratrain.sim.profile import Link, LinkClass, from_dict, load_profile
-from ratrain.sim.profile_repeats import at_edge, combine, spread
+from ratrain.sim.profile_repeats import at_edge, combine
 from ratrain.sim.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from peers import machine  # noqa: E402
+from sim_accuracy_table import table  # noqa: E402
 from two_nodes import LinkUnavailable, TwoNodes, parse_rate  # noqa: E402
 
 MODEL, SEQ, MICRO = "tiny", 256, 2  # the shape `ratrain profile` measures
@@ -217,7 +220,7 @@ def main() -> None:
     if args.repredict:
         result = json.loads(Path(args.repredict).read_text())
         repeats = [from_dict(d) for d in result.get("profile_repeats") or [result["profile"]]]
-        profile = combine(repeats, LINK_SIZES) if len(repeats) > 1 else repeats[0]
+        profile = _merged(repeats)
         by_label = {c.label: c for c in SETS["all"]}
         for row in result["rows"]:
             c = by_label[row["config"]]
@@ -229,11 +232,13 @@ def main() -> None:
         configs = [c for c in SETS[args.set] if not args.only or c.label in args.only.split(",")]
         with tempfile.TemporaryDirectory() as tmp:
             runs, repeats = _measure_all(configs, args, Path(tmp))
-        profile = combine(repeats, LINK_SIZES) if len(repeats) > 1 else repeats[0]
-        rows = [_merge(_row(c, runs[c.label], args.link),
-                       _predicted(c, args.link, profile, repeats[0],
-                                  [g["profile"] for g in runs[c.label]] if args.paired else None))
-                for c in configs if runs[c.label]]
+        profile = _merged(repeats)
+        rows = []
+        for c in configs:
+            if runs[c.label]:
+                row = _row(c, runs[c.label], args.link)
+                rows.append(_merge(row, _predicted(c, args.link, profile, repeats[0],
+                                                   row.get("profile_per_round"))))
         result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
                   "profile": profile.to_dict(),
                   "profile_repeats": [p.to_dict() for p in repeats] if len(repeats) > 1 else None,
@@ -241,6 +246,11 @@ def main() -> None:
                   "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(result))
+
+
+def _merged(repeats: list):
+    """One profile from the repeats, as `ratrain profile` merges its own."""
+    return combine(repeats, LINK_SIZES) if len(repeats) > 1 else repeats[0]
 
 
 def _measure_all(configs: list[Config], args, tmp: Path) -> tuple[dict[str, list[dict]], list]:
@@ -331,69 +341,6 @@ def _predicted(c: Config, link: str, profile, first_repeat, paired: list | None 
     return {"step_time_s": step, "ledger_bytes": {"predicted": [r.peak for r in sim.ranks]},
             "rss_growth_bytes": {"predicted": [r.rss_growth(used.device) for r in sim.ranks]},
             "predicted_bubble": sim.bubble}
-
-
-def _err(pred: float, meas: float) -> float:
-    return (pred - meas) / meas
-
-
-def table(result: dict) -> str:
-    head = ["config", "n_micro", "step predicted (s) (range over unstable figures)",
-            "measured (s) (per round)", "error",
-            "stage: ledger predicted / measured MiB (error)", "RSS growth predicted / measured MiB (error)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    errors: dict[str, list[float]] = {"in sample": [], "out of sample": []}
-    before: dict[str, list[float]] = {"in sample": [], "out of sample": []}
-    paired: dict[str, list[float]] = {"in sample": [], "out of sample": []}
-    rounds_apart, in_range, ranged = [], 0, 0
-    for row in result["rows"]:
-        st = row["step_time_s"]
-        e = _err(st["predicted"], st["measured"])
-        which = "in sample" if row.get("in_sample", True) else "out of sample"
-        errors[which].append(abs(e))
-        if "predicted_from_first_repeat" in st:
-            before[which].append(abs(_err(st["predicted_from_first_repeat"], st["measured"])))
-        if len(st["measured_per_round"]) > 1:
-            rounds_apart.append(spread(st["measured_per_round"]))
-        if "predicted_per_round" in st:
-            per_round = [_err(p, m) for p, m in zip(st["predicted_per_round"],
-                                                    st["measured_per_round"])]
-            paired[which].append(abs(statistics.median(per_round)))
-        if "predicted_range" in st:
-            ranged += 1
-            in_range += st["predicted_range"][0] <= st["measured"] <= st["predicted_range"][1]
-        led, rss = row["ledger_bytes"], row["rss_growth_bytes"]
-        mib = 2 ** 20
-        ledger_cells = "; ".join(
-            f"{s}: {p / mib:.1f} / {m / mib:.1f} ({_err(p, m):+.1%})"
-            for s, (p, m) in enumerate(zip(led["predicted"], led["measured"])))
-        rss_cells = "-" if rss["measured"] is None else "; ".join(
-            f"{s}: {p / mib:.1f} / {m / mib:.1f} ({_err(p, m):+.1%})"
-            for s, (p, m) in enumerate(zip(rss["predicted"], rss["measured"])))
-        edges = (" ({:.3f}-{:.3f})".format(*st["predicted_range"])
-                 if "predicted_range" in st else "")
-        rounds = ", ".join(f"{t:.3f}" for t in st["measured_per_round"])
-        lines.append(f"| {row['config']} | {row['n_micro']} | {st['predicted']:.3f}{edges} | "
-                     f"{st['measured']:.3f} ({rounds}) | {e:+.1%} | {ledger_cells} | {rss_cells} |")
-    for which, errs in errors.items():
-        if errs:
-            lines.append(f"\nstep time {which}: median |error| {statistics.median(errs):.1%}, "
-                         f"largest {max(errs):.1%}")
-        if paired[which]:
-            lines.append(f"step time {which}, each run from the profile repeat just before it: "
-                         f"median |error| {statistics.median(paired[which]):.1%}, largest "
-                         f"{max(paired[which]):.1%}")
-        if before[which] and result.get("profile_repeats"):
-            lines.append(f"step time {which}, from the first profile repeat alone: median "
-                         f"|error| {statistics.median(before[which]):.1%}, largest "
-                         f"{max(before[which]):.1%}")
-    if ranged:
-        lines.append(f"measured within the range the profile's unstable figures give "
-                     f"(fastest to slowest repeat): {in_range} of {ranged}")
-    if rounds_apart:
-        lines.append(f"rounds of one configuration apart ((max - min) / median): median "
-                     f"{statistics.median(rounds_apart):.1%}, largest {max(rounds_apart):.1%}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -69,9 +69,8 @@ def test_recompute_on_stage_0_shows_in_the_runs_own_output(corpus, tmp_path):
     flight) holds less, stage 1 the same; the measured RSS growth of stage 0 drops by at least
     half of what the ledger says. Freed buffers leave the process (MALLOC_MMAP_THRESHOLD_, as
     the README advises where RSS must keep to a plan): with glibc's default, which buffers it
-    keeps varies with the gloo threads' timing, and one run in the suite kept 19 MiB more
-    with recompute than without (stage 0: 80.8 against 85.2 MiB; 62-70 against 89-100 in
-    three runs alone)."""
+    keeps varies with the gloo threads' timing, and one run in the suite measured stage 0 at
+    80.8 MiB with recompute against 85.2 without (62-70 against 89-100 in three runs alone)."""
     args = [sys.executable, "-m", "ratrain.cli", "train", "--model", "tiny", "--data",
             str(corpus[0]), "--pp", "2", "--steps", "3", "--eval-every", "0", "--no-progress",
             "--no-trace"]

@@ -51,6 +51,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     # what the figures that did not repeat over the profile's repeats do to this prediction
     edges = ({edge: predict(at_edge(hw, edge)).step_time for edge in ("fast", "slow")}
              if hw.unstable else {})
+    unstable = sorted(hw.unstable.get("slow", {}))
     if trace_file:
         actions, spans = result.trace_events()
         write_chrome_trace(trace_file, actions,
@@ -65,7 +66,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if edges:
         summary["step_time_range_s"] = [edges["fast"], edges["slow"]]
-        summary["unstable_figures"] = sorted(hw.unstable["slow"])
+        summary["unstable_figures"] = unstable
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -83,7 +84,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     if edges:
         click.echo(f"  {edges['fast']:.4g}-{edges['slow']:.4g} s with the profile's figures that "
                    f"did not repeat at their fastest and slowest repeat "
-                   f"({', '.join(sorted(hw.unstable['slow']))})")
+                   f"({', '.join(unstable)})")
     rows = []
     for r in result.ranks:
         fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"
