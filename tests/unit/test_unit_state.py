@@ -157,3 +157,20 @@ def test_replicated_and_sharded_states_are_one_class_and_update_alike():
             s.update(torch.tensor(0.5))
     flat = torch.cat([h.layout.master for h in halves])[:whole.numel]
     assert torch.equal(flat, torch.cat([m.detach().reshape(-1) for m in whole.masters]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_host_fold_adds_by_chunks_exactly_as_one_fp32_add(monkeypatch, dtype):
+    """The host's fold of a GPU view's gradient (CopyEngine.add_to_fp32) goes through a scratch
+    chunk by chunk: the same sums, bit for bit, as adding the whole tensor made fp32, over
+    sizes below, at and past a chunk's, and a shaped tensor."""
+    from ratrain.runtime import copy_engine
+    monkeypatch.setattr(copy_engine, "FOLD_CHUNK", 1000)
+    engine = copy_engine.CopyEngine(torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    for shape in [(7,), (1000,), (2501,), (30, 77)]:
+        acc = torch.randn(shape, generator=g)
+        low = torch.randn(shape, generator=g).to(dtype)
+        expected = acc + low.float()
+        engine.add_to_fp32(acc, low)
+        assert torch.equal(acc, expected), shape

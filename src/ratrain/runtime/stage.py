@@ -55,22 +55,30 @@ class Stage:
         built = modules if modules is not None else build_units(cfg.model, cfg.train.seed, list(units))
         if modules is None and cfg.train.init_from:
             load_hf_weights(built, cfg.model, cfg.train.init_from)  # only this stage's tensors
-        self.modules: dict[int, nn.Module] = {u: m.to(device) for u, m in zip(units, built)}
         home = torch.device("cpu") if state_home == "host" else device
         owned: set[int] = set()
+        self.modules: dict[int, nn.Module] = {}
         self.state: dict[int, UnitState] = {}
         def new_optimizer(params, decay=None):
             return make_optimizer(params, cfg.train, decay)
 
-        for u, m in self.modules.items():
+        for u, m in zip(units, built):
+            viewed = shard is not None or u in view_units
+            if not viewed:  # computes with its masters: they live where it computes
+                m.to(device)
             params = unit_parameters(m, owned)
             if shard and params:
                 layout, view_dtype = (Sharded(shard.group, shard.replica, shard.replicas,
                                             shard.grad_lifetime, shard.cross), self.dtype)
             else:
-                layout, view_dtype = Replicated(home), self.dtype if u in view_units else None
+                layout, view_dtype = Replicated(home), self.dtype if viewed else None
+            # A viewed unit's masters are copied to their home straight from the host-built
+            # module, so its fp32 weights never pass through the device (the whole stage's would
+            # otherwise be the device's peak before the first step); its parameters are then
+            # empty placeholders on the device, and only its buffers move.
             self.state[u] = UnitState(params, new_optimizer, layout, view_dtype=view_dtype,
-                                      copies=self.copies, ledger=self.ledger)
+                                      copies=self.copies, ledger=self.ledger, device=device)
+            self.modules[u] = m.to(device)
         self.sharded = shard is not None
 
     def autocast(self):

@@ -37,7 +37,8 @@ class UnitState:
     """`params`: the unit's parameters (its module's own); `new_optimizer` makes the AdamW over
     what the layout gives it to update (`masters`); `view_dtype`: compute with a view in that
     dtype (None: with the masters themselves, which only the replicated layout allows);
-    `layout`: replicated (on the compute device) unless given."""
+    `layout`: replicated (on the compute device) unless given; `device`: where it computes
+    (default: where its parameters are; a viewed unit's may still be on the host)."""
 
     def __init__(
         self,
@@ -48,9 +49,10 @@ class UnitState:
         view_dtype: torch.dtype | None = None,
         copies: CopyEngine | None = None,
         ledger: MemoryLedger | None = None,
+        device: torch.device | None = None,
     ):
         self.params = params
-        self.device = params[0].device if params else None
+        self.device = device or (params[0].device if params else None)
         self.layout = layout or Replicated()
         self.home = self.layout.home or self.device
         self.view_dtype = view_dtype
@@ -131,7 +133,7 @@ class UnitState:
         copy is long done, so the compute stream never waits for it."""
         if not self.has_view:
             return
-        if self.copies.stream is None or self.home == self.device:
+        if self.copies.stream is None or self.home.type != "cpu":
             for p, acc in zip(self.params, self._accumulation_slices()):
                 if p.grad is not None:
                     acc.add_(p.grad.to(self.home, torch.float32))
@@ -155,7 +157,7 @@ class UnitState:
         if done is not None:
             done.synchronize()
         for acc, host in staged:
-            acc.add_(host.float())
+            self.copies.add_to_fp32(acc, host)
 
     # -- sync, norm, update -------------------------------------------------------------------
 

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The CUDA checks in one run on a GPU machine (docs/gpu.md): tests/gpu, the CLI on CUDA with a
+# split schedule in bf16 and fp16, and llama2-7b's full-size blocks with host-homed state
+# against the same blocks whole on the device. Writes a log and the runs' summaries to $OUT
+# (default: gpu_check/), eight files. Needs torch with CUDA and ratrain's dependencies
+# importable (`pip install -e .[test]`, or PYTHONPATH=src).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export RATRAIN_CACHE=${RATRAIN_CACHE:-/tmp/ratrain_cache}
+BLOCKS=${BLOCKS:-4}
+SECTIONS=${SECTIONS:-"tests cli 7b profile"}  # which of the checks below run
+LOG=$OUT/log.txt
+wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'threads', torch.get_num_threads())"
+  echo "cores $(nproc)"; free -g | head -2
+  for m in click tqdm yaml safetensors tokenizers matplotlib numpy pytest; do
+    $PY -c "import $m" 2>/dev/null || echo "missing module: $m"; done; } >> "$LOG" 2>&1
+
+if wants tests; then
+  SECONDS=0
+  timeout 180 $PY -m pytest -q -p no:cacheprovider tests/gpu -rs > "$OUT/tests_gpu.txt" 2>&1
+  echo "tests/gpu rc=$? in ${SECONDS}s: $(tail -1 "$OUT/tests_gpu.txt")" >> "$LOG"
+fi
+
+text=/tmp/gpu_check_text.txt
+$PY -c "
+import random; r = random.Random(0); w = 'the quick brown fox jumps over lazy dog pipeline bubble'.split()
+open('$text', 'w').write('\n'.join(' '.join(r.choice(w) for _ in range(12)) for _ in range(60000)))"
+
+run() {  # name, where to, timeout, flags: a run's summary to where/name.json, its stderr's tail to the log
+  local name=$1 to=$2 limit=$3; shift 3
+  SECONDS=0
+  timeout "$limit" $PY -m ratrain.cli train --data "$text" --no-report --no-progress \
+    --run-dir "/tmp/$name" --json "$@" > "$to/$name.json" 2> "/tmp/$name.err"
+  echo "== $name rc=$? in ${SECONDS}s" >> "$LOG"; tail -8 "/tmp/$name.err" >> "$LOG"
+  $PY -c "import json, sys; s = json.load(open(sys.argv[1])); print({k: s.get(k) for k in
+    ('final_loss', 'val_loss', 'tokens_per_s', 'peak_memory_bytes', 'schedule', 'weight_grad', 'mfu')})" \
+    "$to/$name.json" >> "$LOG" 2>&1
+}
+wants cli && for dtype in bfloat16 float16; do
+  run "cli_zbh1_$dtype" /tmp 90 --steps 20 --dtype $dtype --schedule zbh1 --weight-grad grouped \
+    --activation recompute --view-window 1 --state-home host
+done
+
+# llama2-7b's dimensions with $BLOCKS of its 32 blocks, 4096 tokens, bf16 views: fp32 masters,
+# gradients and AdamW state in pinned host memory, views made one unit ahead, activations
+# recomputed; then the same blocks with everything on the device, activations kept.
+cat > /tmp/llama7b_blocks.yaml <<YAML
+model: {name: llama2-7b-${BLOCKS}blocks, vocab_size: 32000, dim: 4096, n_layers: $BLOCKS,
+        n_heads: 32, n_kv_heads: 32, ffn_dim: 11008, max_seq_len: 4096}
+train: {seq_len: 4096, global_batch: 1, micro_batch_size: 1, dtype: bfloat16, steps: 6,
+        warmup_steps: 0, lr: 0.0001, eval_every: 0}
+YAML
+if wants 7b; then
+run llama7b_host "$OUT" 150 --config /tmp/llama7b_blocks.yaml --state-home host --activation recompute --view-window 1
+cp /tmp/llama7b_host/trace.json "$OUT/llama7b_host.trace.json" 2>/dev/null
+run llama7b_device "$OUT" 150 --config /tmp/llama7b_blocks.yaml --state-home device --activation keep
+cat /tmp/llama7b_host/metrics.jsonl /tmp/llama7b_device/metrics.jsonl > "$OUT/metrics_7b.jsonl" 2>/dev/null
+fi
+
+# The simulator on this GPU's own profile (llama2-7b's block at this shape) against both runs.
+if wants profile; then
+SECONDS=0
+timeout 150 $PY -m ratrain.cli profile --model llama2-7b --seq-len 4096 --micro-batch-size 1 \
+  --dtype bfloat16 --repeats 2 --out "$OUT/gpu_profile.yaml" >> "$LOG" 2>&1
+echo "== profile rc=$? in ${SECONDS}s" >> "$LOG"
+for flags in "--state-home host --activation recompute --view-window 1" "--state-home device --activation keep"; do
+  timeout 60 $PY -m ratrain.cli simulate --config /tmp/llama7b_blocks.yaml \
+    --profile "$OUT/gpu_profile.yaml" $flags >> "$OUT/simulate.txt" 2>&1
+done
+fi
+ls -la "$OUT" >> "$LOG"
