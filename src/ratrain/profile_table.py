@@ -26,6 +26,9 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
         rows.append([f"efficiency ({m.dtype}): block without attention / attention's core",
                      f"{rate.efficiency:.2f} / {rate.attention_efficiency:.2f}"])
     rows.append(["memory bandwidth (AdamW)", _fmt_rate(d.memory_bandwidth, "B/s")])
+    if d.host_memory_bandwidth:
+        rows.append(["host memory bandwidth (AdamW on the host)",
+                     _fmt_rate(d.host_memory_bandwidth, "B/s")])
     if d.host_link:
         rows.append(["host link", _fmt_link(d.host_link)])
     rows.append(["link p2p", _fmt_link(profile.intra_node.p2p)])

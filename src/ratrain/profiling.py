@@ -210,9 +210,13 @@ def _compute_rates(cfg: RunConfig, device_type: str, per_rank: list[dict],
             for name, peak in peaks.items()}
 
 
-def _memory_bandwidth(per_rank: list[dict]) -> float:
-    params = sum(a * b for a, b in ADAMW_SHAPES)
-    return UPDATE_BYTES_PER_PARAM * params / _median_over_ranks(per_rank, lambda r: r["adamw_s"])
+def _adamw_params(device_type: str) -> int:
+    return sum(a * b for a, b in ADAMW_SHAPES[device_type])
+
+
+def _memory_bandwidth(per_rank: list[dict], device_type: str) -> float:
+    return (UPDATE_BYTES_PER_PARAM * _adamw_params(device_type)
+            / _median_over_ranks(per_rank, lambda r: r["adamw_s"]))
 
 
 def _host_link(per_rank: list[dict]) -> tuple[Link, str]:
@@ -257,7 +261,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
     contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
     measured = _measured_shape(cfg, model, per_rank, alone, contention)
     compute = _compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
-    bandwidth = _memory_bandwidth(per_rank)
+    bandwidth = _memory_bandwidth(per_rank, device_type)
     overhead = _median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
     pipeline_stage = (_median_over_ranks(per_rank, lambda r: r["units"]["ledger_growth"]),
                       _median_over_ranks(per_rank, lambda r: r["units"]["process_growth"]
@@ -266,9 +270,14 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         [pipeline_stage, (alone["ledger_growth"], alone["process_growth"] - alone["ledger_growth"])])
     intra = _links(links)
     notes = _notes(cfg, ranks, device_type)
-    host_link = None
+    host_link = host_bandwidth = None
     if on_cuda:
         host_link, notes["device.host_link"] = _host_link(per_rank)
+        host_bandwidth = UPDATE_BYTES_PER_PARAM * _adamw_params("host") / alone["host_adamw_s"]
+        notes["device.host_memory_bandwidth"] = (
+            f"the same AdamW step over {_adamw_params('host') / 1e6:.1f}M pinned host parameters "
+            f"with every core, as one training process has them: what host-homed state's "
+            f"update, norm and gradient folds run at")
         memory = torch.cuda.get_device_properties(0).total_memory
         name, cores, per_node = torch.cuda.get_device_name(0), None, torch.cuda.device_count()
     else:
@@ -278,7 +287,8 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         name, cores, per_node = _cpu_name(), os.cpu_count(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
-                    memory_bandwidth=bandwidth, host_link=host_link, cores=cores,
+                    memory_bandwidth=bandwidth, host_memory_bandwidth=host_bandwidth,
+                    host_link=host_link, cores=cores,
                     action_overhead_s=overhead, process_overhead_bytes=fixed,
                     process_overhead_per_byte=per_byte, contention=contention)
     return HardwareProfile(
@@ -298,7 +308,7 @@ def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> st
 def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
     dtype = cfg.train.dtype
     n = MATMUL_N[device_type]
-    params = sum(a * b for a, b in ADAMW_SHAPES)
+    params = _adamw_params(device_type)
     link_how = {"nccl": "NCCL between 2 GPUs",
                 "gloo": ("gloo over loopback between 2 local processes" if device_type == "cpu"
                          else "gloo on host tensors between 2 local processes (one GPU: no "
@@ -324,6 +334,7 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                                     f"measured time, over the peak"),
         "device.memory_bandwidth": (f"a fused AdamW step over {params / 1e6:.1f}M fp32 parameters, "
                                     f"charged {UPDATE_BYTES_PER_PARAM} bytes per parameter"),
+
         "device.action_overhead_s": ("the same traced steps: the step's wall time beyond its "
                                      "actions' durations, per action, plus the median of the "
                                      "cheapest kind of non-compute action"),

@@ -35,7 +35,13 @@ STEP_WARMUP, STEP_REPEATS = 2, 6  # executor steps traced for the unit times
 # scheduler slice of a few ms): enough repeats that the median does not flip between modes.
 LINK_WARMUP, LINK_REPEATS = 2, 15
 MATMUL_N = {"cpu": 1024, "cuda": 8192}
-ADAMW_SHAPES = [(1024, 1024)] * 4  # ~4M fp32 parameters: well beyond any cache
+# AdamW's tensors: ~4M fp32 parameters are well beyond a CPU's caches. A GPU needs ~134M (2.1 GB
+# with the moments) before kernel launches stop mattering: 4M ran at 1.1 TB/s on an H200, 134M at
+# 3.25 TB/s, and a 4-block llama2-7b's step then came within 4% of its prediction. A GPU
+# machine's host tier, updating host-homed state, gets ~67M: there 4M ran at 240 GB/s while the
+# 7B run's 1.07B parameters updated at 113 GB/s (2026-11-26)
+ADAMW_SHAPES = {"cpu": [(1024, 1024)] * 4, "cuda": [(4096, 4096)] * 8,
+                "host": [(4096, 4096)] * 4}
 LINK_SIZES = [4096 * 4**k for k in range(7)] + [32 << 20]  # 4 KiB .. 16 MiB, and 32 MiB
 KINDS = ("embedding", "block", "head")  # units 0, 1, 2 with n_layers = 1
 
@@ -104,6 +110,8 @@ def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
     for kind in KINDS:  # the halves of a split backward: BI, BW
         result[kind] += split[f"split {kind}"]
     result["attention_s"] = _attention_s(cfg, device, sync)
+    if device.type == "cuda":
+        result["host_adamw_s"] = _host_adamw_s(cfg.train)
     Path(out_dir, "result_0.json").write_text(json.dumps(result))
 
 
@@ -215,12 +223,27 @@ def _matmul_times(dtype: str, device: torch.device, sync) -> dict[str, float]:
     return out
 
 
-def _adamw_s(train: TrainConfig, device: torch.device, sync) -> float:
-    """One fused AdamW step (ratrain's settings) over ADAMW_SHAPES, gradients in place."""
-    params = [torch.nn.Parameter(torch.randn(shape, device=device)) for shape in ADAMW_SHAPES]
+def _adamw_s(train: TrainConfig, device: torch.device, sync, tier: str | None = None) -> float:
+    """One fused AdamW step (ratrain's settings) over ADAMW_SHAPES of the device's type (or of
+    `tier`), gradients in place; the host tier's tensors pinned, as host-homed state is."""
+    pinned = tier == "host"
+    params = [torch.nn.Parameter(torch.randn(shape).pin_memory() if pinned
+                                 else torch.randn(shape, device=device))
+              for shape in ADAMW_SHAPES[tier or device.type]]
     for p in params:
         p.grad = torch.randn_like(p)
     return _median_s(make_optimizer(params, train).step, sync)
+
+
+def _host_adamw_s(train: TrainConfig) -> float:
+    """A GPU machine's host tier: the AdamW step over pinned host tensors with every core, as
+    a single training process runs it (a rank of several has --threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        return _adamw_s(train, torch.device("cpu"), lambda: None, tier="host")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _growth_since_now(device: torch.device) -> Callable[[], int]:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ratrain import profiling
+from ratrain.profile_table import summary_rows
 from ratrain.errors import UserError
 from ratrain.sim.profile import (PRESET_DIR, ComputeRate, HardwareProfile, Link, MeasuredShape,
                                  UnitTimes, from_dict, load_profile, presets)
@@ -415,3 +416,20 @@ def test_the_rates_price_the_profiled_block_at_its_measured_time_and_attention_a
     assert profile.device.compute["float32"].attention_efficiency is None
     assert _priced_block_s(profile, "tiny", 256, 2) == pytest.approx(0.054)
     assert _priced_block_s(profile, "tiny", 512, 1) < 0.054 + attention_s / 2
+
+
+def test_a_gpus_host_bandwidth_is_merged_judged_and_kept_in_the_file():
+    sizes = [4096.0, 1 << 20]
+    repeats = []
+    for host_bw in (9.5e10, 1.0e11, 5.0e10):
+        profile = _repeat(2.0e-3, 0.0, 100e-6, 2e9)
+        profile.device.host_memory_bandwidth = host_bw
+        repeats.append(profile)
+    combined = combine(repeats, sizes)
+    assert combined.device.host_memory_bandwidth == 9.5e10
+    assert "device.host_memory_bandwidth spread" in combined.notes["stability"]
+    assert at_edge(combined, "slow").device.host_memory_bandwidth == 5.0e10
+    again = from_dict(yaml.safe_load(yaml.safe_dump(combined.to_dict())))
+    assert again.device.host_memory_bandwidth == 9.5e10
+    _, rows = summary_rows(again)
+    assert ["host memory bandwidth (AdamW on the host)", "95 GB/s"] in rows

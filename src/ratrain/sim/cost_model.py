@@ -112,7 +112,7 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.OFFLOAD: _saved_copy,
     Op.RELOAD: _saved_copy,
     Op.WAIT_RELOAD: _zero,
-    Op.PREFETCH: lambda c, a: c.copy_time(c.view_bytes(a.unit)),
+    Op.PREFETCH: lambda c, a: c.view_time(a.unit),
     Op.WAIT_PREFETCH: _zero,
     Op.RELEASE: _zero,
     Op.STEP_END: lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp),

@@ -100,6 +100,9 @@ class Device:
     """Per compute dtype: float32, bfloat16, float16."""
     memory_bandwidth: float
     """Bytes/s of elementwise work on the device: optimizer update, norms, gradient folds."""
+    host_memory_bandwidth: float | None = None
+    """The same on the host tier, where state kept on the host is updated (a GPU's host-homed
+    masters: AdamW on the CPU); None: as memory_bandwidth."""
     host_link: Link | None = None
     """Host<->device copies; None where the host memory is the device's memory (a CPU)."""
     host_collectives: bool = True
@@ -292,7 +295,7 @@ def _value(kind, value: Any, path: str, where: str):
 
 
 _POSITIVE = {"bandwidth", "peak_flops", "efficiency", "attention_efficiency", "memory_bytes",
-             "memory_bandwidth", "devices_per_node", "cores", "seq_len", "micro_batch_size", "count"}
+             "memory_bandwidth", "host_memory_bandwidth", "devices_per_node", "cores", "seq_len", "micro_batch_size", "count"}
 
 _TYPES = {
     Link: {"bandwidth": float, "latency": float},
@@ -304,7 +307,8 @@ _TYPES = {
                     "embedding": UnitTimes, "block": UnitTimes, "head": UnitTimes,
                     "block_forward_no_grad_s": "optional-float"},
     Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
-             "memory_bandwidth": float, "host_link": "optional-link",
+             "memory_bandwidth": float, "host_memory_bandwidth": "optional-float",
+             "host_link": "optional-link",
              "host_memory_bytes": "optional-float", "host_collectives": bool,
              "cores": "optional-int",
              "action_overhead_s": float, "process_overhead_bytes": float,

@@ -80,6 +80,11 @@ class StageCosts:
                                        setup.dtype)
         self.bandwidth = p.device.memory_bandwidth
         self.host_link = p.device.host_link
+        # where the state's own elementwise work (fold, norm, update) runs: host-homed state
+        # behind a host link is updated by the CPU
+        self.state_bandwidth = (p.device.host_memory_bandwidth or self.bandwidth
+                                if setup.state_home == "host" and self.host_link is not None
+                                else self.bandwidth)
         self.overhead = p.device.action_overhead_s
         self._act_bytes = uc.output_bytes(setup.shape, "block")
 
@@ -134,7 +139,7 @@ class StageCosts:
 
     def _fold(self, u: int) -> float:
         """Folding a view's gradient into fp32 after a backward: read both, write one."""
-        return 12 * self.s.params(u) / self.bandwidth if u in self.s.view_units else 0.0
+        return 12 * self.s.params(u) / self.state_bandwidth if u in self.s.view_units else 0.0
 
     def update_params(self, u: int) -> int:
         """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
@@ -144,10 +149,10 @@ class StageCosts:
 
     def update(self, u: int) -> float:
         scale = 8 if self.s.clip else 0  # the gradient multiplied by the clip/unscale factor
-        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.bandwidth
+        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.state_bandwidth
 
     def norm_local(self) -> float:
-        return 4 * sum(self.update_params(u) for u in self.s.units) / self.bandwidth
+        return 4 * sum(self.update_params(u) for u in self.s.units) / self.state_bandwidth
 
     def norm_replicas(self) -> float:
         """Sharded: the squared norm summed over the replicas first (a blocking all-reduce of
@@ -190,6 +195,14 @@ class StageCosts:
         gathered buffer of N_pad elements (the parameters are views into it)."""
         shard = self.s.shard(u)
         return (shard.padded if shard else self.s.params(u)) * self.s.shape.elt
+
+    def view_time(self, u: int) -> float:
+        """P u (replicated): the view copied from host-homed masters over the host link; from
+        masters on a GPU, a cast there (read 4, write elt bytes a parameter); on a CPU, an
+        in-memory copy (copy_time)."""
+        if self.host_link is not None and self.s.state_home != "host":
+            return (4 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
+        return self.copy_time(self.view_bytes(u))
 
     def copy_time(self, nbytes: float) -> float:
         """Host<->device copy; without a host link, an in-memory copy (read + write)."""
