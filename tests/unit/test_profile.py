@@ -320,6 +320,26 @@ def test_simulate_gives_the_range_the_unstable_figures_allow(monkeypatch, capsys
     assert out["unstable_figures"] == ["measured[0].block.backward_s"]
 
 
+def test_plan_gives_its_best_plans_range(monkeypatch, capsys, tmp_path):
+    sizes = [4096.0, 1 << 20]
+    combined = combine([_repeat(2.0e-3, 0.0, 100e-6, 2e9), _repeat(3.0e-3, 0.0, 100e-6, 2e9)],
+                       sizes)
+    path = tmp_path / "profile.yaml"
+    combined.save(path)
+    args = ("plan", "--model", "tiny", "--profile", str(path), "--devices", "2", "--seq-len",
+            "256", "--global-batch", "8", "--memory-budget", "4GB")
+    code, stdout, err = run_cli(monkeypatch, capsys, *args, "--json")
+    assert code == 0, err
+    out = json.loads(stdout)
+    best = out["plans"][0]
+    fast, slow = best["step_time_range_s"]
+    assert fast < slow and fast <= best["step_time_s"] <= slow
+    assert out["unstable_figures"] == ["measured[0].block.backward_s"]
+    code, stdout, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert f"plan 1: {fast:.4g}-{slow:.4g} s with the profile's figures that did not" in stdout
+
+
 def test_repeats_that_agree_say_so():
     repeats = [_repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(2.02e-3, 0.03, 101e-6, 2e9)]
     combined = combine(repeats, [4096.0])

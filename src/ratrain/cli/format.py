@@ -1,4 +1,4 @@
-"""Plain-text output: byte sizes, counts, tables."""
+"""Plain-text output: byte sizes, counts, tables, a prediction's range."""
 
 from __future__ import annotations
 
@@ -27,3 +27,10 @@ def table(rows: list[list], header: list[str]) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths)))
 
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def range_line(edges: tuple[float, float], figures: list[str]) -> str:
+    """A step time at a profile's fast and slow edges (profile_repeats.step_time_range)."""
+    fast, slow = edges
+    return (f"{fast:.4g}-{slow:.4g} s with the profile's figures that did not repeat at their "
+            f"fastest and slowest repeat ({', '.join(figures)})")

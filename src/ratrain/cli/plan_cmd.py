@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ratrain.cli.format import table
+from ratrain.cli.format import range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options
 from ratrain.errors import UserError
@@ -74,6 +74,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     from ratrain.planner.account import decimal_bytes
     from ratrain.planner.budget import parse_bytes
     from ratrain.sim.profile import load_profile
+    from ratrain.sim.profile_repeats import step_time_range, unstable_figures
+    from ratrain.sim.simulator import simulate
 
     for flag in ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
                  "partition", "rank_order", "shard_state", "shard_group"):
@@ -125,13 +127,23 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     search.check(best)
     if out:
         Path(out).write_text(json.dumps(plan_file.to_dict(best, cfg, request), indent=2))
+    # what the profile's figures that did not repeat do to the best plan's prediction
+    edges = step_time_range(hw, lambda profile: simulate(
+        best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,
+        seq_len=t.seq_len, dtype=t.dtype).step_time)
     if as_json:
-        click.echo(json.dumps(plan_file.summary(found), indent=2))
+        summary = plan_file.summary(found)
+        if edges:
+            summary["plans"][0]["step_time_range_s"] = list(edges)
+            summary["unstable_figures"] = unstable_figures(hw)
+        click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_heading(found))
     click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "schedule", "pp x dp",
                                     "micro-batches", "ranks", "state / views", "units per stage",
                                     f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))
+    if edges:
+        click.echo("plan 1: " + range_line(edges, unstable_figures(hw)))
     if out:
         click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ratrain.cli.format import fmt_bytes, table
+from ratrain.cli.format import fmt_bytes, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options, use_plan_file
 
@@ -22,7 +22,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     communication and peak memory per stage, by simulating the very programs the executor runs."""
     from ratrain.layout import check_plan, load_plan, plan_for_config, resolve_schedule
     from ratrain.sim.profile import load_profile
-    from ratrain.sim.profile_repeats import at_edge
+    from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate as run_simulation
     from ratrain.trace import write_chrome_trace
 
@@ -49,9 +49,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
 
     result = predict(hw)
     # what the figures that did not repeat over the profile's repeats do to this prediction
-    edges = ({edge: predict(at_edge(hw, edge)).step_time for edge in ("fast", "slow")}
-             if hw.unstable else {})
-    unstable = sorted(hw.unstable.get("slow", {}))
+    edges = step_time_range(hw, lambda profile: predict(profile).step_time)
     if trace_file:
         actions, spans = result.trace_events()
         write_chrome_trace(trace_file, actions,
@@ -65,8 +63,8 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "shard_group": plan.shard_group,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if edges:
-        summary["step_time_range_s"] = [edges["fast"], edges["slow"]]
-        summary["unstable_figures"] = unstable
+        summary["step_time_range_s"] = list(edges)
+        summary["unstable_figures"] = unstable_figures(hw)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -82,9 +80,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     click.echo(f"step {result.step_time:.4g} s, {result.tokens_per_s:,.0f} tokens/s, "
                f"bubble {result.bubble:.1%}")
     if edges:
-        click.echo(f"  {edges['fast']:.4g}-{edges['slow']:.4g} s with the profile's figures that "
-                   f"did not repeat at their fastest and slowest repeat "
-                   f"({', '.join(unstable)})")
+        click.echo("  " + range_line(edges, unstable_figures(hw)))
     rows = []
     for r in result.ranks:
         fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"

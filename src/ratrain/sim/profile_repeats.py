@@ -34,7 +34,7 @@ Pure Python over plain data (HardwareProfile.to_dict): the measuring itself is p
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, Callable
 
 from ratrain.sim.profile import HardwareProfile, Link, from_dict
 
@@ -175,6 +175,20 @@ def at_edge(profile: HardwareProfile, edge: str) -> HardwareProfile:
         _get(data, parent)[key] = value
     data["unstable"] = {}
     return from_dict(data, f"{profile.name} at its {edge} edge")
+
+
+def step_time_range(profile: HardwareProfile,
+                    step_time: Callable[[HardwareProfile], float]) -> tuple[float, float] | None:
+    """What `step_time` (a prediction on a profile) gives with the figures that did not repeat
+    at their fastest and at their slowest repeat; None where every figure repeated."""
+    if not profile.unstable:
+        return None
+    return step_time(at_edge(profile, "fast")), step_time(at_edge(profile, "slow"))
+
+
+def unstable_figures(profile: HardwareProfile) -> list[str]:
+    """The paths of the figures that did not repeat."""
+    return sorted(profile.unstable.get("slow", {}))
 
 
 def _get(data: Any, path: str) -> Any:
