@@ -232,6 +232,20 @@ def _host_link(per_rank: list[dict]) -> tuple[Link, str]:
     return Link(bandwidth, latency), f"pinned copies, the slower direction ({note})"
 
 
+def _host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict:
+    """A GPU's host tier, as Device fields: the link to it, the bandwidth host-homed state is
+    updated at, and no collectives there (NCCL reduces device memory only, so host-homed state
+    cannot sync over replicas: the GPU presets say so too)."""
+    link, notes["device.host_link"] = _host_link(per_rank)
+    notes["device.host_memory_bandwidth"] = (
+        f"the same AdamW step over {_adamw_params('host') / 1e6:.1f}M pinned host parameters "
+        f"with every core, as one training process has them: what host-homed state's update, "
+        f"norm and gradient folds run at")
+    return {"host_link": link, "host_collectives": False,
+            "host_memory_bandwidth": (UPDATE_BYTES_PER_PARAM * _adamw_params("host")
+                                      / alone["host_adamw_s"])}
+
+
 def _links(links: dict) -> LinkClass:
     """p2p: latency + bytes/bw. all_reduce over n = 2 ranks in a ring: 2(n-1)/n x bytes/bw +
     2(n-1) x latency = bytes/bw + 2 x latency."""
@@ -270,14 +284,8 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         [pipeline_stage, (alone["ledger_growth"], alone["process_growth"] - alone["ledger_growth"])])
     intra = _links(links)
     notes = _notes(cfg, ranks, device_type)
-    host_link = host_bandwidth = None
+    host_tier = _host_tier(per_rank, alone, notes) if on_cuda else {}
     if on_cuda:
-        host_link, notes["device.host_link"] = _host_link(per_rank)
-        host_bandwidth = UPDATE_BYTES_PER_PARAM * _adamw_params("host") / alone["host_adamw_s"]
-        notes["device.host_memory_bandwidth"] = (
-            f"the same AdamW step over {_adamw_params('host') / 1e6:.1f}M pinned host parameters "
-            f"with every core, as one training process has them: what host-homed state's "
-            f"update, norm and gradient folds run at")
         memory = torch.cuda.get_device_properties(0).total_memory
         name, cores, per_node = torch.cuda.get_device_name(0), None, torch.cuda.device_count()
     else:
@@ -287,8 +295,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         name, cores, per_node = _cpu_name(), os.cpu_count(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
-                    memory_bandwidth=bandwidth, host_memory_bandwidth=host_bandwidth,
-                    host_link=host_link, cores=cores,
+                    memory_bandwidth=bandwidth, cores=cores, **host_tier,
                     action_overhead_s=overhead, process_overhead_bytes=fixed,
                     process_overhead_per_byte=per_byte, contention=contention)
     return HardwareProfile(

@@ -453,3 +453,21 @@ def test_a_gpus_host_bandwidth_is_merged_judged_and_kept_in_the_file():
     assert again.device.host_memory_bandwidth == 9.5e10
     _, rows = summary_rows(again)
     assert ["host memory bandwidth (AdamW on the host)", "95 GB/s"] in rows
+
+
+def test_a_gpus_host_tier_has_its_link_its_update_rate_and_no_collectives():
+    """What `ratrain profile` writes of a GPU's host tier, from its measurements: the slower
+    direction of pinned copies, AdamW's rate over the pinned host parameters, and no host
+    collectives (as the GPU presets: NCCL cannot sync host-homed state, so a plan on the
+    measured profile must not propose one)."""
+    from ratrain.profiling_ranks import ADAMW_SHAPES, LINK_SIZES
+    slow, fast = Link(20e9, 10e-6), Link(25e9, 10e-6)
+    per_rank = [{"host_copies_s": {"host_to_device": [fast.time(n) for n in LINK_SIZES],
+                                   "device_to_host": [slow.time(n) for n in LINK_SIZES]}}]
+    notes = {}
+    tier = profiling._host_tier(per_rank, {"host_adamw_s": 0.02}, notes)
+    assert tier["host_collectives"] is False
+    assert tier["host_link"].bandwidth == pytest.approx(slow.bandwidth, rel=1e-6)
+    params = sum(a * b for a, b in ADAMW_SHAPES["host"])
+    assert tier["host_memory_bandwidth"] == pytest.approx(28 * params / 0.02)
+    assert set(notes) == {"device.host_link", "device.host_memory_bandwidth"}
