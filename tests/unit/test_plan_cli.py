@@ -104,10 +104,15 @@ def test_a_sharded_plan_says_so_in_the_table_the_json_and_the_plan_file(monkeypa
 def test_a_split_schedule_shows_its_halves_and_placement(monkeypatch, capsys):
     args = ("plan", "--model", "tiny", "--pp", "1", "--global-batch", "4",
             "--micro-batch-size", "2", "--schedule", "zbh1")
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--weight-grad", "bubble")
+    assert code == 0, stderr
+    assert stdout.startswith("ratrain zbh1 (weight gradients: bubble), pp=1")
+    assert "BI1.0" in stdout and "BW1.1" in stdout and "B1.0 " not in stdout
+    # grouped on one stage: unit-major, whole backwards (nothing waits for the input's half)
     code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--weight-grad", "grouped")
     assert code == 0, stderr
     assert stdout.startswith("ratrain zbh1 (weight gradients: grouped), pp=1")
-    assert "BI1.0" in stdout and "BW1.1" in stdout and "B1.0 " not in stdout
+    assert "B1.0" in stdout and "BI1.0" not in stdout and "BW1.1" not in stdout
     code, stdout, _ = run_cli(monkeypatch, capsys, *args, "--json")
     assert code == 0
     plan = json.loads(stdout)

@@ -125,7 +125,9 @@ def test_the_search_shards_where_that_is_fastest_as_simulating_every_plan_does(p
 
 @pytest.mark.parametrize("devices, seq_len, budget, lifetimes", [
     (8, 64, 25e6, {"transient"}),  # step needs 28.6 MB at least (pp=1 dp=8), transient 18.0
-    (4, 256, 39e6, {"micro-batch"}),  # step 40.6, transient 36.3, micro-batch 33.2
+    # step 40.6, transient 36.3, micro-batch 33.2; transient fits with zbh1 grouped, whose one
+    # stage runs whole backwards unit-major and keeps no seeds between halves
+    (4, 256, 39e6, {"transient", "micro-batch"}),
     (2, 64, 52e6, {"transient", "micro-batch"}),  # step 49.2, transient 43.4, micro-batch 45.4
 ])
 def test_where_no_step_plan_fits_a_shorter_gradient_lifetime_does(devices, seq_len, budget,

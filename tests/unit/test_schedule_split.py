@@ -64,7 +64,10 @@ def test_every_split_plan_passes_checks(p, weight_grad):
                               activation=activation, view_window=window, weight_grad=weight_grad)
             assert plan.weight_grad == weight_grad
             ops = {a.op for program in plan.programs for a in program}
-            assert Op.BACKWARD not in ops and {Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT} <= ops
+            if p == 1 and weight_grad == "grouped":  # unit-major: nothing needs the split
+                assert Op.BACKWARD in ops and not {Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT} & ops
+            else:
+                assert Op.BACKWARD not in ops and {Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT} <= ops
 
 
 def test_grouped_runs_each_units_weight_gradients_together_in_sync_order():
@@ -88,8 +91,8 @@ def test_grouped_on_one_stage_runs_the_backward_unit_major():
     plan = build_plan(2, 1, 2, 3, schedule="zbh1", weight_grad="grouped", clip=False)
     compute = [str(a) for a in plan.programs[0] if a.op not in (Op.UPDATE, Op.STEP_END)]
     forwards = [f"F{u}.{m}" for m in range(3) for u in range(4)]
-    backward = [f"{op}{u}.{m}" + (f" GS{u}" if op == "BW" and m == 2 else "")
-                for u in (3, 2, 1, 0) for op in ("BI", "BW") for m in range(3)]
+    backward = [f"B{u}.{m}" + (f" GS{u}" if m == 2 else "") for u in (3, 2, 1, 0)
+                for m in range(3)]
     assert " ".join(compute) == " ".join(forwards + backward + [f"WGS{u}" for u in (3, 2, 1, 0)])
 
 
@@ -145,18 +148,18 @@ def test_gradient_send_waits_for_the_input_half():
 
 
 def test_a_view_stays_live_until_the_units_weight_gradients():
-    plan = build_plan(3, 1, 1, 2, schedule="zbh1", weight_grad="grouped", view_window=1,
+    plan = build_plan(3, 2, 1, 2, schedule="zbh1", weight_grad="grouped", view_window=1,
                       clip=False)
-    program = plan.programs[0]
-    for u in range(5):
-        release = max(i for i, a in enumerate(program) if a == Action(Op.RELEASE, u))
-        assert release > max(i for i, a in enumerate(program)
-                             if a.op is Op.BACKWARD_WEIGHT and a.unit == u)
-    text = " ".join(map(str, program))
+    for program, units in zip(plan.programs, plan.stage_units):
+        for u in units:
+            release = max(i for i, a in enumerate(program) if a == Action(Op.RELEASE, u))
+            assert release > max(i for i, a in enumerate(program)
+                                 if a.op is Op.BACKWARD_WEIGHT and a.unit == u)
+    text = " ".join(map(str, plan.programs[1]))
     early = text.replace("BW4.1 X4", "X4 BW4.1")
     assert early != text
     with pytest.raises(ScheduleError, match=r"BW4\.1 needs unit 4's view live"):
-        validate([parse_program(early)], plan.stage_units, 2, 1)
+        validate([plan.programs[0], parse_program(early)], plan.stage_units, 2, 1)
 
 
 def _simulated(schedule, pp, dp, n_micro, weight_grad=None):

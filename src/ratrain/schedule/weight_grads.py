@@ -13,8 +13,10 @@ compute-only programs of a split builder (builders.zbh1), before any other pass:
   BWs of the units after it; what BW needs stays alive until its group runs (every
   micro-batch's, as in GPipe).
   On a single stage nothing waits for the input gradients, so the backward runs unit-major:
-  every forward, then per unit (top first) its BIs and its BWs. The top unit's gradient is
-  final after about 1/units of the step's backward.
+  every forward, then per unit (top first) its backward of every micro-batch. The top unit's
+  gradient is final after about 1/units of the step's backward. Nothing there needs the
+  split, so the backwards are whole (B): the halves cost more than the whole (on a tiny block,
+  BI 27.0 + BW 16.3 ms against 38.7; docs/benchmarks.md) and BW's seeds lived between them.
 """
 
 from __future__ import annotations
@@ -53,5 +55,4 @@ def _unit_major(program: Program) -> Program:
     forwards = [a for a in program if a.op is Op.FORWARD]
     micro = list(dict.fromkeys(a.mb for a in forwards))
     units = sorted({a.unit for a in forwards}, reverse=True)
-    return forwards + [Action(op, u, m) for u in units
-                       for op in (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT) for m in micro]
+    return forwards + [Action(Op.BACKWARD, u, m) for u in units for m in micro]
