@@ -208,7 +208,8 @@ def main() -> None:
     ap.add_argument("--set", choices=SETS, default="all",
                     help="in: the profiled shape; out: shapes the profile did not measure; "
                          "split: split backwards beside 1F1B")
-    ap.add_argument("--only", help="comma-separated labels to run")
+    ap.add_argument("--only", action="append",
+                    help="a configuration's label to run (repeat for more; labels hold commas)")
     ap.add_argument("--paired", action="store_true",
                     help="a profile repeat right before every run, each run predicted from its own "
                          "(on a VM whose speed moves by a quarter within minutes)")
@@ -229,7 +230,11 @@ def main() -> None:
         result["profile"] = profile.to_dict()
         result["repredicted"] = time.strftime("%Y-%m-%d")
     else:
-        configs = [c for c in SETS[args.set] if not args.only or c.label in args.only.split(",")]
+        configs = [c for c in SETS[args.set] if not args.only or c.label in args.only]
+        unknown = sorted(set(args.only or ()) - {c.label for c in SETS[args.set]})
+        if unknown:
+            ap.error(f"--only: no configuration {', '.join(map(repr, unknown))} in --set "
+                     f"{args.set}")
         with tempfile.TemporaryDirectory() as tmp:
             runs, repeats = _measure_all(configs, args, Path(tmp))
         profile = _merged(repeats)
