@@ -304,12 +304,17 @@ def test_figures_that_did_not_repeat_keep_their_slowest_and_fastest_repeat():
     assert combine(repeats[:1] * 2, sizes).unstable == {}
 
 
-def test_simulate_gives_the_range_the_unstable_figures_allow(monkeypatch, capsys, tmp_path):
-    sizes = [4096.0, 1 << 20]
+def _block_backward_unstable(tmp_path):
+    """A profile file whose two repeats timed the block's backward 50% apart."""
     combined = combine([_repeat(2.0e-3, 0.0, 100e-6, 2e9), _repeat(3.0e-3, 0.0, 100e-6, 2e9)],
-                       sizes)
+                       [4096.0, 1 << 20])
     path = tmp_path / "profile.yaml"
     combined.save(path)
+    return path
+
+
+def test_simulate_gives_the_range_the_unstable_figures_allow(monkeypatch, capsys, tmp_path):
+    path = _block_backward_unstable(tmp_path)
     code, stdout, err = run_cli(monkeypatch, capsys, "simulate", "--model", "tiny",
                                 "--profile", str(path), "--seq-len", "256",
                                 "--micro-batch-size", "2", "--global-batch", "8", "--json")
@@ -321,11 +326,7 @@ def test_simulate_gives_the_range_the_unstable_figures_allow(monkeypatch, capsys
 
 
 def test_plan_gives_its_best_plans_range(monkeypatch, capsys, tmp_path):
-    sizes = [4096.0, 1 << 20]
-    combined = combine([_repeat(2.0e-3, 0.0, 100e-6, 2e9), _repeat(3.0e-3, 0.0, 100e-6, 2e9)],
-                       sizes)
-    path = tmp_path / "profile.yaml"
-    combined.save(path)
+    path = _block_backward_unstable(tmp_path)
     args = ("plan", "--model", "tiny", "--profile", str(path), "--devices", "2", "--seq-len",
             "256", "--global-batch", "8", "--memory-budget", "4GB")
     code, stdout, err = run_cli(monkeypatch, capsys, *args, "--json")
