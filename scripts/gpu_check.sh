@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export RATRAIN_CACHE=${RATRAIN_CACHE:-/tmp/ratrain_cache}
 BLOCKS=${BLOCKS:-4}
-SECTIONS=${SECTIONS:-"tests cli 7b profile"}  # which of the checks below run
+SECTIONS=${SECTIONS:-"tests cli 7b learn profile"}  # which of the checks below run (7b_host: that run alone)
 LOG=$OUT/log.txt
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
@@ -56,19 +56,37 @@ model: {name: llama2-7b-${BLOCKS}blocks, vocab_size: 32000, dim: 4096, n_layers:
 train: {seq_len: 4096, global_batch: 1, micro_batch_size: 1, dtype: bfloat16, steps: 6,
         warmup_steps: 0, lr: 0.0001, eval_every: 0}
 YAML
-if wants 7b; then
+if wants 7b || wants 7b_host; then
 run llama7b_host "$OUT" 150 --config /tmp/llama7b_blocks.yaml --state-home host --activation recompute --view-window 1
 cp /tmp/llama7b_host/trace.json "$OUT/llama7b_host.trace.json" 2>/dev/null
+fi
+if wants 7b; then
 run llama7b_device "$OUT" 150 --config /tmp/llama7b_blocks.yaml --state-home device --activation keep
-cat /tmp/llama7b_host/metrics.jsonl /tmp/llama7b_device/metrics.jsonl > "$OUT/metrics_7b.jsonl" 2>/dev/null
+run llama7b_device_fp16 /tmp 150 --config /tmp/llama7b_blocks.yaml --state-home device --activation keep \
+  --dtype float16
+cat /tmp/llama7b_host/metrics.jsonl /tmp/llama7b_device/metrics.jsonl \
+  /tmp/llama7b_device_fp16/metrics.jsonl > "$OUT/metrics_7b.jsonl" 2>/dev/null
 fi
 
-# The simulator on this GPU's own profile (llama2-7b's block at this shape) against both runs.
+# Does a 7B-wide model learn on the GPU? The same blocks on the device, 40 steps with warmup
+# (6 steps without one are too few to tell).
+if wants learn; then
+sed -e 's/steps: 6,/steps: 40,/' -e 's/warmup_steps: 0, lr: 0.0001/warmup_steps: 10, lr: 0.0003/' \
+  /tmp/llama7b_blocks.yaml > /tmp/llama7b_learn.yaml
+run llama7b_learn /tmp 150 --config /tmp/llama7b_learn.yaml --state-home device --activation keep
+$PY -c "import json; print('learn losses', [round(json.loads(l)['loss'], 3) for l in
+  open('/tmp/llama7b_learn/metrics.jsonl') if 'loss' in json.loads(l)][::4])" >> "$LOG" 2>&1
+fi
+
+# The simulator on this GPU's own profile (llama2-7b's block at this shape) against both runs;
+# PROFILE=FILE: an earlier one instead of measuring anew.
 if wants profile; then
+if [[ -n "${PROFILE:-}" ]]; then cp "$PROFILE" "$OUT/gpu_profile.yaml"; else
 SECONDS=0
 timeout 150 $PY -m ratrain.cli profile --model llama2-7b --seq-len 4096 --micro-batch-size 1 \
   --dtype bfloat16 --repeats 2 --out "$OUT/gpu_profile.yaml" >> "$LOG" 2>&1
 echo "== profile rc=$? in ${SECONDS}s" >> "$LOG"
+fi
 for flags in "--state-home host --activation recompute --view-window 1" "--state-home device --activation keep"; do
   timeout 60 $PY -m ratrain.cli simulate --config /tmp/llama7b_blocks.yaml \
     --profile "$OUT/gpu_profile.yaml" $flags >> "$OUT/simulate.txt" 2>&1

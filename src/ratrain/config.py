@@ -93,7 +93,7 @@ class TrainConfig:
     micro_batch_size: int = 2
     steps: int = 300
     lr: float = 3e-3
-    min_lr: float = 3e-4
+    min_lr: float | None = None  # where the cosine ends; None: lr / 10 (an lr below a fixed floor rose to it)
     warmup_steps: int = 30
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -111,15 +111,22 @@ class TrainConfig:
     tensorboard: bool = False  # also write each step's metrics as TensorBoard scalars (RUN_DIR/tensorboard/)
     profile: str | None = None  # hardware profile (preset or YAML): the device peak for MFU, the report's simulated step
 
+    @property
+    def final_lr(self) -> float:
+        """The cosine's floor: min_lr, or a tenth of the peak."""
+        return self.lr / 10 if self.min_lr is None else self.min_lr
+
     def validate(self) -> None:
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
                      "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise UserError(f"train.{name} must be positive, got {getattr(self, name)}")
-        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "eval_every",
+        for name in ("warmup_steps", "weight_decay", "grad_clip", "eval_every",
                      "eval_batches", "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
                 raise UserError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise UserError(f"train.min_lr must be in [0, lr = {self.lr}], got {self.min_lr}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")

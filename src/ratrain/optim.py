@@ -46,12 +46,13 @@ def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig,
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to min_lr at the last step."""
+    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to cfg.final_lr at the last step."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     span = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+    floor = cfg.final_lr
+    return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
 
 
 def set_lr(optimizers, lr: float) -> None:

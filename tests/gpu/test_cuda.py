@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -178,16 +180,40 @@ def test_viewed_weights_reach_the_device_only_as_views(home):
     assert _losses(engine, cfg, 2)[-1] > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_copies_across_devices_and_dtypes_are_cast_on_the_device_bit_for_bit(monkeypatch, dtype):
+    """A host-homed view (pinned fp32 into a low-precision device tensor), and a gradient on
+    its way into a host fp32 accumulation, cross the link in fp32, chunk by chunk through a
+    staging buffer of the stream they run on, and are cast on the device: the same bits as
+    the cast on the host, for a size that is no multiple of the chunk."""
+    from ratrain.runtime import copy_engine
+
+    monkeypatch.setattr(copy_engine, "CAST_CHUNK", 1000)
+    copies = copy_engine.CopyEngine(torch.device("cuda"))
+    src = torch.randn(37, 101, generator=torch.Generator().manual_seed(0)).pin_memory()
+    view = torch.empty(src.shape, dtype=dtype, device="cuda")
+    copies.wait(copies.copy(view, src))
+    assert torch.equal(view.cpu(), src.to(dtype))
+    back = torch.empty(src.shape, pin_memory=True)
+    copies.copy(back, view, gradient=True).synchronize()
+    assert torch.equal(back, src.to(dtype).float())
+    for stream in (copies.stream, copies.grad_stream):
+        staging = copies._staging[stream]
+        assert staging.numel() == 1000 and staging.dtype == torch.float32
+
+
 def test_offload_lowers_the_measured_peak():
     cfg = _cfg("bfloat16")
     cfg.train.seq_len, cfg.model.max_seq_len = 512, 512
     peaks = {}
     for activation in ("keep", "offload"):
+        gc.collect()  # what an earlier engine left is not this one's peak
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
         engine = _executor(cfg, activation, 1, "host")
         _losses(engine, cfg, 3)
-        peaks[activation] = torch.cuda.max_memory_allocated()
+        peaks[activation] = torch.cuda.max_memory_allocated() - before
         del engine
     assert peaks["offload"] < peaks["keep"], peaks
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ratrain.config import TrainConfig
+from ratrain.errors import UserError
 from ratrain.optim import lr_at, make_optimizer, unit_parameters
 
 
@@ -16,6 +17,16 @@ def test_lr_warms_up_linearly_then_decays_by_cosine_to_min():
     assert lr_at(110, cfg) == pytest.approx(0.1)
     lrs = [lr_at(s, cfg) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_the_schedule_never_rises_above_the_peak_the_user_set():
+    """Without min_lr the cosine ends at a tenth of lr (a fixed 3e-4 floor made lr 1e-4 rise
+    to 2.9e-4 over a 6-step run on the GPU, 2026-11-26); a floor above lr is refused."""
+    cfg = TrainConfig(lr=1e-4, warmup_steps=2, steps=12)
+    lrs = [lr_at(s, cfg) for s in range(13)]
+    assert max(lrs) == pytest.approx(1e-4) and lrs[-1] == pytest.approx(1e-5)
+    with pytest.raises(UserError, match="min_lr"):
+        TrainConfig(lr=1e-4, min_lr=3e-4).validate()
 
 
 def test_weight_decay_only_on_matrices():

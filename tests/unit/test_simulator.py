@@ -244,18 +244,20 @@ def test_sharded_gather_sync_update_and_norm_take_their_formulas(dp, device):
 
 @pytest.mark.parametrize("home, host_bw", [("device", None), ("host", None), ("host", 1e8)])
 def test_a_gpus_views_and_state_work_are_priced_where_they_run(home, host_bw):
-    """On a device with a host link (a GPU), bf16 views, one unit ahead: from masters on the
-    device a view is a cast there ((4 + 2) N at memory bandwidth), from host-homed masters a
-    copy of its 2 N bytes over the link; a host-homed state's update (36 N with clipping), norm
-    (4 N) and gradient fold (12 N, in the backward) run at the host's bandwidth where the
-    profile has one (measured on 2026-11-26: an H200's host updated 20x slower than its
-    device), else at the device's."""
+    """On a device with a host link (a GPU), bf16 views, one unit ahead, two micro-batches:
+    from masters on the device a view is a cast there ((4 + 2) N at memory bandwidth), from
+    host-homed masters their 4 N fp32 bytes over the link and then that cast (the copy engine
+    casts on the device: torch's copy_ across devices and dtypes converted on the host). A
+    host-homed state's update (36 N with clipping), norm (4 N) and gradient fold (12 N, in the
+    backward) run at the host's bandwidth where the profile has one (measured on 2026-11-26:
+    an H200's host updated 20x slower than its device), else at the device's; its first fold
+    of the step is a copy into the zero accumulation, off the compute timeline."""
     bw, host_link = 1e9, Link(1e7, 1e-5)
     p = _profile(f=0.0, b=0.0)
     p.measured = [dataclasses.replace(p.measured[0], dtype="bfloat16")]
     p.device = dataclasses.replace(p.device, memory_bandwidth=bw, host_link=host_link,
                                    host_memory_bandwidth=host_bw)
-    plan = build_plan(2, 1, 1, 1, clip=True, view_window=1, state_home=home)
+    plan = build_plan(2, 1, 1, 2, clip=True, view_window=1, state_home=home)
     timeline = simulate(plan, _model(2), p, micro_batch_size=2, seq_len=256,
                         dtype="bfloat16").ranks[0]
     spans = {name: t1 - t0 for name, t0, t1 in timeline.spans}
@@ -263,10 +265,12 @@ def test_a_gpus_views_and_state_work_are_priced_where_they_run(home, host_bw):
     state_bw = host_bw if home == "host" and host_bw else bw
     for u, sizes in enumerate(TINY_SIZES):
         n = sum(sizes)
-        view = host_link.time(2 * n) if home == "host" else 6 * n / bw
+        view = (host_link.time(4 * n) if home == "host" else 0.0) + 6 * n / bw
         assert spans[f"P{u}"] == pytest.approx(view, rel=1e-12)
         assert actions[f"U{u}"] == pytest.approx(36 * n / state_bw, rel=1e-12)
-        assert actions[f"B{u}.0"] == pytest.approx(12 * n / state_bw, rel=1e-12)
+        fold = 12 * n / state_bw
+        assert actions[f"B{u}.0"] == pytest.approx(0.0 if home == "host" else fold, rel=1e-12)
+        assert actions[f"B{u}.1"] == pytest.approx(fold, rel=1e-12)
     total = sum(map(sum, TINY_SIZES))
     assert actions["N"] == pytest.approx(4 * total / state_bw, rel=1e-12)
 

@@ -1,9 +1,11 @@
 """Copies between the home tier (host) and the compute device, off the compute stream.
 
-On CUDA every copy runs on one side stream in issue order, after the work the compute stream has
+On CUDA every copy runs on a side stream in issue order, after the work the compute stream has
 queued so far, and returns an event; the compute stream waits for that event only where the
-program has a wait action (WP, WL). On a CPU-only run the host tier is the device's own memory: a
-copy is a plain synchronous copy and there is nothing to wait for.
+program has a wait action (WP, WL). Views, offloads and reloads share one stream (a reload must
+follow its offload); the gradients a backward sends to host-homed state take a second one, so
+they cross the link while the next views come the other way. On a CPU-only run the host tier is
+the device's own memory: a copy is a plain synchronous copy and there is nothing to wait for.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from __future__ import annotations
 import torch
 
 FOLD_CHUNK = 1 << 20  # elements add_to_fp32 converts at a time: a 4 MB scratch that stays in cache
+CAST_CHUNK = 1 << 24  # elements a copy across devices and dtypes stages at a time (64 MB fp32)
 
 
 class CopyEngine:
     def __init__(self, device: torch.device):
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.grad_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._scratch: torch.Tensor | None = None  # add_to_fp32's, made at its first use
+        self._staging: dict = {}  # _cast_on_device's device buffer, one per stream
 
     def host_empty(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A host buffer shaped like `like`: pinned when a GPU will copy to or from it
@@ -37,20 +42,45 @@ class CopyEngine:
             part = low[start:start + FOLD_CHUNK]
             acc[start:start + part.numel()].add_(self._scratch[:part.numel()].copy_(part))
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor):
-        """Start `dst.copy_(src)`; returns the event that marks its completion (None on CPU)."""
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, gradient: bool = False):
+        """Start `dst.copy_(src)`; returns the event that marks its completion (None on CPU).
+        `gradient`: a backward's gradient on its way to host-homed state (the second stream)."""
         if self.stream is None:
             dst.copy_(src)
             return None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            dst.copy_(src, non_blocking=True)
+        stream = self.grad_stream if gradient else self.stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            if dst.is_cuda != src.is_cuda and dst.dtype != src.dtype:
+                self._cast_on_device(dst, src, stream)
+            else:
+                dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event()
-            done.record(self.stream)
+            done.record(stream)
         for t in (dst, src):  # the allocator must not hand these out again before the copy ran
             if t.is_cuda:
-                t.record_stream(self.stream)
+                t.record_stream(stream)
         return done
+
+    def _cast_on_device(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
+        """dst = src in dst's dtype, one of them on the host, on `stream`: chunk by chunk
+        through a device staging buffer in the host tensor's dtype, the cast done on the
+        device. torch's copy_ across devices and dtypes converts on the host, into pageable
+        memory, so it is neither asynchronous nor fast: a pinned fp32 master into a bf16 view
+        took ~33 ms a llama2-7b block on the H200 (2026-11-26), where the link moves its 808
+        MB of fp32 in ~14 ms. The host's bytes cross the link (4 a parameter for fp32 masters
+        and gradients); the staging holds at most CAST_CHUNK elements."""
+        host = dst if src.is_cuda else src
+        n = min(CAST_CHUNK, src.numel())
+        staging = self._staging.get(stream)
+        if staging is None or staging.dtype != host.dtype or staging.numel() < n:
+            staging = self._staging[stream] = torch.empty(n, dtype=host.dtype, device=self.device)
+        flat_dst, flat_src = dst.view(-1), src.reshape(-1)
+        for start in range(0, flat_src.numel(), CAST_CHUNK):
+            part = flat_src[start:start + CAST_CHUNK]
+            staged = staging[:part.numel()]
+            staged.copy_(part, non_blocking=True)
+            flat_dst[start:start + part.numel()].copy_(staged, non_blocking=True)
 
     def wait(self, event) -> None:
         """Make the compute stream wait for a copy (the host does not block)."""

@@ -88,9 +88,9 @@ def _p2p_time(c: StageCosts, a: Action) -> float:
 
 DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.FORWARD: _forward_time,
-    Op.BACKWARD: lambda c, a: c.backward(a.unit),
+    Op.BACKWARD: lambda c, a: c.backward(a.unit, a.mb),
     Op.BACKWARD_INPUT: lambda c, a: c.backward_input(a.unit),
-    Op.BACKWARD_WEIGHT: lambda c, a: c.backward_weight(a.unit),
+    Op.BACKWARD_WEIGHT: lambda c, a: c.backward_weight(a.unit, a.mb),
     Op.RECOMPUTE: lambda c, a: c.forward(a.unit),
     Op.SEND_ACT: _p2p_time,
     Op.WAIT_SEND_ACT: _zero,

@@ -99,17 +99,18 @@ class StageCosts:
             return times.forward_s
         return sum(self._priced(uc.forward_flops(self.s.shape, kind), kind))
 
-    def backward(self, u: int) -> float:
-        return sum(self._backward_parts(u)) + self._fold(u)
+    def backward(self, u: int, mb: int | None = None) -> float:
+        """B u.mb (mb None: the step's mean over its micro-batches), with its fold."""
+        return sum(self._backward_parts(u)) + self._fold(u, mb)
 
     def backward_input(self, u: int) -> float:
         """BI: measured where the profile has the shape's halves, else priced
         (uc.split_backward_s)."""
         return self._split(u)[0]
 
-    def backward_weight(self, u: int) -> float:
+    def backward_weight(self, u: int, mb: int | None = None) -> float:
         """BW: as BI, the weight-gradient half; and the fold of a view's gradient."""
-        return self._split(u)[1] + self._fold(u)
+        return self._split(u)[1] + self._fold(u, mb)
 
     def _split(self, u: int) -> tuple[float, float]:
         kind = self.s.kind(u)
@@ -137,9 +138,20 @@ class StageCosts:
         return ((flops - attention) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth,
                 attention / self.attention_rate)
 
-    def _fold(self, u: int) -> float:
-        """Folding a view's gradient into fp32 after a backward: read both, write one."""
-        return 12 * self.s.params(u) / self.state_bandwidth if u in self.s.view_units else 0.0
+    def _fold(self, u: int, mb: int | None) -> float:
+        """Folding a view's gradient into fp32 after a backward: read both, write one. Into
+        host-homed state on a GPU, the step's first fold (micro-batch 0's) costs the compute
+        timeline nothing: the gradient is cast on the device and copied into the zero
+        accumulation on a stream of its own (UnitState.fold_grads); mb None: the mean."""
+        if u not in self.s.view_units:
+            return 0.0
+        add = 12 * self.s.params(u) / self.state_bandwidth
+        if not (self.s.state_home == "host" and self.host_link is not None
+                and self.s.grad_lifetime == "step"):
+            return add
+        if mb is None:
+            return add * (self.s.n_micro - 1) / self.s.n_micro
+        return 0.0 if mb == 0 else add
 
     def update_params(self, u: int) -> int:
         """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
@@ -197,12 +209,17 @@ class StageCosts:
         return (shard.padded if shard else self.s.params(u)) * self.s.shape.elt
 
     def view_time(self, u: int) -> float:
-        """P u (replicated): the view copied from host-homed masters over the host link; from
-        masters on a GPU, a cast there (read 4, write elt bytes a parameter); on a CPU, an
+        """P u (replicated): from masters on a GPU, a cast there (read 4, write elt bytes a
+        parameter); from host-homed masters, their fp32 bytes over the host link, then that
+        cast (the copy engine casts on the device: runtime/copy_engine.py); on a CPU, an
         in-memory copy (copy_time)."""
-        if self.host_link is not None and self.s.state_home != "host":
-            return (4 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
-        return self.copy_time(self.view_bytes(u))
+        n = self.s.params(u)
+        cast = (4 + self.s.shape.elt) * n / self.bandwidth if self.s.shape.elt != 4 else 0.0
+        if self.host_link is None:
+            return self.copy_time(self.view_bytes(u))
+        if self.s.state_home == "host":
+            return self.host_link.time(4 * n) + cast
+        return (4 + self.s.shape.elt) * n / self.bandwidth
 
     def copy_time(self, nbytes: float) -> float:
         """Host<->device copy; without a host link, an in-memory copy (read + write)."""
