@@ -1,7 +1,8 @@
 """A split backward computes what the whole one does: one process runs zbh1 (both
 weight-gradient placements) and 1f1b on the same batches, with every activation choice and
 views; losses and weights agree bit for bit, and the executor's ledger equals the simulator's
-kind by kind (so the simulator sizes what BI keeps for BW exactly)."""
+kind by kind (so the simulator sizes what BI keeps for BW exactly). BI drops the activations
+only it reads."""
 
 import gc
 
@@ -117,3 +118,49 @@ def test_one_process_runs_a_split_schedule_in_the_executor():
     assert not needs_executor(cfg)
     cfg.parallel.schedule, cfg.parallel.weight_grad = "zbh1", "grouped"
     assert needs_executor(cfg)
+
+
+@pytest.mark.parametrize("kind", ["block", "head"])
+def test_bi_keeps_only_what_bw_reads_and_bw_still_equals_the_whole_backward(kind):
+    """After BI, a unit's saved activations shrink to what the nodes BW runs saved (the
+    simulator's wgrad_saved_bytes, to the byte); the rest is no longer referenced by anything;
+    BW then gives the whole backward's weight gradients bit for bit."""
+    import weakref
+
+    from ratrain.models.llama import build_units, lm_loss
+    from ratrain.runtime import split_backward
+    from ratrain.runtime.memory_ledger import tensor_storages
+    from ratrain.sim import unit_costs as uc
+
+    cfg = _cfg()
+    m = cfg.model
+    u = 1 if kind == "block" else m.n_layers + 1
+    module = build_units(m, 0, list(range(m.n_layers + 2)))[u]
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 32, m.dim, generator=g)
+    targets = torch.randint(0, m.vocab_size, (2, 32), generator=g)
+
+    def run(x):
+        y = module(x)
+        return lm_loss(y, targets) if kind == "head" else y
+
+    x = x0.clone().requires_grad_()
+    whole = run(x)
+    whole.backward(None if kind == "head" else torch.ones_like(whole))
+    expected = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad(set_to_none=True)
+
+    x = x0.clone().requires_grad_()
+    saved = SavedActivations(list(module.parameters()), {x.untyped_storage().data_ptr()})
+    with saved.hooks():
+        y = run(x)
+    before = [weakref.ref(t) for t in saved.tensors]
+    dx, wg = split_backward.backward_input(y, None if kind == "head" else torch.ones_like(y), x)
+    kept = saved.keep_only_for(wg.nodes())
+    shape = uc.UnitShape(m, 2, 32, "float32")
+    assert sum(dict(tensor_storages(kept)).values()) == uc.wgrad_saved_bytes(shape, kind)
+    gc.collect()
+    alive = {id(t()) for t in before if t() is not None}
+    assert alive == {id(t) for t in kept} and len(alive) < len(before)
+    split_backward.backward_weight(wg)
+    assert all(torch.equal(p.grad, e) for p, e in zip(module.parameters(), expected))

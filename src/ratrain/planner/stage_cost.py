@@ -115,6 +115,7 @@ class UnitTable:
         self.update = [c.update(u) + o for u in units]
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.saved = [uc.saved_bytes(shape, uc.unit_kind(model, u)) for u in units]
+        self.wsaved = [uc.wgrad_saved_bytes(shape, uc.unit_kind(model, u)) for u in units]
         owners = [c.unit_state_owners(u) for u in units]
         self.state = [sum(owner[3] for owner in own) for own in owners]
         # masters and gradients: held before the first step, so not part of the ledger's growth
@@ -134,8 +135,8 @@ class UnitTable:
         self.host_tier = profile.device.host_link is not None
         self.states_on_device = not (lifecycle.state_home == "host" and self.host_tier)
         self._sums = {name: [0, *accumulate(getattr(self, name))]
-                      for name in ("forward", "update", "out", "saved", "state", "view", "held",
-                                   "full")}
+                      for name in ("forward", "update", "out", "saved", "wsaved", "state", "view",
+                                   "held", "full")}
         self._schedule(schedule, weight_grad)
         block = 1 if self.n_units > 2 else 0
         self.block_saved = self.saved[block] if block else 0
@@ -166,13 +167,11 @@ class UnitTable:
         return max(0, min(b, self.n_units - 1) - max(a, 1))
 
     def in_flight(self, stage: int, pp: int) -> int:
-        """Micro-batches whose activations stage `stage` holds at most: at its first backward
-        (1F1B); ZB-H1 defers stage s's BWs by s, so every stage holds stage 0's count; grouped
-        BWs keep every micro-batch's until the unit's group runs."""
-        if self.weight_grad == "grouped":
+        """Micro-batches whose activations stage `stage` holds whole at most: at its first
+        backward (1F1B, and the split schedules' BIs, which run in its order); on one stage,
+        grouped runs every forward first. What a split backward keeps after BI is `seeded`'s."""
+        if self.weight_grad == "grouped" and pp == 1:
             return self.n_micro
-        if self.weight_grad == "bubble":
-            return one_f_one_b_in_flight(0, pp, self.n_micro)
         return one_f_one_b_in_flight(stage, pp, self.n_micro)
 
     def gather(self, u: int, link: Link) -> float:
@@ -288,11 +287,20 @@ class UnitTable:
             most = max(most, alive - freed)
         return most
 
-    def seeded(self, stage: int, pp: int) -> int:
-        """Micro-batches whose BI has run and BW not yet, at most (what BI keeps for BW)."""
-        if self.weight_grad == "grouped":
-            return self.n_micro
-        return min(stage + 1, self.n_micro) if self.weight_grad == "bubble" else 0
+    def peak_candidates(self, stage: int, pp: int) -> list[tuple[int, int]]:
+        """(micro-batches held whole, micro-batches past BI and before BW) at the moments where
+        the stage's peak can fall (what BI keeps for BW may be more or less than the whole: a
+        recomputed block's whole is its input). 1F1B: none past BI. ZB-H1 defers stage s's
+        BWs by s, and for a moment after a BI holds s + 1. Grouped runs a unit's BWs after
+        the stage's last BI, so micro-batches pass BI one by one as the cool-down starts (on
+        one stage its backwards are whole: none)."""
+        n, whole = self.n_micro, self.in_flight(stage, pp)
+        if self.weight_grad == "bubble":
+            s = min(stage, n - 1)
+            return [(whole, s), (whole - 1, s + 1)]
+        if self.weight_grad == "grouped" and pp > 1:
+            return [(min(whole, n - k), k) for k in range(n + 1)]
+        return [(whole, 0)]
 
     def estimate(self, a: int, b: int, stage: int, pp: int, choice: StageChoice) -> StageEstimate:
         """Time and device bytes of units [a, b) as stage `stage` of `pp`."""
@@ -329,11 +337,17 @@ class UnitTable:
             recomputed = frozenset(choice.per_unit(range(a, b), self.n_units)
                                    if k and not choice.offload else ())
             full_most, full_fewer = self.full_grads(a, b, stage, pp, recomputed, recovering)
-        held = (states + views + shared + transient
-                + max(in_flight * per_micro + full_most, (in_flight - 1) * per_micro + full_fewer))
-        # between BI and BW a split backward keeps what BW needs: its seeds, and the
-        # recovered (recomputed or reloaded) activations, which 1F1B frees at once
-        held += self.seeded(stage, pp) * (self.total("seeds", a, b) + dropped)
+
+        def whole(f: int) -> float:  # f micro-batches' activations, and full-size gradients
+            return max(f * per_micro + full_most, (f - 1) * per_micro + full_fewer) if f > 0 \
+                else full_most
+
+        # between BI and BW a split backward keeps what BW needs: its seeds, what the ops
+        # that read a weight saved (recomputed or reloaded ones too), and each unit's input
+        past_bi = (self.total("seeds", a, b) + self.total("wsaved", a, b)
+                   + (self.act if a > 0 else 0) + self.total("out", a, b - 1))
+        kept = max(whole(f) + k * past_bi for f, k in self.peak_candidates(stage, pp))
+        held = states + views + shared + transient + kept
         host = 0 if self.states_on_device else self.total("state", a, b)
         if choice.offload and self.host_tier:
             host += in_flight * k * (self.block_saved + self.table)

@@ -98,13 +98,16 @@ def backward_input(ex, st: StepState, a: Action) -> None:
     y = st.act.pop(key)
     grad_y = None if a.unit == ex.head else st.grad.pop(key)
     x = st.inp[key]
+    saved = st.saved[key]
     if not x.requires_grad:
         st.wgrad[key] = (y, grad_y)
-        st.bind(wgrad_seeds=[y, grad_y])
+        st.bind(input=[x], wgrad_seeds=[y, grad_y],
+                wgrad_saved=[t for t in saved.tensors if t is not None])
         return
     dx, st.wgrad[key] = split_backward.backward_input(y, grad_y, x)
     st.grad[(a.unit - 1, a.mb)] = dx
-    st.bind(input_grad=[dx], wgrad_seeds=st.wgrad[key].seed_tensors())
+    st.bind(input=[x], input_grad=[dx], wgrad_seeds=st.wgrad[key].seed_tensors(),
+            wgrad_saved=saved.keep_only_for(st.wgrad[key].nodes()))
 
 
 def backward_weight(ex, st: StepState, a: Action) -> None:

@@ -17,6 +17,7 @@ with the same values (no update comes between a step's forward and its backward)
 
 from __future__ import annotations
 
+from functools import cache
 from typing import NamedTuple
 
 import torch
@@ -41,8 +42,9 @@ class SavedActivations:
         self._param_of = {p.untyped_storage().data_ptr(): i for i, p in enumerate(params)
                           if p.untyped_storage().data_ptr()}  # (0: no memory, nothing to find)
         self.passthrough = passthrough  # storage addresses of the unit's input
-        self.tensors: list[torch.Tensor] = []
+        self.tensors: list[torch.Tensor | None] = []  # None: dropped (keep_only_for)
         self._reloaded = None  # the reload copy's event
+        self._reading: set[int] | None = None  # keep_only_for's record of what nodes read
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -72,7 +74,25 @@ class SavedActivations:
                                    "released it and did not prefetch it again)")
             return torch.empty(0, dtype=packed.dtype, device=p.device).set_(
                 storage, packed.offset, packed.size, packed.stride)
-        return self.tensors[packed] if isinstance(packed, int) else packed
+        if isinstance(packed, int):
+            if self._reading is not None:
+                self._reading.add(packed)
+            return self.tensors[packed]
+        return packed
+
+    def keep_only_for(self, nodes) -> list[torch.Tensor]:
+        """Drop every tensor none of the graph nodes `nodes` saved (after a split backward's
+        BI: the rest of the graph will not run again); returns those kept. What a node saved
+        is found by reading its `_saved_*` attributes, which goes through `_unpack`."""
+        self._reading = set()
+        try:
+            for node in nodes:
+                for name in _saved_names(node):
+                    getattr(node, name)
+        finally:
+            read, self._reading = self._reading, None
+        self.tensors = [t if i in read else None for i, t in enumerate(self.tensors)]
+        return [t for t in self.tensors if t is not None]
 
     def offload(self, copies: CopyEngine) -> None:
         """Start copying to host buffers; the device memory is freed once the copies ran."""
@@ -92,6 +112,9 @@ class SavedActivations:
         moved: dict[int, torch.UntypedStorage] = {}
         out = []
         for t in self.tensors:
+            if t is None:
+                out.append(None)
+                continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
             if key not in moved:
@@ -102,3 +125,14 @@ class SavedActivations:
             view = torch.empty(0, dtype=t.dtype, device=moved[key].device)
             out.append(view.set_(moved[key], t.storage_offset(), t.size(), t.stride()))
         return out
+
+
+@cache
+def _saved_names_of(node_type: type) -> tuple[str, ...]:
+    return tuple(n for n in dir(node_type) if n.startswith("_saved_")
+                 and not n.endswith(("_sym_sizes", "_sym_strides", "_sym_argsize")))
+
+
+def _saved_names(node) -> tuple[str, ...]:
+    """The attributes through which a graph node hands out what it saved."""
+    return _saved_names_of(type(node))

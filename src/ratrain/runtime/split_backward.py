@@ -10,8 +10,9 @@ catches the gradient flowing into it: its `seeds`. Autograd runs only what the i
 the seams' weight halves have not run. BW starts autograd at the seams with those seeds and
 asks only for the weights' gradients: each seam's weight half, and the weight-only nodes
 behind it (a NormHead's row normalization), run once, and nothing on the input's path runs
-again. The seeds are what a split backward holds between its halves besides the activations:
-the gradient of each weight-reading op's output.
+again. The seeds are what a split backward holds between its halves besides the activations
+BW reads: the gradient of each weight-reading op's output. The other activations BI was the
+last to read (`WeightGrad.nodes` says which nodes BW runs; the executor drops the rest).
 
 Weights are found in the graph (every leaf that requires grad, except the input), not in the
 module: a tied head reads the embedding's weight. Where one weight reaches several seams (a
@@ -40,6 +41,7 @@ def _node(t: torch.Tensor) -> Node | None:
 class _Group:
     seams: list[Node]
     weights: list[Node]  # AccumulateGrad nodes
+    behind: set[Node] = field(default_factory=set)  # weight-only nodes between them and the seams
     seeds: dict[Node, tuple] = field(default_factory=dict)
 
 
@@ -52,6 +54,11 @@ class WeightGrad:
     def seed_tensors(self) -> list[torch.Tensor]:
         return [g for group in self.groups for seeds in group.seeds.values()
                 for g in seeds if g is not None]
+
+    def nodes(self) -> list[Node]:
+        """The nodes BW runs: the seams and what lies behind them toward the weights. What
+        the rest of the graph saved, BI was the last to read."""
+        return [n for group in self.groups for n in (*group.seams, *group.behind)]
 
 
 def _parents(root: Node) -> dict[Node, list[Node]]:
@@ -92,12 +99,13 @@ def _groups(root: Node, x_node: Node) -> list[_Group]:
                and getattr(n, "variable", None) is not None]
     by_seam: dict[Node, _Group] = {}
     for w in weights:
-        _, seams = _upward(w, parents, on_path)
+        behind, seams = _upward(w, parents, on_path)
         joined = {id(by_seam[s]): by_seam[s] for s in seams if s in by_seam}
-        group = _Group(list(seams), [w])
+        group = _Group(list(seams), [w], behind)
         for other in joined.values():
             group.seams += [s for s in other.seams if s not in seams]
             group.weights += other.weights
+            group.behind |= other.behind
         for s in group.seams:
             by_seam[s] = group
     return list({id(g): g for g in by_seam.values()}.values())

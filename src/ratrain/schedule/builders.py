@@ -149,9 +149,10 @@ def zbh1(stage_units: list[range], n_micro: int) -> list[Program]:
     defers its BWs by s micro-batches: the first BW follows its (s + 1)-th BI, then one BW
     follows each BI, and the s still deferred run after the last BI, in the cool-down bubble
     that 1F1B leaves on the later stages (stage s of p idles there about s backwards). Each
-    stage then holds up to p micro-batches (what BW needs lives until BW): 1F1B's most, on
-    every stage rather than on stage 0 alone. With equal F, BI and BW times the bubble is a
-    third of 1F1B's.
+    stage then holds 1F1B's count of whole micro-batches and up to s past BI, each of those
+    keeping only what BW reads (the inputs of the ops that read a weight) and BW's seeds: the
+    stages' peak is about 1F1B's, which is stage 0's, and stage s > 0 holds more than under
+    1F1B. With equal F, BI and BW times the bubble is a third of 1F1B's.
     """
     p = len(stage_units)
     return [[Action(op, u, m) for op, m in zbh1_order(s, p, n_micro)

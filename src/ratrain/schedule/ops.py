@@ -32,6 +32,9 @@ micro-batch m); the executor binds each name to real tensors, the simulator to s
     wgrad_seeds     what BI keeps for BW: the gradient of the output of each op of the unit
                     that reads a weight (unit 0, whose input is token ids: its output and its
                     output gradient, from which BW runs its whole backward)
+    wgrad_saved     what BI keeps of the saved activations for BW: what the graph nodes BW
+                    runs saved (the inputs of the ops that read a weight); BI was the last to
+                    read the rest (unit 0: all of it, its BW is its whole backward)
     view            the unit's compute view (P)
 
 This module is pure data: no torch.
@@ -180,10 +183,13 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
                    Hold("grad", "buffers", ("input_grad",), -1), _HOLD_FULL_GRAD)),
     OpSpec(Op.BACKWARD_INPUT, "The input half of a split backward of one unit on one "
            "micro-batch: the gradient of its input only (what the previous unit and stage wait "
-           "for), keeping the activations and the gradients BW starts from (`wgrad_seeds`). "
+           "for), keeping of the activations only what BW reads, and the gradients BW starts "
+           "from (`wgrad_seeds`). "
            "Unit 0 (token ids in) has no input gradient: it keeps its output gradient for BW.",
            OpClass.COMPUTE, input_grad=True,
-           memory=(Release("grad"), Release("out"), Hold("wgrad", "buffers", ("wgrad_seeds",)),
+           memory=(Release("grad"), Release("out"), Release("act"),
+                   Hold("act", "activations", ("wgrad_saved", "input")),
+                   Hold("wgrad", "buffers", ("wgrad_seeds",)),
                    Hold("grad", "buffers", ("input_grad",), -1))),
     OpSpec(Op.BACKWARD_WEIGHT, "The weight half of a split backward: from what `BI u.m` kept, "
            "accumulate unit u's parameter gradients as B would (nothing but the unit's own "

@@ -271,6 +271,11 @@ class StageCosts:
             return self.saved_storages(u, mb, "host")
         if name == "saved_reloaded":
             return self.saved_storages(u, mb, "reloaded")
+        if name == "wgrad_saved":
+            if self.s.kind(u) == "embedding":  # all it saved: BW is its whole backward
+                return self.saved_storages(u, mb, self._saved_tag(u))
+            return [((self._saved_tag(u), u, mb, "wgrad"),
+                     uc.wgrad_saved_bytes(self.s.shape, self.s.kind(u)))]
         if name == "input":
             return [self.input_storage(u, mb)]
         if name == "output":
@@ -309,6 +314,10 @@ class StageCosts:
 
     def output_storage(self, u: int, mb: int) -> tuple[tuple, int]:
         return ("out", u, mb), uc.output_bytes(self.s.shape, self.s.kind(u))
+
+    def _saved_tag(self, u: int) -> str:
+        """Where unit u's saved activations are when its backward runs."""
+        return "reloaded" if self.s.activation.get(u, "keep") == "offload" else "saved"
 
     def saved_storages(self, u: int, mb: int, tag: str = "saved") -> list[tuple[tuple, int]]:
         """What unit u's forward on mb saves, as storages. The cached rotary tables and the

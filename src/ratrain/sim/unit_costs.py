@@ -155,6 +155,24 @@ def saved_bytes(shape: UnitShape, kind: str) -> int:
     return out
 
 
+def wgrad_saved_bytes(shape: UnitShape, kind: str) -> int:
+    """What a split backward's BI keeps of saved_bytes for BW: what the graph nodes BW runs
+    saved (runtime/split_backward.py), the input of every op that reads a weight. A block: both
+    RMSNorms' normed (their weight's product reads it) and weighted outputs (q, k, v and gate,
+    up read them), attention's output (o_proj's input) and the MLP's product (down_proj's). The
+    head: its norm's normed and weighted outputs, and a NormHead's normalized weight and row
+    norms. The embedding: all (its BW is its whole backward)."""
+    m, t, e, d = shape.model, shape.tokens, shape.elt, shape.model.dim
+    if kind == "embedding":
+        return saved_bytes(shape, kind)
+    if kind == "head":
+        out = 2 * t * d * e
+        if m.norm_head:
+            out += m.vocab_size * d * e + 2 * 4 * m.vocab_size
+        return out
+    return 5 * t * d * e + t * m.ffn_dim * e
+
+
 def table_bytes(shape: UnitShape, kind: str) -> int:
     """The rotary cos and sin tables a block's forward saves: cached per shape (models/llama.py),
     so one storage serves every block and micro-batch."""
