@@ -15,6 +15,7 @@ from ratrain.config import RunConfig
 from ratrain.metrics import peak_memory_bytes
 from ratrain.models.llama import lm_loss
 from ratrain.optim import set_lr
+from ratrain.runtime import allocator
 from ratrain.runtime.executor import Executor, StepResult
 from ratrain.runtime.loss_scale import DynamicLossScale
 from ratrain.runtime.stage import ShardOver, Stage
@@ -105,6 +106,8 @@ class PipelineEngine(_UnitStateMixin):
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],
                            groups.device if groups else device,
                            modules, view_units=view_units, state_home=plan.state_home, shard=shard)
+        if plan.weight_grad is not None and self.stage.device.type == "cpu":
+            allocator.keep_freed_memory()
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)
         # Views compute in the compute dtype end to end; masters under autocast keep fp32
         # activations between units.
