@@ -169,7 +169,8 @@ class UnitTable:
     def in_flight(self, stage: int, pp: int) -> int:
         """Micro-batches whose activations stage `stage` holds whole at most: at its first
         backward (1F1B, and the split schedules' BIs, which run in its order); on one stage,
-        grouped runs every forward first. What a split backward keeps after BI is `seeded`'s."""
+        grouped runs every forward first. What a split backward keeps after BI is counted apart
+        (`peak_candidates`)."""
         if self.weight_grad == "grouped" and pp == 1:
             return self.n_micro
         return one_f_one_b_in_flight(stage, pp, self.n_micro)

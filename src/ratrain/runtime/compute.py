@@ -101,8 +101,7 @@ def backward_input(ex, st: StepState, a: Action) -> None:
     saved = st.saved[key]
     if not x.requires_grad:
         st.wgrad[key] = (y, grad_y)
-        st.bind(input=[x], wgrad_seeds=[y, grad_y],
-                wgrad_saved=[t for t in saved.tensors if t is not None])
+        st.bind(input=[x], wgrad_seeds=[y, grad_y], wgrad_saved=saved.tensors)
         return
     dx, st.wgrad[key] = split_backward.backward_input(y, grad_y, x)
     st.grad[(a.unit - 1, a.mb)] = dx

@@ -42,7 +42,8 @@ class SavedActivations:
         self._param_of = {p.untyped_storage().data_ptr(): i for i, p in enumerate(params)
                           if p.untyped_storage().data_ptr()}  # (0: no memory, nothing to find)
         self.passthrough = passthrough  # storage addresses of the unit's input
-        self.tensors: list[torch.Tensor | None] = []  # None: dropped (keep_only_for)
+        self.tensors: list[torch.Tensor | None] = []  # None: dropped by keep_only_for (after
+        # BI, when nothing moves them any more)
         self._reloaded = None  # the reload copy's event
         self._reading: set[int] | None = None  # keep_only_for's record of what nodes read
 
@@ -87,7 +88,7 @@ class SavedActivations:
         self._reading = set()
         try:
             for node in nodes:
-                for name in _saved_names(node):
+                for name in _saved_names(type(node)):
                     getattr(node, name)
         finally:
             read, self._reading = self._reading, None
@@ -112,9 +113,6 @@ class SavedActivations:
         moved: dict[int, torch.UntypedStorage] = {}
         out = []
         for t in self.tensors:
-            if t is None:
-                out.append(None)
-                continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
             if key not in moved:
@@ -128,11 +126,7 @@ class SavedActivations:
 
 
 @cache
-def _saved_names_of(node_type: type) -> tuple[str, ...]:
+def _saved_names(node_type: type) -> tuple[str, ...]:
+    """The attributes through which a graph node of this type hands out what it saved."""
     return tuple(n for n in dir(node_type) if n.startswith("_saved_")
                  and not n.endswith(("_sym_sizes", "_sym_strides", "_sym_argsize")))
-
-
-def _saved_names(node) -> tuple[str, ...]:
-    """The attributes through which a graph node hands out what it saved."""
-    return _saved_names_of(type(node))

@@ -213,13 +213,13 @@ class StageCosts:
         parameter); from host-homed masters, their fp32 bytes over the host link, then that
         cast (the copy engine casts on the device: runtime/copy_engine.py); on a CPU, an
         in-memory copy (copy_time)."""
-        n = self.s.params(u)
-        cast = (4 + self.s.shape.elt) * n / self.bandwidth if self.s.shape.elt != 4 else 0.0
         if self.host_link is None:
             return self.copy_time(self.view_bytes(u))
-        if self.s.state_home == "host":
-            return self.host_link.time(4 * n) + cast
-        return (4 + self.s.shape.elt) * n / self.bandwidth
+        n = self.s.params(u)
+        cast = (4 + self.s.shape.elt) * n / self.bandwidth
+        if self.s.state_home == "host":  # fp32 views are the masters' bytes: nothing to cast
+            return self.host_link.time(4 * n) + (cast if self.s.shape.elt != 4 else 0.0)
+        return cast
 
     def copy_time(self, nbytes: float) -> float:
         """Host<->device copy; without a host link, an in-memory copy (read + write)."""
