@@ -96,7 +96,7 @@ from ratrain.runtime.grid import RankGrid
 from ratrain.runtime.launch import RankFailed, exit_without_teardown, launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
 from ratrain.schedule.plan import SPLIT_SCHEDULES
-from ratrain.schedule.weight_grads import WEIGHT_GRADS
+from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement
 from ratrain.trace import Tracer
 from ratrain.train import make_data, plan_for
 
@@ -420,7 +420,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ratrain-policy", choices=("ratrain", "baseline"), default="ratrain",
                     help="policy of the 'ratrain' row (baseline: an A/A run of the harness)")
     ap.add_argument("--split", type=_placements, default=[], metavar="PLACEMENTS",
-                    help=f"comma-separated weight-gradient placements ({', '.join(WEIGHT_GRADS)}): "
+                    help=f"comma-separated weight-gradient placements ({', '.join(WEIGHT_GRADS)}, {CAPPED}): "
                          f"one more implementation zbh1-PLACEMENT each, policy ratrain with "
                          f"schedule zbh1 (default: none)")
     ap.add_argument("--peer-zb", action="store_true",
@@ -433,9 +433,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _placements(text: str) -> list[str]:
     out = [w.strip() for w in text.split(",")]
-    if any(w not in WEIGHT_GRADS for w in out) or len(set(out)) < len(out):
-        raise argparse.ArgumentTypeError(f"{text!r}: give distinct placements out of "
-                                         f"{', '.join(WEIGHT_GRADS)}")
+    try:
+        for w in out:
+            parse_placement(w)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if len(set(out)) < len(out):
+        raise argparse.ArgumentTypeError(f"{text!r}: give each placement once")
     return out
 
 

@@ -18,7 +18,7 @@ from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
 from ratrain.runnable import GRAD_LIFETIMES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
-from ratrain.schedule.weight_grads import WEIGHT_GRADS
+from ratrain.schedule.weight_grads import parse_placement
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
@@ -175,9 +175,7 @@ class ParallelConfig:
             raise UserError(f"unknown schedule {self.schedule!r}; available: "
                             f"{', '.join([AUTO_SCHEDULE, *SCHEDULES])}")
         if self.weight_grad is not None:
-            if self.weight_grad not in WEIGHT_GRADS:
-                raise UserError(f"unknown weight-gradient placement {self.weight_grad!r}; "
-                                f"available: {', '.join(WEIGHT_GRADS)}")
+            parse_placement(self.weight_grad)
             if self.schedule not in (*SPLIT_SCHEDULES, AUTO_SCHEDULE):
                 raise UserError(f"--weight-grad places the weight gradients of a split backward; "
                                 f"schedule {self.schedule!r} runs whole backwards (use "

@@ -1,4 +1,4 @@
-"""Split backwards across processes: ZB-H1 with either weight-gradient placement computes the
+"""Split backwards across processes: ZB-H1 with every weight-gradient placement computes the
 same training run as one process (and so as 1F1B), over pipeline depths, replicas, both
 policies, every activation choice, views, clipping on and off and sharded state (a covering
 set, not the product); and each stage's ledger equals the simulator's kind by kind."""
@@ -32,6 +32,7 @@ CASES = [
     (2, 2, "baseline", ["offload", "offload"], 0, "grouped", True, False),
     (2, 2, "ratrain", ["keep", "recompute"], 1, "grouped", False, True),
     (4, 1, "ratrain", ["offload", "keep", "recompute", "keep"], None, "bubble", True, False),
+    (4, 1, "ratrain", ["keep", "recompute", "keep", "offload"], 1, "bubble:1", False, False),
 ]
 
 

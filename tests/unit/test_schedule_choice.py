@@ -26,7 +26,7 @@ def _choose(cfg, budget=None):
 def test_the_fastest_candidate_that_fits_is_chosen():
     choice = _choose(_cfg(2, 1, 4))
     by_label = {c.label: c for c in choice.candidates}
-    assert set(by_label) == {"1f1b", "zbh1 bubble", "zbh1 grouped"}
+    assert set(by_label) == {"1f1b", "zbh1 bubble", "zbh1 bubble:0", "zbh1 grouped"}
     fastest = min(choice.candidates, key=lambda c: c.step_s)
     assert fastest.step_s < by_label["1f1b"].step_s * (1 - MARGIN)  # the case worth choosing
     # of the candidates predicted alike (within the margin of the fastest), the one that
@@ -36,6 +36,12 @@ def test_the_fastest_candidate_that_fits_is_chosen():
     assert (choice.schedule, choice.weight_grad) == (chosen.schedule, chosen.weight_grad)
     assert (choice.schedule, choice.weight_grad) == ("zbh1", "bubble")
     assert by_label["zbh1 grouped"].peak_bytes > by_label["zbh1 bubble"].peak_bytes
+    # a budget under ZB-H1's last stage: the capped placement, which holds about 1F1B's
+    capped = by_label["zbh1 bubble:0"]
+    assert capped.peak_bytes < by_label["zbh1 bubble"].peak_bytes
+    assert capped.step_s < by_label["1f1b"].step_s * (1 - MARGIN)
+    mid = _choose(_cfg(2, 1, 4), capped.peak_bytes)
+    assert (mid.schedule, mid.weight_grad) == ("zbh1", "bubble:0")
     # a budget only 1F1B fits leaves it the one
     budget = by_label["1f1b"].peak_bytes
     assert any(c.peak_bytes > budget for c in choice.candidates)

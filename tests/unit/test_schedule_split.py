@@ -43,6 +43,33 @@ def test_zbh1_runs_1f1b_order_with_bw_deferred_by_the_stage_index(p, extra):
         assert max(_in_flight(order)) == one_f_one_b_in_flight(0, p, n) == min(p, n)
 
 
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("cap", [0, 1, 2, 4])
+def test_a_capped_bubble_defers_at_most_cap_weight_gradients(p, cap):
+    n = p + 2
+    stage_units = partition_units(2 * p, p)
+    uncapped = zbh1(stage_units, n)
+    capped = place_weight_grads(uncapped, f"bubble:{cap}")
+    for s, (program, units) in enumerate(zip(capped, stage_units)):
+        assert [a for a in program if a.op is not Op.BACKWARD_WEIGHT] == \
+            [a for a in uncapped[s] if a.op is not Op.BACKWARD_WEIGHT]
+        assert capped[s] == zbh1(stage_units, n)[s] if cap >= s else capped[s] != uncapped[s]
+        # micro-batches past their BI (every unit's) and before their BW (the first unit's)
+        past, most = set(), 0
+        for a in program:
+            if a.op is Op.BACKWARD_INPUT and a.unit == units[0]:
+                past.add(a.mb)
+            elif a.op is Op.BACKWARD_WEIGHT and a.unit == units[-1]:
+                past.discard(a.mb)
+            most = max(most, len(past))
+        assert most == min(s, cap, n - 1) + 1  # one more for a moment, after each BI
+    plan = build_plan(2 * p - 2, p, 2, n, schedule="zbh1", weight_grad=f"bubble:{cap}",
+                      activation="recompute", view_window=1)
+    assert plan.weight_grad == f"bubble:{cap}"
+    assert plan.programs != build_plan(2 * p - 2, p, 2, n, schedule="zbh1", activation="recompute",
+                                       view_window=1).programs or cap >= p - 1
+
+
 def test_zbh1_program_example():
     programs = zbh1(partition_units(2, 2), 3)
     assert " ".join(map(str, programs[1])) == (
@@ -109,8 +136,9 @@ def test_ratrain_sync_follows_the_units_last_weight_gradient():
 def test_placement_choices_are_checked():
     with pytest.raises(ScheduleConfigError, match="needs a schedule that splits"):
         build_plan(2, 1, 1, 2, weight_grad="grouped")
-    with pytest.raises(ScheduleConfigError, match="unknown weight-gradient placement"):
-        build_plan(2, 1, 1, 2, schedule="zbh1", weight_grad="middle")
+    for bad in ("middle", "bubble:", "bubble:-1", "bubble:x", "grouped:2", "bubble:1:2"):
+        with pytest.raises(ScheduleConfigError, match="unknown weight-gradient placement"):
+            build_plan(2, 1, 1, 2, schedule="zbh1", weight_grad=bad)
     assert build_plan(2, 1, 1, 2, schedule="zbh1").weight_grad == "bubble"
     assert build_plan(2, 1, 1, 2).weight_grad is None
 
@@ -189,6 +217,15 @@ def test_zbh1_fills_the_bubble_in_the_simulator():
     whole, split = _simulated("1f1b", 4, 1, 8), _simulated("zbh1", 4, 1, 8, "bubble")
     assert split.step_time < whole.step_time
     assert split.bubble < 0.6 * whole.bubble
+
+
+def test_a_cap_trades_the_filled_bubble_for_the_later_stages_memory():
+    uncapped, none = _simulated("zbh1", 4, 1, 8, "bubble"), _simulated("1f1b", 4, 1, 8)
+    capped = [_simulated("zbh1", 4, 1, 8, f"bubble:{k}") for k in (0, 1, 2)]
+    last = [r.device_peak for r in (c.ranks[-1] for c in (none, *capped, uncapped))]
+    assert last == sorted(last) and last[1] < last[-1]
+    steps = [c.step_time for c in (*capped, uncapped)]
+    assert steps == sorted(steps, reverse=True) and steps[0] < none.step_time
 
 
 def test_grouped_weight_gradients_start_the_top_units_sync_earlier():

@@ -11,7 +11,7 @@ from ratrain.errors import UserError
 from ratrain.layout import read_plan_file
 from ratrain.runnable import GRAD_LIFETIMES
 from ratrain.schedule.plan import SCHEDULES
-from ratrain.schedule.weight_grads import WEIGHT_GRADS
+from ratrain.schedule.weight_grads import parse_placement
 
 
 def resolve_model(spec: str, cfg: RunConfig) -> None:
@@ -27,6 +27,15 @@ def resolve_model(spec: str, cfg: RunConfig) -> None:
             cfg.train.init_from = str(path)
     else:
         cfg.model = get_preset(spec)
+
+
+def _placement(ctx, param, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_placement(value)
+        except UserError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
 
 
 # Flags that change the math or the data: not allowed to change when resuming a run.
@@ -50,7 +59,7 @@ _CONFIG_OPTIONS = [
     click.option("--policy", type=click.Choice(["ratrain", "baseline"]), help="ratrain: each unit's gradient sync starts after its last backward and runs under the rest, then its update; baseline: GPU-style, every sync and update after the pipeline flush.  [default: ratrain]"),
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
     click.option("--schedule", type=click.Choice([AUTO_SCHEDULE, *SCHEDULES]), help="The order of forwards and backwards: 1f1b, gpipe, or zbh1 (zero-bubble ZB-H1: each backward split into the input gradient and the weight gradient, the latter placed by --weight-grad); auto: the fastest of 1f1b and zbh1's placements whose memory fits, by simulating this run's plans on --profile (default: cpu-local on a CPU, the GPU family's preset on a GPU), said at the start of the run.  [default: auto]"),
-    click.option("--weight-grad", type=click.Choice(WEIGHT_GRADS), help="Where a split schedule (zbh1) runs the weight gradients: bubble (in the pipeline's cool-down) or grouped (per unit, all micro-batches together, so each unit's gradient is final early and its sync hides under the rest; keeps every micro-batch's activations until then; on one stage, the whole backward unit-major).  [default: bubble]"),
+    click.option("--weight-grad", callback=_placement, metavar="[bubble|bubble:K|grouped]", help="Where a split schedule (zbh1) runs the weight gradients: bubble (in the pipeline's cool-down), bubble:K (the same, but no stage defers more than K micro-batches' weight gradients: less memory on the later stages, less of the bubble filled; 0 holds about what 1F1B holds) or grouped (per unit, all micro-batches together, so each unit's gradient is final early and its sync hides under the rest; keeps every micro-batch's activations until then; on one stage, the whole backward unit-major).  [default: bubble]"),
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),

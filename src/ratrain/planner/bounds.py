@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ratrain.planner.stage_cost import StageEstimate
 from ratrain.schedule.builders import one_f_one_b_in_flight, one_f_one_b_order, zbh1_order
 from ratrain.schedule.ir import Op
+from ratrain.schedule.weight_grads import deferral_lag, parse_placement
 
 
 def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0,
@@ -74,16 +75,17 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
 
 def stage_orders(pp: int, n_micro: int, weight_grad: str | None) -> list[list[tuple[Op, int]]]:
     """Each stage's compute in whole micro-batches, in the order its program runs it: 1F1B's
-    F and B (weight_grad None); ZB-H1's F, BI and BW ("bubble"); ZB-H1's F and BI with every
+    F and B (weight_grad None); ZB-H1's F, BI and BW ("bubble", "bubble:K"); ZB-H1's F and BI with every
     BW after the stage's last BI ("grouped": on a stage, the unit groups that may come
     earlier run where the stage's remaining BIs would, the same walker time after the last
     gradient arrives)."""
     if weight_grad is None:
         return [[(Op.FORWARD if forward else Op.BACKWARD, i)
                  for forward, i in one_f_one_b_order(s, pp, n_micro)] for s in range(pp)]
+    if parse_placement(weight_grad)[0] == "bubble":
+        return [list(zbh1_order(s, pp, n_micro, deferral_lag(weight_grad, s)))
+                for s in range(pp)]
     orders = [list(zbh1_order(s, pp, n_micro)) for s in range(pp)]
-    if weight_grad == "bubble":
-        return orders
     return [[x for x in order if x[0] is not Op.BACKWARD_WEIGHT]
             + [(Op.BACKWARD_WEIGHT, i) for i in range(n_micro)] for order in orders]
 

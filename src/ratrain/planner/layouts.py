@@ -179,14 +179,23 @@ def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None
 
 def schedules(pp: int, dp: int) -> list[tuple[str, str | None]]:
     """(schedule, weight-gradient placement) worth simulating for a layout: 1F1B; ZB-H1 with its
-    BWs in the bubble where there is one (pp > 1: on one stage it is 1F1B's order); grouped
-    where grouping may hide syncs (dp > 1) or shorten the cool-down (pp > 1)."""
+    BWs in the bubble where there is one (pp > 1: on one stage it is 1F1B's order), and with
+    their deferral capped (`deferral_caps`) for less memory on the later stages; grouped where
+    grouping may hide syncs (dp > 1) or shorten the cool-down (pp > 1)."""
     out: list[tuple[str, str | None]] = [("1f1b", None)]
     if pp > 1:
         out.append(("zbh1", "bubble"))
+        out += [("zbh1", f"bubble:{k}") for k in deferral_caps(pp)]
     if pp > 1 or dp > 1:
         out.append(("zbh1", "grouped"))
     return out
+
+
+def deferral_caps(pp: int) -> list[int]:
+    """The caps on deferred BWs weighed at `pp` stages: 0 and the powers of two below pp - 1
+    (the last stage defers pp - 1 uncapped, so a cap of pp - 1 or more is "bubble" itself). A
+    cap is a memory knob: the later stages' peak grows with it, nearly linearly."""
+    return [0, *(1 << i for i in range(max(0, (pp - 2).bit_length())) if 1 << i < pp - 1)]
 
 
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,

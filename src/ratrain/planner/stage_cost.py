@@ -28,6 +28,7 @@ from ratrain.config import ModelConfig
 from ratrain.planner import grad_buffers
 from ratrain.planner.lifecycle import Lifecycle
 from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.weight_grads import deferral_lag, parse_placement
 from ratrain.schedule.builders import one_f_one_b_in_flight
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.cost_model import StageCosts, StageSetup, ring
@@ -214,14 +215,16 @@ class UnitTable:
         """(micro-batches held whole, micro-batches past BI and before BW) at the moments where
         the stage's peak can fall (what BI keeps for BW may be more or less than the whole: a
         recomputed block's whole is its input). 1F1B: none past BI. ZB-H1 defers stage s's
-        BWs by s, and for a moment after a BI holds s + 1. Grouped runs a unit's BWs after
-        the stage's last BI, so micro-batches pass BI one by one as the cool-down starts (on
-        one stage its backwards are whole: none)."""
+        BWs by s (capped: by min(s, K)), and for a moment after a BI holds one more. Grouped
+        runs a unit's BWs after the stage's last BI, so micro-batches pass BI one by one as
+        the cool-down starts (on one stage its backwards are whole: none)."""
         n, whole = self.n_micro, self.in_flight(stage, pp)
-        if self.weight_grad == "bubble":
-            s = min(stage, n - 1)
+        if self.weight_grad is None:
+            return [(whole, 0)]
+        if parse_placement(self.weight_grad)[0] == "bubble":
+            s = min(deferral_lag(self.weight_grad, stage), n - 1)
             return [(whole, s), (whole - 1, s + 1)]
-        if self.weight_grad == "grouped" and pp > 1:
+        if pp > 1:
             return [(min(whole, n - k), k) for k in range(n + 1)]
         return [(whole, 0)]
 

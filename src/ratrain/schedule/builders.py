@@ -117,9 +117,11 @@ def one_f_one_b(stage_units: list[range], n_micro: int) -> list[Program]:
 
 
 @functools.lru_cache(maxsize=256)
-def zbh1_order(stage: int, pp: int, n_micro: int) -> tuple[tuple[Op, int], ...]:
+def zbh1_order(stage: int, pp: int, n_micro: int,
+               lag: int | None = None) -> tuple[tuple[Op, int], ...]:
     """ZB-H1's order on stage `stage` of `pp`: (F, BI or BW, micro-batch) for each of its 3 x
-    n_micro actions (`zbh1`)."""
+    n_micro actions (`zbh1`), each BW deferred by `lag` micro-batches (None: by `stage`)."""
+    lag = stage if lag is None else lag
     warmup = one_f_one_b_warmup(stage, pp, n_micro)
     order = [(Op.FORWARD, m) for m in range(warmup)]
     deferred: list[int] = []  # micro-batches whose BW is still to run, oldest first
@@ -127,7 +129,7 @@ def zbh1_order(stage: int, pp: int, n_micro: int) -> tuple[tuple[Op, int], ...]:
     def backward(m: int) -> None:
         order.append((Op.BACKWARD_INPUT, m))
         deferred.append(m)
-        if len(deferred) > stage:
+        if len(deferred) > lag:
             order.append((Op.BACKWARD_WEIGHT, deferred.pop(0)))
 
     for m in range(n_micro - warmup):
@@ -137,6 +139,14 @@ def zbh1_order(stage: int, pp: int, n_micro: int) -> tuple[tuple[Op, int], ...]:
         backward(m)
     order += [(Op.BACKWARD_WEIGHT, m) for m in deferred]
     return tuple(order)
+
+
+def zbh1_program(units: range, stage: int, pp: int, n_micro: int,
+                 lag: int | None = None) -> Program:
+    """Stage `stage`'s program under ZB-H1 (`zbh1_order`): forwards over its units in
+    increasing order, BIs and BWs in decreasing order."""
+    return [Action(op, u, m) for op, m in zbh1_order(stage, pp, n_micro, lag)
+            for u in (units if op is Op.FORWARD else reversed(units))]
 
 
 def zbh1(stage_units: list[range], n_micro: int) -> list[Program]:
@@ -152,12 +162,11 @@ def zbh1(stage_units: list[range], n_micro: int) -> list[Program]:
     stage then holds 1F1B's count of whole micro-batches and up to s past BI, each of those
     keeping only what BW reads (the inputs of the ops that read a weight) and BW's seeds: the
     stages' peak is about 1F1B's, which is stage 0's, and stage s > 0 holds more than under
-    1F1B. With equal F, BI and BW times the bubble is a third of 1F1B's.
+    1F1B. With equal F, BI and BW times the bubble is a third of 1F1B's. (A placement may
+    defer fewer: schedule/weight_grads.py, "bubble:K".)
     """
     p = len(stage_units)
-    return [[Action(op, u, m) for op, m in zbh1_order(s, p, n_micro)
-             for u in (units if op is Op.FORWARD else reversed(units))]
-            for s, units in enumerate(stage_units)]
+    return [zbh1_program(units, s, p, n_micro) for s, units in enumerate(stage_units)]
 
 
 def gpipe(stage_units: list[range], n_micro: int) -> list[Program]:

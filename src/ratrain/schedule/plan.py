@@ -20,7 +20,7 @@ from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
 from ratrain.schedule.view_passes import add_views
-from ratrain.schedule.weight_grads import WEIGHT_GRADS, place_weight_grads
+from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement, place_weight_grads
 
 SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
     "1f1b": builders.one_f_one_b,
@@ -69,7 +69,7 @@ class PipelinePlan:
     view, which therefore always differs from the masters (view_window is not None)."""
     weight_grad: str | None = None
     """Where a split schedule's weight gradients (BW) run (schedule/weight_grads.py):
-    "bubble" or "grouped"; None for a schedule whose backward is whole (B)."""
+    "bubble", "bubble:K" or "grouped"; None for a schedule whose backward is whole (B)."""
     grad_lifetime: str = "step"
     """How long a unit's full-size fp32 gradient lives (sharded state only; runnable.py):
     "step", accumulated over the step and reduce-scattered once (GS); "transient", the same
@@ -100,11 +100,12 @@ class PipelinePlan:
                                 f"for {len(self.stage_units)} stages")
         if not isinstance(self.shard_state, bool):
             raise ScheduleError(f"shard_state must be true or false, got {self.shard_state!r}")
-        if self.weight_grad not in (None, *WEIGHT_GRADS) or (
-                (self.weight_grad is None) != (self.schedule not in SPLIT_SCHEDULES)):
+        if self.weight_grad is not None:
+            parse_placement(self.weight_grad)
+        if (self.weight_grad is None) != (self.schedule not in SPLIT_SCHEDULES):
             raise ScheduleError(f"weight_grad {self.weight_grad!r} does not fit schedule "
                                 f"{self.schedule!r} (a split schedule takes one of "
-                                f"{', '.join(WEIGHT_GRADS)}; the others none)")
+                                f"{', '.join(WEIGHT_GRADS)} or {CAPPED}; the others none)")
         validate(self.programs, self.stage_units, self.n_micro, self.dp)
         done = activation_done(self.programs, self.stage_units, self.n_micro)
         if self.activation != done:
@@ -256,7 +257,7 @@ def build_plan(
     blocks); the embedding and the head keep, and `unit_activation` overrides any unit.
     `view_window`, `clip` and `shard_state`: see PipelinePlan. `state_home` and `shard_state`
     are recorded for the executor; they change no program. `weight_grad` places a split
-    schedule's BWs ("bubble", the default, or "grouped": schedule/weight_grads.py); a schedule
+    schedule's BWs ("bubble", the default, "bubble:K" or "grouped": schedule/weight_grads.py); a schedule
     with whole backwards takes none. `grad_lifetime` and `shard_group` (sharded state): see
     PipelinePlan.
     `check` False skips the checks of the programs (a search that builds
@@ -307,7 +308,7 @@ def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
                 f"backward ({', '.join(SPLIT_SCHEDULES)}); {schedule!r} runs whole backwards")
         return None
     weight_grad = weight_grad or "bubble"
-    check_choice("weight-gradient placement", weight_grad, WEIGHT_GRADS)
+    parse_placement(weight_grad)
     return weight_grad
 
 

@@ -5,6 +5,12 @@ gradient sync (and its update), so it may go anywhere between them. Two placemen
 compute-only programs of a split builder (builders.zbh1), before any other pass:
 
 * bubble: as the builder placed them (ZB-H1: BWs fill the pipeline's cool-down bubble).
+* bubble:K: the same, but no stage defers more than K micro-batches' BWs (stage s defers
+  min(s, K)). What a deferred BW keeps (its seeds, the inputs of the ops that read a weight)
+  is what makes the later stages hold more than under 1F1B, up to s micro-batches' worth on
+  stage s; the cap trades part of the filled bubble for that memory. K = 0 runs each BW
+  right after its BI: 1F1B's memory, and still the input gradient sent before the weight
+  gradient is computed.
 * grouped: every BW of a unit together (BW u.0 .. BW u.(n-1)), the units in the order of
   their last BI, which is the order their syncs should start; each group right after its
   unit's last BI, and on a stage that sends gradients back, after the stage's last BI (whose
@@ -21,19 +27,40 @@ compute-only programs of a split builder (builders.zbh1), before any other pass:
 
 from __future__ import annotations
 
+from ratrain.schedule.builders import zbh1_program
 from ratrain.schedule.errors import ScheduleConfigError
 from ratrain.schedule.ir import Action, Op, Program
 
 WEIGHT_GRADS = ("bubble", "grouped")
+CAPPED = "bubble:K"  # how a capped bubble placement is written, K a whole number
+
+
+def parse_placement(placement: str) -> tuple[str, int | None]:
+    """(kind, cap): ("bubble", None), ("bubble", K) for "bubble:K", ("grouped", None)."""
+    kind, sep, cap = placement.partition(":")
+    if kind in WEIGHT_GRADS and not sep:
+        return kind, None
+    if kind == "bubble" and cap.isdigit():
+        return kind, int(cap)
+    raise ScheduleConfigError(f"unknown weight-gradient placement {placement!r}; choose one of "
+                              f"{', '.join(WEIGHT_GRADS)} or {CAPPED} (K >= 0: the most "
+                              f"micro-batches' weight gradients a stage defers)")
+
+
+def deferral_lag(placement: str, stage: int) -> int | None:
+    """How many micro-batches' BWs stage `stage` defers under a bubble placement."""
+    cap = parse_placement(placement)[1]
+    return stage if cap is None else min(stage, cap)
 
 
 def place_weight_grads(programs: list[Program], placement: str) -> list[Program]:
     """The programs with their BWs placed as `placement` says (module docstring)."""
-    if placement not in WEIGHT_GRADS:
-        raise ScheduleConfigError(f"unknown weight-gradient placement {placement!r}; choose one "
-                                  f"of {', '.join(WEIGHT_GRADS)}")
-    if placement == "bubble":
+    kind, cap = parse_placement(placement)
+    if kind == "bubble" and cap is None:
         return [list(program) for program in programs]
+    if kind == "bubble":
+        return [_capped(program, s, len(programs), min(s, cap))
+                for s, program in enumerate(programs)]
     if len(programs) == 1:
         return [_unit_major(programs[0])]
     return [_grouped(program, sends_grad=s > 0) for s, program in enumerate(programs)]
@@ -56,3 +83,9 @@ def _unit_major(program: Program) -> Program:
     micro = list(dict.fromkeys(a.mb for a in forwards))
     units = sorted({a.unit for a in forwards}, reverse=True)
     return forwards + [Action(Op.BACKWARD, u, m) for u in units for m in micro]
+
+
+def _capped(program: Program, stage: int, pp: int, lag: int) -> Program:
+    units = sorted({a.unit for a in program})
+    n_micro = len({a.mb for a in program})
+    return zbh1_program(range(units[0], units[-1] + 1), stage, pp, n_micro, lag)
