@@ -19,7 +19,8 @@ from ratrain.schedule.weight_grads import deferral_lag, parse_placement
 
 def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0,
                 lead_s: Sequence[float] | None = None,
-                collectives_s: Sequence[float] | None = None) -> float:
+                collectives_s: Sequence[float] | None = None,
+                deferred: Sequence[int] | None = None) -> float:
     """A step can end no sooner than this (seconds); communication, copies and shared cores
     only add time. Stage 0's last backward comes after every other stage's, and after
     `tail_s` more (its last sync and updates) the step ends. Stage s computes nothing before
@@ -36,9 +37,10 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
       right before its backward, so only the first can run before a gradient arrives), the
       forwards after its min(m, p - s) warm-up ones; then the backwards before s.
 
-    Split backwards (ZB-H1: the estimates' `weight_s`): the backwards that follow are the input halves only, and s's weight
-    halves may all run after its last input half, beside them; the gradient reaches s after
-    the input halves of the stages after it.
+    Split backwards (ZB-H1: the estimates' `weight_s`): the backwards that follow are the input
+    halves only, and `deferred[s]` of s's weight halves (default: all) may run after its last
+    input half, beside them (`stage_deferrals`); the gradient reaches s after the input halves
+    of the stages after it.
 
     Apart from these, every stage ends its own work and its updates before the step ends (E
     waits for every stage); stage 0's tail is not added to that. And stage s's collectives
@@ -59,7 +61,8 @@ def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.
     for s, e in enumerate(estimates):
         after -= chain(e)  # the backwards (split: input halves) of the stages after s
         own = m * (e.forward_s + e.backward_s + e.recompute_s)
-        overlapped = m * e.weight_s if split else 0.0  # may run beside the stages before s
+        # BWs that may run beside the stages before s
+        overlapped = min(m, deferred[s] if deferred else m) * e.weight_s if split else 0.0
         warm = one_f_one_b_in_flight(s, pp, m)  # forwards before its first backward
         first_gradient = lead[0] + forward_all + after
         rest = m * e.backward_s + (m - 1) * e.recompute_s + (m - warm) * e.forward_s
@@ -88,6 +91,17 @@ def stage_orders(pp: int, n_micro: int, weight_grad: str | None) -> list[list[tu
     orders = [list(zbh1_order(s, pp, n_micro)) for s in range(pp)]
     return [[x for x in order if x[0] is not Op.BACKWARD_WEIGHT]
             + [(Op.BACKWARD_WEIGHT, i) for i in range(n_micro)] for order in orders]
+
+
+def stage_deferrals(weight_grad: str | None, pp: int, n_micro: int) -> list[int] | None:
+    """How many of its BWs each stage runs after its last BI: a bubble placement's lag
+    (`zbh1_order`), every one where they are grouped; None where the backward is whole."""
+    if weight_grad is None:
+        return None
+    kind, cap = parse_placement(weight_grad)
+    if kind == "bubble":
+        return [min(n_micro, s, s if cap is None else cap) for s in range(pp)]
+    return [n_micro] * pp
 
 
 def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence[float],
@@ -144,14 +158,17 @@ def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence
 
 
 def pipeline_bound(work_per_micro: float, n_micro: int, pp: int,
-                   busy_per_micro: float | None = None) -> float:
+                   busy_per_micro: float | None = None, own_micro: float | None = None) -> float:
     """The least `lower_bound` any partition of `work_per_micro` seconds (forward + backward of
     one micro-batch through the whole model) into `pp` stages can have: the stages' bounds
-    s_0 + ... + s_{k-1} + m s_k are all equal when s_k shrinks geometrically by (1 - 1/m).
-    Split backwards: `work_per_micro` is the forward and the input halves (what the first
-    bound of `lower_bound` chains), `busy_per_micro` all of it with the weight halves; the
-    busiest stage does at least the average of that."""
-    chained = work_per_micro / (1.0 - (1.0 - 1.0 / n_micro) ** pp)
+    s_0 + ... + s_{k-1} + c s_k are all equal when s_k shrinks geometrically by (1 - 1/c),
+    c = m. Split backwards: `work_per_micro` is the forward and the input halves (what the
+    first bound of `lower_bound` chains), `busy_per_micro` all of it with the weight halves;
+    the busiest stage does at least the average of that. Where a stage runs all but K of its
+    BWs before its last BI (a capped bubble), its own term holds those too: with each stage's
+    BWs at least rho times its chained work, c = `own_micro` = m + (m - K) rho."""
+    c = own_micro or n_micro
+    chained = work_per_micro / (1.0 - (1.0 - 1.0 / c) ** pp)
     if busy_per_micro is None:
         return chained
     return max(chained, busy_per_micro * n_micro / pp)

@@ -194,8 +194,10 @@ def schedules(pp: int, dp: int) -> list[tuple[str, str | None]]:
 def deferral_caps(pp: int) -> list[int]:
     """The caps on deferred BWs weighed at `pp` stages: 0 and the powers of two below pp - 1
     (the last stage defers pp - 1 uncapped, so a cap of pp - 1 or more is "bubble" itself). A
-    cap is a memory knob: the later stages' peak grows with it, nearly linearly."""
-    return [0, *(1 << i for i in range(max(0, (pp - 2).bit_length())) if 1 << i < pp - 1)]
+    cap is a memory knob: the later stages' peak grows with it, nearly linearly, so a chosen
+    cap is within 2x of the largest that fits. Each cap is one more layout to partition; the
+    bound of a capped layout (search.UnitTables.own_micro) keeps most of them unexpanded."""
+    return [0, *(1 << i for i in range(pp) if 1 << i < pp - 1)]
 
 
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,

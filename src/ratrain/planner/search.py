@@ -20,7 +20,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path
+from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
 from ratrain.planner.layouts import Layout, PlanRequest, layouts
 from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.stage_cost import UnitTable
@@ -81,6 +81,7 @@ class UnitTables:
         self.request = request
         self._cache: dict[tuple, UnitTable] = {}
         self._least: dict[tuple, float] = {}  # least_work's, per tables (held in _cache)
+        self._rho: dict[tuple, float] = {}  # own_micro's, per tables
 
     def __call__(self, layout: Layout) -> list[UnitTable]:
         return [self.table(layout, g) for g in layout.groups]
@@ -109,6 +110,24 @@ class UnitTables:
                 min(t.forward[u] + t.backward[u] - (t.weight[u] if chained else 0.0)
                     for t in tables) for u in range(tables[0].n_units))
         return self._least[key]
+
+
+    def own_micro(self, layout: Layout) -> float:
+        """pipeline_bound's c for a split layout: m, and the BWs each stage runs before its
+        last BI (all but its deferrals, at most max(stage_deferrals)) at rho, the least ratio
+        of a unit's BW to its forward and BI over the layout's devices."""
+        m = layout.n_micro
+        before = m - stage_deferrals(layout.weight_grad, layout.pp, m)[-1]  # the most
+        if not before:
+            return float(m)
+        tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
+        key = tuple(map(id, tables))
+        if key not in self._rho:
+            chained = [min(t.forward[u] + t.backward[u] - t.weight[u] for t in tables)
+                       for u in range(tables[0].n_units)]
+            weight = [min(t.weight[u] for t in tables) for u in range(tables[0].n_units)]
+            self._rho[key] = min(w / x for w, x in zip(weight, chained) if x > 0)
+        return m + before * self._rho[key]
 
 
 def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
@@ -157,7 +176,8 @@ def expand(request: PlanRequest, tables: UnitTables, layout: Layout, slack: floa
         out.append(Candidate(layout, part, lower_bound(
             stages, layout.n_micro, _tail(request, per_stage[0], layout, part),
             _lead(request, per_stage, layout, part),
-            _collectives(request, per_stage, layout, part))))
+            _collectives(request, per_stage, layout, part),
+            stage_deferrals(layout.weight_grad, layout.pp, layout.n_micro))))
     return out
 
 
@@ -274,7 +294,7 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
         work = tables.least_work(layout)
         bound = (pipeline_bound(work, layout.n_micro, layout.pp) if layout.weight_grad is None
                  else pipeline_bound(tables.least_work(layout, chained=True), layout.n_micro,
-                                     layout.pp, work))
+                                     layout.pp, work, tables.own_micro(layout)))
         heapq.heappush(queue, (bound, next(order), "layout", (layout, 0.0)))
     best: list[Candidate] = []
     over: list[Candidate] = []

@@ -139,6 +139,9 @@ class UnitTable:
         self._sums = {name: [0, *accumulate(getattr(self, name))]
                       for name in ("forward", "update", "out", "saved", "wsaved", "state", "view",
                                    "held", "full")}
+        # cheapest_fit's, shared by this table's schedules (`scheduled`), keyed by what the
+        # stage's estimate depends on (`_fit_key`)
+        self._fit_cache: dict[tuple, StageEstimate | None] = {}
         self._schedule(schedule, weight_grad)
         block = 1 if self.n_units > 2 else 0
         self.block_saved = self.saved[block] if block else 0
@@ -146,7 +149,6 @@ class UnitTable:
     def _schedule(self, schedule: str, weight_grad: str | None) -> None:
         """What depends on the schedule: the backward's actions and what it keeps."""
         self.schedule, self.weight_grad = schedule, weight_grad
-        self._fit_cache: dict[tuple, StageEstimate | None] = {}  # cheapest_fit's, per schedule
         split = weight_grad is not None
         o = self.costs.overhead
         self.backward = [b + o for b in self._whole] if split else self._whole
@@ -297,10 +299,18 @@ class UnitTable:
         "offload" allows only that uniform choice. The search does not choose offload yet: its
         estimate is off by up to 2x either way (copies in flight on the copy engine).
         Remembered: a partition's bisection asks for the same stages again and again."""
-        key = (a, b, stage, pp, limit, choices)
+        key = (self._fit_key(stage), a, b, stage, pp, limit, choices)
         if key not in self._fit_cache:
             self._fit_cache[key] = self._cheapest_fit(a, b, stage, pp, limit, choices)
         return self._fit_cache[key]
+
+    def _fit_key(self, stage: int) -> tuple:
+        """The schedule as a stage's estimate sees it: the bubble placements differ only in how
+        many micro-batches the stage defers, so a cap at or above the stage's index shares the
+        uncapped placement's estimates (most of a deep pipeline's stages, for the larger caps)."""
+        if self.weight_grad is None or parse_placement(self.weight_grad)[0] != "bubble":
+            return self.schedule, self.weight_grad
+        return self.schedule, "bubble", deferral_lag(self.weight_grad, stage)
 
     def _cheapest_fit(self, a: int, b: int, stage: int, pp: int, limit: float,
                       choices: str) -> StageEstimate | None:

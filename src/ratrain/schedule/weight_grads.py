@@ -27,6 +27,8 @@ compute-only programs of a split builder (builders.zbh1), before any other pass:
 
 from __future__ import annotations
 
+import functools
+
 from ratrain.schedule.builders import zbh1_program
 from ratrain.schedule.errors import ScheduleConfigError
 from ratrain.schedule.ir import Action, Op, Program
@@ -35,6 +37,7 @@ WEIGHT_GRADS = ("bubble", "grouped")
 CAPPED = "bubble:K"  # how a capped bubble placement is written, K a whole number
 
 
+@functools.lru_cache(maxsize=64)
 def parse_placement(placement: str) -> tuple[str, int | None]:
     """(kind, cap): ("bubble", None), ("bubble", K) for "bubble:K", ("grouped", None)."""
     kind, sep, cap = placement.partition(":")
