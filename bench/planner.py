@@ -128,6 +128,7 @@ def paper_models() -> list[dict]:
                              grad_lifetime=c.layout.lifecycle.grad_lifetime,
                              shard_group=c.layout.lifecycle.shard_group,
                              view_window=c.layout.lifecycle.view_window,
+                             schedule=c.layout.schedule, weight_grad=c.layout.weight_grad,
                              partition=[b - a for a, b, _ in c.partition],
                              stage_choices=c.choices(request.model.n_layers + 2),
                              step_time_s=c.step_time, tokens_per_s=c.result.tokens_per_s,
@@ -187,24 +188,27 @@ def report(result: dict) -> str:
                      + ", ".join(f"{s:.2f}x" for s in m["speedup_per_round"])
                      + f"; median {m['speedup_median']:.2f}x\n")
     if result.get("paper_models"):
-        lines += ["| model | policy | plan | predicted tokens/s | step (s) | largest stage (GB) | search (s) |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| model | policy | plan | predicted tokens/s | step (s) | bubble | largest stage (GB) | search (s) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in result["paper_models"]:
             for policy in POLICIES:
                 e = row[policy]
                 if "tokens_per_s" not in e:
-                    lines.append(f"| {row['model']} | {policy} | nothing fits | - | - | - | {e['seconds']:.1f} |")
+                    lines.append(f"| {row['model']} | {policy} | nothing fits | - | - | - | - | {e['seconds']:.1f} |")
                     continue
                 sharded = ", sharded" if e.get("shard_state") else ""
                 views = ("-" if e["view_window"] is None else "resident" if e["view_window"] == 0
                          else f"window {e['view_window']}")
+                schedule = " ".join(filter(None, (e.get("schedule"), e.get("weight_grad"))))
                 plan = (f"pp={e['pp']} dp={e['dp']}, {e['n_micro']} x {e['micro_batch_size']}, "
-                        f"{e['rank_order']}, state {e['state_home']}{sharded}, views {views}")
+                        f"{e['rank_order']}, state {e['state_home']}{sharded}, views {views}, "
+                        f"{schedule}")
                 lines.append(f"| {row['model']} | {policy} | {plan} | {e['tokens_per_s']:,.0f} | "
-                             f"{e['step_time_s']:.1f} | {e['max_stage_bytes'] / 1e9:.2f} | {e['seconds']:.1f} |")
+                             f"{e['step_time_s']:.1f} | {e['bubble']:.1%} | {e['max_stage_bytes'] / 1e9:.2f} | "
+                             f"{e['seconds']:.1f} |")
             r, b = row["ratrain"], row["baseline"]
             if "tokens_per_s" in r and "tokens_per_s" in b:
-                lines.append(f"| {row['model']} | speedup | | {r['tokens_per_s'] / b['tokens_per_s']:.2f}x | | | |")
+                lines.append(f"| {row['model']} | speedup | | {r['tokens_per_s'] / b['tokens_per_s']:.2f}x | | | | |")
     return "\n".join(lines)
 
 
