@@ -74,7 +74,8 @@ def plan_at(study: str, devices: int, policy: str, args) -> dict:
             micro_batch_size=L.micro_batch_size, rank_order=L.rank_order,
             state_home=L.lifecycle.state_home, shard_state=L.lifecycle.shard_state,
             grad_lifetime=L.lifecycle.grad_lifetime, shard_group=L.lifecycle.shard_group,
-            view_window=L.lifecycle.view_window, partition=[b - a for a, b, _ in c.partition],
+            view_window=L.lifecycle.view_window, schedule=L.schedule, weight_grad=L.weight_grad,
+            partition=[b - a for a, b, _ in c.partition],
             stage_choices=c.choices(model.n_layers + 2), step_time_s=c.step_time,
             tokens_per_s=c.result.tokens_per_s,
             tokens_per_s_per_device=c.result.tokens_per_s / devices,
@@ -112,7 +113,7 @@ def _plan_text(r: dict) -> str:
     used = "" if r["devices_used"] == r["devices"] else f" ({r['devices_used']} used)"
     return (f"pp={r['pp']} dp={r['dp']}{used}, {r['n_micro']} x {r['micro_batch_size']}, "
             f"{r['rank_order']}, {r['state_home']}{', sharded' if r['shard_state'] else ''}, "
-            f"views {views}")
+            f"views {views}, {' '.join(filter(None, (r.get('schedule'), r.get('weight_grad'))))}")
 
 
 def report(result: dict) -> str:
