@@ -70,10 +70,12 @@ def test_recompute_on_stage_0_shows_in_the_runs_own_output(corpus, tmp_path):
     half of what the ledger says. Freed buffers leave the process (MALLOC_MMAP_THRESHOLD_, as
     the README advises where RSS must keep to a plan): with glibc's default, which buffers it
     keeps varies with the gloo threads' timing, and one run in the suite measured stage 0 at
-    80.8 MiB with recompute against 85.2 without (62-70 against 89-100 in three runs alone)."""
+    80.8 MiB with recompute against 85.2 without (62-70 against 89-100 in three runs alone).
+    1F1B for both: left to `--schedule auto`, the two runs may take different schedules (zbh1
+    bubble and bubble:0), which hold different amounts on stage 1."""
     args = [sys.executable, "-m", "ratrain.cli", "train", "--model", "tiny", "--data",
             str(corpus[0]), "--pp", "2", "--steps", "3", "--eval-every", "0", "--no-progress",
-            "--no-trace"]
+            "--no-trace", "--schedule", "1f1b"]
     out = {a: _peaks(_run([*args, "--activation", a, "--run-dir", a], tmp_path, corpus[1],
                           MALLOC_MMAP_THRESHOLD_="4194304").stdout)
            for a in ("keep", "recompute,keep")}

@@ -98,9 +98,8 @@ def stage_deferrals(weight_grad: str | None, pp: int, n_micro: int) -> list[int]
     (`zbh1_order`), every one where they are grouped; None where the backward is whole."""
     if weight_grad is None:
         return None
-    kind, cap = parse_placement(weight_grad)
-    if kind == "bubble":
-        return [min(n_micro, s, s if cap is None else cap) for s in range(pp)]
+    if parse_placement(weight_grad)[0] == "bubble":
+        return [min(n_micro, deferral_lag(weight_grad, s)) for s in range(pp)]
     return [n_micro] * pp
 
 

@@ -111,7 +111,6 @@ class UnitTables:
                     for t in tables) for u in range(tables[0].n_units))
         return self._least[key]
 
-
     def own_micro(self, layout: Layout) -> float:
         """pipeline_bound's c for a split layout: m, and the BWs each stage runs before its
         last BI (all but its deferrals, at most max(stage_deferrals)) at rho, the least ratio

@@ -50,7 +50,7 @@ def parse_placement(placement: str) -> tuple[str, int | None]:
                               f"micro-batches' weight gradients a stage defers)")
 
 
-def deferral_lag(placement: str, stage: int) -> int | None:
+def deferral_lag(placement: str, stage: int) -> int:
     """How many micro-batches' BWs stage `stage` defers under a bubble placement."""
     cap = parse_placement(placement)[1]
     return stage if cap is None else min(stage, cap)
