@@ -197,7 +197,7 @@ def deferral_caps(pp: int) -> list[int]:
     cap is a memory knob: the later stages' peak grows with it, nearly linearly, so a chosen
     cap is within 2x of the largest that fits. Each cap is one more layout to partition; the
     bound of a capped layout (search.UnitTables.own_micro) keeps most of them unexpanded."""
-    return [0, *(1 << i for i in range(pp) if 1 << i < pp - 1)]
+    return [0, *(1 << i for i in range(max(0, pp - 2).bit_length()))]
 
 
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,

@@ -221,13 +221,11 @@ class UnitTable:
         runs a unit's BWs after the stage's last BI, so micro-batches pass BI one by one as
         the cool-down starts (on one stage its backwards are whole: none)."""
         n, whole = self.n_micro, self.in_flight(stage, pp)
-        if self.weight_grad is None:
-            return [(whole, 0)]
-        if parse_placement(self.weight_grad)[0] == "bubble":
+        if self.weight_grad == "grouped" and pp > 1:
+            return [(min(whole, n - k), k) for k in range(n + 1)]
+        if self.weight_grad is not None and parse_placement(self.weight_grad)[0] == "bubble":
             s = min(deferral_lag(self.weight_grad, stage), n - 1)
             return [(whole, s), (whole - 1, s + 1)]
-        if pp > 1:
-            return [(min(whole, n - k), k) for k in range(n + 1)]
         return [(whole, 0)]
 
     def estimate(self, a: int, b: int, stage: int, pp: int, choice: StageChoice) -> StageEstimate:
