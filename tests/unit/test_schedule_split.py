@@ -8,7 +8,7 @@ from ratrain.schedule.builders import (
     one_f_one_b_in_flight, one_f_one_b_order, partition_units, zbh1, zbh1_order,
 )
 from ratrain.schedule.ir import parse_program
-from ratrain.schedule.weight_grads import place_weight_grads
+from ratrain.schedule.weight_grads import is_bubble, place_weight_grads
 
 
 def _in_flight(order) -> list[int]:
@@ -141,6 +141,10 @@ def test_placement_choices_are_checked():
             build_plan(2, 1, 1, 2, schedule="zbh1", weight_grad=bad)
     assert build_plan(2, 1, 1, 2, schedule="zbh1").weight_grad == "bubble"
     assert build_plan(2, 1, 1, 2).weight_grad is None
+    assert [is_bubble(w) for w in (None, "grouped", "bubble", "bubble:0", "bubble:3")] == \
+        [False, False, True, True, True]
+    with pytest.raises(ScheduleConfigError, match="unknown weight-gradient placement"):
+        is_bubble("bubbles")
 
 
 ONE_STAGE = "F0.0 F1.0 F2.0 BI2.0 BI1.0 BI0.0 BW2.0 BW1.0 BW0.0 U2 U1 U0 E"

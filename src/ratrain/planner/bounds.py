@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ratrain.planner.stage_cost import StageEstimate
 from ratrain.schedule.builders import one_f_one_b_in_flight, one_f_one_b_order, zbh1_order
 from ratrain.schedule.ir import Op
-from ratrain.schedule.weight_grads import deferral_lag, parse_placement
+from ratrain.schedule.weight_grads import deferral_lag, is_bubble
 
 
 def lower_bound(estimates: list[StageEstimate], n_micro: int, tail_s: float = 0.0,
@@ -85,7 +85,7 @@ def stage_orders(pp: int, n_micro: int, weight_grad: str | None) -> list[list[tu
     if weight_grad is None:
         return [[(Op.FORWARD if forward else Op.BACKWARD, i)
                  for forward, i in one_f_one_b_order(s, pp, n_micro)] for s in range(pp)]
-    if parse_placement(weight_grad)[0] == "bubble":
+    if is_bubble(weight_grad):
         return [list(zbh1_order(s, pp, n_micro, deferral_lag(weight_grad, s)))
                 for s in range(pp)]
     orders = [list(zbh1_order(s, pp, n_micro)) for s in range(pp)]
@@ -98,7 +98,7 @@ def stage_deferrals(weight_grad: str | None, pp: int, n_micro: int) -> list[int]
     (`zbh1_order`), every one where they are grouped; None where the backward is whole."""
     if weight_grad is None:
         return None
-    if parse_placement(weight_grad)[0] == "bubble":
+    if is_bubble(weight_grad):
         return [min(n_micro, deferral_lag(weight_grad, s)) for s in range(pp)]
     return [n_micro] * pp
 

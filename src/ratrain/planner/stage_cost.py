@@ -28,7 +28,7 @@ from ratrain.config import ModelConfig
 from ratrain.planner import grad_buffers
 from ratrain.planner.lifecycle import Lifecycle
 from ratrain.schedule.ir import Action, Op
-from ratrain.schedule.weight_grads import deferral_lag, parse_placement
+from ratrain.schedule.weight_grads import deferral_lag, is_bubble
 from ratrain.schedule.builders import one_f_one_b_in_flight
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.cost_model import StageCosts, StageSetup, ring
@@ -223,7 +223,7 @@ class UnitTable:
         n, whole = self.n_micro, self.in_flight(stage, pp)
         if self.weight_grad == "grouped" and pp > 1:
             return [(min(whole, n - k), k) for k in range(n + 1)]
-        if self.weight_grad is not None and parse_placement(self.weight_grad)[0] == "bubble":
+        if is_bubble(self.weight_grad):
             s = min(deferral_lag(self.weight_grad, stage), n - 1)
             return [(whole, s), (whole - 1, s + 1)]
         return [(whole, 0)]
@@ -306,7 +306,7 @@ class UnitTable:
         """The schedule as a stage's estimate sees it: the bubble placements differ only in how
         many micro-batches the stage defers, so a cap at or above the stage's index shares the
         uncapped placement's estimates (most of a deep pipeline's stages, for the larger caps)."""
-        if self.weight_grad is None or parse_placement(self.weight_grad)[0] != "bubble":
+        if not is_bubble(self.weight_grad):
             return self.schedule, self.weight_grad
         return self.schedule, "bubble", deferral_lag(self.weight_grad, stage)
 

@@ -50,6 +50,11 @@ def parse_placement(placement: str) -> tuple[str, int | None]:
                               f"micro-batches' weight gradients a stage defers)")
 
 
+def is_bubble(placement: str | None) -> bool:
+    """Whether a placement fills the bubble (capped or not); None, a whole backward, does not."""
+    return placement is not None and parse_placement(placement)[0] == "bubble"
+
+
 def deferral_lag(placement: str, stage: int) -> int:
     """How many micro-batches' BWs stage `stage` defers under a bubble placement."""
     cap = parse_placement(placement)[1]

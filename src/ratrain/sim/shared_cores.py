@@ -23,8 +23,11 @@ class SharedCores:
         self.cores, self.contention = cores, contention
         self.node_of, self.weight = node_of, weight
         self._now, self._at = now, at
-        self.jobs: dict[int, list] = {}  # job -> [stage, remaining work, weight, done]
-        self.occupants: dict[int, tuple[int, int]] = {}  # communication in flight -> (node, weight)
+        self.jobs: dict[int, list] = {}  # job -> [node, remaining work, weight, done]
+        # per node, the weight of its running jobs and of its communication in flight: the
+        # planner simulates thousands of plans, and a rate is read at every event
+        self._computing: dict[int, int] = {n: 0 for n in set(node_of)}
+        self._occupied: dict[int, int] = dict(self._computing)
         self._ids = itertools.count()
         self._version = 0
         self._settled = 0.0
@@ -32,7 +35,9 @@ class SharedCores:
     def start(self, s: int, seconds: float, done: Callable[[], None]) -> None:
         """Stage s computes `seconds` of full-speed work, then `done` runs."""
         self._settle()
-        self.jobs[next(self._ids)] = [s, seconds, self.weight[s], done]
+        node, weight = self.node_of[s], self.weight[s]
+        self.jobs[next(self._ids)] = [node, seconds, weight, done]
+        self._computing[node] += weight
         self._reschedule()
 
     def occupy(self, s: int, start: float, end: float) -> None:
@@ -40,16 +45,16 @@ class SharedCores:
         a collective or a transfer between local ranks is copies and reductions by the
         communication threads): one thread per replica of the stage takes its share of the
         cores from the compute jobs. Its own duration is the link's, measured on idle cores."""
-        occupant = next(self._ids)
+        node, weight = self.node_of[s], self.weight[s]
 
         def arrive() -> None:
             self._settle()
-            self.occupants[occupant] = (self.node_of[s], self.weight[s])
+            self._occupied[node] += weight
             self._reschedule()
 
         def leave() -> None:
             self._settle()
-            del self.occupants[occupant]
+            self._occupied[node] -= weight
             self._reschedule()
 
         self._at(start, arrive)
@@ -59,10 +64,10 @@ class SharedCores:
         """Each running job's speed on `node`: its share of the cores (processor sharing, beside
         the communication threads that occupy them), slowed by the contention of the busy
         cores for caches and memory bandwidth."""
-        computing = sum(w for st, _, w, _ in self.jobs.values() if self.node_of[st] == node)
+        computing = self._computing[node]
         if not computing:
             return 1.0
-        busy = computing + sum(w for n, w in self.occupants.values() if n == node)
+        busy = computing + self._occupied[node]
         shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
         return min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
 
@@ -70,10 +75,10 @@ class SharedCores:
         """Advance every running job's remaining work to now."""
         now = self._now()
         elapsed = now - self._settled
-        if elapsed > 0:
-            rates = {n: self._rate(n) for n in set(self.node_of)}
+        if elapsed > 0 and self.jobs:
+            rates = {n: self._rate(n) for n in self._computing}
             for job in self.jobs.values():
-                job[1] -= elapsed * rates[self.node_of[job[0]]]
+                job[1] -= elapsed * rates[job[0]]
         self._settled = now
 
     def _reschedule(self) -> None:
@@ -82,15 +87,16 @@ class SharedCores:
         self._version += 1
         if not self.jobs:
             return
-        rates = {n: self._rate(n) for n in set(self.node_of)}
-        job_id, job = min(self.jobs.items(), key=lambda kv: kv[1][1] / rates[self.node_of[kv[1][0]]])
-        finish = self._now() + max(job[1], 0.0) / rates[self.node_of[job[0]]]
+        rates = {n: self._rate(n) for n in self._computing}
+        job_id, job = min(self.jobs.items(), key=lambda kv: kv[1][1] / rates[kv[1][0]])
+        finish = self._now() + max(job[1], 0.0) / rates[job[0]]
         self._at(finish, self._job_done, job_id, self._version)
 
     def _job_done(self, job_id: int, version: int) -> None:
         if version != self._version:
             return  # superseded: the set of running jobs changed since
         self._settle()
-        _, _, _, done = self.jobs.pop(job_id)
+        node, _, weight, done = self.jobs.pop(job_id)
+        self._computing[node] -= weight
         self._reschedule()
         done()
