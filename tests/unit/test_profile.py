@@ -200,8 +200,12 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
                                 "--repeats", "2", "--out", str(out))
     assert code == 0, err
     assert f"wrote {out}" in stdout and "block forward / backward" in stdout
-    assert "measuring 2/2" in err and "stability: 2 repeats" in stdout
+    assert "measuring 2/2" in err
     profile = load_profile(str(out))
+    # a repeat beside other work on the machine (the rest of a test run, on CI) is set aside
+    # and said to be: the other is then the only one the profile holds
+    set_aside = "set aside" in profile.notes.get("other_work", "")
+    assert ("stability: measured once" if set_aside else "stability: 2 repeats") in stdout
     assert len(profile.measured) == 1
     m = profile.measured_for("tiny", 32, 1, "float32")
     assert m is not None
