@@ -149,13 +149,15 @@ def _config(c: Config, steps: int) -> RunConfig:
     return cfg
 
 
-def _measure(cfg: RunConfig, plan, work: Path, link: TwoNodes | None) -> dict:
+def _measure(cfg: RunConfig, plan, work: Path, link: TwoNodes | None,
+             trace: bool = False) -> dict:
+    """One `ratrain train --plan` run; `trace`: also its trace.json (the executor's last steps)."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "plan.json").write_text(json.dumps(plan.to_dict()))
     cfg.save(work / "config.yaml")
     run_dir = work / "run"
     args = ["train", "--config", str(work / "config.yaml"), "--plan", str(work / "plan.json"),
-            "--run-dir", str(run_dir), "--no-progress", "--no-trace"]
+            "--run-dir", str(run_dir), "--no-progress", "--trace" if trace else "--no-trace"]
     if link is None:
         proc = subprocess.run([sys.executable, "-m", "ratrain.cli", *args], capture_output=True,
                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -167,7 +169,8 @@ def _measure(cfg: RunConfig, plan, work: Path, link: TwoNodes | None) -> dict:
     rows = read_metrics(run_dir / "metrics.jsonl")
     return {"step_time_s": statistics.median(r["step_time_s"] for r in rows[2:]),
             "ledger": rows[-1]["ledger_peak_bytes_per_rank"],
-            "rss_growth": rows[-1].get("rss_growth_bytes_per_rank")}
+            "rss_growth": rows[-1].get("rss_growth_bytes_per_rank"),
+            **({"trace": json.loads((run_dir / "trace.json").read_text())} if trace else {})}
 
 
 def _over_link(profile, rate_bits: float, world: int):

@@ -1,4 +1,4 @@
-"""bench/scaling.py, bench/correctness.py and bench/fsdp.py: their arithmetic, tables, plots
+"""bench/scaling.py, bench/correctness.py, bench/fsdp.py and bench/sim_breakdown.py: their arithmetic, tables, plots
 and command lines on small inputs (no training runs; one real planner search of a size that
 takes a fraction of a second)."""
 
@@ -26,6 +26,7 @@ scaling = _load("scaling")
 correctness = _load("correctness")
 fsdp = _load("fsdp")
 grad_lifetime = _load("grad_lifetime")
+sim_breakdown = _load("sim_breakdown")
 
 
 def _row(study, devices, policy, tps):
@@ -183,3 +184,42 @@ def test_grad_lifetime_report_falls_from_step_and_the_budget_check():
     assert "sharded, grad transient, views window 1, keep" in row
     assert "| 2.200, 2.100 | +7.5% | 290.0, 301.0 | NO |" in row  # rank 1 went over 300 MB
     assert "step only: error: no plan fits 300.00 MB" in text
+
+
+def test_sim_breakdown_sums_a_trace_per_op_and_step_and_groups_the_ops():
+    from ratrain.trace import chrome_trace
+
+    events = {0: [(3, "F1.0", 0, 100_000), (3, "WRG1.0", 100_000, 150_000),
+                  (3, "SA1.0", 150_000, 151_000),
+                  (4, "F1.0", 200_000, 260_000), (4, "B1.0", 260_000, 400_000)],
+              1: [(3, "F2.0", 0, 50_000), (4, "F2.0", 200_000, 300_000)]}
+    sends = {0: [(3, "SA1.0", 150_000, 190_000)]}  # the async track: not an action
+    trace = chrome_trace(events, {}, sends)
+    got = sim_breakdown.measured_per_op(trace)
+    assert got[0] == pytest.approx({"F": 0.08, "WRG": 0.025, "SA": 0.0005, "B": 0.07})
+    assert got[1] == pytest.approx({"F": 0.075})
+    assert sim_breakdown.grouped(got[0]) == pytest.approx(
+        {"compute": 0.15, "waits": 0.025, "rest": 0.0005})
+    assert sim_breakdown.traced_step_s(trace) == pytest.approx((0.151 + 0.2) / 2)
+
+
+def test_sim_breakdown_simulated_ops_cover_each_stage_and_its_compute():
+    from ratrain.sim.profile import load_profile
+    from ratrain.sim.simulator import simulate
+
+    c = next(c for c in sim_breakdown.sa.SETS["all"] if c.label == "2x1 recompute")
+    cfg = sim_breakdown.sa._config(c, 1)
+    sim = simulate(sim_breakdown.sa._plan(cfg, c), cfg.model, load_profile("cpu-local"),
+                   micro_batch_size=c.micro, seq_len=c.seq)
+    per_stage = sim_breakdown.simulated_per_op(sim)
+    assert sorted(per_stage) == [0, 1] and "R" in per_stage[0]
+    for r in sim.ranks:
+        ops = per_stage[r.stage]
+        assert sum(ops.values()) == pytest.approx(r.end, rel=1e-9)
+        assert sim_breakdown.grouped(ops)["compute"] == pytest.approx(r.compute, rel=0.01)
+    row = {"config": c.label, "round": 1,
+           "step_time_s": {"measured": 1.0, "traced": 0.9, "predicted": sim.step_time},
+           "ranks": [{"rank": 0, "stage": 0, "measured": per_stage[0], "predicted": per_stage[0]}]}
+    text = sim_breakdown.report({"rows": [row]})
+    assert "2x1 recompute (round 1): step 1.000 s measured (the traced steps: 0.900 s)" in text
+    assert "(1.00)" in text
