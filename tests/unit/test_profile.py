@@ -476,3 +476,18 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_and_no_collectives():
     params = sum(a * b for a, b in ADAMW_SHAPES["host"])
     assert tier["host_memory_bandwidth"] == pytest.approx(28 * params / 0.02)
     assert set(notes) == {"device.host_link", "device.host_memory_bandwidth"}
+
+
+def test_split_halves_are_taken_to_the_whole_runs_footing_by_the_blocks_forward():
+    from ratrain.profiling_ranks import split_halves
+
+    whole = {"embedding": [0.001, 0.002], "block": [0.020, 0.040], "head": [0.003, 0.006]}
+    # the zbh1 run came while the machine ran 25% slower: its forward took 25 ms, not 20
+    split = {"split block forward": 0.025, "split embedding": [0.0001, 0.0025],
+             "split block": [0.030, 0.022], "split head": [0.0045, 0.003]}
+    halves = split_halves(whole, split)
+    assert halves["block"] == pytest.approx([0.024, 0.0176])
+    assert halves["embedding"] == pytest.approx([0.00008, 0.002])
+    assert halves["head"] == pytest.approx([0.0036, 0.0024])
+    # on the same footing the split costs what it costs: (BI + BW) / B = 1.04, not 1.3
+    assert sum(halves["block"]) / whole["block"][1] == pytest.approx(1.04)
