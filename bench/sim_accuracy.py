@@ -173,6 +173,16 @@ def _measure(cfg: RunConfig, plan, work: Path, link: TwoNodes | None,
             **({"trace": json.loads((run_dir / "trace.json").read_text())} if trace else {})}
 
 
+def _measure_config(c: Config, cfg: RunConfig, work: Path, link: str,
+                    trace: bool = False) -> dict:
+    """`_measure` of a configuration's plan: as two nodes over a `link` (tc rate) where the
+    configuration is linked (LinkUnavailable where no link can be made here)."""
+    if not c.linked:
+        return _measure(cfg, _plan(cfg, c), work, None, trace)
+    with TwoNodes(link) as nodes:
+        return _measure(cfg, _plan(cfg, c), work, nodes, trace)
+
+
 def _over_link(profile, rate_bits: float, world: int):
     """Two nodes of world/2 ranks each, joined by a link of the tbf rate (latency: loopback's)."""
     link = Link(rate_bits / 8, profile.intra_node.p2p.latency)
@@ -276,11 +286,7 @@ def _measure_all(configs: list[Config], args, tmp: Path) -> tuple[dict[str, list
             if own:
                 repeats.append(_profile_repeat(tmp / f"profile-{r}-{len(repeats)}.yaml"))
             try:
-                if c.linked:
-                    with TwoNodes(args.link) as nodes:
-                        runs[c.label].append(_measure(cfg, _plan(cfg, c), work, nodes))
-                else:
-                    runs[c.label].append(_measure(cfg, _plan(cfg, c), work, None))
+                runs[c.label].append(_measure_config(c, cfg, work, args.link))
             except LinkUnavailable as e:
                 print(f"{c.label}: skipped, no two-node link here ({e})", file=sys.stderr)
                 continue
@@ -325,27 +331,31 @@ def _merge(row: dict, predicted: dict) -> dict:
     return row
 
 
+def _simulated(c: Config, link: str, profile) -> tuple:
+    """(the simulation of a configuration's plan, the profile it ran on: over `link` where the
+    configuration is linked)."""
+    cfg = _config(c, 1)
+    used = _over_link(profile, parse_rate(link), c.pp * c.dp) if c.linked else profile
+    return simulate(_plan(cfg, c), cfg.model, used, micro_batch_size=c.micro,
+                    seq_len=c.seq), used
+
+
 def _predicted(c: Config, link: str, profile, first_repeat, paired: list | None = None) -> dict:
     """What the simulator predicts for a configuration: from the merged profile (and at the
     edges of its figures that did not repeat), from the first repeat alone, and with
     `paired` (a profile per round, plain data) each round from its own. Merged into the row's
     measured parts by key."""
-    cfg = _config(c, 1)
-    plan = _plan(cfg, c)
-    world = c.pp * c.dp
+    def step_s(p) -> float:
+        return _simulated(c, link, p)[0].step_time
 
-    def predict(p):
-        used = _over_link(p, parse_rate(link), world) if c.linked else p
-        return simulate(plan, cfg.model, used, micro_batch_size=c.micro, seq_len=c.seq), used
-
-    sim, used = predict(profile)
+    sim, used = _simulated(c, link, profile)
     step = {"predicted": sim.step_time,
-            "predicted_from_first_repeat": predict(first_repeat)[0].step_time}
+            "predicted_from_first_repeat": step_s(first_repeat)}
     if profile.unstable:
-        step["predicted_range"] = [predict(at_edge(profile, e))[0].step_time
+        step["predicted_range"] = [step_s(at_edge(profile, e))
                                    for e in ("fast", "slow")]
     if paired:
-        step["predicted_per_round"] = [predict(from_dict(p))[0].step_time for p in paired]
+        step["predicted_per_round"] = [step_s(from_dict(p)) for p in paired]
     return {"step_time_s": step, "ledger_bytes": {"predicted": [r.peak for r in sim.ranks]},
             "rss_growth_bytes": {"predicted": [r.rss_growth(used.device) for r in sim.ranks]},
             "predicted_bubble": sim.bubble}

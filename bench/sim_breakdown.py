@@ -9,7 +9,8 @@ another rank's lateness) and the rest (starting a transfer or collective, bookke
 compute ratio that moves with the machine while the waits hold points at drift; waits that grow
 with the ranks per core at a steady compute ratio point at what processor sharing leaves out.
 
-    python bench/sim_breakdown.py --only "2x1 keep" --only "4x1 keep" [--rounds 2] [--steps 8] [--profile FILE] [--out FILE]
+    python bench/sim_breakdown.py --only "2x1 keep" --only "4x1 keep" [--rounds 2] [--steps 8]
+        [--profile FILE] [--out FILE]
 
 Without --profile, one `ratrain profile` repeat right before every run, and that run predicted
 from it (this VM's speed moves within minutes: docs/benchmarks.md). The configurations run in
@@ -30,12 +31,11 @@ from pathlib import Path
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, Op, OpClass
 from ratrain.sim.profile import load_profile
-from ratrain.sim.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sim_accuracy as sa  # noqa: E402
 from peers import machine  # noqa: E402
-from two_nodes import LinkUnavailable, TwoNodes, parse_rate  # noqa: E402
+from two_nodes import LinkUnavailable  # noqa: E402
 
 WAITS = {spec.waited_by.value for spec in SPECS.values() if spec.waited_by is not None}
 GROUPS = ("compute", "waits", "rest")
@@ -99,9 +99,7 @@ def grouped(per_op: dict[str, float]) -> dict[str, float]:
 def row(c: sa.Config, got: dict, profile, link: str) -> dict:
     """One run of a configuration beside its prediction, per rank (ranks in the pp-dp order:
     rank s * dp + r is stage s's replica r)."""
-    cfg = sa._config(c, 1)
-    used = sa._over_link(profile, parse_rate(link), c.pp * c.dp) if c.linked else profile
-    sim = simulate(sa._plan(cfg, c), cfg.model, used, micro_batch_size=c.micro, seq_len=c.seq)
+    sim, _ = sa._simulated(c, link, profile)
     predicted = simulated_per_op(sim)
     return {"config": c.label, "step_time_s": {"measured": got["step_time_s"],
                                                "traced": traced_step_s(got["trace"]),
@@ -156,13 +154,9 @@ def main() -> None:
             for c in (configs if r % 2 == 0 else configs[::-1]):
                 work = Path(tmp) / f"{len(rows)}"
                 profile = fixed or sa._profile_repeat(Path(tmp) / f"profile-{len(rows)}.yaml")
-                cfg = sa._config(c, args.steps)
                 try:
-                    if c.linked:
-                        with TwoNodes(args.link) as nodes:
-                            got = sa._measure(cfg, sa._plan(cfg, c), work, nodes, trace=True)
-                    else:
-                        got = sa._measure(cfg, sa._plan(cfg, c), work, None, trace=True)
+                    got = sa._measure_config(c, sa._config(c, args.steps), work, args.link,
+                                             trace=True)
                 except LinkUnavailable as e:
                     print(f"{c.label}: skipped, no two-node link here ({e})", file=sys.stderr)
                     continue

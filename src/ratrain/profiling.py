@@ -324,9 +324,9 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
         "measured": (f"unit times read from the executor's trace of {STEP_REPEATS} steps (after "
                      f"{STEP_WARMUP}) of one process alone with {ALONE_BLOCKS} decoder blocks, "
                      f"{N_MICRO} micro-batches; per kind the median of its actions; the halves "
-                     f"of a split backward (BI, BW) from the same under the zbh1 schedule, scaled by the "
-                     f"block's forward in the first run over its forward in the zbh1 run (the "
-                     f"machine's drift between the two). The block's "
+                     f"of a split backward (BI, BW) from the same under the zbh1 schedule, "
+                     f"scaled by the block's forward in the first run over its forward in the "
+                     f"zbh1 run (the machine's drift between the two). The block's "
                      f"forward without grad: from a pipeline of the {ranks} measuring rank(s) "
                      f"(one block each, recomputing), divided by 1 + device.contention"),
         "device.contention": (f"the same traced steps of a pipeline of the {ranks} measuring "

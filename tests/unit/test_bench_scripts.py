@@ -1,6 +1,6 @@
-"""bench/scaling.py, bench/correctness.py, bench/fsdp.py and bench/sim_breakdown.py: their arithmetic, tables, plots
-and command lines on small inputs (no training runs; one real planner search of a size that
-takes a fraction of a second)."""
+"""bench/scaling.py, bench/correctness.py, bench/fsdp.py, bench/grad_lifetime.py and
+bench/sim_breakdown.py: their arithmetic, tables, plots and command lines on small inputs (no
+training runs; one real planner search of a size that takes a fraction of a second)."""
 
 from __future__ import annotations
 
