@@ -16,7 +16,7 @@ import torch
 
 from ratrain import checkpoint
 from ratrain.config import RunConfig
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 
 
 def _rel(a: float, b: float) -> float:

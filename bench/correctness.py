@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

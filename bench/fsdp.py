@@ -44,13 +44,14 @@ from torch import nn
 from ratrain.config import RunConfig
 from ratrain.data.tokenizer import load_tokenizer
 from ratrain.data.tokens import load_tokens
-from ratrain.metrics import RssGrowth, peak_memory_bytes, read_metrics
+from ratrain.runtime.process_memory import RssGrowth, peak_memory_bytes
+from ratrain.training.metrics import read_metrics
 from ratrain.models.presets import get_preset
-from ratrain.optim import lr_at
-from ratrain.runtime.grid import RankGrid
+from ratrain.runtime.optim import lr_at
+from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import RankFailed, launch_local
 from ratrain.runtime.process_groups import init_groups
-from ratrain.train import make_data
+from ratrain.training.loop import make_data
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.planner.budget import parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent

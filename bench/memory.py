@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ratrain.config import RunConfig
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ratrain.profiling_ranks import LINK_SIZES
+from ratrain.profiling.ranks import LINK_SIZES
 from ratrain.sim.profile import load_profile
 from ratrain.sim.profile_repeats import TOLERANCE, figures, spread
 

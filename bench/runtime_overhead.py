@@ -46,11 +46,11 @@ from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import load_tokens, split_train_val
 from ratrain.models.presets import get_preset
 from ratrain.runtime.engine import PipelineEngine
-from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
-from ratrain.train import plan_for
-from ratrain.trace import Tracer
+from ratrain.training.loop import plan_for
+from ratrain.runtime.trace import Tracer
 
 from peers import PipelinePeer, machine
 from peers import summary as stat_summary

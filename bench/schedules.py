@@ -92,13 +92,13 @@ from ratrain.errors import UserError
 from ratrain.models.llama import build_units, lm_loss
 from ratrain.models.presets import get_preset
 from ratrain.runtime.engine import PipelineEngine
-from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import RankFailed, exit_without_teardown, launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
 from ratrain.schedule.plan import SPLIT_SCHEDULES
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement
-from ratrain.trace import Tracer
-from ratrain.train import make_data, plan_for
+from ratrain.runtime.trace import Tracer
+from ratrain.training.loop import make_data, plan_for
 
 from peers import DDPPeer, PipelinePeer, machine
 from schedules_report import analyse, print_layout, print_overview

@@ -51,10 +51,10 @@ import time
 from pathlib import Path
 
 from ratrain.config import RunConfig
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
-from ratrain.profiling import LINK_SIZES
+from ratrain.profiling.measure import LINK_SIZES
 from ratrain.sim.profile import Link, LinkClass, from_dict, load_profile
 from ratrain.sim.profile_repeats import at_edge, combine
 from ratrain.sim.simulator import simulate

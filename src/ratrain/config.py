@@ -16,7 +16,7 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
-from ratrain.runnable import GRAD_LIFETIMES
+from ratrain.setup.rule import GRAD_LIFETIMES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
 

@@ -12,7 +12,7 @@ import pytest
 
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest
-from ratrain.run_dir import checkpoint_bytes
+from ratrain.training.run_dir import checkpoint_bytes
 
 from .conftest import micro_config
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 
 from .conftest import micro_config
 

@@ -16,7 +16,7 @@ import pytest
 
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 
 from .conftest import micro_config
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from ratrain import checkpoint
-from ratrain.layout import plan_for_config
-from ratrain.metrics import read_metrics
-from ratrain.runtime.grid import RankGrid
+from ratrain.setup.layout import plan_for_config
+from ratrain.training.metrics import read_metrics
+from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import launch_local
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
-from ratrain.train import rank_main, train
+from ratrain.training.loop import rank_main, train
 
 from .conftest import STEPS, assert_final_weights_match, micro_config
 

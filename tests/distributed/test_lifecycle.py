@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ratrain import checkpoint
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
-from ratrain.train import rank_main
+from ratrain.training.loop import rank_main
 
 from .conftest import micro_config
 

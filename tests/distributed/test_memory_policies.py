@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
-from ratrain.train import rank_main
+from ratrain.training.loop import rank_main
 
 from .conftest import STEPS, assert_final_weights_match, micro_config
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ratrain.metrics import read_metrics
-from ratrain.runtime.grid import RankGrid
+from ratrain.training.metrics import read_metrics
+from ratrain.schedule.grid import RankGrid
 
 pytestmark = pytest.mark.dist
 

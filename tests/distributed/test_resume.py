@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from ratrain import checkpoint
-from ratrain.metrics import read_metrics
-from ratrain.train import train
+from ratrain.training.metrics import read_metrics
+from ratrain.training.loop import train
 
 from .conftest import micro_config
 

@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 
-from ratrain.metrics import read_metrics
-from ratrain.runtime.grid import RankGrid
+from ratrain.training.metrics import read_metrics
+from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import launch_local
 from ratrain.schedule.plan import build_plan
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
-from ratrain.train import rank_main
+from ratrain.training.loop import rank_main
 
 from .conftest import assert_final_weights_match, micro_config
 

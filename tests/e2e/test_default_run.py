@@ -13,7 +13,7 @@ import torch
 
 from ratrain import checkpoint
 from ratrain.config import RunConfig
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.models.llama import LlamaModel
 
 

@@ -64,8 +64,8 @@ def test_bf16_autocast_trains():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
 def test_nccl_pipeline_matches_single_process(tmp_path, monkeypatch):
-    from ratrain.metrics import read_metrics
-    from ratrain.train import train
+    from ratrain.training.metrics import read_metrics
+    from ratrain.training.loop import train
 
     torch.backends.cuda.matmul.allow_tf32 = False
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))

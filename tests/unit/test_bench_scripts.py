@@ -187,7 +187,7 @@ def test_grad_lifetime_report_falls_from_step_and_the_budget_check():
 
 
 def test_sim_breakdown_sums_a_trace_per_op_and_step_and_groups_the_ops():
-    from ratrain.trace import chrome_trace
+    from ratrain.runtime.trace import chrome_trace
 
     events = {0: [(3, "F1.0", 0, 100_000), (3, "WRG1.0", 100_000, 150_000),
                   (3, "SA1.0", 150_000, 151_000),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratrain import mfu
+from ratrain.training import mfu
 from ratrain.config import ModelConfig
 from ratrain.sim.profile import load_profile
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from ratrain.config import TrainConfig
 from ratrain.errors import UserError
-from ratrain.optim import lr_at, make_optimizer, unit_parameters
+from ratrain.runtime.optim import lr_at, make_optimizer, unit_parameters
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min():

@@ -439,7 +439,7 @@ def test_a_heterogeneous_pipeline_gives_the_fast_device_more_layers():
 
 
 def test_a_stage_never_spans_two_device_groups():
-    from ratrain.runtime.grid import RankGrid
+    from ratrain.schedule.grid import RankGrid
 
     profile = _two_groups()
     request = search.PlanRequest(TINY, profile, devices=2, global_batch=8, seq_len=256)

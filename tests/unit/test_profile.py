@@ -11,8 +11,8 @@ import random
 import pytest
 import yaml
 
-from ratrain import profiling
-from ratrain.profile_table import summary_rows
+from ratrain.profiling import measure as profiling
+from ratrain.profiling.table import summary_rows
 from ratrain.errors import UserError
 from ratrain.sim.profile import (PRESET_DIR, ComputeRate, HardwareProfile, Link, MeasuredShape,
                                  UnitTimes, from_dict, load_profile, presets)
@@ -391,7 +391,7 @@ def test_other_work_counts_what_is_not_ours():
     import subprocess
     import sys
 
-    from ratrain.other_work import OtherWork, machine_busy_s
+    from ratrain.profiling.other_work import OtherWork, machine_busy_s
     if machine_busy_s() is None:
         pytest.skip("no /proc/stat on this system")
     spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
@@ -465,7 +465,7 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_and_no_collectives():
     direction of pinned copies, AdamW's rate over the pinned host parameters, and no host
     collectives (as the GPU presets: NCCL cannot sync host-homed state, so a plan on the
     measured profile must not propose one)."""
-    from ratrain.profiling_ranks import ADAMW_SHAPES, LINK_SIZES
+    from ratrain.profiling.ranks import ADAMW_SHAPES, LINK_SIZES
     slow, fast = Link(20e9, 10e-6), Link(25e9, 10e-6)
     per_rank = [{"host_copies_s": {"host_to_device": [fast.time(n) for n in LINK_SIZES],
                                    "device_to_host": [slow.time(n) for n in LINK_SIZES]}}]
@@ -479,7 +479,7 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_and_no_collectives():
 
 
 def test_split_halves_are_taken_to_the_whole_runs_footing_by_the_blocks_forward():
-    from ratrain.profiling_ranks import split_halves
+    from ratrain.profiling.ranks import split_halves
 
     whole = {"embedding": [0.001, 0.002], "block": [0.020, 0.040], "head": [0.003, 0.006]}
     # the zbh1 run came while the machine ran 25% slower: its forward took 25 ms, not 20

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from ratrain.data.corpus import stdlib_files
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 from ratrain.report.timeline import kind_of, lanes, measured_step
-from ratrain.trace import chrome_trace
+from ratrain.runtime.trace import chrome_trace
 
 from .cli_runner import run_cli
 

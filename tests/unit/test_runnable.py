@@ -11,11 +11,11 @@ import shutil
 import pytest
 import yaml
 
-from ratrain import runnable
+from ratrain.setup import rule as runnable
 from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_files
 from ratrain.errors import UserError
-from ratrain.layout import check_config, check_plan, load_plan
+from ratrain.setup.layout import check_config, check_plan, load_plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import plan_file, search
 from ratrain.sim.profile import PRESET_DIR, load_profile
@@ -199,7 +199,7 @@ def test_train_refuses_what_the_rule_refuses(monkeypatch, capsys, tmp_path, args
 def test_prepare_checks_the_plan_a_file_holds_not_only_the_flags(monkeypatch, capsys, tmp_path):
     """A plan file without run settings, state on the host over 2 replicas, on GPUs: the
     config says state on the device, the plan says host; the plan is what would run."""
-    from ratrain import train
+    from ratrain.training import loop as train
 
     assert run_cli(monkeypatch, capsys, "plan", "--config", _small_file(tmp_path), "--dp", "2",
                    "--state-home", "host", "--out", "p.json")[0] == 0
@@ -214,7 +214,8 @@ def test_prepare_checks_the_plan_a_file_holds_not_only_the_flags(monkeypatch, ca
 def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp_path):
     """prepare builds the plan (or reads the plan file) and the ranks get it: a rank that made
     its own would build again, or read the file again."""
-    from ratrain import layout, train
+    from ratrain.setup import layout
+    from ratrain.training import loop as train
 
     built, read, ranks = [], [], []
     build = layout.plan_for_config

@@ -3,9 +3,9 @@ of those predicted alike the one that holds least (1F1B unless a split schedule 
 faster), and the choice is written into the config."""
 
 from ratrain.config import RunConfig
-from ratrain.layout import plan_for_config, resolve_schedule
+from ratrain.setup.layout import plan_for_config, resolve_schedule
 from ratrain.models.presets import get_preset
-from ratrain.schedule_choice import MARGIN, choose, default_profile
+from ratrain.setup.choice import MARGIN, choose, default_profile
 from ratrain.sim.profile import load_profile
 
 from .cli_runner import run_cli

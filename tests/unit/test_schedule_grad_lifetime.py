@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ratrain import runnable
+from ratrain.setup import rule as runnable
 from ratrain.errors import UserError
 from ratrain.schedule import (Action, Op, PipelinePlan, ScheduleError, build_plan,
                               format_program, parse_program, validate)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ratrain.config import RunConfig
-from ratrain.ledger import KINDS
+from ratrain.schedule.ledger import KINDS
 from ratrain.models.presets import get_preset
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import build_plan

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from ratrain.data.corpus import stdlib_files
-from ratrain.metrics import read_metrics
+from ratrain.training.metrics import read_metrics
 
 from .cli_runner import run_cli
 
@@ -24,7 +24,7 @@ def _scalars(log_dir) -> dict[str, dict[int, float]]:
 
 
 def test_the_log_writes_every_scalar_of_a_row(tmp_path):
-    from ratrain.tensorboard_log import TensorBoardLog
+    from ratrain.training.tensorboard_log import TensorBoardLog
 
     rows = [{"step": 1, "loss": 5.5, "lr": 1e-3, "grad_norm": 2.0, "tokens_per_s": 1000.0,
              "mfu": 0.25, "peak_memory_bytes": 300, "peak_memory_bytes_per_rank": [300, 200],

@@ -63,7 +63,7 @@ def test_flops_count_attention_and_parameters():
 def test_param_sizes_are_the_units_parameters_in_order(preset, tied):
     """Sharded state slices each unit's parameters flattened in `parameters()` order: the
     closed form must list the same tensors in the same order (q/k/v biases, a tied head)."""
-    from ratrain.optim import unit_parameters
+    from ratrain.runtime.optim import unit_parameters
 
     model = get_preset(preset)
     model.n_layers, model.tie_embeddings = 1, tied

@@ -8,7 +8,7 @@ import torch
 from ratrain.config import RunConfig
 from ratrain.models.llama import build_units
 from ratrain.models.presets import get_preset
-from ratrain.optim import make_optimizer
+from ratrain.runtime.optim import make_optimizer
 from ratrain.runtime.sharded_layout import Sharded
 from ratrain.runtime.state_layout import Replicated
 from ratrain.runtime.unit_state import UnitState

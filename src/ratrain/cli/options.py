@@ -8,8 +8,8 @@ import click
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
-from ratrain.layout import read_plan_file
-from ratrain.runnable import GRAD_LIFETIMES
+from ratrain.setup.layout import read_plan_file
+from ratrain.setup.rule import GRAD_LIFETIMES
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
 

@@ -37,7 +37,7 @@ def plan(profile_spec, devices, memory_budget, memory_margin, top, time_limit, o
 
 def _show(cfg, out, as_json) -> None:
     from ratrain.schedule import format_table
-    from ratrain.train import plan_for
+    from ratrain.training.loop import plan_for
 
     cfg.validate()
     pipeline_plan = plan_for(cfg)

@@ -65,7 +65,7 @@ def export(run_dir: str, out: str) -> None:
     from ratrain import checkpoint
     from ratrain.models.hf import save_hf
     from ratrain.models.llama import build_units
-    from ratrain.run_dir import resume_point
+    from ratrain.training.run_dir import resume_point
 
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
@@ -88,8 +88,8 @@ def export(run_dir: str, out: str) -> None:
 def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json, repeats) -> None:
     """Measure this machine (unit times, compute rate, memory bandwidth, links, the executor's
     overhead) and write a hardware profile the simulator takes as is."""
-    from ratrain.profile_table import summary_rows
-    from ratrain.profiling import default_out, measure
+    from ratrain.profiling.table import summary_rows
+    from ratrain.profiling.measure import default_out, measure
 
     path = Path(out) if out else default_out()
     measured = measure(model, seq_len, micro_batch_size, dtype, ranks, repeats,

@@ -42,7 +42,7 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkp
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
     ends the run after --comm-timeout; Ctrl-C stops every rank. See docs/reliability.md."""
     from ratrain.runtime.launch import under_torchrun
-    from ratrain.train import train as run_training
+    from ratrain.training.loop import train as run_training
 
     if resume_dir == "auto":
         if not run_dir:
@@ -89,7 +89,7 @@ def _use_output_flags(cfg: RunConfig, tensorboard: bool | None, profile_spec: st
     if tensorboard is not None:
         cfg.train.tensorboard = tensorboard
     if cfg.train.tensorboard:
-        from ratrain.tensorboard_log import check_available
+        from ratrain.training.tensorboard_log import check_available
 
         check_available()
     if profile_spec:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from ratrain import runnable
+from ratrain.setup import rule as runnable
 from ratrain.config import ModelConfig
-from ratrain.layout import has_views
+from ratrain.setup.layout import has_views
 from ratrain.planner.lifecycle import Lifecycle
 from ratrain.sim.placement import stage_groups
 from ratrain.sim.profile import HardwareProfile

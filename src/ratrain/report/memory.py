@@ -15,7 +15,7 @@ KIND_COLORS = {"masters": "#4C72B0", "views": "#64B5CD", "gradients": "#DD8452",
 
 
 def _grid(run):
-    from ratrain.runtime.grid import RankGrid
+    from ratrain.schedule.grid import RankGrid
 
     p = run.plan if run.plan is not None else run.cfg.parallel
     return RankGrid(p.pp, p.dp, p.rank_order)

@@ -36,7 +36,7 @@ def _json(path: Path):
 
 def load_run(run_dir: str | Path) -> Run:
     """The run in `run_dir`; a UserError if it is not a finished ratrain run directory."""
-    from ratrain.metrics import read_metrics
+    from ratrain.training.metrics import read_metrics
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratrain.report.figure import DPI, pyplot, save
-from ratrain.trace import lanes as trace_lanes
+from ratrain.runtime.trace import lanes as trace_lanes
 
 # op code (schedule/ir.py) -> kind; a wait ("W" + a start's code) takes its start's kind
 KIND_OF_OP = {"F": "forward", "B": "backward", "BI": "backward", "BW": "backward",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from ratrain.config import RunConfig
-from ratrain.metrics import peak_memory_bytes
+from ratrain.runtime.process_memory import peak_memory_bytes
 from ratrain.models.llama import lm_loss
-from ratrain.optim import set_lr
+from ratrain.runtime.optim import set_lr
 from ratrain.runtime import allocator
 from ratrain.runtime.executor import Executor, StepResult
 from ratrain.runtime.loss_scale import DynamicLossScale

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ratrain.ledger import apply_effects
-from ratrain.optim import set_lr
+from ratrain.schedule.ledger import apply_effects
+from ratrain.runtime.optim import set_lr
 from ratrain.runtime.comm import comm_for
 from ratrain.runtime.handlers import HANDLERS
 from ratrain.runtime.loss_scale import DynamicLossScale
@@ -25,7 +25,7 @@ from ratrain.runtime.step_clock import HostClock, clock_for
 from ratrain.runtime.step_state import StepState
 from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.ops import SPECS, Op, OpClass
-from ratrain.trace import Tracer
+from ratrain.runtime.trace import Tracer
 
 
 @dataclass

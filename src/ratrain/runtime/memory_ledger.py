@@ -1,4 +1,4 @@
-"""The memory ledger of a rank's real tensors (the account itself: ratrain/ledger.py).
+"""The memory ledger of a rank's real tensors (the account itself: ratrain/schedule/ledger.py).
 
 A tensor is counted by its storage (address and size), so views of one storage, and a unit's
 output and the next unit's detached input, count once.
@@ -10,7 +10,7 @@ from collections.abc import Hashable, Iterable
 
 import torch
 
-from ratrain.ledger import Ledger
+from ratrain.schedule.ledger import Ledger
 
 
 class MemoryLedger(Ledger):

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ratrain.errors import UserError
-from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.grid import RankGrid
 
 
 @dataclass

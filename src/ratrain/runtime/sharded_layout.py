@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ratrain.optim import set_lr
+from ratrain.runtime.optim import set_lr
 from ratrain.runtime.state_layout import NewOptimizer, StateLayout
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from torch import nn
 from ratrain.config import RunConfig
 from ratrain.models.hf import load_hf_weights
 from ratrain.models.llama import build_units
-from ratrain.optim import make_optimizer, unit_parameters
+from ratrain.runtime.optim import make_optimizer, unit_parameters
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
 from ratrain.runtime.sharded_layout import Sharded

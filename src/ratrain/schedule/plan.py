@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ratrain.runnable import (GRAD_LIFETIMES, hybrid_refusal, micro_batch_refusal,
+from ratrain.setup.rule import (GRAD_LIFETIMES, hybrid_refusal, micro_batch_refusal,
                               sharding_refusal)
 from ratrain.schedule import builders, passes
 from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,

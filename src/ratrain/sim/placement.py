@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
-from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.sim.cost_model import StageSetup

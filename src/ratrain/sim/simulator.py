@@ -22,8 +22,8 @@ import heapq
 import itertools
 
 from ratrain.config import ModelConfig
-from ratrain.ledger import Ledger, apply_effects
-from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.ledger import Ledger, apply_effects
+from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, START_OF, Op, peer_offset
 from ratrain.schedule.plan import PipelinePlan

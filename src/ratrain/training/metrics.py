@@ -1,49 +1,11 @@
-"""Step metrics: JSON lines in the run directory, peak memory, and the loss-curve plot."""
+"""Step metrics: JSON lines in the run directory, and the loss-curve plot."""
 
 from __future__ import annotations
 
 import json
-import resource
-import sys
 from pathlib import Path
 
 import torch
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA memory allocated on a GPU; the process's peak resident set size on a CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
-
-
-class RssGrowth:
-    """The process's peak resident set size since `start()`, over its size at `start()`: what
-    training itself added, without torch's own hundreds of MB. Linux only (the peak is reset
-    through /proc/self/clear_refs); None elsewhere."""
-
-    def __init__(self) -> None:
-        self.base: int | None = None
-
-    def start(self) -> None:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to now
-            self.base = _status_bytes("VmRSS")
-        except OSError:
-            self.base = None
-
-    def peak(self) -> int | None:
-        if self.base is None:
-            return None
-        return max(0, _status_bytes("VmHWM") - self.base)
-
-
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise OSError(f"no {field} in /proc/self/status")
 
 
 class MetricsLog:
@@ -104,7 +66,7 @@ class StepExtras:
 
     def __init__(self, cfg, run_dir: str | Path, world: int, device: torch.device,
                  resume_step: int | None = None):
-        from ratrain import mfu
+        from ratrain.training import mfu
 
         profile = None
         if cfg.train.profile:
@@ -117,12 +79,12 @@ class StepExtras:
                                  profile, name)
         self.tb = None
         if cfg.train.tensorboard:
-            from ratrain.tensorboard_log import TensorBoardLog
+            from ratrain.training.tensorboard_log import TensorBoardLog
 
             self.tb = TensorBoardLog(run_dir, resume_step)
 
     def mfu(self, tokens_per_s: float | None) -> float | None:
-        from ratrain.mfu import mfu
+        from ratrain.training.mfu import mfu
 
         return mfu(self.flops_per_token, tokens_per_s, self.peak.flops)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ratrain.profiling_ranks import KINDS
+from ratrain.profiling.ranks import KINDS
 from ratrain.sim.profile import HardwareProfile, Link
 
 

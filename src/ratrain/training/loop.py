@@ -29,18 +29,19 @@ from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
-from ratrain.layout import check_config, check_plan, load_plan, plan_for_config, resolve_schedule
-from ratrain.metrics import MetricsLog, RssGrowth, StepExtras, plot_loss
-from ratrain.optim import lr_at
+from ratrain.setup.layout import check_config, check_plan, load_plan, plan_for_config, resolve_schedule
+from ratrain.runtime.process_memory import RssGrowth
+from ratrain.training.metrics import MetricsLog, StepExtras, plot_loss
+from ratrain.runtime.optim import lr_at
 from ratrain.runtime.engine import LocalEngine, PipelineEngine
-from ratrain.runtime.grid import RankGrid
-from ratrain.run_dir import check_run_dir, new_run_dir, resume_point
+from ratrain.schedule.grid import RankGrid
+from ratrain.training.run_dir import check_run_dir, new_run_dir, resume_point
 from ratrain.runtime import timed_comm
 from ratrain.runtime.launch import (Interrupted, ask_to_stop_on_sigint, launch_local,
                                     stop_requested, under_torchrun)
 from ratrain.runtime.process_groups import init_groups, pick_backend
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.trace import Tracer, write_chrome_trace
+from ratrain.runtime.trace import Tracer, write_chrome_trace
 
 
 class TrainingDiverged(UserError):

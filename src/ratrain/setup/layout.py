@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
-from ratrain.runnable import check_runnable
+from ratrain.setup.rule import check_runnable
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan, weight_grad_of
 
@@ -79,7 +79,7 @@ def resolve_schedule(cfg: RunConfig, host_is_separate: bool,
     profile's). Returns the Choice, or None where the schedule was given."""
     if cfg.parallel.schedule != AUTO_SCHEDULE:
         return None
-    from ratrain.schedule_choice import choose, default_profile
+    from ratrain.setup.choice import choose, default_profile
     from ratrain.sim.profile import load_profile
 
     if profile is None:

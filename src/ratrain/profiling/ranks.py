@@ -18,16 +18,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ratrain.config import RunConfig, TrainConfig
-from ratrain.metrics import RssGrowth
+from ratrain.runtime.process_memory import RssGrowth
 from ratrain.models.llama import alibi_bias
-from ratrain.optim import make_optimizer
+from ratrain.runtime.optim import make_optimizer
 from ratrain.runtime.engine import PipelineEngine
-from ratrain.runtime.grid import RankGrid
+from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.stage import DTYPES
 from ratrain.schedule.plan import SPLIT_SCHEDULES
-from ratrain.trace import Tracer
-from ratrain.train import plan_for
+from ratrain.runtime.trace import Tracer
+from ratrain.training.loop import plan_for
 
 WARMUP, REPEATS = 3, 10  # per timing; the median of 10 is stable on a noisy 2-core VM
 STEP_WARMUP, STEP_REPEATS = 2, 6  # executor steps traced for the unit times

@@ -47,7 +47,7 @@ import torch
 from ratrain.config import ParallelConfig, RunConfig, TrainConfig
 from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
-from ratrain.profiling_ranks import (ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, STEP_REPEATS,
+from ratrain.profiling.ranks import (ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, STEP_REPEATS,
                                      STEP_WARMUP, alone_rank, compute_rank, link_backend,
                                      link_rank, rate_dtypes)
 from ratrain.runtime.launch import launch_local
@@ -55,7 +55,7 @@ from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
                                  MeasuredShape, UnitTimes)
 from ratrain.sim.profile_repeats import combine
-from ratrain.other_work import OtherWork
+from ratrain.profiling.other_work import OtherWork
 from ratrain.sim.unit_costs import UnitShape, attention_flops, backward_flops, forward_flops
 
 REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted

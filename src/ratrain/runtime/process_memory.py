@@ -1,0 +1,46 @@
+"""What a process holds: its peak memory (CUDA or resident set) and the resident set's growth
+over a moment, the measure of what training itself added."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA memory allocated on a GPU; the process's peak resident set size on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
+
+
+class RssGrowth:
+    """The process's peak resident set size since `start()`, over its size at `start()`: what
+    training itself added, without torch's own hundreds of MB. Linux only (the peak is reset
+    through /proc/self/clear_refs); None elsewhere."""
+
+    def __init__(self) -> None:
+        self.base: int | None = None
+
+    def start(self) -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to now
+            self.base = _status_bytes("VmRSS")
+        except OSError:
+            self.base = None
+
+    def peak(self) -> int | None:
+        if self.base is None:
+            return None
+        return max(0, _status_bytes("VmHWM") - self.base)
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no {field} in /proc/self/status")

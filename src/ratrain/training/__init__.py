@@ -1,0 +1,2 @@
+"""The training loop and what a run writes: the run directory, per-step metrics, MFU,
+TensorBoard scalars. `loop.train` is the one entry point."""
