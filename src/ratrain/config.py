@@ -16,7 +16,7 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
-from ratrain.setup.rule import GRAD_LIFETIMES
+from ratrain.schedule.plan_rules import GRAD_LIFETIMES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
 
@@ -150,7 +150,7 @@ class ParallelConfig:
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
     shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
-    grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.GRAD_LIFETIMES)
+    grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (schedule/plan_rules.GRAD_LIFETIMES)
     shard_group: int | None = None  # hybrid sharding: shard over groups of this many replicas, replicate across
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are

@@ -15,7 +15,8 @@ from ratrain.setup import rule as runnable
 from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_files
 from ratrain.errors import UserError
-from ratrain.setup.layout import check_config, check_plan, load_plan
+from ratrain.setup.layout import check_config, check_plan
+from ratrain.setup.plan_file import load_plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import plan_file, search
 from ratrain.sim.profile import PRESET_DIR, load_profile
@@ -214,16 +215,16 @@ def test_prepare_checks_the_plan_a_file_holds_not_only_the_flags(monkeypatch, ca
 def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp_path):
     """prepare builds the plan (or reads the plan file) and the ranks get it: a rank that made
     its own would build again, or read the file again."""
-    from ratrain.setup import layout
+    from ratrain.setup import layout, plan_file
     from ratrain.training import loop as train
 
     built, read, ranks = [], [], []
     build = layout.plan_for_config
     monkeypatch.setattr(train, "plan_for_config",
                         lambda *a, **k: built.append(1) or build(*a, **k))
-    read_file = layout.read_plan_file
-    monkeypatch.setattr(layout, "read_plan_file", lambda *a: read.append(1) or read_file(*a))
-    monkeypatch.setattr("ratrain.cli.options.read_plan_file", layout.read_plan_file)
+    read_file = plan_file.read_plan_file
+    monkeypatch.setattr(plan_file, "read_plan_file", lambda *a: read.append(1) or read_file(*a))
+    monkeypatch.setattr("ratrain.cli.options.read_plan_file", plan_file.read_plan_file)
     common = ("--config", _small_file(tmp_path), "--no-progress", "--no-trace")
     real_rank_main = train.rank_main
     monkeypatch.setattr(train, "rank_main", lambda *args: ranks.append(args) or False)

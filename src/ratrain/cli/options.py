@@ -8,8 +8,8 @@ import click
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
-from ratrain.setup.layout import read_plan_file
-from ratrain.setup.rule import GRAD_LIFETIMES
+from ratrain.setup.plan_file import read_plan_file
+from ratrain.schedule.plan_rules import GRAD_LIFETIMES
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
 

@@ -20,7 +20,8 @@ from ratrain.cli.options import build_config, config_options, use_plan_file
 def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     """Predict one training step on a hardware profile: step time, tokens/s, bubble, exposed
     communication and peak memory per stage, by simulating the very programs the executor runs."""
-    from ratrain.setup.layout import check_plan, load_plan, plan_for_config, resolve_schedule
+    from ratrain.setup.layout import check_plan, plan_for_config, resolve_schedule
+    from ratrain.setup.plan_file import load_plan
     from ratrain.sim.profile import load_profile
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate as run_simulation

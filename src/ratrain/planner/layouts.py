@@ -1,16 +1,18 @@
 """The layouts the planner's search considers: what a request asks for (PlanRequest), and
 every pipeline and data-parallel degree, micro-batch size, rank order, lifecycle and schedule
-that training can run (`layouts`, by runnable.py's rule)."""
+that training can run (`layouts`, by the setup stage's rule, setup/rule.py)."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
 
-from ratrain.setup import rule as runnable
 from ratrain.config import ModelConfig
-from ratrain.setup.layout import has_views
 from ratrain.planner.lifecycle import Lifecycle
+from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SCHEDULE_NAMES
+from ratrain.schedule.weight_grads import schedules
+from ratrain.setup import rule as runnable
+from ratrain.setup.rule import has_views
 from ratrain.sim.placement import stage_groups
 from ratrain.sim.profile import HardwareProfile
 
@@ -88,7 +90,7 @@ class Layout:
     @property
     def schedule_label(self) -> str:
         """The schedule as the plan table shows it: "1F1B", "ZB-H1 grouped"."""
-        name = runnable.SCHEDULE_NAMES.get(self.schedule, self.schedule)
+        name = SCHEDULE_NAMES.get(self.schedule, self.schedule)
         return f"{name} {self.weight_grad}" if self.weight_grad else name
 
 
@@ -105,7 +107,7 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     """State homes and view windows worth trying on this profile and dtype; views only where
     they differ from the masters (layout.has_views). Sharded state (on the device, with views,
     the gathered weights: always there) for layouts of dp >= 2 (`layouts` leaves it out of the
-    others), ratrain's with each gradient lifetime (runnable.GRAD_LIFETIMES; `layouts` leaves
+    others), ratrain's with each gradient lifetime (GRAD_LIFETIMES; `layouts` leaves
     out those that cannot help a layout: `lifetime_helps`). The baseline is GPU-style: state
     on the device, views resident; sharded too, as DeepSpeed's ZeRO-1 with its pipeline
     engine (the gradient accumulated for the step). `request.grad_lifetimes` keeps only the
@@ -114,7 +116,7 @@ def lifecycles(request: PlanRequest) -> list[Lifecycle]:
     windows = (0, 1) if request.policy == "ratrain" else (0,)
     out = _unsharded_lifecycles(request, host_tier, windows)
     if has_views(request.dtype, "device", host_tier, shard_state=True):
-        lifetimes = runnable.GRAD_LIFETIMES if request.policy == "ratrain" else ("step",)
+        lifetimes = GRAD_LIFETIMES if request.policy == "ratrain" else ("step",)
         out.extend(Lifecycle("device", window, request.policy, shard_state=True,
                              grad_lifetime=lifetime, shard_group=group)
                    for group in _shard_groups(request)
@@ -175,29 +177,6 @@ def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None
     if lifetime == "micro-batch":
         return n_micro > 1 and weight_grad != "grouped"
     return True
-
-
-def schedules(pp: int, dp: int) -> list[tuple[str, str | None]]:
-    """(schedule, weight-gradient placement) worth simulating for a layout: 1F1B; ZB-H1 with its
-    BWs in the bubble where there is one (pp > 1: on one stage it is 1F1B's order), and with
-    their deferral capped (`deferral_caps`) for less memory on the later stages; grouped where
-    grouping may hide syncs (dp > 1) or shorten the cool-down (pp > 1)."""
-    out: list[tuple[str, str | None]] = [("1f1b", None)]
-    if pp > 1:
-        out.append(("zbh1", "bubble"))
-        out += [("zbh1", f"bubble:{k}") for k in deferral_caps(pp)]
-    if pp > 1 or dp > 1:
-        out.append(("zbh1", "grouped"))
-    return out
-
-
-def deferral_caps(pp: int) -> list[int]:
-    """The caps on deferred BWs weighed at `pp` stages: 0 and the powers of two below pp - 1
-    (the last stage defers pp - 1 uncapped, so a cap of pp - 1 or more is "bubble" itself). A
-    cap is a memory knob: the later stages' peak grows with it, nearly linearly, so a chosen
-    cap is within 2x of the largest that fits. Each cap is one more layout to partition; the
-    bound of a capped layout (search.UnitTables.own_micro) keeps most of them unexpanded."""
-    return [0, *(1 << i for i in range(max(0, pp - 2).bit_length()))]
 
 
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,

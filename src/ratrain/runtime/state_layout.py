@@ -51,7 +51,7 @@ class StateLayout:
     """Where the masters, gradients and optimizer state live; None: the compute device."""
 
     grad_lifetime: str = "step"
-    """How long `state.grad`, the full-size accumulation, lives (runnable.GRAD_LIFETIMES):
+    """How long `state.grad`, the full-size accumulation, lives (schedule/plan_rules.GRAD_LIFETIMES):
     "step", from build on; otherwise the layout frees it once it is reduced and the next
     backward makes it anew (`accumulation`)."""
 

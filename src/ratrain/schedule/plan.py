@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ratrain.setup.rule import (GRAD_LIFETIMES, hybrid_refusal, micro_batch_refusal,
-                              sharding_refusal)
 from ratrain.schedule import builders, passes
 from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
                                                 check_baseline, check_choice,
@@ -19,6 +17,8 @@ from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
+from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, check_hybrid, check_sharding,
+                                         micro_batch_refusal)
 from ratrain.schedule.view_passes import add_views
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement, place_weight_grads
 
@@ -310,21 +310,6 @@ def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
     weight_grad = weight_grad or "bubble"
     parse_placement(weight_grad)
     return weight_grad
-
-
-def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None,
-                   grad_lifetime: str = "step", policy: str = "ratrain") -> None:
-    """Raise where sharded state cannot run with these choices (runnable.sharding_refusal)."""
-    reason = sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
-    if reason:
-        raise ScheduleConfigError(reason)
-
-
-def check_hybrid(shard_group: int | None, shard_state: bool, dp: int, policy: str) -> None:
-    """Raise where hybrid sharding cannot run with these choices (runnable.hybrid_refusal)."""
-    reason = hybrid_refusal(shard_group, shard_state, dp, policy)
-    if reason:
-        raise ScheduleConfigError(reason)
 
 
 def build_eval_programs(stage_units: list[range], n_micro: int,

@@ -97,3 +97,26 @@ def _capped(program: Program, stage: int, pp: int, lag: int) -> Program:
     units = sorted({a.unit for a in program})
     n_micro = len({a.mb for a in program})
     return zbh1_program(range(units[0], units[-1] + 1), stage, pp, n_micro, lag)
+
+
+def schedules(pp: int, dp: int) -> list[tuple[str, str | None]]:
+    """(schedule, weight-gradient placement) worth simulating for a layout: 1F1B; ZB-H1 with its
+    BWs in the bubble where there is one (pp > 1: on one stage it is 1F1B's order), and with
+    their deferral capped (`deferral_caps`) for less memory on the later stages; grouped where
+    grouping may hide syncs (dp > 1) or shorten the cool-down (pp > 1)."""
+    out: list[tuple[str, str | None]] = [("1f1b", None)]
+    if pp > 1:
+        out.append(("zbh1", "bubble"))
+        out += [("zbh1", f"bubble:{k}") for k in deferral_caps(pp)]
+    if pp > 1 or dp > 1:
+        out.append(("zbh1", "grouped"))
+    return out
+
+
+def deferral_caps(pp: int) -> list[int]:
+    """The caps on deferred BWs weighed at `pp` stages: 0 and the powers of two below pp - 1
+    (the last stage defers pp - 1 uncapped, so a cap of pp - 1 or more is "bubble" itself). A
+    cap is a memory knob: the later stages' peak grows with it, nearly linearly, so a chosen
+    cap is within 2x of the largest that fits. Each cap is one more layout to partition; the
+    bound of a capped layout (search.UnitTables.own_micro) keeps most of them unexpanded."""
+    return [0, *(1 << i for i in range(max(0, pp - 2).bit_length()))]

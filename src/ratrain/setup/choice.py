@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
-from ratrain.planner.layouts import schedules
+from ratrain.schedule.weight_grads import schedules
 
 AUTO = "auto"
 MARGIN = 0.03  # candidates predicted within this of the fastest count as alike

@@ -9,19 +9,9 @@ from pathlib import Path
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
-from ratrain.setup.rule import check_runnable
+from ratrain.setup.rule import check_runnable, has_views
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan, weight_grad_of
-
-
-def has_views(dtype: str, state_home: str, host_is_separate: bool,
-              shard_state: bool = False) -> bool:
-    """Whether compute views differ from the masters: a compute dtype other than fp32, masters
-    on a host that is not the compute device's memory (`host_is_separate`: a GPU), or masters
-    sharded over the replicas (the view is the gathered whole). Otherwise, as on a CPU-only
-    fp32 run, views would be copies of the masters in the same memory: there are none."""
-    return (dtype != "float32" or (state_home == "host" and host_is_separate)
-            or shard_state)
 
 
 def _clip(cfg: RunConfig) -> bool:
@@ -110,51 +100,3 @@ def plan_for_config(cfg: RunConfig, host_is_separate: bool,
             shard_group=p.shard_group)
     except ScheduleError as e:
         raise UserError(str(e)) from None
-
-
-def read_plan_file(path: str | Path) -> dict:
-    """A plan file's plain data (JSON), read once: the CLI takes its layout and run settings
-    from it, and `load_plan` makes it the plan."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"plan file not found: {path}") from None
-    except (OSError, ValueError) as e:  # not text, not JSON
-        raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a ratrain plan: expected a JSON object, got "
-                        f"{type(data).__name__}")
-    return data
-
-
-def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
-    """The plan in cfg.parallel.plan_file (`data`: its contents, where already read), checked
-    against the config and by the schedule checks."""
-    path = Path(cfg.parallel.plan_file)
-    if data is None:
-        data = read_plan_file(path)
-    try:
-        plan = PipelinePlan.from_dict(data)
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise UserError(f"{path} is not a ratrain plan: {type(e).__name__}: {e}") from None
-    if cfg.parallel.schedule == AUTO_SCHEDULE:  # a plan without one (older files): the plan's
-        cfg.parallel.schedule = plan.schedule
-        cfg.parallel.weight_grad = cfg.parallel.weight_grad or plan.weight_grad
-    want = {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "n_micro": cfg.n_micro,
-            "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
-            "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state,
-            "grad_lifetime": cfg.parallel.grad_lifetime, "shard_group": cfg.parallel.shard_group,
-            "schedule": cfg.parallel.schedule,
-            "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
-    have = {k: getattr(plan, k) for k in want}
-    if have != want:
-        diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
-        raise UserError(f"plan {path} does not fit this run: {diff}")
-    try:
-        plan.validate()
-    except ScheduleError as e:
-        raise UserError(f"plan {path} fails the schedule checks: {e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise UserError(f"plan {path} is damaged: {type(e).__name__}: {e}") from None
-    return plan

@@ -9,11 +9,7 @@ names those). Pure Python: the planner and the CLI call it without torch.
 from __future__ import annotations
 
 from ratrain.errors import UserError
-
-SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
-GRAD_LIFETIMES = ("step", "transient", "micro-batch")
-"""How long a unit's full-size fp32 gradient lives (schedule/plan.PipelinePlan.grad_lifetime)."""
-
+from ratrain.schedule.plan_rules import hybrid_refusal, micro_batch_refusal, sharding_refusal
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
@@ -66,59 +62,14 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     return None
 
 
-def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | None:
-    """A pipeline schedule fills every stage only with at least as many micro-batches as stages."""
-    if n_micro >= pp:
-        return None
-    name = SCHEDULE_NAMES.get(schedule, schedule)
-    return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
-            f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
-
-
-def sharding_refusal(shard_state: bool, dp: int, state_home: str, view_window: int | None,
-                     grad_lifetime: str = "step", policy: str = "ratrain") -> str | None:
-    """Sharded state splits each unit's masters over the replicas: it needs more than one, the
-    state on the device (the collectives run where the state lives; NCCL only on the device),
-    and compute views (the gathered weights) in the programs. A gradient that lives less than
-    the step is a sharded state's (only the shard's gradient outlives it) and a lifecycle
-    choice (the baseline accumulates for the step)."""
-    if grad_lifetime != "step":
-        if not shard_state:
-            return (f"--grad-lifetime {grad_lifetime} frees the full-size gradient once it is "
-                    f"reduce-scattered, which only sharded state does; add --shard-state")
-        if policy != "ratrain":
-            return (f"--grad-lifetime {grad_lifetime} is a lifecycle choice of --policy "
-                    f"ratrain; the baseline accumulates each gradient for the step")
-    if not shard_state:
-        return None
-    if dp < 2:
-        return ("--shard-state splits the masters and optimizer state over data-parallel "
-                f"replicas; --dp {dp} has none to split over")
-    if state_home != "device":
-        return ("sharded state (--shard-state) lives on the device; it cannot be combined "
-                f"with --state-home {state_home}")
-    if view_window is None:
-        return ("sharded state needs compute views (the gathered weights): view_window must "
-                "be 0 (resident) or a window >= 1, not None")
-    return None
-
-
-def hybrid_refusal(shard_group: int | None, shard_state: bool, dp: int,
-                   policy: str = "ratrain") -> str | None:
-    """Hybrid sharding shards within groups of replicas and replicates across them: the groups
-    must split the replicas evenly into at least two groups of at least two."""
-    if shard_group is None:
-        return None
-    if not shard_state:
-        return (f"--shard-group {shard_group} shards the state within groups of replicas, which "
-                f"needs --shard-state")
-    if policy != "ratrain":
-        return (f"--shard-group is a lifecycle choice of --policy ratrain (the cross-group "
-                f"all-reduce of each shard is placed per unit)")
-    if not 2 <= shard_group < dp or dp % shard_group:
-        return (f"--shard-group {shard_group} must divide --dp {dp} into at least two groups of "
-                f"at least two replicas (leave it out to shard over all {dp})")
-    return None
+def has_views(dtype: str, state_home: str, host_is_separate: bool,
+              shard_state: bool = False) -> bool:
+    """Whether compute views differ from the masters: a compute dtype other than fp32, masters
+    on a host that is not the compute device's memory (`host_is_separate`: a GPU), or masters
+    sharded over the replicas (the view is the gathered whole). Otherwise, as on a CPU-only
+    fp32 run, views would be copies of the masters in the same memory: there are none."""
+    return (dtype != "float32" or (state_home == "host" and host_is_separate)
+            or shard_state)
 
 
 def check_runnable(**setup) -> None:

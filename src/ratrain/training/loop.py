@@ -29,7 +29,8 @@ from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 from ratrain.errors import UserError
-from ratrain.setup.layout import check_config, check_plan, load_plan, plan_for_config, resolve_schedule
+from ratrain.setup.layout import check_config, check_plan, plan_for_config, resolve_schedule
+from ratrain.setup.plan_file import load_plan
 from ratrain.runtime.process_memory import RssGrowth
 from ratrain.training.metrics import MetricsLog, StepExtras, plot_loss
 from ratrain.runtime.optim import lr_at

@@ -1,0 +1,82 @@
+"""The rules a plan's own choices keep among themselves, each refusal worded once: enough
+micro-batches for the stages, what sharded state needs, how hybrid sharding groups the
+replicas. `build_plan` and a plan read from a file refuse with them, and the setup stage's rule
+of what can run (setup/rule.py) applies them to a run's request."""
+
+from __future__ import annotations
+
+from ratrain.schedule.errors import ScheduleConfigError
+
+SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
+GRAD_LIFETIMES = ("step", "transient", "micro-batch")
+"""How long a unit's full-size fp32 gradient lives (schedule/plan.PipelinePlan.grad_lifetime)."""
+
+
+def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | None:
+    """A pipeline schedule fills every stage only with at least as many micro-batches as stages."""
+    if n_micro >= pp:
+        return None
+    name = SCHEDULE_NAMES.get(schedule, schedule)
+    return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
+            f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
+
+
+def sharding_refusal(shard_state: bool, dp: int, state_home: str, view_window: int | None,
+                     grad_lifetime: str = "step", policy: str = "ratrain") -> str | None:
+    """Sharded state splits each unit's masters over the replicas: it needs more than one, the
+    state on the device (the collectives run where the state lives; NCCL only on the device),
+    and compute views (the gathered weights) in the programs. A gradient that lives less than
+    the step is a sharded state's (only the shard's gradient outlives it) and a lifecycle
+    choice (the baseline accumulates for the step)."""
+    if grad_lifetime != "step":
+        if not shard_state:
+            return (f"--grad-lifetime {grad_lifetime} frees the full-size gradient once it is "
+                    f"reduce-scattered, which only sharded state does; add --shard-state")
+        if policy != "ratrain":
+            return (f"--grad-lifetime {grad_lifetime} is a lifecycle choice of --policy "
+                    f"ratrain; the baseline accumulates each gradient for the step")
+    if not shard_state:
+        return None
+    if dp < 2:
+        return ("--shard-state splits the masters and optimizer state over data-parallel "
+                f"replicas; --dp {dp} has none to split over")
+    if state_home != "device":
+        return ("sharded state (--shard-state) lives on the device; it cannot be combined "
+                f"with --state-home {state_home}")
+    if view_window is None:
+        return ("sharded state needs compute views (the gathered weights): view_window must "
+                "be 0 (resident) or a window >= 1, not None")
+    return None
+
+
+def hybrid_refusal(shard_group: int | None, shard_state: bool, dp: int,
+                   policy: str = "ratrain") -> str | None:
+    """Hybrid sharding shards within groups of replicas and replicates across them: the groups
+    must split the replicas evenly into at least two groups of at least two."""
+    if shard_group is None:
+        return None
+    if not shard_state:
+        return (f"--shard-group {shard_group} shards the state within groups of replicas, which "
+                f"needs --shard-state")
+    if policy != "ratrain":
+        return (f"--shard-group is a lifecycle choice of --policy ratrain (the cross-group "
+                f"all-reduce of each shard is placed per unit)")
+    if not 2 <= shard_group < dp or dp % shard_group:
+        return (f"--shard-group {shard_group} must divide --dp {dp} into at least two groups of "
+                f"at least two replicas (leave it out to shard over all {dp})")
+    return None
+
+
+def check_sharding(shard_state: bool, dp: int, state_home: str, view_window: int | None,
+                   grad_lifetime: str = "step", policy: str = "ratrain") -> None:
+    """Raise where sharded state cannot run with these choices (sharding_refusal)."""
+    reason = sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
+    if reason:
+        raise ScheduleConfigError(reason)
+
+
+def check_hybrid(shard_group: int | None, shard_state: bool, dp: int, policy: str) -> None:
+    """Raise where hybrid sharding cannot run with these choices (hybrid_refusal)."""
+    reason = hybrid_refusal(shard_group, shard_state, dp, policy)
+    if reason:
+        raise ScheduleConfigError(reason)
