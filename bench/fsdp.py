@@ -51,7 +51,7 @@ from ratrain.runtime.optim import lr_at
 from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import RankFailed, launch_local
 from ratrain.runtime.process_groups import init_groups
-from ratrain.training.loop import make_data
+from ratrain.data.replica import make_data
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

@@ -3,7 +3,7 @@
 Two ranks (pp=2, dp=1, gloo, one thread each) train the same model from the same initial weights
 on the same batches, under both implementations, in one process group:
 
-* ratrain: `PipelineEngine` with the plan `ratrain train --pp 2` builds (`plan_for`), a `Tracer`
+* ratrain: `PipelineEngine` with the plan `ratrain train --pp 2` builds (`plan_here`), a `Tracer`
   attached as the CLI does by default.
 * torch:   `PipelineStage` over an `nn.Sequential` of the *same* ratrain units (stage 0 =
   embedding + first half of the blocks, stage 1 = the rest + head, ratrain's default split),
@@ -49,7 +49,7 @@ from ratrain.runtime.engine import PipelineEngine
 from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
-from ratrain.training.loop import plan_for
+from ratrain.training.prepare import plan_here
 from ratrain.runtime.trace import Tracer
 
 from peers import PipelinePeer, machine
@@ -119,7 +119,7 @@ def _bench(cfg: RunConfig, opts: dict, result_path: Path) -> None:
         load_tokens(cfg.data, load_tokenizer(cfg.data.tokenizer), progress=False), cfg.data.val_fraction)
     loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size, seed=t.seed)
 
-    plan = plan_for(cfg)
+    plan = plan_here(cfg)
     tracer = Tracer(keep_steps=max(opts["steps"], opts["warmup"], 1))
     engine = PipelineEngine(cfg, plan, groups, tracer)  # what `ratrain train --pp 2` builds
     peer = PipelinePeer(cfg, plan.stage_units[groups.stage], groups)  # dp=1, no clipping
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{cfg.model.name}: pp={PP} dp=1 gloo, 1 thread/rank, seq_len {cfg.train.seq_len}, "
           f"{cfg.n_micro} micro-batches of {cfg.train.micro_batch_size} "
           f"({cfg.train.global_batch * cfg.train.seq_len} tokens/step), stages "
-          f"{[list(r) for r in plan_for(cfg).stage_units]}", flush=True)
+          f"{[list(r) for r in plan_here(cfg).stage_units]}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         result_path = Path(tmp) / "rank0.json"
         started = time.perf_counter()

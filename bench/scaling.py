@@ -41,7 +41,7 @@ from peers import machine  # noqa: E402
 
 POLICIES = ("ratrain", "baseline")
 SLOW_SEARCH_S = 30.0
-# The RATrain paper's own figures (abstract, shared/seeds/000_*.txt), measured on a real MT-3000.
+# The RATrain paper's own figures (its abstract), measured on a real MT-3000.
 PAPER = {"model": "llama2-7b", "devices": 1024, "tokens_per_s": 112790.55,
          "scaling_efficiency": 0.970, "source": "RATrain paper (abstract), measured on MT-3000"}
 

@@ -1,5 +1,5 @@
 """Two "nodes" on one machine: network namespaces joined by a veth pair whose both ends are
-shaped by a `tbf` qdisc, and torchrun started in each (the recipe in shared/DESIGN.md; needs root).
+shaped by a `tbf` qdisc, and torchrun started in each (the recipe in docs/machines.md; needs root).
 
     with TwoNodes("200mbit") as net:
         net.run(ranks_per_node, ["-m", "ratrain.cli", "train", ...], port=29500, log_dir=Path("logs"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from ratrain.schedule.weight_grads import parse_placement
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
 
-AUTO_SCHEDULE = "auto"  # the schedule and BW placement chosen by simulation (schedule_choice.py)
+AUTO_SCHEDULE = "auto"  # the schedule and BW placement chosen by simulation (setup/choice.py)
 
 
 @dataclass
@@ -59,6 +60,10 @@ class ModelConfig:
         return self.n_layers + 2
 
     def validate(self) -> None:
+        for name in ("norm_eps", "rope_theta"):
+            _check_finite(f"model.{name}", getattr(self, name))
+            if getattr(self, name) <= 0:
+                raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
         if self.position not in ("rope", "alibi"):
             raise UserError(f"model.position must be 'rope' or 'alibi', got {self.position!r}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
@@ -117,6 +122,10 @@ class TrainConfig:
         return self.lr / 10 if self.min_lr is None else self.min_lr
 
     def validate(self) -> None:
+        # a NaN passes every comparison below, an inf most: each is refused by name first
+        for name in ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
+                     "grad_clip"):
+            _check_finite(f"train.{name}", getattr(self, name))
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
                      "keep_checkpoints"):
             if getattr(self, name) <= 0:
@@ -144,7 +153,7 @@ class ParallelConfig:
     pp: int = 1
     dp: int = 1
     policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
-    schedule: str = "auto"  # a name in schedule.plan.SCHEDULES, or auto: chosen by simulation (schedule_choice.py)
+    schedule: str = "auto"  # a name in schedule.plan.SCHEDULES, or auto: chosen by simulation (setup/choice.py)
     weight_grad: str | None = None  # a split schedule's BW placement: bubble (its default) or grouped
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
@@ -209,10 +218,10 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def validate(self) -> None:
-        """The values as such: ranges, names, the sequence within the model's. Whether their
-        combination can run (layout, batch split, state home, dtype, hardware) is the one rule
-        of runnable.py (layout.check_config), which the run's preparation, the planner and the
-        CLI apply."""
+        """The values as such: ranges, names, finite numbers, the sequence within the model's.
+        Whether their combination can run (layout, batch split, state home, dtype, hardware) is
+        the rule of setup/rule.py, which the setup stage (setup.run_plan, that calls this
+        first) and the planner apply."""
         self.model.validate()
         self.data.validate()
         self.train.validate()
@@ -269,6 +278,11 @@ class RunConfig:
         except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
             raise UserError(f"cannot parse config {path}: {parse_error(e)}") from None
         return cls.from_dict(d or {})
+
+
+def _check_finite(name: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise UserError(f"{name} must be a finite number, got {value}")
 
 
 def _build(factory, values: dict[str, Any], section: str):

@@ -13,7 +13,7 @@ from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_files
 from ratrain.data.tokenizer import load_tokenizer
 from ratrain.data.tokens import load_tokens
-from ratrain.training.loop import rank_main
+from ratrain.training.run import rank_main
 
 STEPS = 20
 

@@ -14,7 +14,7 @@ import torch
 
 from ratrain.training.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
-from ratrain.training.loop import rank_main
+from ratrain.training.run import rank_main
 
 from .conftest import STEPS, assert_final_weights_match, micro_config
 

@@ -11,7 +11,7 @@ import torch
 from ratrain import checkpoint
 from ratrain.training.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
-from ratrain.training.loop import rank_main
+from ratrain.training.run import rank_main
 
 from .conftest import micro_config
 

@@ -18,7 +18,7 @@ from ratrain.training.metrics import read_metrics
 from ratrain.runtime.launch import launch_local
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
-from ratrain.training.loop import rank_main
+from ratrain.training.run import rank_main
 
 from .conftest import STEPS, assert_final_weights_match, micro_config
 

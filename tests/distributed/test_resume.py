@@ -9,7 +9,7 @@ import pytest
 
 from ratrain import checkpoint
 from ratrain.training.metrics import read_metrics
-from ratrain.training.loop import train
+from ratrain.training.run import train
 
 from .conftest import micro_config
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from ratrain import checkpoint
-from ratrain.setup.layout import plan_for_config
+from ratrain.setup import run_plan
 from ratrain.training.metrics import read_metrics
 from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.launch import launch_local
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
-from ratrain.training.loop import rank_main, train
+from ratrain.training.run import rank_main, train
 
 from .conftest import STEPS, assert_final_weights_match, micro_config, rel
 
@@ -67,7 +67,7 @@ def test_sharded_run_matches_single_process(pp, dp, window, policy, corpus, refe
                 assert rel(opt["state"][i][key], ref_state[key]) < 1e-4, (u, i, key)
 
     # The simulator replays the executor's ledger calls: replica 0 of each stage, kind by kind.
-    plan = plan_for_config(cfg, host_is_separate=False)
+    plan = run_plan(cfg)
     predicted = simulate(plan, cfg.model, load_profile("cpu-local"), seq_len=cfg.train.seq_len,
                          micro_batch_size=cfg.train.micro_batch_size, dtype=cfg.train.dtype)
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -16,7 +16,7 @@ from ratrain.runtime.launch import launch_local
 from ratrain.schedule.plan import build_plan
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
-from ratrain.training.loop import rank_main
+from ratrain.training.run import rank_main
 
 from .conftest import assert_final_weights_match, micro_config
 

@@ -39,7 +39,7 @@ def test_default_run_loss_falls(default_run):
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     assert len(val) == 3 and val[-1] < val[0] and val[-1] < 2.2  # 1.77 when measured
     assert all(r["tokens_per_s"] > 0 and r["peak_memory_bytes"] > 0 for r in rows)
-    assert (run / "loss.png").stat().st_size > 10_000
+    assert (run / "report" / "loss.png").stat().st_size > 10_000
     assert checkpoint.latest(run).name == "step_000300"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 300 and summary["final_loss"] == rows[-1]["loss"]

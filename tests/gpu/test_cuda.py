@@ -65,7 +65,7 @@ def test_bf16_autocast_trains():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
 def test_nccl_pipeline_matches_single_process(tmp_path, monkeypatch):
     from ratrain.training.metrics import read_metrics
-    from ratrain.training.loop import train
+    from ratrain.training.run import train
 
     torch.backends.cuda.matmul.allow_tf32 = False
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))

@@ -77,6 +77,9 @@ def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
     (["--comm-timeout", "0"], "parallel.comm_timeout_s must be in (0, 604800] seconds, got 0"),
     (["--comm-timeout", "inf"], "parallel.comm_timeout_s must be in (0, 604800] seconds, got inf"),
     (["--resume", "auto"], "--resume auto needs --run-dir"),
+    (["--lr", "nan"], "train.lr must be a finite number, got nan"),
+    (["--lr", "inf"], "train.lr must be a finite number, got inf"),
+    (["--lr", "-inf"], "train.lr must be a finite number, got -inf"),
 ])
 def test_bad_flags(monkeypatch, capsys, tmp_path, args, needle):
     _refused(monkeypatch, capsys, needle, "train", "--no-progress", *args)

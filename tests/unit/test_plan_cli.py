@@ -149,7 +149,7 @@ def test_a_shorter_gradient_lifetime_in_the_table_the_plan_file_and_the_run(monk
     import shutil
     from sysconfig import get_paths
 
-    from ratrain.training import loop as train
+    from ratrain.training import run as train
 
     out = tmp_path / "plan.json"
     args = ("plan", "--model", "tiny", "--profile", "cpu-local", "--devices", "2", "--pp", "1",

@@ -1,5 +1,5 @@
-"""One rule of what can run (runnable.py): the planner returns only what training runs, the CLI
-and a run's preparation refuse what the rule refuses, in one line; a plan is built (or read)
+"""One rule of what can run (setup/rule.py): the planner returns only what training runs, the
+CLI and the setup stage refuse what the rule refuses, in one line; a plan is built (or read)
 once."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import shutil
 import pytest
 import yaml
 
-from ratrain.setup import rule as runnable
 from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_files
 from ratrain.errors import UserError
-from ratrain.setup.layout import check_config, check_plan
-from ratrain.setup.plan_file import load_plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import plan_file, search
+from ratrain.setup import Machine, run_plan
+from ratrain.setup import rule as runnable
 from ratrain.sim.profile import PRESET_DIR, load_profile
 
 from .cli_runner import run_cli
@@ -102,11 +101,10 @@ def _runs_as_trained(candidate, request) -> None:
     data = json.loads(json.dumps(plan_file.to_dict(candidate, cfg, request)))
     run = RunConfig.from_dict(data["run"])
     run.parallel.plan_file = "plan.json"
-    host_is_separate = request.profile.device.host_link is not None
-    collectives = request.profile.device.host_collectives
-    check_plan(load_plan(run, data), run, host_is_separate, host_collectives=collectives)
+    machine = Machine.of_profile(request.profile)
+    run_plan(run, machine, plan_data=data)
     run.parallel.plan_file = None
-    check_config(run, host_is_separate, host_collectives=collectives)
+    run_plan(run, machine)
 
 
 def test_every_plan_the_search_returns_can_run():
@@ -200,31 +198,33 @@ def test_train_refuses_what_the_rule_refuses(monkeypatch, capsys, tmp_path, args
 def test_prepare_checks_the_plan_a_file_holds_not_only_the_flags(monkeypatch, capsys, tmp_path):
     """A plan file without run settings, state on the host over 2 replicas, on GPUs: the
     config says state on the device, the plan says host; the plan is what would run."""
-    from ratrain.training import loop as train
+    from ratrain.training import prepare
 
     assert run_cli(monkeypatch, capsys, "plan", "--config", _small_file(tmp_path), "--dp", "2",
                    "--state-home", "host", "--out", "p.json")[0] == 0
     cfg = _small(tmp_path)
     cfg.parallel.dp, cfg.parallel.plan_file = 2, str(tmp_path / "p.json")
-    assert train.prepare(cfg, progress=False).state_home == "host"  # on this CPU it runs
-    monkeypatch.setattr(train, "computes_on_cuda", lambda cfg: True)
+    assert prepare.prepare(cfg, progress=False).state_home == "host"  # on this CPU it runs
+    monkeypatch.setattr(prepare, "this_machine", lambda cfg: Machine(host_is_separate=True))
     with pytest.raises(UserError, match="which NCCL cannot do"):
-        train.prepare(cfg, progress=False)
+        prepare.prepare(cfg, progress=False)
 
 
 def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp_path):
-    """prepare builds the plan (or reads the plan file) and the ranks get it: a rank that made
-    its own would build again, or read the file again."""
-    from ratrain.setup import layout, plan_file
-    from ratrain.training import loop as train
+    """The setup stage builds the plan (or reads the plan file) and the ranks get it: a rank
+    that made its own would build again, or read the file again."""
+    from ratrain.setup import plan_file as setup_plan_file
+    from ratrain.setup import entry as setup_entry
+    from ratrain.training import run as train
 
     built, read, ranks = [], [], []
-    build = layout.plan_for_config
-    monkeypatch.setattr(train, "plan_for_config",
+    build = setup_entry.build_plan
+    monkeypatch.setattr(setup_entry, "build_plan",
                         lambda *a, **k: built.append(1) or build(*a, **k))
-    read_file = plan_file.read_plan_file
-    monkeypatch.setattr(plan_file, "read_plan_file", lambda *a: read.append(1) or read_file(*a))
-    monkeypatch.setattr("ratrain.cli.options.read_plan_file", plan_file.read_plan_file)
+    read_file = setup_plan_file.read_plan_file
+    monkeypatch.setattr(setup_plan_file, "read_plan_file",
+                        lambda *a: read.append(1) or read_file(*a))
+    monkeypatch.setattr("ratrain.cli.options.read_plan_file", setup_plan_file.read_plan_file)
     common = ("--config", _small_file(tmp_path), "--no-progress", "--no-trace")
     real_rank_main = train.rank_main
     monkeypatch.setattr(train, "rank_main", lambda *args: ranks.append(args) or False)
@@ -247,7 +247,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     def engine(cfg, plan, *args, **kwargs):
         raise Handed(plan)
 
-    monkeypatch.setattr(train, "plan_for", lambda *a: pytest.fail("the rank made a plan"))
+    monkeypatch.setattr(train, "plan_here", lambda *a: pytest.fail("the rank made a plan"))
     monkeypatch.setattr(train, "PipelineEngine", engine)
     with pytest.raises(Handed) as handed:
         real_rank_main(*ranks[1])

@@ -3,8 +3,8 @@ of those predicted alike the one that holds least (1F1B unless a split schedule 
 faster), and the choice is written into the config."""
 
 from ratrain.config import RunConfig
-from ratrain.setup.layout import plan_for_config, resolve_schedule
 from ratrain.models.presets import get_preset
+from ratrain.setup import run_plan
 from ratrain.setup.choice import MARGIN, choose, default_profile
 from ratrain.sim.profile import load_profile
 
@@ -20,7 +20,7 @@ def _cfg(pp: int, dp: int, n_micro: int) -> RunConfig:
 
 
 def _choose(cfg, budget=None):
-    return choose(cfg, lambda c: plan_for_config(c, False), load_profile("cpu-local"), budget)
+    return choose(cfg, run_plan, load_profile("cpu-local"), budget)
 
 
 def test_the_fastest_candidate_that_fits_is_chosen():
@@ -59,11 +59,17 @@ def test_a_tie_keeps_1f1b():
 
 def test_the_choice_is_written_into_the_config_and_a_given_schedule_is_kept():
     cfg = _cfg(2, 1, 4)
-    choice = resolve_schedule(cfg, False)
+    said = []
+    plan = run_plan(cfg, say=said.append)
+    choice = _choose(_cfg(2, 1, 4))
     assert (cfg.parallel.schedule, cfg.parallel.weight_grad) == (choice.schedule, choice.weight_grad)
-    assert resolve_schedule(cfg, False) is None  # given now
+    assert (plan.schedule, plan.weight_grad) == (choice.schedule, choice.weight_grad)
+    assert said == [choice.why]
+    run_plan(cfg, say=said.append)
+    assert len(said) == 1  # given now: nothing chosen, nothing said
     one = _cfg(1, 1, 2)
-    assert resolve_schedule(one, False).candidates == []  # nothing to choose between
+    run_plan(one, say=said.append)
+    assert len(said) == 1  # nothing to choose between
     assert one.parallel.schedule == "1f1b"
 
 

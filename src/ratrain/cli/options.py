@@ -119,8 +119,8 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
 
 def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     """Run `plan_file`: its layout, unless the flags say otherwise (then the plan's checks
-    report the clash). Returns the file's contents, read here once: layout.load_plan makes
-    them the plan."""
+    report the clash). Returns the file's contents, read here once: the setup stage
+    (setup.run_plan) makes them the plan."""
     cfg.parallel.plan_file = str(Path(plan_file).resolve())
     layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),

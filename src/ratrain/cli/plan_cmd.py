@@ -37,10 +37,9 @@ def plan(profile_spec, devices, memory_budget, memory_margin, top, time_limit, o
 
 def _show(cfg, out, as_json) -> None:
     from ratrain.schedule import format_table
-    from ratrain.training.loop import plan_for
+    from ratrain.training.prepare import plan_here
 
-    cfg.validate()
-    pipeline_plan = plan_for(cfg)
+    pipeline_plan = plan_here(cfg)
     if out:
         Path(out).write_text(json.dumps(pipeline_plan.to_dict(), indent=2))
     if as_json:

@@ -20,8 +20,7 @@ from ratrain.cli.options import build_config, config_options, use_plan_file
 def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     """Predict one training step on a hardware profile: step time, tokens/s, bubble, exposed
     communication and peak memory per stage, by simulating the very programs the executor runs."""
-    from ratrain.setup.layout import check_plan, plan_for_config, resolve_schedule
-    from ratrain.setup.plan_file import load_plan
+    from ratrain.setup import Machine, run_plan
     from ratrain.sim.profile import load_profile
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate as run_simulation
@@ -29,19 +28,12 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
 
     cfg = build_config(opts)
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
-    cfg.validate()
     hw = load_profile(profile_spec)
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
-    # what could not run on the profile's devices is not predicted (runnable.py)
-    host_is_separate = hw.device.host_link is not None
-    if plan_file:
-        plan = load_plan(cfg, plan_data)
-        check_plan(plan, cfg, host_is_separate, host_collectives=hw.device.host_collectives)
-    else:  # --schedule auto: chosen on this profile
-        choice = resolve_schedule(cfg, host_is_separate, hw.device.host_collectives, profile=hw)
-        if choice and choice.candidates and not as_json:
-            click.echo(choice.why)
-        plan = plan_for_config(cfg, host_is_separate, hw.device.host_collectives)
+    # what could not run on the profile's devices is not predicted (setup/rule.py); --schedule
+    # auto is chosen on this profile
+    plan = run_plan(cfg, Machine.of_profile(hw), plan_data=plan_data, profile=hw,
+                    say=None if as_json else click.echo)
     t = cfg.train
 
     def predict(profile):

@@ -42,7 +42,7 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkp
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
     ends the run after --comm-timeout; Ctrl-C stops every rank. See docs/reliability.md."""
     from ratrain.runtime.launch import under_torchrun
-    from ratrain.training.loop import train as run_training
+    from ratrain.training.run import train as run_training
 
     if resume_dir == "auto":
         if not run_dir:

@@ -2,6 +2,7 @@
 
 from ratrain.data.corpus import corpus_files, stdlib_files, stdlib_root, text_files
 from ratrain.data.loader import MicroBatchLoader, eval_batches
+from ratrain.data.replica import check_data, make_data
 from ratrain.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -17,6 +18,7 @@ __all__ = [
     "HFTokenizer",
     "MicroBatchLoader",
     "Tokenizer",
+    "check_data",
     "check_fits",
     "check_token_ids",
     "corpus_files",
@@ -24,6 +26,7 @@ __all__ = [
     "load_bin",
     "load_tokenizer",
     "load_tokens",
+    "make_data",
     "split_train_val",
     "stdlib_files",
     "stdlib_root",

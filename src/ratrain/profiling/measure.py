@@ -1,6 +1,6 @@
 """`ratrain profile`: measure the machine this runs on and write a `HardwareProfile`
 (sim/profile.py) that the simulator takes as is. This module starts the measuring processes
-(their code: profiling_ranks.py) and turns their results into the profile and its table.
+(their code: ranks.py) and turns their results into the profile and its table.
 
 The whole measurement runs `repeats` times; the profile holds each figure's median and names in
 its notes the figures that did not repeat (sim/profile_repeats.py). Each time, everything is

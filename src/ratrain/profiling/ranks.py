@@ -1,4 +1,4 @@
-"""What runs in `ratrain profile`'s measuring processes (profiling.py starts them and turns
+"""What runs in `ratrain profile`'s measuring processes (measure.py starts them and turns
 their results into a profile): each rank times the units through the executor's trace, a
 matmul, an AdamW step and, on CUDA, host copies, every measurement started together behind a
 barrier; two ranks time their links. Each writes its medians as JSON."""
@@ -27,7 +27,7 @@ from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.stage import DTYPES
 from ratrain.schedule.plan import SPLIT_SCHEDULES
 from ratrain.runtime.trace import Tracer
-from ratrain.training.loop import plan_for
+from ratrain.training.prepare import plan_here
 
 WARMUP, REPEATS = 3, 10  # per timing; the median of 10 is stable on a noisy 2-core VM
 STEP_WARMUP, STEP_REPEATS = 2, 6  # executor steps traced for the unit times
@@ -151,7 +151,7 @@ def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tra
     run = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, n_layers=pp * blocks),
         parallel=dataclasses.replace(cfg.parallel, pp=pp, activation=activation))
-    engine = PipelineEngine(run, plan_for(run), groups, tracer, device=device)
+    engine = PipelineEngine(run, plan_here(run), groups, tracer, device=device)
     m, t = run.model, run.train
     shape = (t.micro_batch_size, t.seq_len)
     g = torch.Generator().manual_seed(0)

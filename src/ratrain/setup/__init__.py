@@ -1,1 +1,12 @@
-"""The setup stage: a run config (and an optional plan file) in, a checked plan out."""
+"""The setup stage: a run config (and an optional plan file) in, a checked plan out.
+
+    entry      run_plan, the one entry: the config's values, the rule, the schedule, the plan
+    rule       what can run: one rule for training, the planner's search and the CLI
+    choice     --schedule auto: the fastest simulated schedule that fits
+    plan_file  a plan file read once and checked against the run
+"""
+
+from ratrain.setup.entry import Machine, run_plan
+from ratrain.setup.plan_file import read_plan_file
+
+__all__ = ["Machine", "read_plan_file", "run_plan"]

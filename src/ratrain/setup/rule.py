@@ -1,9 +1,11 @@
-"""What can run: one rule that a run's preparation, the planner's search and the command line
-all apply, so the planner never returns a plan that training refuses.
+"""What can run: one rule that the setup stage (entry.run_plan: `ratrain train`, `plan`,
+`simulate`) and the planner's search both apply, so the planner never returns a plan that
+training refuses.
 
 The rule is about the combination of choices (the layout, where the state lives, the dtype and
 the hardware), not about a single value (a negative --pp, an unknown policy: config.validate
-names those). Pure Python: the planner and the CLI call it without torch.
+names those). The rules a plan keeps within itself are schedule/plan_rules.py's; this one adds
+the run's and the machine's. Pure Python: the planner calls it without torch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
             world: int | None = None) -> str | None:
     """Why this cannot run (one line, as the user's mistake is told), or None when it can.
 
-    `view_window` is the plan's: None where the views are the masters (layout.has_views).
+    `view_window` is the plan's: None where the views are the masters (has_views).
     `host_is_separate`: the state's host tier is not the compute device's memory (a GPU).
     `host_collectives`: the devices' collectives can reduce buffers in the host tier (not so on
     GPUs: NCCL reduces device memory only; a profile says it in `host_collectives`); None:

@@ -1,4 +1,5 @@
-"""Step metrics: JSON lines in the run directory, and the loss-curve plot."""
+"""Step metrics: JSON lines in the run directory, and what rank 0 adds to them (MFU,
+TensorBoard)."""
 
 from __future__ import annotations
 
@@ -33,35 +34,10 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_loss(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
-    """Training loss per step and validation loss where measured."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_metrics(metrics_path)
-    if not rows:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss", lw=1)
-    val = [r for r in rows if "val_loss" in r]
-    if val:
-        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-
-
 class StepExtras:
     """What rank 0 adds to each step's row and to the run's summary beyond the loop's own
-    metrics: MFU (mfu.py) and, with --tensorboard, the row as TensorBoard scalars
-    (tensorboard_log.py). Made before the first step: on a CPU without a profile it measures
+    metrics: MFU (training/mfu.py) and, with --tensorboard, the row as TensorBoard scalars
+    (training/tensorboard_log.py). Made before the first step: on a CPU without a profile it measures
     the matmul peak (about 0.3 s)."""
 
     def __init__(self, cfg, run_dir: str | Path, world: int, device: torch.device,

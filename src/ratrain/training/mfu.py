@@ -17,7 +17,7 @@ The peak, per device, times the devices of the run:
   (`ratrain profile` measures it), else measured once at the start of the run by the same
   matmul `ratrain profile` times (1024 x 1024, laid out as a Linear's forward, one thread). It
   is measured rather than taken from the cpu-local preset because machines of one kind differ
-  by up to 2x (DESIGN.md) and a fixed figure would put the difference into the MFU; the
+  by up to 2x (docs/machines.md) and a fixed figure would put the difference into the MFU; the
   fastest of several repeats is taken, since load from other processes only ever slows a
   repeat down.
 """
@@ -39,7 +39,7 @@ DATASHEET_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
 }
 
-CPU_MATMUL_N = 1024  # as `ratrain profile` (profiling_ranks.MATMUL_N["cpu"])
+CPU_MATMUL_N = 1024  # as `ratrain profile` (profiling/ranks.MATMUL_N["cpu"])
 CPU_MATMUL_N_SLOW = 512  # bfloat16/float16 on a CPU without native support: about 15x slower
 CPU_MATMUL_REPEATS = 6
 

@@ -1,0 +1,130 @@
+"""The setup stage's one entry: a run config (and its plan file, if any) in, the checked plan
+that runs out. `ratrain train`, `ratrain plan`, `ratrain simulate` and the profiler's ranks
+call it; the planner applies its rule (rule.py) to every layout it weighs.
+
+In order: the config's values (config.validate), the plan file's fit to the run
+(plan_file.py) or the flags' request, the rule of what can run here (rule.py), the schedule
+where it is `auto` (choice.py, written into the config so the run records what was chosen),
+and the plan itself, checked by the schedule checks. Every refusal is a UserError of one line.
+Pure Python: what it needs of the machine comes in a `Machine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ratrain.config import AUTO_SCHEDULE, RunConfig
+from ratrain.errors import UserError
+from ratrain.schedule.errors import ScheduleError
+from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.setup.choice import Choice, choose, default_profile
+from ratrain.setup.plan_file import load_plan
+from ratrain.setup.rule import check_runnable, has_views
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a plan depends on of where it runs."""
+
+    host_is_separate: bool = False
+    """The state's host tier is not the compute device's memory (a GPU's host)."""
+    host_collectives: bool | None = None
+    """The devices' collectives can reduce host buffers (a profile says; None: rule.refusal's
+    default for the device)."""
+    world: int | None = None
+    """Processes already started for the run (torchrun's WORLD_SIZE); None where the run
+    starts its own."""
+    device_name: str | None = None
+    """A GPU's name: the preset --schedule auto simulates on when the run names no profile."""
+    memory_bytes: int | None = None
+    """What a stage may hold, for --schedule auto (None: the profile's device memory)."""
+
+    @classmethod
+    def of_profile(cls, profile) -> Machine:
+        """The devices a HardwareProfile describes (what `ratrain simulate` predicts on)."""
+        return cls(host_is_separate=profile.device.host_link is not None,
+                   host_collectives=profile.device.host_collectives)
+
+
+def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | None = None,
+             profile=None, say: Callable[[str], None] | None = None) -> PipelinePlan:
+    """The checked plan of `cfg` on `machine`: its plan file's (`plan_data`: the file's
+    contents, where already read), else the one its flags ask for, with its schedule chosen
+    where it is `auto`: simulated on `profile` (a HardwareProfile; default: the run's
+    --profile, else the preset of the machine's device), and `say` told why where there was a
+    choice to make. Raises UserError where the run cannot go."""
+    cfg.validate()
+    if cfg.parallel.plan_file:
+        plan = load_plan(cfg, plan_data)
+        _check(cfg, machine, **{name: getattr(plan, name) for name in _PLAN_CHOICES})
+        return plan
+    choice = _choose_schedule(cfg, machine, profile)
+    if say and choice and choice.candidates:
+        say(choice.why)
+    return _flags_plan(cfg, machine)
+
+
+_PLAN_CHOICES = ("n_layers", "pp", "dp", "schedule", "policy", "clip", "state_home",
+                 "shard_state", "view_window", "grad_lifetime", "shard_group")
+"""A plan's own layout and lifecycle, which the rule judges (a plan file's, not the flags')."""
+
+
+def _check(cfg: RunConfig, machine: Machine, **choices) -> None:
+    """The rule of what can run (rule.refusal) for these layout and lifecycle `choices` with
+    cfg's batch, dtype and model on `machine`."""
+    t = cfg.train
+    check_runnable(global_batch=t.global_batch, micro_batch_size=t.micro_batch_size,
+                   dtype=t.dtype, tie_embeddings=cfg.model.tie_embeddings,
+                   host_is_separate=machine.host_is_separate,
+                   host_collectives=machine.host_collectives, world=machine.world, **choices)
+
+
+def _flag_choices(cfg: RunConfig, machine: Machine) -> dict:
+    """The layout and lifecycle cfg's flags ask for, as a plan would hold them: clipping where
+    the global norm is needed, a view window only where views differ from the masters."""
+    p, t = cfg.parallel, cfg.train
+    views = has_views(t.dtype, p.state_home, machine.host_is_separate, p.shard_state)
+    return {"n_layers": cfg.model.n_layers, "pp": p.pp, "dp": p.dp, "schedule": p.schedule,
+            "policy": p.policy,
+            # float16 needs the global norm to see an overflow anywhere, clipping or not
+            "clip": t.grad_clip > 0 or t.dtype == "float16",
+            "state_home": p.state_home, "shard_state": p.shard_state,
+            "view_window": p.view_window if views else None,
+            "grad_lifetime": p.grad_lifetime, "shard_group": p.shard_group}
+
+
+def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
+    """The plan of cfg's flags (its schedule chosen), after the rule; a request the schedule
+    cannot satisfy is a UserError too."""
+    choices = _flag_choices(cfg, machine)
+    _check(cfg, machine, **choices)
+    p = cfg.parallel
+    policies = p.activation_per_stage
+    try:
+        return build_plan(
+            choices["n_layers"], p.pp, p.dp, cfg.n_micro, schedule=p.schedule, policy=p.policy,
+            activation=policies[0] if len(policies) == 1 else policies,
+            units_per_stage=p.partition, clip=choices["clip"], rank_order=p.rank_order,
+            view_window=choices["view_window"], state_home=p.state_home,
+            shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
+            shard_group=p.shard_group)
+    except ScheduleError as e:
+        raise UserError(str(e)) from None
+
+
+def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None:
+    """Where cfg's schedule is `auto`, choose it (choice.py) and write the choice into cfg, so
+    that the run records, and every rank runs, what was chosen. None where it was given."""
+    if cfg.parallel.schedule != AUTO_SCHEDULE:
+        return None
+    _check(cfg, machine, **_flag_choices(cfg, machine))  # what cannot run is not simulated
+    if profile is None:
+        from ratrain.sim.profile import load_profile
+
+        profile = load_profile(cfg.train.profile or default_profile(
+            (machine.device_name or "GPU") if machine.host_is_separate else None))
+    choice = choose(cfg, lambda trial: _flags_plan(trial, machine), profile,
+                    machine.memory_bytes)
+    cfg.parallel.schedule, cfg.parallel.weight_grad = choice.schedule, choice.weight_grad
+    return choice

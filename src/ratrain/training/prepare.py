@@ -1,0 +1,62 @@
+"""Before any run directory or process exists: this machine as the setup stage sees it, the
+checked plan on it, and the checks of the data."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from ratrain.config import AUTO_SCHEDULE, RunConfig
+from ratrain.data.replica import check_data
+from ratrain.runtime.launch import under_torchrun
+from ratrain.runtime.process_groups import pick_backend
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.setup import Machine, run_plan
+
+
+def this_machine(cfg: RunConfig) -> Machine:
+    """Where cfg runs: a GPU (NCCL) or not, the processes torchrun started, and on a GPU its
+    name and memory (what --schedule auto simulates on and weighs against)."""
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+    if pick_backend(cfg.parallel.backend) != "nccl":
+        return Machine(world=world)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return Machine(host_is_separate=True, world=world, device_name=props.name,
+                   memory_bytes=props.total_memory)
+
+
+def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = False) -> PipelinePlan:
+    """The checked plan of cfg on this machine (setup.run_plan); with `progress`, rank 0 says
+    why the schedule it chose was chosen."""
+    say = None
+    if progress and int(os.environ.get("RANK", 0)) == 0:
+        def say(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+    return run_plan(cfg, this_machine(cfg), plan_data=plan_data, say=say)
+
+
+def needs_executor(cfg: RunConfig) -> bool:
+    """Whether a single-process run needs the executor rather than the plain engine (which
+    runs 1F1B's order, keeping everything, in fp32)."""
+    p = cfg.parallel
+    return bool(p.plan_file or p.activation_per_stage != ["keep"] or cfg.train.dtype != "float32"
+                or p.state_home != "device" or p.schedule not in ("1f1b", AUTO_SCHEDULE)
+                or p.weight_grad is not None)
+
+
+def is_distributed(cfg: RunConfig) -> bool:
+    """More than one rank: pp x dp local processes, or torchrun's."""
+    return cfg.parallel.pp * cfg.parallel.dp > 1 or under_torchrun()
+
+
+def prepare(cfg: RunConfig, progress: bool = True,
+            plan_data: dict | None = None) -> PipelinePlan | None:
+    """Everything that can fail because of the user's input: the setup stage's checked plan
+    (returned; None for a single process that the plain engine runs), then the data
+    (data.check_data)."""
+    plan = plan_here(cfg, plan_data, progress)
+    keep = is_distributed(cfg) or needs_executor(cfg)
+    check_data(cfg, progress)
+    return plan if keep else None

@@ -1,0 +1,130 @@
+"""`train()`, the one entry point: the checked plan, the run directory, then the ranks.
+
+With pp = dp = 1 the run goes on in this process: the plain single-process engine, or the
+executor when the run asks for what only the executor does (views, offload, recompute, float16,
+a plan file). Otherwise it starts pp x dp local processes (or, under torchrun, is already one of
+them) and every rank runs `rank_main` with its own stage of the pipeline plan.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ratrain import checkpoint
+from ratrain.config import RunConfig
+from ratrain.runtime import timed_comm
+from ratrain.runtime.engine import LocalEngine, PipelineEngine
+from ratrain.runtime.launch import Interrupted, ask_to_stop_on_sigint, launch_local, under_torchrun
+from ratrain.runtime.process_groups import init_groups
+from ratrain.runtime.trace import Tracer
+from ratrain.schedule.grid import RankGrid
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.training.loop import Loop
+from ratrain.training.prepare import is_distributed, needs_executor, plan_here, prepare
+from ratrain.training.run_dir import check_run_dir, new_run_dir, resume_point
+
+
+def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
+          trace: bool = True, plan_data: dict | None = None) -> dict:
+    """Train as configured; returns the run summary (also written to run_dir/summary.json).
+    With no run_dir, a new one under runs/ is made once the input has been checked. `resume`
+    continues from the newest checkpoint of run_dir that verifies. `plan_data`: the contents
+    of cfg's plan file, where the caller has read it already (setup.read_plan_file).
+
+    The plan is built (or read) here once and handed to the ranks. Under torchrun this runs on
+    every rank (each builds the plan itself) and only rank 0 returns the summary (others: {}).
+    Raises Interrupted when Ctrl-C stopped the run."""
+    plan = prepare(cfg, progress, plan_data)
+    plan_dict = plan.to_dict() if plan else None
+    check_run_dir(run_dir or Path("runs"), cfg)
+    ckpt = resume_point(Path(run_dir), cfg) if resume else None
+    run_dir = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    world = cfg.parallel.pp * cfg.parallel.dp
+    summary_path = run_dir / "summary.json"
+    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
+        summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
+        cfg.save(run_dir / "config.yaml")
+        if plan:
+            (run_dir / "plan.json").write_text(json.dumps(plan_dict, indent=2))
+    args = (cfg.to_dict(), str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
+    if under_torchrun():
+        stopped = rank_main(*args)
+    else:
+        try:
+            if world == 1:
+                stopped = rank_main(*args)
+            else:
+                stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
+                                       threads=cfg.parallel.threads_per_rank,
+                                       checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
+        finally:  # every rank is gone: what an unfinished save left is of no use
+            checkpoint.remove_partials(run_dir)
+    if stopped and not summary_path.exists():
+        saved = checkpoint.latest(run_dir)
+        raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
+                          f"saved checkpoint {saved} (continue with --resume {run_dir})")
+    if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
+        return {}
+    return json.loads(summary_path.read_text())
+
+
+def rank_main(cfg_dict: dict, run_dir: str, resume_from: str | None, progress: bool,
+              trace: bool, plan_dict: dict | None = None) -> bool:
+    """One rank's run, from the checkpoint `resume_from` if given; returns whether Ctrl-C
+    stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
+    plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
+    (`train` passes what prepare returned), or where a caller of its own leaves it to be made
+    here from the config."""
+    cfg = RunConfig.from_dict(cfg_dict)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    distributed = is_distributed(cfg)
+    rank = int(os.environ.get("RANK", 0))
+    if plan_dict is not None:
+        plan = PipelinePlan.from_dict(plan_dict)
+    else:
+        plan = plan_here(cfg) if distributed or needs_executor(cfg) else None
+    if distributed:
+        p = cfg.parallel
+        groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
+                             plan.shard_group)
+        tracer = Tracer() if trace else None
+        engine = PipelineEngine(cfg, plan, groups, tracer)
+    else:
+        groups, tracer = None, None
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if plan:
+            tracer = Tracer() if trace else None
+            engine = PipelineEngine(cfg, plan, None, tracer, device=device)
+        else:
+            engine = LocalEngine(cfg, device)
+    previous = signal.getsignal(signal.SIGINT)
+    if cfg.train.checkpoint_on_interrupt:
+        ask_to_stop_on_sigint()
+    try:
+        # A failure propagates without destroy_process_group: that is collective and would wait
+        # on ranks that may be stuck or gone. The launcher (ours or torchrun) takes them down.
+        loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan)
+        stopped = loop.run(Path(resume_from) if resume_from else None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if distributed:
+        del engine, groups, loop  # the groups must be gone before the backend they belong to
+        _shut_down_together(cfg.parallel.comm_timeout_s)
+    return stopped
+
+
+def _shut_down_together(timeout_s: float) -> None:
+    """Tear the process groups down once every rank is done with them: a rank that closes its
+    connections while a peer still uses them can take the peer down."""
+    timed_comm.barrier(timeout_s, "end of run", "the last barrier")
+    gc.collect()
+    dist.destroy_process_group()
