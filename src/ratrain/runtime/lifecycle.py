@@ -61,42 +61,45 @@ def wait_reload(ex, st: StepState, a: Action) -> None:
 
 # -- gradient sync, norm, update ---------------------------------------------------------------
 
-def grad_sync(ex, st: StepState, a: Action):
-    work = st.syncs[a.unit] = ex.stage.state[a.unit].start_sync(ex.groups.replicas)
+def _started(st: StepState, a: Action, work):
+    """A unit's sync just started (GS, RS or GX), kept for its wait."""
+    st.syncs[a.unit] = work
     return work
 
 
-def wait_grad_sync(ex, st: StepState, a: Action) -> None:
+def _waited(ex, st: StepState, a: Action):
+    """The unit's sync in flight waited for, under the comm's deadline; returns the unit's
+    state, which finishes it."""
     work = st.syncs.pop(a.unit, None)
     if work is not None:
         ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
-    ex.stage.state[a.unit].wait_sync()
+    return ex.stage.state[a.unit]
+
+
+def grad_sync(ex, st: StepState, a: Action):
+    return _started(st, a, ex.stage.state[a.unit].start_sync(ex.groups.replicas))
+
+
+def wait_grad_sync(ex, st: StepState, a: Action) -> None:
+    _waited(ex, st, a).wait_sync()
 
 
 def grad_reduce(ex, st: StepState, a: Action):
     """One micro-batch's reduce-scatter (gradient lifetime "micro-batch")."""
-    work = st.syncs[a.unit] = ex.stage.state[a.unit].start_reduce()
-    return work
+    return _started(st, a, ex.stage.state[a.unit].start_reduce())
 
 
 def wait_grad_reduce(ex, st: StepState, a: Action) -> None:
-    work = st.syncs.pop(a.unit, None)
-    if work is not None:
-        ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
-    ex.stage.state[a.unit].wait_reduce()
+    _waited(ex, st, a).wait_reduce()
 
 
 def cross_sync(ex, st: StepState, a: Action):
     """Hybrid sharding: the shard's gradient summed across the shard groups."""
-    work = st.syncs[a.unit] = ex.stage.state[a.unit].start_cross_sync()
-    return work
+    return _started(st, a, ex.stage.state[a.unit].start_cross_sync())
 
 
 def wait_cross_sync(ex, st: StepState, a: Action) -> None:
-    work = st.syncs.pop(a.unit, None)
-    if work is not None:
-        ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
-    ex.stage.state[a.unit].wait_cross_sync()
+    _waited(ex, st, a).wait_cross_sync()
 
 
 def grad_norm(ex, st: StepState, a: Action):

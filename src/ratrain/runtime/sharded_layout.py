@@ -53,7 +53,7 @@ from ratrain.runtime.optim import set_lr
 from ratrain.runtime.state_layout import NewOptimizer, StateLayout
 
 if TYPE_CHECKING:
-    from ratrain.runtime.unit_state import UnitState
+    from ratrain.runtime.unit_buffers import UnitBuffers
 
 # torch 2.13 renamed the flat collectives; GPU users may run an older torch (>= 2.4).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -75,7 +75,7 @@ class Sharded(StateLayout):
         self._in_place = group is not None and dist.get_backend(group) == "gloo"
         self._scattering: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
+    def build(self, state: UnitBuffers, new_optimizer: NewOptimizer) -> None:
         if state.view_dtype is None or not state.params:
             raise ValueError("a sharded state computes with a gathered view of its parameters")
         self._new_optimizer = new_optimizer
@@ -118,16 +118,16 @@ class Sharded(StateLayout):
         # a skipped step (found_inf) is counted without the host reading it.
         self.steps = torch.zeros((), dtype=torch.float32, device=device)
 
-    def _new_accumulation(self, state: UnitState) -> torch.Tensor:
+    def _new_accumulation(self, state: UnitBuffers) -> torch.Tensor:
         return torch.zeros(self.shard * self.replicas, dtype=torch.float32, device=state.device)
 
-    def _in_slice(self, state: UnitState, i: int, at: int) -> int:
+    def _in_slice(self, state: UnitBuffers, i: int, at: int) -> int:
         """Where element `at` of parameter i lies in the replica's slice."""
         return state.offsets[i] + at - self.lo
 
     # -- the compute view: an all-gather of the slices ----------------------------------------
 
-    def make_view(self, state: UnitState) -> dist.Work:
+    def make_view(self, state: UnitBuffers) -> dist.Work:
         """This replica's slice, cast, into its slot, then the all-gather of every slot (in
         place: the slot is the input). Returns the gather."""
         if state.view is None:
@@ -140,14 +140,14 @@ class Sharded(StateLayout):
         self._gather_work = _all_gather(state.view, slot, group=self.group, async_op=True)
         return self._gather_work
 
-    def wait_view(self, state: UnitState) -> None:
+    def wait_view(self, state: UnitBuffers) -> None:
         if self._gather_work is not None:
             self._gather_work.wait()
             self._gather_work = None
 
     # -- sync, update -------------------------------------------------------------------------
 
-    def accumulation(self, state: UnitState) -> torch.Tensor:
+    def accumulation(self, state: UnitBuffers) -> torch.Tensor:
         if state.grad is None:
             state.grad = self._new_accumulation(state)
         return state.grad
@@ -166,45 +166,45 @@ class Sharded(StateLayout):
             self._scattering = None
             out.copy_(full[self.lo:self.lo + self.shard])
 
-    def start_sync(self, state: UnitState, group=None) -> dist.Work:
+    def start_sync(self, state: UnitBuffers, group=None) -> dist.Work:
         """The reduce-scatter: this replica's slice of the sum over the replicas (the loss is
         already scaled by 1/dp, so the sum is the mean). Over the layout's own group."""
         return self._start_reduce_scatter(state.update_grad, self.accumulation(state))
 
-    def synced(self, state: UnitState) -> None:
+    def synced(self, state: UnitBuffers) -> None:
         self._finish_reduce_scatter()
         if self.grad_lifetime != "step":
             state.grad = None
 
-    def start_reduce(self, state: UnitState) -> dist.Work:
+    def start_reduce(self, state: UnitBuffers) -> dist.Work:
         """One micro-batch's reduce-scatter, into a slice-sized buffer (the slice's gradient
         still accumulates the earlier micro-batches')."""
         return self._start_reduce_scatter(self._incoming, state.grad)
 
-    def reduced(self, state: UnitState) -> None:
+    def reduced(self, state: UnitBuffers) -> None:
         self._finish_reduce_scatter()
         state.update_grad.add_(self._incoming)
         state.grad = None
 
-    def start_cross_sync(self, state: UnitState) -> dist.Work:
+    def start_cross_sync(self, state: UnitBuffers) -> dist.Work:
         """Hybrid sharding: the slice's gradient, summed within the group, summed over the
         groups (in place)."""
         return dist.all_reduce(state.update_grad, group=self.cross, async_op=True)
 
-    def updated(self, state: UnitState, found_inf: torch.Tensor | None) -> None:
+    def updated(self, state: UnitBuffers, found_inf: torch.Tensor | None) -> None:
         self.steps.add_(1)
         if found_inf is not None:
             self.steps.sub_(found_inf)
 
     # -- checkpoints: the whole unit, in the unsharded format ---------------------------------
 
-    def _gather(self, state: UnitState, slice_: torch.Tensor) -> torch.Tensor:
+    def _gather(self, state: UnitBuffers, slice_: torch.Tensor) -> torch.Tensor:
         """The flat N-element whole of one S-element slice per replica (a collective)."""
         whole = torch.empty(self.shard * self.replicas, dtype=slice_.dtype, device=state.device)
         _all_gather(whole, slice_.contiguous(), group=self.group)
         return whole[:state.numel]
 
-    def _slice_of_pieces(self, state: UnitState, key: str) -> torch.Tensor:
+    def _slice_of_pieces(self, state: UnitBuffers, key: str) -> torch.Tensor:
         """The optimizer's `key` state of every piece, laid out as the master slice."""
         out = torch.zeros(self.shard, dtype=torch.float32, device=state.device)
         for piece, (i, a, b) in zip(self.pieces, self._piece_of):
@@ -212,24 +212,25 @@ class Sharded(StateLayout):
                 state.optimizer.state[piece][key])
         return out
 
-    def full_masters(self, state: UnitState) -> list[torch.Tensor]:
+    def full_masters(self, state: UnitBuffers) -> list[torch.Tensor]:
         return [t.clone() for t in state.param_slices(self._gather(state, self.master))]
 
-    def load_masters(self, state: UnitState, tensors: list[torch.Tensor]) -> None:
+    def load_masters(self, state: UnitBuffers, tensors: list[torch.Tensor]) -> None:
         flat = torch.cat([t.reshape(-1).float().to(state.device) for t in tensors])
         with torch.no_grad():
             self.master.zero_()
             if self.hi > self.lo:
                 self.master[:self.hi - self.lo] = flat[self.lo:self.hi]
 
-    def _template(self, state: UnitState) -> tuple[torch.optim.Optimizer | None, list[torch.Tensor]]:
+    def _template(self, state: UnitBuffers
+                  ) -> tuple[torch.optim.Optimizer | None, list[torch.Tensor]]:
         """An AdamW over stand-ins of the unit's parameters (no elements, the right number of
         dimensions: the rule for weight decay reads it), and the stand-ins in the parameters'
         order: its state_dict is the unsharded format."""
         stand_ins = [torch.empty((0,) * len(shape)) for shape in state.shapes]
         return self._new_optimizer(stand_ins, None), stand_ins
 
-    def optimizer_state(self, state: UnitState) -> dict | None:
+    def optimizer_state(self, state: UnitBuffers) -> dict | None:
         """The unit's AdamW state as an unsharded AdamW over its parameters would hold it
         (every replica joins the gathers; their results are equal)."""
         template, stand_ins = self._template(state)
@@ -246,7 +247,7 @@ class Sharded(StateLayout):
                                      **{k: moments[k][i].cpu().clone() for k in moments}}
         return template.state_dict()
 
-    def load_optimizer_state(self, state: UnitState, sd: dict) -> None:
+    def load_optimizer_state(self, state: UnitBuffers, sd: dict) -> None:
         """Take this replica's slice of an unsharded AdamW state (optimizer_state's format)."""
         template, stand_ins = self._template(state)
         template.load_state_dict(sd)

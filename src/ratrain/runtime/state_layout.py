@@ -19,7 +19,9 @@ serves them all:
                   any layout
 The unit state keeps what is the same for all: the view's lifetime, folding each backward's
 gradients into `state.grad`, the norm over `state.masters`' gradients, the update, the zeroing.
-A layout object belongs to one unit (it may hold that unit's geometry and its own buffers).
+A layout object belongs to one unit (it may hold that unit's geometry and its own buffers). Its
+methods are handed the unit state as runtime/unit_buffers.UnitBuffers, the fields it fills and
+reads, not as the UnitState that holds the layout.
 
 Replicated: the masters are one fp32 tensor per parameter in the home tier (the module's own
 parameters where there is no view); the gradient accumulation is one flat fp32 buffer of which
@@ -37,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
-    from ratrain.runtime.unit_state import UnitState
+    from ratrain.runtime.unit_buffers import UnitBuffers
 
 NewOptimizer = Callable[..., "torch.optim.Optimizer | None"]
 """new_optimizer(params, decay=None): the AdamW over `params` (None without any); `decay` says
@@ -55,51 +57,51 @@ class StateLayout:
     "step", from build on; otherwise the layout frees it once it is reduced and the next
     backward makes it anew (`accumulation`)."""
 
-    def accumulation(self, state: UnitState) -> torch.Tensor:
+    def accumulation(self, state: UnitBuffers) -> torch.Tensor:
         """The full-size fp32 buffer a backward's gradients fold into."""
         return state.grad
 
-    def synced(self, state: UnitState) -> None:
+    def synced(self, state: UnitBuffers) -> None:
         """After the sync started by start_sync has completed."""
 
-    def start_reduce(self, state: UnitState) -> dist.Work:
+    def start_reduce(self, state: UnitBuffers) -> dist.Work:
         """Reduce one micro-batch's gradient (gradient lifetime "micro-batch")."""
         raise NotImplementedError(f"{type(self).__name__} reduces a gradient once per step")
 
-    def reduced(self, state: UnitState) -> None:
+    def reduced(self, state: UnitBuffers) -> None:
         """After the reduction started by start_reduce has completed."""
         raise NotImplementedError
 
-    def start_cross_sync(self, state: UnitState) -> dist.Work:
+    def start_cross_sync(self, state: UnitBuffers) -> dist.Work:
         """Sum the shard's gradient across shard groups (hybrid sharding, GX)."""
         raise NotImplementedError(f"{type(self).__name__} is not sharded within groups")
 
-    def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
+    def build(self, state: UnitBuffers, new_optimizer: NewOptimizer) -> None:
         raise NotImplementedError
 
-    def make_view(self, state: UnitState) -> dist.Work | None:
+    def make_view(self, state: UnitBuffers) -> dist.Work | None:
         """Start making the view into `state.params`; returns a collective to wait for, if any."""
         raise NotImplementedError
 
-    def wait_view(self, state: UnitState) -> None:
+    def wait_view(self, state: UnitBuffers) -> None:
         raise NotImplementedError
 
-    def start_sync(self, state: UnitState, group) -> dist.Work | None:
+    def start_sync(self, state: UnitBuffers, group) -> dist.Work | None:
         raise NotImplementedError
 
-    def updated(self, state: UnitState, found_inf: torch.Tensor | None) -> None:
+    def updated(self, state: UnitBuffers, found_inf: torch.Tensor | None) -> None:
         """After each update (found_inf: the step was skipped where it is 1; on the home)."""
 
-    def full_masters(self, state: UnitState) -> list[torch.Tensor]:
+    def full_masters(self, state: UnitBuffers) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def load_masters(self, state: UnitState, tensors: list[torch.Tensor]) -> None:
+    def load_masters(self, state: UnitBuffers, tensors: list[torch.Tensor]) -> None:
         raise NotImplementedError
 
-    def optimizer_state(self, state: UnitState) -> dict | None:
+    def optimizer_state(self, state: UnitBuffers) -> dict | None:
         raise NotImplementedError
 
-    def load_optimizer_state(self, state: UnitState, sd: dict) -> None:
+    def load_optimizer_state(self, state: UnitBuffers, sd: dict) -> None:
         raise NotImplementedError
 
 
@@ -110,7 +112,7 @@ class Replicated(StateLayout):
         self.home = home
         self._ready = None  # the view copy's event (None on a CPU-only run)
 
-    def build(self, state: UnitState, new_optimizer: NewOptimizer) -> None:
+    def build(self, state: UnitBuffers, new_optimizer: NewOptimizer) -> None:
         params = state.params
         if state.view_dtype is not None and params:
             state.masters = [nn.Parameter(self._home_copy(state, p)) for p in params]
@@ -129,7 +131,7 @@ class Replicated(StateLayout):
         state.ledger.hold(("gradients", state), "gradients", [state.grad])
 
     @staticmethod
-    def _home_copy(state: UnitState, p: nn.Parameter) -> torch.Tensor:
+    def _home_copy(state: UnitBuffers, p: nn.Parameter) -> torch.Tensor:
         master = (state.copies.host_empty(p, torch.float32) if state.home.type == "cpu"
                   else torch.empty(p.shape, dtype=torch.float32, device=state.home))
         master.copy_(p.detach())
@@ -137,20 +139,20 @@ class Replicated(StateLayout):
 
     # -- the view: a copy of each master (into the buffer a resident view keeps) --------------
 
-    def make_view(self, state: UnitState) -> None:
+    def make_view(self, state: UnitBuffers) -> None:
         for p, m in zip(state.params, state.masters):
             if p.numel() != m.numel():
                 p.data = torch.empty(m.shape, dtype=state.view_dtype, device=state.device)
             self._ready = state.copies.copy(p.data, m.detach())
         return None
 
-    def wait_view(self, state: UnitState) -> None:
+    def wait_view(self, state: UnitBuffers) -> None:
         state.copies.wait(self._ready)
         self._ready = None
 
     # -- sync ---------------------------------------------------------------------------------
 
-    def start_sync(self, state: UnitState, group) -> dist.Work | None:
+    def start_sync(self, state: UnitBuffers, group) -> dist.Work | None:
         """The sum over the group, in place (the loss is already scaled by 1/dp: the mean)."""
         if state.grad is None:
             return None
@@ -158,16 +160,16 @@ class Replicated(StateLayout):
 
     # -- checkpoints: the state is whole already ----------------------------------------------
 
-    def full_masters(self, state: UnitState) -> list[torch.Tensor]:
+    def full_masters(self, state: UnitBuffers) -> list[torch.Tensor]:
         return [m.detach() for m in state.masters]
 
     @torch.no_grad()
-    def load_masters(self, state: UnitState, tensors: list[torch.Tensor]) -> None:
+    def load_masters(self, state: UnitBuffers, tensors: list[torch.Tensor]) -> None:
         for m, t in zip(state.masters, tensors):
             m.copy_(t)
 
-    def optimizer_state(self, state: UnitState) -> dict | None:
+    def optimizer_state(self, state: UnitBuffers) -> dict | None:
         return state.optimizer.state_dict() if state.optimizer is not None else None
 
-    def load_optimizer_state(self, state: UnitState, sd: dict) -> None:
+    def load_optimizer_state(self, state: UnitBuffers, sd: dict) -> None:
         state.optimizer.load_state_dict(sd)

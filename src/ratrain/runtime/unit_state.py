@@ -20,11 +20,13 @@ and how they are cut, how the gradient is synced, how the view is made, how chec
 state. A new way (a gradient buffer that lives only until its reduce-scatter, say) is a new
 layout, not a new unit state. What stays here is what is the same for all of them: the view's
 lifetime, folding the view's gradients into the accumulation, the norm, the update, the zeroing.
+The fields themselves, which the layout fills, are runtime/unit_buffers.UnitBuffers'.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,9 +35,10 @@ from torch import nn
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
 from ratrain.runtime.state_layout import NewOptimizer, Replicated, StateLayout
+from ratrain.runtime.unit_buffers import UnitBuffers
 
 
-class UnitState:
+class UnitState(UnitBuffers):
     """`params`: the unit's parameters (its module's own); `new_optimizer` makes the AdamW over
     what the layout gives it to update (`masters`); `view_dtype`: compute with a view in that
     dtype (None: with the masters themselves, which only the replicated layout allows);
@@ -53,42 +56,17 @@ class UnitState:
         ledger: MemoryLedger | None = None,
         device: torch.device | None = None,
     ):
-        self.params = params
-        self.device = device or (params[0].device if params else None)
         self.layout = layout or Replicated()
-        self.home = self.layout.home or self.device
-        self.view_dtype = view_dtype
-        self.copies = copies or CopyEngine(self.device or torch.device("cpu"))
-        self.ledger = ledger or MemoryLedger()
-        # The parameters' place in the flat buffers, and their shapes (a view's, once made).
-        self.shapes = [p.shape for p in params]
-        self.sizes = [p.numel() for p in params]
-        self.offsets = [sum(self.sizes[:i]) for i in range(len(params))]
-        self.numel = sum(self.sizes)
-        self.masters: list[nn.Parameter] = []  # what the optimizer updates
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.grad: torch.Tensor | None = None  # the accumulation, fp32, the parameters in order
-        self.update_grad: torch.Tensor | None = None  # what the update reads, once synced
-        self.view: torch.Tensor | None = None  # the flat view buffer, where the layout makes one
+        super().__init__(params, self.layout.home, view_dtype=view_dtype, copies=copies,
+                         ledger=ledger, device=device)
         self.layout.build(self, new_optimizer)
-        self._sync = None  # the gradient sync in flight (GS, or one micro-batch's RS)
+        self._sync = None  # the gradient sync in flight (GS, GX, or one micro-batch's RS)
         self._folding = None  # (event, [(accumulator, pinned copy of a view's gradient)])
         self._grad_zero = True  # nothing folded into the accumulation since it was zeroed
-
-    def param_slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's region of a flat tensor (the parameters in order), shaped like it."""
-        return [flat[offset:offset + n].view(shape)
-                for shape, offset, n in zip(self.shapes, self.offsets, self.sizes)]
 
     @property
     def has_view(self) -> bool:
         return self.view_dtype is not None and bool(self.params)
-
-    def empty_view(self) -> None:
-        """Point the module's parameters at nothing (the view's memory can go)."""
-        self.view = None
-        for p in self.params:
-            p.data = torch.empty(0, dtype=self.view_dtype, device=self.device)
 
     # -- the compute view ---------------------------------------------------------------------
 
@@ -190,10 +168,7 @@ class UnitState:
         return self._sync
 
     def wait_sync(self) -> None:
-        if self._sync is not None:
-            self._sync.wait()
-            self._sync = None
-            self.layout.synced(self)
+        self._wait(self.layout.synced)
 
     def start_reduce(self) -> dist.Work:
         """Start reducing the micro-batch's gradient just accumulated over the replicas
@@ -203,10 +178,7 @@ class UnitState:
 
     def wait_reduce(self) -> None:
         """Add the reduced slice to the shard's gradient; the full-size one is freed."""
-        if self._sync is not None:
-            self._sync.wait()
-            self._sync = None
-            self.layout.reduced(self)
+        self._wait(self.layout.reduced)
 
     def start_cross_sync(self) -> dist.Work:
         """Hybrid sharding: start summing the shard's gradient across the shard groups."""
@@ -214,9 +186,16 @@ class UnitState:
         return self._sync
 
     def wait_cross_sync(self) -> None:
+        self._wait()
+
+    def _wait(self, then: Callable[[UnitState], None] | None = None) -> None:
+        """The wait of whichever sync is in flight (GS, RS or GX: one at a time), then what
+        the layout does once it has completed (`then`)."""
         if self._sync is not None:
             self._sync.wait()
             self._sync = None
+            if then is not None:
+                then(self)
 
     def sq_norm(self) -> torch.Tensor | None:
         """Squared L2 norm of the gradient this state updates with (fp32 scalar on the home;
