@@ -15,7 +15,7 @@ from ratrain.runtime.saved_activations import SavedActivations
 from ratrain.schedule.plan import build_plan
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
-from ratrain.training.prepare import needs_executor
+from ratrain.runtime.engine import needs_executor
 
 N_MICRO = 3
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.config import RunConfig
+from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.runtime.process_memory import peak_memory_bytes
 from ratrain.models.llama import lm_loss
 from ratrain.runtime.optim import set_lr
@@ -53,6 +53,15 @@ class _UnitStateMixin:
 
     def ledger_bytes(self) -> int | None:
         return None
+
+
+def needs_executor(cfg: RunConfig) -> bool:
+    """Whether a single-process run needs the executor rather than LocalEngine (which runs
+    1F1B's order, keeping everything, in fp32)."""
+    p = cfg.parallel
+    return bool(p.plan_file or p.activation_per_stage != ["keep"] or cfg.train.dtype != "float32"
+                or p.state_home != "device" or p.schedule not in ("1f1b", AUTO_SCHEDULE)
+                or p.weight_grad is not None)
 
 
 class LocalEngine(_UnitStateMixin):

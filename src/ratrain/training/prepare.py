@@ -8,8 +8,9 @@ import sys
 
 import torch
 
-from ratrain.config import AUTO_SCHEDULE, RunConfig
+from ratrain.config import RunConfig
 from ratrain.data.replica import check_data
+from ratrain.runtime.engine import needs_executor
 from ratrain.runtime.launch import under_torchrun
 from ratrain.runtime.process_groups import pick_backend
 from ratrain.schedule.plan import PipelinePlan
@@ -35,15 +36,6 @@ def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = Fa
         def say(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
     return run_plan(cfg, this_machine(cfg), plan_data=plan_data, say=say)
-
-
-def needs_executor(cfg: RunConfig) -> bool:
-    """Whether a single-process run needs the executor rather than the plain engine (which
-    runs 1F1B's order, keeping everything, in fp32)."""
-    p = cfg.parallel
-    return bool(p.plan_file or p.activation_per_stage != ["keep"] or cfg.train.dtype != "float32"
-                or p.state_home != "device" or p.schedule not in ("1f1b", AUTO_SCHEDULE)
-                or p.weight_grad is not None)
 
 
 def is_distributed(cfg: RunConfig) -> bool:

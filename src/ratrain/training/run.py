@@ -20,14 +20,14 @@ import torch.distributed as dist
 from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.runtime import timed_comm
-from ratrain.runtime.engine import LocalEngine, PipelineEngine
+from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.runtime.launch import Interrupted, ask_to_stop_on_sigint, launch_local, under_torchrun
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.loop import Loop
-from ratrain.training.prepare import is_distributed, needs_executor, plan_here, prepare
+from ratrain.training.prepare import is_distributed, plan_here, prepare
 from ratrain.training.run_dir import check_run_dir, new_run_dir, resume_point
 
 
