@@ -4,7 +4,7 @@ For each configuration (pipeline degree pp, data-parallel degree dp, rank order)
 implementations train the same model from the same initial weights on the same batches, in the
 same processes and process group (gloo, one thread per rank), interleaved in rounds. Always:
 
-* ratrain:  `PipelineEngine` with the plan of `policy="ratrain"` and schedule 1f1b (`plan_for`), a
+* ratrain:  `PipelineEngine` with the plan of `policy="ratrain"` and schedule 1f1b (`plan_here`), a
   `Tracer` attached as the CLI does by default.
 * baseline: the same with `policy="baseline"` (GPU-style 1F1B: every gradient synchronized after
   the pipeline flush, one optimizer step at the end).
@@ -68,7 +68,6 @@ import dataclasses
 import gc
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -76,7 +75,6 @@ import time
 import traceback
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -98,49 +96,20 @@ from ratrain.runtime.process_groups import init_groups
 from ratrain.schedule.plan import SPLIT_SCHEDULES
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement
 from ratrain.runtime.trace import Tracer
-from ratrain.training.loop import make_data, plan_for
+from ratrain.data.replica import make_data
+from ratrain.training.prepare import plan_here
 
 from peers import DDPPeer, PipelinePeer, machine
+from schedules_layout import ORDERS, Layout, parse_layouts
 from schedules_report import analyse, print_layout, print_overview
 from two_nodes import LinkUnavailable, TwoNodes, parse_rate
 
 PEER_ZB = "peer-zb"
 ZERO_BUBBLE = "ScheduleInterleavedZeroBubble"  # torch's, with one stage per rank
-ORDERS = ("pp-dp", "dp-pp")
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
 DEFAULT_OUT = SCRIPT.parent / "results" / "schedules.json"
 DEFAULT_CONFIGS = "1x2,2x2:pp-dp,2x2:dp-pp"
-
-
-@dataclass(frozen=True)
-class Layout:
-    pp: int
-    dp: int
-    order: str = "pp-dp"
-
-    @property
-    def world(self) -> int:
-        return self.pp * self.dp
-
-    @property
-    def key(self) -> str:
-        return f"{self.pp}x{self.dp}" + (f":{self.order}" if self.pp > 1 and self.dp > 1 else "")
-
-    @property
-    def name(self) -> str:
-        return f"pp={self.pp} dp={self.dp}" + (f" {self.order}" if self.pp > 1 and self.dp > 1 else "")
-
-
-def parse_layouts(text: str, default_order: str) -> list[Layout]:
-    out = []
-    for item in text.split(","):
-        m = re.fullmatch(r"(\d+)x(\d+)(?::(pp-dp|dp-pp))?", item.strip())
-        if not m or int(m[1]) < 1 or int(m[2]) < 1:
-            raise UserError(f"--configs: {item.strip()!r} is not PPxDP or PPxDP:ORDER "
-                            f"(e.g. 1x2, 2x2:dp-pp)")
-        out.append(Layout(int(m[1]), int(m[2]), m[3] or default_order))
-    return out
 
 
 def engine(name: str, label: str, policy: str, schedule: str = "1f1b",
@@ -293,7 +262,7 @@ def _bench(spec: dict) -> None:
 
     keep = max(opts["steps"], opts["warmup"], 1)
     tracers = {impl: Tracer(keep_steps=keep) for impl in cfgs}
-    engines = {impl: PipelineEngine(cfg, plan_for(cfg), groups, tracers[impl])
+    engines = {impl: PipelineEngine(cfg, plan_here(cfg), groups, tracers[impl])
                for impl, cfg in cfgs.items()}
     peers, skipped = _make_peers(spec, base, engines["baseline"].plan.stage_units[groups.stage],
                                  groups)
@@ -482,7 +451,7 @@ def _main(args, argv) -> int:
     cfgs = {x: {d["name"]: make_config(args, x, d) for d in impls[x][0] if d["kind"] == "engine"}
             for x in layouts}
     for cfg in (cfg for per in cfgs.values() for cfg in per.values()):
-        plan_for(cfg)  # too few micro-batches for the stages etc.: a UserError, before launching
+        plan_here(cfg)  # too few micro-batches for the stages etc.: a UserError, before launching
     # SIGTERM ends the run like Ctrl-C, through the finally blocks that remove the namespaces.
     signal.signal(signal.SIGTERM, _interrupt)
     with TwoNodes(args.link) if rate_bps else nullcontext() as net:  # no link here: one line, exit 2

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import statistics
 from itertools import combinations
-from typing import TYPE_CHECKING
 
 from ratrain.config import RunConfig
 
 from peers import summary as stat_summary
-
-if TYPE_CHECKING:
-    from schedules import Layout
+from schedules_layout import Layout
 
 COMPUTE = ("F", "B", "BI", "BW", "R")  # per-micro-batch compute actions; U (the update) apart
 SHORT = {"ratrain": "r", "baseline": "base"}  # in the overview's ratio headers (r/base, r/peer)

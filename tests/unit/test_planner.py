@@ -17,7 +17,7 @@ from ratrain.planner import account, search
 from ratrain.planner.budget import parse_bytes
 from ratrain.planner.partition import Partition
 from ratrain.planner.bounds import lower_bound
-from ratrain.planner.stage_cost import StageChoice
+from ratrain.planner.stage_cost import StageChoice, _fits, estimate
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
 
@@ -64,7 +64,7 @@ def _every_plan(request: search.PlanRequest) -> list[search.Candidate]:
                     stage = [{"keep": StageChoice(),
                               "recompute": StageChoice(recompute=blocks)}[layout.activation]]
                 options.append([(edges[s], edges[s + 1],
-                                 table.estimate(edges[s], edges[s + 1], s, layout.pp, c))
+                                 estimate(table, edges[s], edges[s + 1], s, layout.pp, c))
                                 for c in stage])
             for part in itertools.product(*options):
                 part: Partition = list(part)
@@ -110,7 +110,7 @@ def test_the_search_shards_where_that_is_fastest_as_simulating_every_plan_does(p
     every = _every_plan(request)
     tables = search.UnitTables(request)
     fits = [c for c in every if c.excess(request) <= 0]
-    estimated = [c for c in fits if all(t._fits(est, request.limit) for t, (_, _, est)
+    estimated = [c for c in fits if all(_fits(t, est, request.limit) for t, (_, _, est)
                                         in zip(tables(c.layout), c.partition))]
     fastest = min(estimated, key=lambda c: c.step_time)
     life = fastest.layout.lifecycle
@@ -158,7 +158,7 @@ def test_where_no_step_plan_fits_a_shorter_gradient_lifetime_does(devices, seq_l
     assert not [c for c in fits if c.layout.lifecycle.grad_lifetime == "step"]
     assert {c.layout.lifecycle.grad_lifetime for c in fits} == lifetimes
     tables = search.UnitTables(request)
-    estimated = [c for c in fits if all(t._fits(est, request.limit) for t, (_, _, est)
+    estimated = [c for c in fits if all(_fits(t, est, request.limit) for t, (_, _, est)
                                         in zip(tables(c.layout), c.partition))]
     found = search.search(request)
     best = found.best[0]
@@ -329,7 +329,7 @@ def test_the_planner_walks_the_order_the_1f1b_builder_gives():
     `one_f_one_b_order`, and the planner's micro-batches in flight (memory) and walk (bounds)
     read it too."""
     from ratrain.planner.lifecycle import Lifecycle
-    from ratrain.planner.stage_cost import UnitTable
+    from ratrain.planner.unit_table import UnitTable
     from ratrain.schedule.builders import (one_f_one_b, one_f_one_b_in_flight,
                                            one_f_one_b_order, partition_units)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 from ratrain.planner.bounds import lower_bound
+from ratrain.planner.candidate import Candidate, evaluate
 from ratrain.planner.layouts import Layout, PlanRequest, layouts, lifecycles
 from ratrain.planner.partition import fits, least_excess
-from ratrain.planner.search import Candidate, UnitTables, evaluate
+from ratrain.planner.search import UnitTables
 from ratrain.planner.lifecycle import Lifecycle
-from ratrain.planner.stage_cost import UnitTable
+from ratrain.planner.unit_table import UnitTable
 from ratrain.sim import unit_costs as uc
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),

@@ -4,17 +4,14 @@ estimate (planner/stage_cost.py).
 Where a gradient lives less than the step (`Lifecycle.grad_lifetime`: "micro-batch" or
 "transient"; schedule/plan.PipelinePlan.grad_lifetime) a backward makes a unit's full-size fp32
 gradient, and the unit's sync frees it. A sync's wait follows the stage's next compute action
-(schedule/passes.py, add_early_sync_waits), so a buffer lives from a backward until one more
+(schedule/grad_passes.py, add_early_sync_waits), so a buffer lives from a backward until one more
 compute action has run. How many are alive at once, net of the activations the backwards have
 freed by then, depends on the schedule: that walk is this module.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ratrain.planner.stage_cost import UnitTable
+from ratrain.planner.unit_table import UnitTable
 
 
 def alive_at_peak(t: UnitTable, a: int, b: int, stage: int, pp: int,

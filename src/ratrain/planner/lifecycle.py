@@ -1,7 +1,7 @@
 """A plan's lifecycle choices besides activations and the schedule: where a stage's state lives,
 how its parameter views are made, and, for sharded state, how long the full-size gradient lives
 and over which replicas the state is sharded. planner/layouts.py enumerates them; the unit table
-(planner/stage_cost.py) prices a stage under one."""
+(planner/unit_table.py) prices a stage's units under one."""
 
 from __future__ import annotations
 

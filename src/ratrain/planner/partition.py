@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from itertools import combinations
 from math import comb
 
-from ratrain.planner.stage_cost import StageEstimate, UnitTable
+from ratrain.planner.stage_cost import StageEstimate, cheapest_fit
+from ratrain.planner.unit_table import UnitTable
 
 Partition = list[tuple[int, int, StageEstimate]]
 Tables = Sequence[UnitTable]  # one per stage
@@ -40,7 +41,7 @@ def _greedy(tables: Tables, choices: str, most: float, limit_of: Callable[[int],
         remaining = n - edge if from_front else edge
         for size in range(1, remaining - left + 1):
             a, b = (edge, edge + size) if from_front else (edge - size, edge)
-            est = tables[s].cheapest_fit(a, b, s, pp, limit_of(s), choices)
+            est = cheapest_fit(tables[s], a, b, s, pp, limit_of(s), choices)
             if est is None or est.busy_s(m) > most:
                 break
             best = (a, b, est)
@@ -95,8 +96,8 @@ def neighbours(tables: Tables, part: Partition, choices: str, slack: float = 0.0
         for cut in (b - 1, b + 1):
             if not (a < cut < d):
                 continue
-            left = tables[i].cheapest_fit(a, cut, i, pp, limit_of(i), choices)
-            right = tables[i + 1].cheapest_fit(cut, d, i + 1, pp, limit_of(i + 1), choices)
+            left = cheapest_fit(tables[i], a, cut, i, pp, limit_of(i), choices)
+            right = cheapest_fit(tables[i + 1], cut, d, i + 1, pp, limit_of(i + 1), choices)
             if left and right:
                 out.append(part[:i] + [(a, cut, left), (cut, d, right)] + part[i + 2:])
     return out
@@ -111,7 +112,7 @@ def every(tables: Tables, choices: str, slack: float = 0.0) -> list[Partition] |
     out = []
     for cuts in combinations(range(1, n), pp - 1):
         edges = [0, *cuts, n]
-        stages = [tables[s].cheapest_fit(edges[s], edges[s + 1], s, pp, limit_of(s), choices)
+        stages = [cheapest_fit(tables[s], edges[s], edges[s + 1], s, pp, limit_of(s), choices)
                   for s in range(pp)]
         if all(stages):
             out.append([(edges[s], edges[s + 1], e) for s, e in enumerate(stages)])

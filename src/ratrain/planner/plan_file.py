@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from ratrain.config import RunConfig
-from ratrain.planner.search import Candidate, SearchResult
+from ratrain.planner.candidate import Candidate
+from ratrain.planner.search import SearchResult
 
 RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
             "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window",

@@ -18,48 +18,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
+from ratrain.planner.candidate import Candidate, evaluate
 from ratrain.planner.layouts import Layout, PlanRequest, layouts
 from ratrain.planner.partition import Partition, candidates
-from ratrain.planner.stage_cost import UnitTable
-from ratrain.schedule.plan import PipelinePlan, build_plan
-from ratrain.sim.cost_model import ring
+from ratrain.planner.unit_table import UnitTable
+from ratrain.sim.links import Link, ring
 from ratrain.sim.placement import hybrid_links, stage_links
-from ratrain.sim.profile import Link
-from ratrain.sim.result import SimResult
-from ratrain.sim.simulator import simulate
-
-
-@dataclass
-class Candidate:
-    layout: Layout
-    partition: Partition
-    bound: float
-    plan: PipelinePlan | None = None
-    result: SimResult | None = None
-    stage_bytes: list[float] = field(default_factory=list)  # simulated device peak + overhead
-    host_bytes: list[float] = field(default_factory=list)  # simulated host-tier peak
-    refined: bool = False  # `bound` is `refine`'s
-
-    @property
-    def step_time(self) -> float:
-        return self.result.step_time if self.result else float("inf")
-
-    @property
-    def key(self) -> tuple:
-        return self.layout, tuple((a, b, est.choice) for a, b, est in self.partition)
-
-    def excess(self, request: PlanRequest) -> float:
-        """Bytes by which the worst stage overfills its device (or its host tier)."""
-        if not self.stage_bytes:
-            return float("inf")
-        return max(max(b - request.limit_of(g), h - request.host_limit_of(g))
-                   for b, h, g in zip(self.stage_bytes, self.host_bytes, self.layout.groups))
-
-    def choices(self, n_units: int) -> list[str]:
-        return [est.choice.label(range(a, b), n_units) for a, b, est in self.partition]
 
 
 @dataclass
@@ -127,37 +94,6 @@ class UnitTables:
             weight = [min(t.weight[u] for t in tables) for u in range(tables[0].n_units)]
             self._rho[key] = min(w / x for w, x in zip(weight, chained) if x > 0)
         return m + before * self._rho[key]
-
-
-def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
-    layout, n_units = candidate.layout, request.model.n_layers + 2
-    unit_activation = {}
-    for a, b, est in candidate.partition:
-        unit_activation.update(est.choice.per_unit(range(a, b), n_units))
-    activation = "keep" if layout.activation == "mixed" else layout.activation
-    return build_plan(request.model.n_layers, layout.pp, layout.dp, layout.n_micro,
-                      policy=layout.lifecycle.policy, activation=activation,
-                      units_per_stage=[b - a for a, b, _ in candidate.partition], clip=request.clip,
-                      rank_order=layout.rank_order, view_window=layout.lifecycle.view_window,
-                      state_home=layout.lifecycle.state_home,
-                      unit_activation=unit_activation if layout.activation == "mixed" else None,
-                      check=False, shard_state=layout.lifecycle.shard_state,
-                      schedule=layout.schedule, weight_grad=layout.weight_grad,
-                      grad_lifetime=layout.lifecycle.grad_lifetime,
-                      shard_group=layout.lifecycle.shard_group)
-
-
-def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
-    """Build the candidate's plan and simulate it."""
-    candidate.plan = build(request, candidate)
-    candidate.result = simulate(candidate.plan, request.model, request.profile,
-                                micro_batch_size=candidate.layout.micro_batch_size,
-                                seq_len=request.seq_len, dtype=request.dtype)
-    devices = [request.device(g) for g in candidate.layout.groups]
-    candidate.stage_bytes = [r.device_peak + d.process_overhead(r.ledger_growth)
-                             for r, d in zip(candidate.result.ranks, devices)]
-    candidate.host_bytes = [r.host_peak for r in candidate.result.ranks]
-    return candidate
 
 
 def check(candidate: Candidate) -> None:

@@ -1,10 +1,13 @@
 """The schedule layer: the program IR, builders, passes, checks and plans. Pure Python (no torch).
 
-    ops       the op registry: what every op means (one spec per op)
-    builders  compute-only programs (1F1B, GPipe, forward-only) and the unit partition
-    passes    add pipeline communication, grad sync, updates, activation recovery
-    checks    completeness, matching, dependencies and a deadlock-proving dry run
-    plan      PipelinePlan and build_plan / build_eval_programs
+    ops          the op registry: what every op means (one spec per op)
+    builders     compute-only programs (1F1B, GPipe, forward-only) and the unit partition
+    passes       add pipeline communication and activation recovery
+    grad_passes  add grad sync, its waits and the updates
+    view_passes  add parameter views
+    policies     which passes each policy runs, in which order
+    checks       completeness, matching, dependencies and a deadlock-proving dry run
+    plan         PipelinePlan and build_plan / build_eval_programs
 """
 
 from ratrain.schedule.builders import forward_only, gpipe, one_f_one_b, partition_units

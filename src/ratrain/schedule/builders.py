@@ -92,7 +92,7 @@ def one_f_one_b_in_flight(stage: int, pp: int, n_micro: int) -> int:
 def one_f_one_b_order(stage: int, pp: int, n_micro: int) -> tuple[tuple[bool, int], ...]:
     """1F1B's order on stage `stage` of `pp`: (is a forward, micro-batch) for each of its 2 x
     n_micro forwards and backwards, in the order the stage runs them (`one_f_one_b`). The
-    planner's bounds walk the same order (planner/stage_cost.py)."""
+    planner's bounds walk the same order (planner/bounds.py)."""
     warmup = one_f_one_b_warmup(stage, pp, n_micro)
     order = [(True, m) for m in range(warmup)]
     for m in range(n_micro - warmup):

@@ -24,7 +24,7 @@ four ops do; replica 0 is the one simulated:
            bandwidth), then a ring all-gather of the elt N_pad-byte view (StageCosts.gather).
            Its entry is in `SHARDED_OPS`, which `ops_for` lays over `OPS` for a sharded stage.
     GS u   a ring reduce-scatter of the 4 N_pad-byte gradient: (dp-1)/dp of it over the link
-           plus (dp-1) latencies (`ring_half`), not the all-reduce's 2(dp-1)/dp
+           plus (dp-1) latencies (links.ring_half), not the all-reduce's 2(dp-1)/dp
            (StageCosts.grad_sync, which the planner's closed forms read too). On CPU devices
            the all-reduce's: gloo reduce-scatters by all-reducing the full buffer
            (`Device.reduce_scatter_all_reduces`)
@@ -57,8 +57,9 @@ from typing import Callable
 
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, peer_offset
+from ratrain.sim.links import ring
 from ratrain.sim.stage_costs import (  # noqa: F401  (the cost model's vocabulary, re-exported)
-    UPDATE_BYTES_PER_PARAM, StageCosts, StageSetup, ring, ring_half,
+    UPDATE_BYTES_PER_PARAM, StageCosts,
 )
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from ratrain.errors import UserError
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.sim.cost_model import StageSetup
-from ratrain.sim.profile import HardwareProfile, Link
+from ratrain.sim.links import Link
+from ratrain.sim.profile import HardwareProfile
+from ratrain.sim.stage_setup import StageSetup
 
 
 def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,

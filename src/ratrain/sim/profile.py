@@ -1,4 +1,5 @@
-"""Hardware profiles: what a device computes, holds and moves, and how devices are linked.
+"""Hardware profiles: what a device computes, holds and moves, and how devices are linked (by
+links of the alpha-beta model, sim/links.py).
 
 A profile is a YAML file, loaded by preset name (sim/profiles/NAME.yaml) or by path; `ratrain
 profile` writes one for the machine it runs on. Every figure is in SI units: bytes, seconds,
@@ -17,29 +18,9 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
+from ratrain.sim.links import Link, LinkClass
 
 PRESET_DIR = Path(__file__).parent / "profiles"
-
-
-@dataclass
-class Link:
-    """An alpha-beta link: moving n bytes takes latency + n / bandwidth."""
-
-    bandwidth: float
-    latency: float = 0.0
-
-    def time(self, nbytes: float) -> float:
-        return self.latency + nbytes / self.bandwidth
-
-
-@dataclass
-class LinkClass:
-    """Links of one reach (within a node, or between nodes). `collective` is the per-link
-    bandwidth and per-hop latency a ring all-reduce achieves (it may differ from point to point:
-    a collective library's protocol, or a NIC shared by more ranks)."""
-
-    p2p: Link
-    collective: Link
 
 
 @dataclass

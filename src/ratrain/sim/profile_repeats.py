@@ -36,7 +36,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
-from ratrain.sim.profile import HardwareProfile, Link, from_dict
+from ratrain.sim.links import Link
+from ratrain.sim.profile import HardwareProfile, from_dict
 
 RATE = "peak_flops"  # the key of a ComputeRate as plain data
 TOLERANCE = 0.10

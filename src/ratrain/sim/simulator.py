@@ -8,7 +8,8 @@ have issued it and both links are free; a unit's gradient sync once it is issued
 links are free; the norm reduction and the step's end once every stage has issued them. Waits
 block the walker until what they wait for has completed, as the executor's do. With sharded
 state (the plan's `shard_state`) a prefetch is an all-gather on the rank's links like a sync,
-and the norm first sums over the replicas, blocking (sim/cost_model.py).
+and the norm first sums over the replicas, blocking (sim/cost_model.py). Each action's memory
+effects go to its stage's ledger (sim/stage_memory.py).
 
 Data-parallel replicas run identical programs on identical costs, so each stage is simulated
 once; its replicas appear in the size of its gradient ring and, on a machine whose ranks share
@@ -22,7 +23,6 @@ import heapq
 import itertools
 
 from ratrain.config import ModelConfig
-from ratrain.schedule.ledger import Ledger, apply_effects
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, START_OF, Op, peer_offset
@@ -32,6 +32,7 @@ from ratrain.sim.placement import stage_setups
 from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.result import RankTimeline, SimResult
 from ratrain.sim.shared_cores import SharedCores
+from ratrain.sim.stage_memory import StageMemory
 
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
@@ -74,11 +75,6 @@ class _Simulation:
             profile.device.cores, profile.device.contention, node_of, weight,
             lambda: self.now, self._at)
         self.synchronous_copies = [c.host_link is None for c in costs]
-        # What lives in the host tier, where it is not the device's own memory (a GPU's host).
-        self.host_kinds = [set() if synchronous else
-                           {"offloaded"} | ({"masters", "gradients", "optimizer"}
-                                            if c.s.state_home == "host" else set())
-                           for c, synchronous in zip(costs, self.synchronous_copies)]
         self.now = 0.0
         self._events: list = []
         self._seq = itertools.count()
@@ -93,17 +89,9 @@ class _Simulation:
         self.copy_free = [0.0] * n
         self.posted: dict[tuple, list] = {}  # p2p key -> [(stage, op, issued)] of both sides
         self.gathering: dict[Op, dict[int, tuple[_Op, float]]] = {Op.GRAD_NORM: {}, Op.STEP_END: {}}
-        self.ledgers = [Ledger() for _ in range(n)]
-        for s, c in enumerate(costs):
-            for owner, kind, key, nbytes in c.state_owners():
-                self.ledgers[s].hold_storage(owner, kind, key, nbytes)
-            if plan.view_window == 0:  # resident views stay allocated between steps
-                for u in c.s.view_units:
-                    self.ledgers[s].hold_storage(("views", u), "views", ("view", u), c.view_bytes(u))
-            self.ledgers[s].reset_peak()
-            self._note_memory(s)
-            at_start = self.ledgers[s].bytes
-            self.timelines[s].held_before_training = at_start["masters"] + at_start["gradients"]
+        # resident views (window 0) stay allocated between steps
+        self.memory = [StageMemory(c, t, plan.view_window == 0, synchronous)
+                       for c, t, synchronous in zip(costs, self.timelines, self.synchronous_copies)]
 
     # -- the event loop -----------------------------------------------------------------------
 
@@ -175,7 +163,7 @@ class _Simulation:
                     self._occupy(op.start, op.done, s)
                 else:
                     self._post(s, a, op, cost.duration(c, a))
-            self._record_memory(s, a)
+            self.memory[s].record(a, self.now)
             self.timelines[s].actions.append((a, start, start + c.overhead))
             if c.overhead:
                 self._at(start + c.overhead, self._advance, s)
@@ -183,7 +171,7 @@ class _Simulation:
 
     def _finish_wait(self, s: int, a: Action, since: float) -> bool:
         """The wait `a` returns now; True when the walker is busy for its overhead."""
-        self._record_memory(s, a)
+        self.memory[s].record(a, self.now)
         overhead = self.costs[s].overhead
         self.timelines[s].actions.append((a, since, self.now + overhead))
         self.pc[s] += 1
@@ -219,7 +207,7 @@ class _Simulation:
                 op.done = self.now
             self.timelines[s].compute += self.now - start
             self.timelines[s].actions.append((a, start, self.now))
-            self._record_memory(s, a)
+            self.memory[s].record(a, self.now)
             if then is not None:
                 then()
             else:
@@ -300,25 +288,7 @@ class _Simulation:
         a, since = self.step_end.pop(s)
         timeline = self.timelines[s]
         timeline.exposed += op.done - op.start
-        self._record_memory(s, a)
+        self.memory[s].record(a, self.now)
         timeline.actions.append((a, since, self.now))
         timeline.end = self.now
         self._advance(s)
-
-    # -- memory -------------------------------------------------------------------------------
-
-    def _record_memory(self, s: int, a: Action) -> None:
-        before = self.ledgers[s].total
-        costs = self.costs[s]
-        apply_effects(self.ledgers[s], SPECS[a.op].memory, a.unit, a.mb,
-                      lambda name: costs.storages(name, a))
-        if self.ledgers[s].total != before:
-            self._note_memory(s)
-
-    def _note_memory(self, s: int) -> None:
-        ledger, timeline = self.ledgers[s], self.timelines[s]
-        timeline.memory.append((self.now, ledger.total))
-        timeline.peak, timeline.at_peak = ledger.peak, dict(ledger.at_peak)
-        on_host = sum(ledger.bytes[k] for k in self.host_kinds[s])
-        timeline.device_peak = max(timeline.device_peak, ledger.total - on_host)
-        timeline.host_peak = max(timeline.host_peak, on_host)

@@ -1,73 +1,18 @@
-"""What costing one stage's program needs (StageSetup) and the sizes and times of its parts
-(StageCosts): compute per unit, state and view bytes, copies, and the named storages of the op
-registry's memory effects; ring collectives in the alpha-beta model. sim/cost_model.py turns
-them into each op's duration."""
+"""The sizes and times of the parts of one stage's program (StageCosts), from what costing it
+needs (sim/stage_setup.py): compute per unit, state and view bytes, copies, collectives over
+the stage's links (sim/links.py), and the named storages of the op registry's memory effects.
+sim/cost_model.py turns them into each op's duration."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-
-from ratrain.config import ModelConfig
 from ratrain.schedule.ir import Action, Op
 from ratrain.sim import unit_costs as uc
-from ratrain.sim.profile import HardwareProfile, Link
+from ratrain.sim.links import Link, ring, ring_half
+from ratrain.sim.stage_setup import StageSetup
 
 UPDATE_BYTES_PER_PARAM = 28
 """Fused AdamW reads parameter, gradient and both moments (16 bytes) and writes parameter and
 moments (12) per fp32 parameter."""
-
-
-@dataclass
-class StageSetup:
-    """Everything costing one stage's program needs."""
-
-    profile: HardwareProfile
-    model: ModelConfig
-    micro_batch_size: int
-    seq_len: int
-    dtype: str
-    n_micro: int
-    units: range
-    activation: dict[int, str]  # unit -> keep / recompute / offload
-    view_units: frozenset[int]  # units whose program prefetches a view
-    state_home: str
-    dp: int
-    pp: int
-    p2p_prev: Link | None  # links to the neighbouring stages (None at the ends)
-    p2p_next: Link | None
-    replicas: Link  # the ring of this stage's replicas
-    pipeline: Link  # the ring of one replica's stages
-    clip: bool
-    shard_state: bool = False  # masters and AdamW state sliced over the dp replicas (ZeRO-style)
-    grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.py)
-    shard_group: int | None = None  # hybrid sharding: replicas per shard group (None: all dp)
-    shard_ring: Link | None = None  # hybrid: the ring of replica 0's shard group
-    cross_ring: Link | None = None  # hybrid: the ring of the replicas holding replica 0's slice
-
-    @cached_property
-    def shape(self) -> uc.UnitShape:
-        return uc.UnitShape(self.model, self.micro_batch_size, self.seq_len, self.dtype)
-
-    def kind(self, u: int) -> str:
-        return uc.unit_kind(self.model, u)
-
-    def params(self, u: int) -> int:
-        return uc.param_count(self.model, u)
-
-    @property
-    def shard_replicas(self) -> int:
-        """How many replicas a unit's state is sharded over."""
-        return self.shard_group or self.dp
-
-    @property
-    def shard_link(self) -> Link:
-        """The ring of those replicas."""
-        return self.shard_ring or self.replicas
-
-    def shard(self, u: int) -> uc.Shard | None:
-        """Replica 0's shard of unit u's state; None where the state is not sharded."""
-        return uc.shard(self.model, u, self.shard_replicas) if self.shard_state else None
 
 
 class StageCosts:
@@ -331,18 +276,3 @@ class StageCosts:
         if kind == "head":  # views of the step's one int64 tensor of targets, like the inputs
             out.append((("targets",) if shared else (tag, u, mb, "targets"), self.tokens_bytes()))
         return out
-
-
-def ring(link: Link, nbytes: float, n: int) -> float:
-    """Ring all-reduce of `nbytes` over n ranks: 2(n-1) steps of nbytes/n each."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency
-
-
-def ring_half(link: Link, nbytes: float, n: int) -> float:
-    """Ring reduce-scatter, or all-gather, of `nbytes` (the whole) over n ranks: n-1 steps of
-    nbytes/n each (half an all-reduce)."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency

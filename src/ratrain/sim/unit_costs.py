@@ -123,11 +123,6 @@ def output_bytes(shape: UnitShape, kind: str) -> int:
     return 4 if kind == "head" else shape.tokens * shape.model.dim * shape.elt
 
 
-def input_bytes(shape: UnitShape, kind: str) -> int:
-    """A unit's input: token ids (int64) for the embedding, hidden states otherwise."""
-    return shape.tokens * 8 if kind == "embedding" else shape.tokens * shape.model.dim * shape.elt
-
-
 def saved_bytes(shape: UnitShape, kind: str) -> int:
     """What autograd saves in the unit's forward for this micro-batch alone: without its input
     and parameters (which the executor holds anyway), the cached rotary tables (table_bytes:

@@ -1,0 +1,66 @@
+"""What costing one stage's program needs (StageSetup): the model and the micro-batch shape, the
+stage's units and their activation choices, where its state lives and how it is sharded, and
+the links to its neighbours and its replicas. sim/placement.py makes one per stage of a plan;
+sim/stage_costs.py prices the stage's parts from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from ratrain.config import ModelConfig
+from ratrain.sim import unit_costs as uc
+from ratrain.sim.links import Link
+from ratrain.sim.profile import HardwareProfile
+
+
+@dataclass
+class StageSetup:
+    """Everything costing one stage's program needs."""
+
+    profile: HardwareProfile
+    model: ModelConfig
+    micro_batch_size: int
+    seq_len: int
+    dtype: str
+    n_micro: int
+    units: range
+    activation: dict[int, str]  # unit -> keep / recompute / offload
+    view_units: frozenset[int]  # units whose program prefetches a view
+    state_home: str
+    dp: int
+    pp: int
+    p2p_prev: Link | None  # links to the neighbouring stages (None at the ends)
+    p2p_next: Link | None
+    replicas: Link  # the ring of this stage's replicas
+    pipeline: Link  # the ring of one replica's stages
+    clip: bool
+    shard_state: bool = False  # masters and AdamW state sliced over the dp replicas (ZeRO-style)
+    grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (runnable.py)
+    shard_group: int | None = None  # hybrid sharding: replicas per shard group (None: all dp)
+    shard_ring: Link | None = None  # hybrid: the ring of replica 0's shard group
+    cross_ring: Link | None = None  # hybrid: the ring of the replicas holding replica 0's slice
+
+    @cached_property
+    def shape(self) -> uc.UnitShape:
+        return uc.UnitShape(self.model, self.micro_batch_size, self.seq_len, self.dtype)
+
+    def kind(self, u: int) -> str:
+        return uc.unit_kind(self.model, u)
+
+    def params(self, u: int) -> int:
+        return uc.param_count(self.model, u)
+
+    @property
+    def shard_replicas(self) -> int:
+        """How many replicas a unit's state is sharded over."""
+        return self.shard_group or self.dp
+
+    @property
+    def shard_link(self) -> Link:
+        """The ring of those replicas."""
+        return self.shard_ring or self.replicas
+
+    def shard(self, u: int) -> uc.Shard | None:
+        """Replica 0's shard of unit u's state; None where the state is not sharded."""
+        return uc.shard(self.model, u, self.shard_replicas) if self.shard_state else None
