@@ -23,10 +23,17 @@ from .conftest import micro_config
 pytestmark = pytest.mark.dist
 
 
-def _spawned_children(pid: int) -> list[int]:
+def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(c) for c in out
-            if "spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+    return sorted(int(c) for c in out)
+
+
+def _rank_pids(pid: int) -> list[int]:
+    """The ranks a `ratrain train` process launched, in rank order: the children of its fork
+    server (runtime/launch.py)."""
+    servers = [c for c in _children(pid)
+               if "forkserver" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+    return [rank for server in servers for rank in _children(server)]
 
 
 def _gone(pid: int) -> bool:
@@ -88,7 +95,7 @@ def test_killing_one_rank_stops_all_and_loses_no_checkpoint(corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(cfg_file, run_dir)
     wait_for_steps(proc, run_dir, 8)
-    children = _spawned_children(proc.pid)
+    children = _rank_pids(proc.pid)
     assert len(children) == 2
     complete = [p.name for p in checkpoint.complete_dirs(run_dir)]
     os.kill(children[1], signal.SIGKILL)
@@ -126,7 +133,7 @@ def test_a_stopped_rank_ends_the_run_after_the_comm_timeout(corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(cfg_file, run_dir, "--comm-timeout", "5")
     wait_for_steps(proc, run_dir, 3)
-    children = _spawned_children(proc.pid)
+    children = _rank_pids(proc.pid)
     assert len(children) == 2
     os.kill(children[1], signal.SIGSTOP)
     stopped_at = time.time()

@@ -15,7 +15,7 @@ import pytest
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest
 
-from .test_failure import _gone, _spawned_children, endless_config, losses, start, wait_for_steps
+from .test_failure import _gone, _rank_pids, endless_config, losses, start, wait_for_steps
 
 pytestmark = pytest.mark.dist
 
@@ -33,7 +33,7 @@ def test_ctrl_c_with_checkpoint_on_interrupt_saves_a_checkpoint_that_resumes_exa
     # A terminal's Ctrl-C: SIGINT to the launcher and every rank (one process group).
     proc = start(cfg_file, run_dir, "--checkpoint-on-interrupt")
     wait_for_steps(proc, run_dir, 3)
-    children = _spawned_children(proc.pid)
+    children = _rank_pids(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)
     sent = time.time()
     _, stderr = proc.communicate(timeout=60)
@@ -60,7 +60,7 @@ def test_ctrl_c_stops_all_ranks_within_seconds(corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(cfg_file, run_dir)
     wait_for_steps(proc, run_dir, 2)
-    children = _spawned_children(proc.pid)
+    children = _rank_pids(proc.pid)
     assert len(children) == 2
     os.kill(proc.pid, signal.SIGINT)
     sent = time.time()
