@@ -10,8 +10,3 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-
-def pytest_collection_modifyitems(config, items):
-    """The default run's file (tests/e2e: minutes on one thread) first, so that one worker runs
-    it beside the others' files rather than alone after them."""
-    items.sort(key=lambda item: item.path.parent.name != "e2e")
