@@ -11,7 +11,7 @@ from ratrain.config import ModelConfig
 from ratrain.planner.lifecycle import Lifecycle
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SCHEDULE_NAMES
 from ratrain.schedule.weight_grads import schedules
-from ratrain.setup import rule as runnable
+from ratrain.setup import rule
 from ratrain.setup.rule import has_views
 from ratrain.sim.placement import stage_groups
 from ratrain.sim.profile import HardwareProfile
@@ -181,9 +181,9 @@ def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None
 
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
             life: Lifecycle) -> str | None:
-    """Why training would refuse this layout (runnable.refusal: the rule `ratrain train`
+    """Why training would refuse this layout (setup/rule.refusal: the rule `ratrain train`
     applies), or None."""
-    return runnable.refusal(
+    return rule.refusal(
         n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
         micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
         clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,
