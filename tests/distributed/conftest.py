@@ -57,7 +57,7 @@ def reference(corpus, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rank_main(cfg.to_dict(), str(run_dir), False, False, False)
+        rank_main(cfg, str(run_dir), False, False, False)
     finally:
         torch.set_num_threads(threads)
     return cfg, run_dir

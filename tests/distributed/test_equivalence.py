@@ -25,7 +25,7 @@ def test_layout_matches_single_process(pp, dp, corpus, reference, tmp_path):
     ref_dir = reference[1]
     cfg = micro_config(*corpus, steps=STEPS)
     cfg.parallel.pp, cfg.parallel.dp = pp, dp
-    launch_local(pp * dp, rank_main, (cfg.to_dict(), str(tmp_path), False, False, True),
+    launch_local(pp * dp, rank_main, (cfg, str(tmp_path), False, False, True),
                  error_dir=tmp_path / "errors")
 
     ref_rows, rows = read_metrics(ref_dir / "metrics.jsonl"), read_metrics(tmp_path / "metrics.jsonl")

@@ -25,7 +25,7 @@ def _run(corpus, run_dir, pp, dp, policy, clip, rank_order="pp-dp", trace=False)
     cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.policy = pp, dp, policy
     cfg.parallel.rank_order = rank_order
     cfg.train.grad_clip = 1.0 if clip else 0.0
-    launch_local(pp * dp, rank_main, (cfg.to_dict(), str(run_dir), False, False, trace),
+    launch_local(pp * dp, rank_main, (cfg, str(run_dir), False, False, trace),
                  error_dir=run_dir / "errors")
     ckpt = checkpoint.latest(run_dir)
     units = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"))

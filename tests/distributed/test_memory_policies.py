@@ -61,7 +61,7 @@ def test_memory_choices_match_single_process(case, corpus, reference, tmp_path):
     plan_file.write_text(json.dumps(plan.to_dict()))
     cfg.parallel.plan_file = str(plan_file)
     run_dir = tmp_path / "run"
-    args = (cfg.to_dict(), str(run_dir), False, False, False)
+    args = (cfg, str(run_dir), False, False, False)
     if pp * dp == 1:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

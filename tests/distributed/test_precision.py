@@ -23,7 +23,7 @@ pytestmark = pytest.mark.dist
 def test_bf16_views_train_within_2_percent_of_fp32(corpus, reference, tmp_path):
     cfg = micro_config(*corpus, steps=STEPS)
     cfg.train.dtype = "bfloat16"
-    rank_main(cfg.to_dict(), str(tmp_path), False, False, False)
+    rank_main(cfg, str(tmp_path), False, False, False)
     rows, ref_rows = read_metrics(tmp_path / "metrics.jsonl"), read_metrics(reference[1] / "metrics.jsonl")
     assert len(rows) == STEPS
     worst = max(abs(r["loss"] - f["loss"]) / f["loss"] for r, f in zip(rows, ref_rows))
@@ -66,7 +66,7 @@ def test_fp16_overflow_on_one_rank_skips_the_step_everywhere(corpus, tmp_path):
     cfg.parallel.pp, cfg.parallel.dp = 2, 2
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    args = (cfg.to_dict(), str(run_dir), False, False, False)
+    args = (cfg, str(run_dir), False, False, False)
     launch_local(4, _inject_inf, (3, 2, str(logs), *args), error_dir=run_dir / "errors")
 
     for rank in range(4):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.dist
 
 def _run(cfg, run_dir):
     world = cfg.parallel.pp * cfg.parallel.dp
-    launch_local(world, rank_main, (cfg.to_dict(), str(run_dir), False, False, False),
+    launch_local(world, rank_main, (cfg, str(run_dir), False, False, False),
                  error_dir=run_dir / "errors")
     return read_metrics(run_dir / "metrics.jsonl")
 

@@ -46,7 +46,7 @@ def _single_process(cfg, run_dir):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every rank runs
     try:
-        rank_main(cfg.to_dict(), str(run_dir), False, False, False)
+        rank_main(cfg, str(run_dir), False, False, False)
     finally:
         torch.set_num_threads(threads)
 
@@ -78,7 +78,7 @@ def test_split_schedule_matches_single_process(case, corpus, references, tmp_pat
     plan_file.write_text(json.dumps(plan.to_dict()))
     p.plan_file = str(plan_file)
     run_dir = tmp_path / "run"
-    launch_local(pp * dp, rank_main, (cfg.to_dict(), str(run_dir), False, False, False),
+    launch_local(pp * dp, rank_main, (cfg, str(run_dir), False, False, False),
                  error_dir=run_dir / "errors")
 
     ref_dir = references[clip]

@@ -54,18 +54,17 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         cfg.save(run_dir / "config.yaml")
         if plan:
             (run_dir / "plan.json").write_text(json.dumps(plan_dict, indent=2))
-    args = (cfg.to_dict(), str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
-    if under_torchrun():
-        stopped = rank_main(*args)
-    else:
-        try:
-            if world == 1:
-                stopped = rank_main(*args)
-            else:
-                stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
-                                       threads=cfg.parallel.threads_per_rank,
-                                       checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
-        finally:  # every rank is gone: what an unfinished save left is of no use
+    args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
+    in_this_process = under_torchrun() or world == 1
+    try:
+        if in_this_process:
+            stopped = rank_main(*args)
+        else:
+            stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
+                                   threads=cfg.parallel.threads_per_rank,
+                                   checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
+    finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
+        if not under_torchrun():  # the other ranks may still be writing theirs)
             checkpoint.remove_partials(run_dir)
     if stopped and not summary_path.exists():
         saved = checkpoint.latest(run_dir)
@@ -76,14 +75,13 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     return json.loads(summary_path.read_text())
 
 
-def rank_main(cfg_dict: dict, run_dir: str, resume_from: str | None, progress: bool,
+def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
               trace: bool, plan_dict: dict | None = None) -> bool:
     """One rank's run, from the checkpoint `resume_from` if given; returns whether Ctrl-C
     stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
     plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
     (`train` passes what prepare returned), or where a caller of its own leaves it to be made
     here from the config."""
-    cfg = RunConfig.from_dict(cfg_dict)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = is_distributed(cfg)
