@@ -20,6 +20,7 @@ from ratrain.plain_data import number, parse_error, shown, unknown_keys
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
+from ratrain.schedule.outer_sync import EVERY_STEP, parse_sync
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
@@ -115,6 +116,12 @@ class TrainConfig:
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
     tensorboard: bool = False  # also write each step's metrics as TensorBoard scalars (RUN_DIR/tensorboard/)
     profile: str | None = None  # hardware profile (preset or YAML): the device peak for MFU, the report's simulated step
+    # --sync diloco (schedule/outer_sync.py): the outer Nesterov SGD's rate and momentum
+    # (DiLoCo's defaults), and Streaming DiLoCo's share of the local parameters kept when a
+    # fragment's outer result arrives a step late
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    outer_mix: float = 0.5
 
     @property
     def final_lr(self) -> float:
@@ -124,7 +131,7 @@ class TrainConfig:
     def validate(self) -> None:
         # a NaN passes every comparison below, an inf most: each is refused by name first
         for name in ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
-                     "grad_clip"):
+                     "grad_clip", "outer_lr", "outer_momentum", "outer_mix"):
             _check_finite(f"train.{name}", getattr(self, name))
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
                      "keep_checkpoints"):
@@ -136,7 +143,9 @@ class TrainConfig:
                 raise UserError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise UserError(f"train.min_lr must be in [0, lr = {self.lr}], got {self.min_lr}")
-        for name in ("beta1", "beta2"):
+        if self.outer_lr <= 0:
+            raise UserError(f"train.outer_lr must be positive, got {self.outer_lr}")
+        for name in ("beta1", "beta2", "outer_momentum", "outer_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.global_batch % self.micro_batch_size:
@@ -167,6 +176,7 @@ class ParallelConfig:
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
     plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
     comm_timeout_s: float = 300.0  # longest wait for a peer before the run ends naming it
+    sync: str = EVERY_STEP  # how replicas agree: "step", or "diloco:H[:F][:bf16]" (schedule/outer_sync.py)
 
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:
@@ -201,6 +211,7 @@ class ParallelConfig:
         if self.grad_lifetime not in GRAD_LIFETIMES:
             raise UserError(f"unknown gradient lifetime {self.grad_lifetime!r}; available: "
                             f"{', '.join(GRAD_LIFETIMES)}")
+        parse_sync(self.sync)  # a UserError naming the form
         if self.state_home not in STATE_HOMES:
             raise UserError(f"state home must be one of {', '.join(STATE_HOMES)}, got {self.state_home!r}")
 

@@ -102,11 +102,11 @@ def test_a_disk_that_fills_while_saving_leaves_the_earlier_checkpoints(tmp_path,
     real_write = store.write_unit
     calls = []
 
-    def write_then_fill(directory, unit, state):
+    def write_then_fill(directory, unit, state, replica=0):
         calls.append(unit)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(directory, unit, state)
+        return real_write(directory, unit, state, replica)
 
     monkeypatch.setattr(checkpoint, "write_unit", write_then_fill)
     with pytest.raises(checkpoint.CheckpointWriteError) as e:
@@ -140,7 +140,7 @@ def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went
     _save(tmp_path, 2)
 
     def fails_with(code, text):
-        def write(directory, unit, state):
+        def write(directory, unit, state, replica=0):
             raise OSError(code, text)
         return write
 

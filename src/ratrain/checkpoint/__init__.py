@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ratrain.checkpoint import manifest
-from ratrain.checkpoint.store import optim_file, read_unit, weights_file, write_unit
+from ratrain.checkpoint.store import optim_file, outer_file, read_unit, weights_file, write_unit
 from ratrain.errors import RunFailure, UserError
 
 __all__ = ["CheckpointDamaged", "CheckpointWriteError", "checkpoint_dir", "complete_dirs", "finalize", "latest",
@@ -56,7 +56,7 @@ def complete_dirs(run_dir: Path) -> list[Path]:
 
 
 def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[tuple[int, dict]],
-               ) -> dict[str, dict]:
+               replica: int = 0) -> dict[str, dict]:
     """Write this process's units (a mapping, or (unit, state) pairs made as they are read)
     into the partial directory of `step`; returns their files' manifest entries. On failure (a
     full disk) the partial directory is removed."""
@@ -65,7 +65,7 @@ def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[t
         partial.mkdir(parents=True, exist_ok=True)
         files = {}
         for unit, state in (states.items() if isinstance(states, Mapping) else states):
-            files.update(write_unit(partial, unit, state))
+            files.update(write_unit(partial, unit, state, replica))
         return files
     except OSError as e:
         raise _write_failed(run_dir, step, e) from None
@@ -132,16 +132,18 @@ def load_meta(ckpt: Path) -> dict:
     return meta
 
 
-def load_units(ckpt: Path, units, device: torch.device | str) -> dict[int, dict]:
-    """The states of `units`, each file checked against the manifest before it is read."""
+def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0) -> dict[int, dict]:
+    """The states of `units` (`replica`'s own where it saved them, as --sync diloco's replicas
+    do; else replica 0's), each file checked against the manifest before it is read."""
     files = load_meta(ckpt)["files"]
     states = {}
     for u in units:
         if weights_file(u) not in files:
             raise CheckpointDamaged(f"checkpoint {ckpt} has no unit {u}: was it saved from another model?")
-        for name in (weights_file(u), optim_file(u)):
+        own = replica if weights_file(u, replica) in files else 0
+        for name in (weights_file(u, own), optim_file(u, own), outer_file(u)):
             wrong = manifest.file_problem(ckpt, name, files[name]) if name in files else None
             if wrong:
                 raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
-        states[u] = read_unit(Path(ckpt), u, files, torch.device(device))
+        states[u] = read_unit(Path(ckpt), u, files, torch.device(device), own)
     return states

@@ -14,30 +14,47 @@ from safetensors.torch import load_file, save_file
 from ratrain.checkpoint import manifest
 
 
-def weights_file(unit: int) -> str:
-    return f"unit_{unit:04d}.safetensors"
+def _replica(replica: int) -> str:
+    # replicas other than 0 have local state of their own only with --sync diloco
+    return f".replica_{replica}" if replica else ""
 
 
-def optim_file(unit: int) -> str:
-    return f"unit_{unit:04d}.optim.pt"
+def weights_file(unit: int, replica: int = 0) -> str:
+    return f"unit_{unit:04d}{_replica(replica)}.safetensors"
 
 
-def write_unit(directory: Path, unit: int, state: dict) -> dict[str, dict]:
+def optim_file(unit: int, replica: int = 0) -> str:
+    return f"unit_{unit:04d}{_replica(replica)}.optim.pt"
+
+
+def outer_file(unit: int) -> str:
+    """--sync diloco: the unit's outer parameters and momentum (the same on every replica)."""
+    return f"unit_{unit:04d}.outer.pt"
+
+
+def write_unit(directory: Path, unit: int, state: dict, replica: int = 0) -> dict[str, dict]:
     """Write unit `unit`'s weights and optimizer state, each flushed to disk; returns their
     manifest entries."""
     written = {}
-    path = directory / weights_file(unit)
+    path = directory / weights_file(unit, replica)
     try:
         save_file({k: t.detach().cpu().contiguous() for k, t in state["weights"].items()}, path)
     except SafetensorError as e:  # how safetensors reports a failed write (a full disk)
         raise OSError(str(e).split("I/O error: ")[-1]) from e
     written[path.name] = _synced(path)
     if state["optim"] is not None:
-        path = directory / optim_file(unit)
+        path = directory / optim_file(unit, replica)
         # Through memory: torch.save reports a failed write (a full disk) as an opaque
         # RuntimeError ("unexpected pos 64 vs 0"); a plain write raises OSError(ENOSPC).
         buffer = io.BytesIO()
         torch.save(state["optim"], buffer)
+        with open(path, "wb") as f:
+            f.write(buffer.getbuffer())
+        written[path.name] = _synced(path)
+    if state.get("outer") is not None and replica == 0:  # --sync diloco's outer state
+        path = directory / outer_file(unit)
+        buffer = io.BytesIO()
+        torch.save(state["outer"], buffer)
         with open(path, "wb") as f:
             f.write(buffer.getbuffer())
         written[path.name] = _synced(path)
@@ -50,11 +67,14 @@ def _synced(path: Path) -> dict:
     return manifest.digest(path)
 
 
-def read_unit(ckpt: Path, unit: int, files: dict, device: torch.device) -> dict:
+def read_unit(ckpt: Path, unit: int, files: dict, device: torch.device,
+              replica: int = 0) -> dict:
     """Unit `unit`'s state from a checkpoint whose manifest lists `files`. The caller has
     verified the files (or verifies them now, see load_units)."""
-    weights = load_file(ckpt / weights_file(unit), device=str(device))
-    optim = None
-    if optim_file(unit) in files:
-        optim = torch.load(ckpt / optim_file(unit), map_location=device, weights_only=True)
-    return {"weights": weights, "optim": optim}
+    weights = load_file(ckpt / weights_file(unit, replica), device=str(device))
+    optim = outer = None
+    if optim_file(unit, replica) in files:
+        optim = torch.load(ckpt / optim_file(unit, replica), map_location=device, weights_only=True)
+    if outer_file(unit) in files:  # --sync diloco's; `replica` (its own local state, or 0's)
+        outer = torch.load(ckpt / outer_file(unit), map_location=device, weights_only=True)
+    return {"weights": weights, "optim": optim, "outer": outer}

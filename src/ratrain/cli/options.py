@@ -66,6 +66,10 @@ _CONFIG_OPTIONS = [
     click.option("--shard-state/--no-shard-state", default=None, help="Each data-parallel replica holds 1/dp of every unit's fp32 masters and AdamW state (ZeRO-style): gradients are reduce-scattered, each replica updates its slice, and the compute views are all-gathered. Needs --dp >= 2 and --state-home device.  [default: off]"),
     click.option("--grad-lifetime", type=click.Choice(GRAD_LIFETIMES), help="With --shard-state, how long each unit's full-size fp32 gradient lives: step (accumulated over the step, reduce-scattered once), transient (the same sync, but the buffer exists only from the unit's first backward to its reduce-scatter's end), micro-batch (each micro-batch's gradient reduce-scattered right after its backward: 1/dp of the memory, m times the traffic).  [default: step]"),
     click.option("--shard-group", type=int, help="With --shard-state, hybrid sharding: shard each unit's state within groups of this many neighbouring replicas (a node's) and replicate it across the groups, so only a shard's gradient crosses between them (an all-reduce per unit). Must divide --dp into at least two groups.  [default: shard over all --dp replicas]"),
+    click.option("--sync", metavar="[step|diloco:H[:F][:bf16]]", help="How the data-parallel replicas agree. step: every gradient summed every step. diloco:H changes the ALGORITHM, not only the schedule (DiLoCo): each replica takes H steps with its own AdamW and only its own gradients (its own clipping, its own loss), then per unit the replicas' mean change is taken as the outer gradient of a Nesterov SGD step (--outer-lr, --outer-momentum) and every replica continues from the result: about H times less traffic, for links too slow for a sync every step. diloco:H:F (Streaming DiLoCo): F fragments of the model sync in turn over the H steps, each overlapped with the next step and mixed into the local weights (--outer-mix). :bf16 sends the deltas in bfloat16. Needs --dp >= 2, --policy ratrain, no --shard-state.  [default: step]"),
+    click.option("--outer-lr", type=float, help="--sync diloco: the outer Nesterov step's learning rate.  [default: 0.7]"),
+    click.option("--outer-momentum", type=float, help="--sync diloco: the outer Nesterov momentum.  [default: 0.9]"),
+    click.option("--outer-mix", type=float, help="--sync diloco:H:F: the share of its local weights a replica keeps when a fragment's outer result arrives (one step late).  [default: 0.5]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -78,7 +82,8 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
            "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel",
-           "shard_group": "parallel"}
+           "shard_group": "parallel", "sync": "parallel", "outer_lr": "train",
+           "outer_momentum": "train", "outer_mix": "train"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 
@@ -125,7 +130,7 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
                       ("shard_state", bool), ("schedule", str), ("weight_grad", str),
-                      ("grad_lifetime", str), ("shard_group", int)):
+                      ("grad_lifetime", str), ("shard_group", int), ("sync", str)):
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash

@@ -36,7 +36,7 @@ def _apply(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> torch.Tensor:
             loss = lm_loss(y, target)
             st.losses.append(loss.detach())
             scale = ex.loss_scale.scale if ex.loss_scale and st.training else 1.0
-            return loss * (scale / (st.n_micro * ex.dp))
+            return loss * (scale / (st.n_micro * ex.grad_replicas))
     return y
 
 

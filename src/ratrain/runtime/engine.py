@@ -20,27 +20,34 @@ from ratrain.runtime.executor import Executor, StepResult
 from ratrain.runtime.loss_scale import DynamicLossScale
 from ratrain.runtime.stage import ShardOver, Stage
 from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.outer_sync import parse_sync, step_programs
 from ratrain.schedule.plan import PipelinePlan, build_eval_programs
+from ratrain.runtime.outer_sync import OuterStates
 
 
 class _UnitStateMixin:
     stage: Stage
 
     loss_scale: DynamicLossScale | None = None
+    outer: OuterStates | None = None  # --sync diloco's outer state
 
     def unit_states(self):
         """(unit, its whole weights and optimizer state) for each unit of the stage, made one
         at a time as the caller iterates: with sharded state each is a gather that every
         replica of the stage must join, in the same order."""
+        outer = self.outer.units if self.outer else {}
         for u in self.stage.modules:
             yield u, {"weights": self.stage.weights(u),
-                      "optim": self.stage.state[u].optimizer_state()}
+                      "optim": self.stage.state[u].optimizer_state(),
+                      **({"outer": outer[u].state_dict()} if u in outer else {})}
 
     def load_unit_states(self, states: dict[int, dict]) -> None:
         for u, state in states.items():
             self.stage.load_weights(u, state["weights"])
             if state["optim"] is not None:
                 self.stage.state[u].load_optimizer_state(state["optim"])
+            if self.outer and u in self.outer.units:  # a synchronous run's has none: start afresh
+                self.outer.units[u].load_state_dict(state.get("outer") or self.outer.units[u].fresh())
 
     def peak_memory_bytes(self) -> int:
         return peak_memory_bytes(self.stage.device)
@@ -125,9 +132,11 @@ class PipelineEngine(_UnitStateMixin):
         if self.loss_scale and not any(a.op is Op.GRAD_NORM for a in self.program):
             raise ValueError("float16 needs the global gradient norm (N, WN) in the program to "
                              "detect overflow; build the plan with clip=True")
+        sync = parse_sync(plan.sync)
+        self.outer = OuterStates(self.stage.state, sync, cfg.train) if sync else None
         self.executor = Executor(self.stage, act_shape, groups=groups, clip=cfg.train.grad_clip,
                                  tracer=tracer, act_dtype=act_dtype, loss_scale=self.loss_scale,
-                                 comm_timeout_s=cfg.parallel.comm_timeout_s)
+                                 comm_timeout_s=cfg.parallel.comm_timeout_s, outer=self.outer)
         self._eval_programs: dict[int, list] = {}
 
     def ledger_peak_bytes(self) -> int:
@@ -143,7 +152,9 @@ class PipelineEngine(_UnitStateMixin):
         return self.stage.ledger.total
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
-        return self.executor.train_step(self.program, batches, lr, step)
+        # with an outer sync the step decides which units sync in it (schedule/outer_sync.py)
+        program = step_programs(self.plan, step)[self.stage_index] if self.outer else self.program
+        return self.executor.train_step(program, batches, lr, step)
 
     def eval_loss(self, batches) -> float:
         n = len(batches)

@@ -48,6 +48,7 @@ class Executor:
         act_dtype: torch.dtype = torch.float32,
         loss_scale: DynamicLossScale | None = None,
         comm_timeout_s: float = 300.0,
+        outer=None,
     ):
         self.stage = stage
         self.ledger = stage.ledger
@@ -58,6 +59,10 @@ class Executor:
         self.groups = groups
         self.dp = groups.grid.dp if groups else 1
         self.pp = groups.grid.pp if groups else 1
+        # --sync diloco (runtime/outer_sync.OuterStates): no gradient is summed over the
+        # replicas, so each replica's loss is its own mean, not a 1/dp share of the global one
+        self.outer = outer
+        self.grad_replicas = 1 if outer is not None else self.dp
         self.clip = clip
         self.tracer = tracer
         self.comm = comm_for(groups, stage.device, comm_timeout_s)

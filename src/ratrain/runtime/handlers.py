@@ -4,7 +4,7 @@ started, if anything."""
 
 from __future__ import annotations
 
-from ratrain.runtime import compute, lifecycle, transfer
+from ratrain.runtime import compute, lifecycle, outer_sync, transfer
 from ratrain.schedule.ops import Op
 
 HANDLERS = {
@@ -37,6 +37,8 @@ HANDLERS = {
     Op.WAIT_PREFETCH: lifecycle.wait_prefetch,
     Op.RELEASE: lifecycle.release,
     Op.STEP_END: lifecycle.step_end,
+    Op.OUTER_SYNC: outer_sync.start,
+    Op.WAIT_OUTER_SYNC: outer_sync.wait,
 }
 
 if set(HANDLERS) != set(Op):

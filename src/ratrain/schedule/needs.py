@@ -184,6 +184,10 @@ NEEDS: dict[Op, Rule] = {
     Op.WAIT_PREFETCH: _nothing,
     Op.RELEASE: _nothing,
     Op.STEP_END: _nothing,
+    # the outer delta reads the local parameters as the last update left them; the merge
+    # writes them, so it goes after the unit's update (schedule/outer_sync.py places both)
+    Op.OUTER_SYNC: _nothing,
+    Op.WAIT_OUTER_SYNC: lambda a, ctx: [Action(Op.UPDATE, a.unit)],
 }
 
 if set(NEEDS) != set(Op):

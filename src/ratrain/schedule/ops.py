@@ -36,6 +36,8 @@ micro-batch m); the executor binds each name to real tensors, the simulator to s
                     runs saved (the inputs of the ops that read a weight); BI was the last to
                     read the rest (unit 0: all of it, its BW is its whole backward)
     view            the unit's compute view (P)
+    outer_delta     the unit's outer delta (outer params - local params) while its all-reduce
+                    is in flight (OS until WOS; --sync diloco, schedule/outer_sync.py)
 
 This module is pure data: no torch.
 """
@@ -78,6 +80,8 @@ class Op(str, Enum):
     WAIT_PREFETCH = "WP"
     RELEASE = "X"
     STEP_END = "E"
+    OUTER_SYNC = "OS"
+    WAIT_OUTER_SYNC = "WOS"
 
 
 class OpClass(str, Enum):
@@ -247,6 +251,11 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.RELEASE, "Release unit u's compute view and free its buffer; the master stays "
            "in its home tier.", OpClass.STATE, mb=False, in_eval=True, view="released",
            memory=(Release("views"),)),
+    OpSpec(Op.OUTER_SYNC, "Low-communication training (--sync diloco): take unit u's outer "
+           "delta (its outer parameters minus this replica's local ones) and start summing it "
+           "over the data-parallel replicas.", OpClass.COLLECTIVE, mb=False,
+           waited_by=Op.WAIT_OUTER_SYNC, peers=(Peer.REPLICAS,),
+           memory=(Hold("outer", "buffers", ("outer_delta",)),)),
     OpSpec(Op.STEP_END, "End of the step: reduce the step's loss over every stage and replica "
            "(blocking), read the step's device values once, reset per-step state.",
            OpClass.COLLECTIVE, unit=False, mb=False, peers=(Peer.PIPELINE, Peer.REPLICAS),
@@ -269,6 +278,9 @@ SPECS.update({spec.op: spec for spec in (
           "every replica."),
     _wait(Op.GRAD_NORM, "Wait for that reduction; the clipping coefficient of the step is then "
           "known (as a device value: nothing is read on the host before E)."),
+    _wait(Op.OUTER_SYNC, "Wait for that sum; take the outer Nesterov step on the unit's outer "
+          "parameters with the mean delta and merge the result into the local parameters "
+          "(schedule/outer_sync.py says how).", memory=(Release("outer"),)),
     _wait(Op.RELOAD, "Wait for that reload; the saved tensors are on the device again and "
           "`B u.m` may run."),
     _wait(Op.PREFETCH, "Wait for that view; it is then live (F, R and B of the unit may use "

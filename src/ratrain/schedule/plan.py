@@ -17,6 +17,7 @@ from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
+from ratrain.schedule import outer_sync
 from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, check_hybrid, check_sharding,
                                          micro_batch_refusal)
 from ratrain.schedule.policies import POLICIES
@@ -83,6 +84,11 @@ class PipelinePlan:
     many neighbouring replicas (a node's) and replicated across the dp / shard_group groups;
     the programs add `GX u` / `WGX u`, the all-reduce of the shard's gradient across the groups,
     so only a shard's worth of gradient crosses between groups. None: sharded over all dp."""
+    sync: str = outer_sync.EVERY_STEP
+    """How the replicas agree (schedule/outer_sync.py): "step", every gradient summed every
+    step; "diloco:H[:F][:bf16]", each replica takes H inner steps alone, then the units' outer
+    sync (OS/WOS), which `programs` do not hold: step_programs adds it at the steps it is due.
+    It changes the algorithm, not only the schedule."""
 
     @property
     def n_layers(self) -> int:
@@ -107,7 +113,9 @@ class PipelinePlan:
             raise ScheduleError(f"weight_grad {self.weight_grad!r} does not fit schedule "
                                 f"{self.schedule!r} (a split schedule takes one of "
                                 f"{', '.join(WEIGHT_GRADS)} or {CAPPED}; the others none)")
-        validate(self.programs, self.stage_units, self.n_micro, self.dp)
+        check_outer(self.sync, self.dp, self.policy, self.shard_state, self.stage_units[-1].stop)
+        for programs in [self.programs, *outer_sync.every_variant(self)]:
+            validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp)
         done = activation_done(self.programs, self.stage_units, self.n_micro)
         if self.activation != done:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
@@ -132,6 +140,11 @@ class PipelinePlan:
                     raise ScheduleError(f"sharded state, but stage {s}'s program makes no view of "
                                         f"units {sorted(set(units) - viewed)}")
 
+    @property
+    def grad_sync_dp(self) -> int:
+        """The replicas a step's gradients are summed over: 1 where they are not (diloco)."""
+        return self.dp if self.sync == outer_sync.EVERY_STEP else 1
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "pp": self.pp,
@@ -151,6 +164,7 @@ class PipelinePlan:
             **({"weight_grad": self.weight_grad} if self.weight_grad else {}),
             **({"grad_lifetime": self.grad_lifetime} if self.grad_lifetime != "step" else {}),
             **({"shard_group": self.shard_group} if self.shard_group is not None else {}),
+            **({"sync": self.sync} if self.sync != outer_sync.EVERY_STEP else {}),
         }
 
     @classmethod
@@ -179,6 +193,7 @@ class PipelinePlan:
             weight_grad=d.get("weight_grad"),
             grad_lifetime=d.get("grad_lifetime", "step"),
             shard_group=d.get("shard_group"),
+            sync=d.get("sync", outer_sync.EVERY_STEP),
         )
 
 
@@ -201,6 +216,7 @@ def build_plan(
     weight_grad: str | None = None,
     grad_lifetime: str = "step",
     shard_group: int | None = None,
+    sync: str = outer_sync.EVERY_STEP,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -231,6 +247,8 @@ def build_plan(
     check_sharding(shard_state, dp, state_home, view_window, grad_lifetime, policy)
     check_hybrid(shard_group, shard_state, dp, policy)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
+    check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
+    sync_dp = dp if sync == outer_sync.EVERY_STEP else 1  # diloco: no per-step gradient sync
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)
     reason = micro_batch_refusal(n_micro, pp, schedule)
@@ -242,13 +260,21 @@ def build_plan(
     programs = builder(stage_units, n_micro)
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
-    programs = POLICIES[policy](programs, stage_units, dp, by_unit(stage_units, resolved), clip,
-                                view_window, grad_lifetime, shard_group)
-    if check:
-        validate(programs, stage_units, n_micro, dp)
-    return PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
+    programs = POLICIES[policy](programs, stage_units, sync_dp, by_unit(stage_units, resolved),
+                                clip, view_window, grad_lifetime, shard_group)
+    plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
-                        grad_lifetime, shard_group)
+                        grad_lifetime, shard_group, sync)
+    if check:
+        for variant in [programs, *outer_sync.every_variant(plan)]:
+            validate(variant, stage_units, n_micro, sync_dp)
+    return plan
+
+
+def check_outer(sync: str, dp: int, policy: str, shard_state: bool, n_units: int) -> None:
+    reason = outer_sync.outer_refusal(sync, dp, policy, shard_state, n_units)
+    if reason:
+        raise ScheduleConfigError(reason)
 
 
 def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:

@@ -11,13 +11,14 @@ the run's and the machine's. Pure Python: the planner calls it without torch.
 from __future__ import annotations
 
 from ratrain.errors import UserError
+from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
 from ratrain.schedule.plan_rules import hybrid_refusal, micro_batch_refusal, sharding_refusal
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
             clip: bool = True, state_home: str = "device", shard_state: bool = False,
             view_window: int | None = None, grad_lifetime: str = "step",
-            shard_group: int | None = None,
+            shard_group: int | None = None, sync: str = EVERY_STEP,
             tie_embeddings: bool = False,
             host_is_separate: bool = False, host_collectives: bool | None = None,
             world: int | None = None) -> str | None:
@@ -47,7 +48,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
         return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
                 "(pipelined tied embeddings are not supported yet)")
     reason = (sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
-              or hybrid_refusal(shard_group, shard_state, dp, policy))
+              or hybrid_refusal(shard_group, shard_state, dp, policy)
+              or outer_refusal(sync, dp, policy, shard_state, n_units))
     if reason:
         return reason
     if host_collectives is None:

@@ -58,6 +58,7 @@ from typing import Callable
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, peer_offset
 from ratrain.sim.links import ring
+from ratrain.sim.outer_sync import outer_step_time, outer_sync_time
 from ratrain.sim.stage_costs import (  # noqa: F401  (the cost model's vocabulary, re-exported)
     UPDATE_BYTES_PER_PARAM, StageCosts,
 )
@@ -117,6 +118,8 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.WAIT_PREFETCH: _zero,
     Op.RELEASE: _zero,
     Op.STEP_END: lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp),
+    Op.OUTER_SYNC: lambda c, a: outer_sync_time(c, a.unit),
+    Op.WAIT_OUTER_SYNC: lambda c, a: outer_step_time(c, a.unit),
 }
 """One duration per op of the registry (checked at import)."""
 

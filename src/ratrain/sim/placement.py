@@ -37,7 +37,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             p2p_prev=hops[s - 1] if s > 0 else None, p2p_next=hops[s] if s < plan.pp - 1 else None,
             replicas=rings[s], pipeline=pipeline,
             clip=plan.clip, shard_state=plan.shard_state, grad_lifetime=plan.grad_lifetime,
-            shard_group=plan.shard_group,
+            shard_group=plan.shard_group, sync=plan.sync,
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups

@@ -9,6 +9,7 @@ from ratrain.schedule.ir import Action, Op
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
 from ratrain.sim.stage_setup import StageSetup
+from ratrain.sim.outer_sync import delta_bytes, outer_state_owners
 
 UPDATE_BYTES_PER_PARAM = 28
 """Fused AdamW reads parameter, gradient and both moments (16 bytes) and writes parameter and
@@ -202,7 +203,7 @@ class StageCosts:
             optimizer = 8 * n + 4 * uc.param_tensors(self.s.model, self.s.kind(u))
         return [(("masters", u), "masters", ("master", u), masters),
                 (("gradients", u), "gradients", ("gradbuf", u), gradients),
-                (("optimizer", u), "optimizer", ("optim", u), optimizer)]
+                (("optimizer", u), "optimizer", ("optim", u), optimizer)] + outer_state_owners(self, u)
 
     def storages(self, name: str, a: Action) -> list[tuple[tuple, int]]:
         """A storage name of the op registry's memory effects (schedule/ops.py), for action
@@ -212,6 +213,8 @@ class StageCosts:
             return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
         if name == "saved":
             return self.saved_storages(u, mb)
+        if name == "outer_delta":
+            return [(("outer_delta", u), delta_bytes(self, u))]
         if name == "saved_host":
             return self.saved_storages(u, mb, "host")
         if name == "saved_reloaded":

@@ -40,6 +40,7 @@ class StageSetup:
     shard_group: int | None = None  # hybrid sharding: replicas per shard group (None: all dp)
     shard_ring: Link | None = None  # hybrid: the ring of replica 0's shard group
     cross_ring: Link | None = None  # hybrid: the ring of the replicas holding replica 0's slice
+    sync: str = "step"  # the plan's: "step", or --sync diloco's outer sync (sim/outer_sync.py)
 
     @cached_property
     def shape(self) -> uc.UnitShape:

@@ -138,7 +138,8 @@ class Loop:
         """Weights, optimizer states, loss scale, loader position and random generators."""
         meta = checkpoint.load_meta(ckpt)
         self.engine.load_unit_states(
-            checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device))
+            checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device,
+                                  self.groups.replica if self.groups else 0))
         if self.engine.loss_scale and "loss_scale" in meta:
             self.engine.loss_scale.load_state_dict(meta["loss_scale"])
         self.loader.load_state_dict(meta["loader"])
@@ -149,8 +150,10 @@ class Loop:
     def _checkpoint(self, step: int) -> None:
         files = {}
         states = self.engine.unit_states()
-        if not self.groups or self.groups.replica == 0:
-            files = checkpoint.save_units(self.run_dir, step, states)
+        # --sync diloco: each replica's local state is its own, and each saves it
+        own = self.groups.replica if self.groups and self.engine.outer is not None else 0
+        if not self.groups or self.groups.replica == 0 or own:
+            files = checkpoint.save_units(self.run_dir, step, states, own)
         else:
             for _ in states:  # sharded state: join each unit's gather
                 pass

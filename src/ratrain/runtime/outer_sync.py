@@ -1,0 +1,90 @@
+"""Low-communication training's outer sync (--sync diloco; the algorithm and where its actions
+go: schedule/outer_sync.py): each unit's outer parameters and Nesterov momentum, and the
+handlers of `OS u` (the outer delta, its all-reduce started) and `WOS u` (the wait, the outer
+step, the merge into the local parameters).
+
+The outer state is one flat fp32 buffer per unit for the parameters and one for the momentum,
+the unit's parameters in order, in the state's home tier (where its masters are), counted by
+the ledger as optimizer state: the outer optimizer's. The local parameters are the unit's fp32
+masters, which the inner AdamW updates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ratrain.config import TrainConfig
+from ratrain.runtime.step_state import StepState
+from ratrain.runtime.unit_state import UnitState
+from ratrain.schedule.ir import Action
+from ratrain.schedule.ops import Op
+from ratrain.schedule.outer_sync import OuterSync
+
+DELTA_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class OuterUnit:
+    """One unit's outer parameters (a copy of its masters when the run starts) and momentum."""
+
+    def __init__(self, state: UnitState):
+        self.state = state
+        with torch.no_grad():
+            self.params = torch.cat([m.detach().reshape(-1).float() for m in state.masters])
+        self.momentum = torch.zeros_like(self.params)
+        state.ledger.hold(("outer", state), "optimizer", [self.params, self.momentum])
+
+    def delta(self, dtype: torch.dtype) -> torch.Tensor:
+        """Outer parameters minus this replica's local ones, in the dtype they travel in."""
+        local = torch.cat([m.detach().reshape(-1) for m in self.state.masters])
+        return (self.params - local).to(dtype)
+
+    @torch.no_grad()
+    def step(self, summed: torch.Tensor, replicas: int, cfg: TrainConfig, mix: float | None) -> None:
+        """The outer Nesterov SGD step (torch.optim.SGD's, nesterov=True, dampening 0) with the
+        replicas' mean delta as the gradient, then the merge: local := outer (mix None), or
+        local := mix * local + (1 - mix) * outer (a result that arrived late)."""
+        grad = summed.float() / replicas
+        mu = cfg.outer_momentum
+        self.momentum.mul_(mu).add_(grad)
+        self.params.sub_(grad.add(self.momentum, alpha=mu), alpha=cfg.outer_lr)
+        for m, outer in zip(self.state.masters, self.state.param_slices(self.params)):
+            if mix is None:
+                m.copy_(outer)
+            else:
+                m.mul_(mix).add_(outer, alpha=1 - mix)
+
+    def state_dict(self) -> dict:
+        return {"params": self.params.detach().cpu().clone(),
+                "momentum": self.momentum.detach().cpu().clone()}
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict) -> None:
+        self.params.copy_(sd["params"])
+        self.momentum.copy_(sd["momentum"])
+
+
+class OuterStates:
+    """The stage's units' outer state and the settings of the outer step."""
+
+    def __init__(self, states: dict[int, UnitState], sync: OuterSync, cfg: TrainConfig):
+        self.sync, self.cfg = sync, cfg
+        self.units = {u: OuterUnit(s) for u, s in states.items() if s.masters}
+        self.delta_dtype = DELTA_DTYPES[sync.delta_dtype]
+        self.mix = cfg.outer_mix if sync.streaming else None
+
+
+def start(ex, st: StepState, a: Action):
+    """OS u: the unit's outer delta, summed over the stage's replicas in place."""
+    delta = ex.outer.units[a.unit].delta(ex.outer.delta_dtype)
+    work = dist.all_reduce(delta, group=ex.groups.replicas, async_op=True)
+    st.pending[a] = (work, delta)
+    st.bind(outer_delta=[delta])
+    return work
+
+
+def wait(ex, st: StepState, a: Action) -> None:
+    """WOS u: the sum waited for under the comm's deadline, then the outer step and merge."""
+    work, summed = st.pending.pop(Action(Op.OUTER_SYNC, a.unit))
+    ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
+    ex.outer.units[a.unit].step(summed, ex.dp, ex.outer.cfg, ex.outer.mix)

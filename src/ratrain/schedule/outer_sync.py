@@ -1,0 +1,180 @@
+"""Low-communication training (`--sync diloco:H[:F][:bf16]`, plan field `sync`): DiLoCo and
+Streaming DiLoCo for the data-parallel replicas of a pipeline, as lifecycle actions.
+
+With it the replicas do not sum gradients every step (the inner programs have no GS): each
+replica, a whole pipeline, takes H inner steps with its own AdamW. Then per unit, `OS u` takes
+the outer delta (the unit's outer parameters minus this replica's local ones) and starts its
+all-reduce over the replicas; `WOS u` waits for it, takes the outer Nesterov SGD step on the
+outer parameters with the mean delta as the gradient (DiLoCo: lr 0.7, momentum 0.9) and merges
+the result into the local parameters. The outer parameters and momentum are unit state in the
+home tier, identical on every replica.
+
+Two forms, by whether a fragment count is given:
+
+* `diloco:H` (DiLoCo): every unit syncs after inner steps H, 2H, ...: in the program of that
+  step, `OS u` right after `U u` (the all-reduce runs under the later units' updates and, on
+  the later stages, under stage 0's cool-down) and every `WOS u` right before `E`. Nothing
+  changes the local parameters between the two, so the replicas continue from the outer
+  result exactly: local := outer.
+* `diloco:H:F` (Streaming DiLoCo): the units are cut into F fragments of consecutive units;
+  fragment f's delta is taken after inner steps off_f + kH (off_f = f H / F, k >= 1), so the
+  fragments sync in turn, spread over the H steps, and no more than one fragment's bytes cross
+  the link in a step. Its all-reduce overlaps the whole next step: `OS u` at the start of that
+  step's program, `WOS u` right after the step's `U u`. The outer result therefore arrives one
+  inner step late, and is mixed into the local parameters that moved on meanwhile:
+  local := mix * local + (1 - mix) * outer (Streaming DiLoCo's merge; --outer-mix, 0.5).
+
+`:bf16` sends the deltas in bfloat16 (half the bytes); the outer step is fp32.
+
+Programs may differ per step: `step_programs(plan, step)` adds the outer sync of the units due
+at `step` to the plan's inner programs. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ratrain.schedule.errors import ScheduleConfigError
+from ratrain.schedule.ir import Action, Program
+from ratrain.schedule.ops import Op
+from ratrain.schedule.passes import insert_at
+
+EVERY_STEP = "step"
+"""The synchronous default: every gradient summed over the replicas every step."""
+DELTA_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class OuterSync:
+    every: int  # H: inner steps between a unit's outer syncs
+    fragments: int | None = None  # F: streaming, overlapped; None: DiLoCo, every unit at once
+    delta_dtype: str = "float32"  # what the deltas cross the link in
+
+    @property
+    def streaming(self) -> bool:
+        return self.fragments is not None
+
+    @property
+    def delta_bytes(self) -> int:
+        """Bytes per parameter of an outer delta on the link."""
+        return 2 if self.delta_dtype == "bfloat16" else 4
+
+    def fragment_of(self, unit: int, n_units: int) -> int:
+        """Units cut into F runs of consecutive units, as even as whole units allow."""
+        return unit * (self.fragments or 1) // n_units
+
+    def offset(self, fragment: int) -> int:
+        return fragment * self.every // (self.fragments or 1)
+
+    def fragment_due(self, step: int) -> int | None:
+        """The fragment whose outer sync runs in the program of `step` (0-based), or None.
+        DiLoCo: fragment 0 (all units) after inner steps H, 2H, ... (step + 1 = kH). Streaming:
+        fragment f's delta is taken after inner step off_f + kH (k >= 1) and synced in the
+        next step's program, so at step = off_f + kH; offsets are distinct (F <= H)."""
+        if not self.streaming:
+            return 0 if (step + 1) % self.every == 0 else None
+        for f in range(self.fragments):
+            if step >= self.every and (step - self.offset(f)) % self.every == 0:
+                return f
+        return None
+
+
+def parse_sync(text: str) -> OuterSync | None:
+    """`step` (None) or `diloco:H[:F][:bf16]`; ScheduleConfigError (a user error) otherwise."""
+    if text == EVERY_STEP:
+        return None
+    parts = text.split(":")
+    dtype = "float32"
+    if parts[-1] == "bf16":
+        dtype, parts = "bfloat16", parts[:-1]
+    usage = f"--sync takes {EVERY_STEP} or diloco:H[:F][:bf16], got {text!r}"
+    if parts[0] != "diloco" or len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
+        raise ScheduleConfigError(usage)
+    every = int(parts[1])
+    fragments = int(parts[2]) if len(parts) == 3 else None
+    if every < 1:
+        raise ScheduleConfigError(f"--sync diloco:H needs H >= 1 inner steps between outer "
+                                  f"syncs, got H={every}")
+    if fragments is not None and not 1 <= fragments <= every:
+        raise ScheduleConfigError(f"--sync diloco:H:F needs 1 <= F <= H (each fragment syncs "
+                                  f"at its own step of the H), got F={fragments}, H={every}")
+    return OuterSync(every, fragments, dtype)
+
+
+def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
+                  n_units: int) -> str | None:
+    """Why this outer sync cannot run with this layout (one line), or None."""
+    outer = parse_sync(sync)
+    if outer is None:
+        return None
+    if dp < 2:
+        return f"--sync {sync} averages replicas' deltas: it needs --dp >= 2, got dp={dp}"
+    if policy != "ratrain":
+        return f"--sync {sync} needs --policy ratrain (the baseline policy syncs every step)"
+    if shard_state:
+        return (f"--sync {sync} keeps each replica's whole local state, which --shard-state "
+                f"slices over the replicas; drop one of them")
+    if (outer.fragments or 1) > n_units:
+        return (f"--sync {sync}: {outer.fragments} fragments for a model of {n_units} units; "
+                f"use at most {n_units}")
+    return None
+
+
+def add_outer_sync(programs: list[Program], units: frozenset[int],
+                   streaming: bool) -> list[Program]:
+    """The outer sync of `units` added to a step's programs (see the module docstring for where
+    each goes and why). Every unit in `units` has its `U u` in its stage's program."""
+    out = []
+    for program in programs:
+        updates = {a.unit: i for i, a in enumerate(program) if a.op is Op.UPDATE and a.unit in units}
+        due = sorted(updates, key=updates.__getitem__)  # the order the updates run in
+        at: dict[int, list[Action]] = {}
+        if streaming:
+            at[0] = [Action(Op.OUTER_SYNC, u) for u in due]
+            for u in due:
+                at.setdefault(updates[u] + 1, []).append(Action(Op.WAIT_OUTER_SYNC, u))
+        else:
+            for u in due:
+                at.setdefault(updates[u] + 1, []).append(Action(Op.OUTER_SYNC, u))
+            end = next(i for i, a in enumerate(program) if a.op is Op.STEP_END)
+            at.setdefault(end, []).extend(Action(Op.WAIT_OUTER_SYNC, u) for u in due)
+        out.append(insert_at(program, at))
+    return out
+
+
+def due_units(outer: OuterSync, stage_units: list[range], step: int) -> frozenset[int]:
+    """The units whose outer sync runs in the program of `step`."""
+    fragment = outer.fragment_due(step)
+    if fragment is None:
+        return frozenset()
+    n_units = stage_units[-1].stop
+    return frozenset(u for units in stage_units for u in units
+                     if outer.fragment_of(u, n_units) == fragment)
+
+
+def step_programs(plan, step: int) -> list[Program]:
+    """The programs of a plan (schedule/plan.PipelinePlan) at `step`: its inner programs, with
+    the outer sync of the units due at that step."""
+    outer = parse_sync(plan.sync)
+    if outer is None:
+        return plan.programs
+    units = due_units(outer, plan.stage_units, step)
+    return _with_outer(tuple(map(tuple, plan.programs)), units, outer.streaming) if units else plan.programs
+
+
+@lru_cache(maxsize=64)
+def _with_outer(programs: tuple, units: frozenset[int], streaming: bool) -> list[Program]:
+    # at most F + 1 distinct programs in a run: made once each
+    return add_outer_sync([list(p) for p in programs], units, streaming)
+
+
+def every_variant(plan) -> list[list[Program]]:
+    """Each distinct set of a plan's step programs (for the checks): one per fragment."""
+    outer = parse_sync(plan.sync)
+    if outer is None:
+        return []
+    n_units = plan.stage_units[-1].stop
+    return [add_outer_sync(plan.programs, frozenset(
+        u for units in plan.stage_units for u in units if outer.fragment_of(u, n_units) == f),
+        outer.streaming) for f in range(outer.fragments or 1)]

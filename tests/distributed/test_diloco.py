@@ -1,0 +1,98 @@
+"""Low-communication training (--sync diloco): multi-process gloo runs compute the run of the
+single-process reference (training/diloco_reference.py: the replicas in turn, plain LocalEngines,
+the outer step written apart), streaming on and off, pp in {1, 2}, dp in {2, 4}; and a resumed
+run continues exactly."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from ratrain import checkpoint
+from ratrain.runtime.launch import launch_local
+from ratrain.training.diloco_reference import run_reference
+from ratrain.training.metrics import read_metrics
+from ratrain.training.run import rank_main, train
+
+from .conftest import micro_config, rel
+
+pytestmark = pytest.mark.dist
+
+STEPS = 8
+
+
+def _config(corpus, pp, dp, sync, steps=STEPS):
+    cfg = micro_config(*corpus, steps=steps)
+    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = pp, dp, sync
+    cfg.train.eval_batches = 0  # each replica would evaluate its own local weights
+    return cfg
+
+
+def _single_thread_reference(cfg):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every rank runs: the same matmul splits
+    try:
+        return run_reference(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("pp, dp, sync", [
+    (1, 2, "diloco:2"), (2, 2, "diloco:4:2"), (1, 4, "diloco:3:3"), (2, 4, "diloco:2"),
+])
+def test_diloco_matches_the_single_process_reference(pp, dp, sync, corpus, tmp_path):
+    cfg = _config(corpus, pp, dp, sync)
+    launch_local(pp * dp, rank_main, (cfg, str(tmp_path), None, False, False),
+                 error_dir=tmp_path / "errors")
+    ref = _single_thread_reference(cfg)
+
+    loss = torch.tensor([r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")],
+                        dtype=torch.float64)
+    want = torch.tensor(ref.losses, dtype=torch.float64)
+    assert len(loss) == STEPS
+    assert float(((loss - want).abs() / want).max()) < 1e-5, (loss, want)
+    assert want[-1] < want[0] - 0.3  # it trained
+
+    ckpt = checkpoint.latest(tmp_path)
+    fresh = run_reference(cfg, steps=0)  # the initial weights: the outer steps moved them
+    moved = 0.0
+    for replica in (0, dp - 1):
+        units = checkpoint.load_units(ckpt, range(cfg.model.n_units), "cpu", replica)
+        for u, state in units.items():
+            names = [n for n, _ in ref.replicas[replica].stage.modules[u].named_parameters()]
+            for name, want_w in zip(names, ref.replicas[replica].stage.state[u].masters):
+                assert rel(state["weights"][name], want_w.detach()) < 1e-5, (replica, u, name)
+            outer = torch.cat([p.reshape(-1) for p in ref.outer[u]])
+            assert rel(state["outer"]["params"], outer) < 1e-5, u
+            assert rel(state["outer"]["momentum"],
+                       torch.cat([m.reshape(-1) for m in ref.momentum[u]])) < 1e-5, u
+            start = torch.cat([p.detach().reshape(-1) for p in fresh.outer[u]])
+            moved = max(moved, rel(outer, start))
+    assert moved > 1e-3  # outer steps were taken
+    last = checkpoint.load_units(ckpt, [1], "cpu", dp - 1)[1]["weights"]
+    first = checkpoint.load_units(ckpt, [1], "cpu", 0)[1]["weights"]
+    same = all(torch.equal(first[n], last[n]) for n in first)
+    # DiLoCo's last step (8 = 4 x 2) was an outer sync: the replicas continue from its result,
+    # bit for bit; streaming mixes each replica's own weights in, so they stay apart
+    assert same == (sync == "diloco:2"), sync
+
+
+def test_diloco_resumes_exactly(corpus, tmp_path):
+    cfg = _config(corpus, 2, 2, "diloco:3:2", steps=6)
+    cfg.train.checkpoint_every = 3
+    full = tmp_path / "full"
+    train(cfg, full, progress=False, trace=False)
+    run = tmp_path / "resumed"
+    shutil.copytree(full, run)
+    shutil.rmtree(checkpoint.checkpoint_dir(run, 6))  # as if the run had died after step 3
+    files = checkpoint.load_meta(checkpoint.latest(run))["files"]
+    assert "unit_0001.outer.pt" in files and "unit_0001.replica_1.optim.pt" in files
+    train(_config(corpus, 2, 2, "diloco:3:2", steps=6), run, resume=True, progress=False,
+          trace=False)
+    want = {r["step"]: r["loss"] for r in read_metrics(full / "metrics.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
+    assert sorted(got) == list(range(1, 7))
+    for step in range(4, 7):  # the same plan: the same arithmetic
+        assert got[step] == want[step], (step, got[step], want[step])
