@@ -164,6 +164,7 @@ class ParallelConfig:
     policy: str = "ratrain"  # "ratrain" (per-unit sync and update) or "baseline" (GPU-style 1F1B)
     schedule: str = "auto"  # a name in schedule.plan.SCHEDULES, or auto: chosen by simulation (setup/choice.py)
     weight_grad: str | None = None  # a split schedule's BW placement: bubble (its default) or grouped
+    micro_batch_group: int | None = None  # unit-major groups (schedule/unit_major.py); None: chosen with --schedule auto, else 1
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
@@ -206,6 +207,8 @@ class ParallelConfig:
         if len(policies) not in (1, self.pp):
             raise UserError(f"--activation lists {len(policies)} policies for {self.pp} stages; "
                             "give one, or one per stage")
+        if self.micro_batch_group is not None and self.micro_batch_group < 1:
+            raise UserError(f"--micro-batch-group must be >= 1, got {self.micro_batch_group}")
         if self.view_window < 0:
             raise UserError(f"--view-window must be >= 0, got {self.view_window}")
         if self.grad_lifetime not in GRAD_LIFETIMES:

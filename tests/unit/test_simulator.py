@@ -157,6 +157,8 @@ def test_every_storage_the_registry_names_has_a_size():
              if isinstance(e, Hold) for name in e.storages}
     assert names
     for op, name in names:
+        if name == "grad_run":  # host-homed runs only: sized in tests/unit/test_unit_major.py
+            continue
         for u in (0, 1, 3):
             a = Action(op, u, 0 if SPECS[op].mb else None)
             sizes = [nbytes for _, nbytes in costs.storages(name, a)]

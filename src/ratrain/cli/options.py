@@ -60,6 +60,7 @@ _CONFIG_OPTIONS = [
     click.option("--rank-order", type=click.Choice(["pp-dp", "dp-pp"]), help="pp-dp: a stage's replicas are neighbouring ranks (share a node); dp-pp: a replica's stages are.  [default: pp-dp]"),
     click.option("--schedule", type=click.Choice([AUTO_SCHEDULE, *SCHEDULES]), help="The order of forwards and backwards: 1f1b, gpipe, or zbh1 (zero-bubble ZB-H1: each backward split into the input gradient and the weight gradient, the latter placed by --weight-grad); auto: the fastest of 1f1b and zbh1's placements whose memory fits, by simulating this run's plans on --profile (default: cpu-local on a CPU, the GPU family's preset on a GPU), said at the start of the run.  [default: auto]"),
     click.option("--weight-grad", callback=_placement, metavar="[bubble|bubble:K|grouped]", help="Where a split schedule (zbh1) runs the weight gradients: bubble (in the pipeline's cool-down), bubble:K (the same, but no stage defers more than K micro-batches' weight gradients: less memory on the later stages, less of the bubble filled; 0 holds about what 1F1B holds) or grouped (per unit, all micro-batches together, so each unit's gradient is final early and its sync hides under the rest; keeps every micro-batch's activations until then; on one stage, the whole backward unit-major).  [default: bubble]"),
+    click.option("--micro-batch-group", type=int, help="Run a stage's micro-batches in groups of this many, each group through the stage unit by unit (forwards, then recomputes and backwards), 1F1B over the groups: each unit's view is made and its gradient folded about m/g times a step instead of 2m and m, for g times the activations in flight. Must divide the micro-batches per step; 1 is 1F1B. With --schedule auto, chosen by simulation where the plan has views.  [default: 1, or chosen]"),
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
@@ -79,7 +80,8 @@ _CONFIG_OPTIONS = [
 _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch": "train",
            "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
-           "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel", "tokenizer": "data", "data": "data",
+           "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel",
+           "micro_batch_group": "parallel", "tokenizer": "data", "data": "data",
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
            "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel",
            "shard_group": "parallel", "sync": "parallel", "outer_lr": "train",
@@ -130,7 +132,8 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     layout = read_plan_file(cfg.parallel.plan_file)
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
                       ("shard_state", bool), ("schedule", str), ("weight_grad", str),
-                      ("grad_lifetime", str), ("shard_group", int), ("sync", str)):
+                      ("grad_lifetime", str), ("shard_group", int), ("sync", str),
+                      ("micro_batch_group", int)):
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash

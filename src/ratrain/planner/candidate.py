@@ -58,7 +58,8 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       check=False, shard_state=layout.lifecycle.shard_state,
                       schedule=layout.schedule, weight_grad=layout.weight_grad,
                       grad_lifetime=layout.lifecycle.grad_lifetime,
-                      shard_group=layout.lifecycle.shard_group)
+                      shard_group=layout.lifecycle.shard_group,
+                      micro_batch_group=layout.lifecycle.micro_batch_group)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:

@@ -4,6 +4,7 @@ that training can run (`layouts`, by the setup stage's rule, setup/rule.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -179,6 +180,18 @@ def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None
     return True
 
 
+def grouped(life: Lifecycle, pp: int, n_micro: int) -> list[Lifecycle]:
+    """The lifecycle, and on one stage with views and ratrain's policy, the same with each
+    unit-major group g > 1 dividing the micro-batches (schedule/unit_major.py): fewer views
+    and folds for g times the activations in flight. Not yet over a pipeline: the bounds
+    (planner/bounds.py) walk 1F1B in whole micro-batches, which a group's forward, unit by
+    unit, can lag."""
+    if pp > 1 or life.view_window is None or life.policy != "ratrain" or life.shard_state:
+        return [life]
+    return [life] + [dataclasses.replace(life, micro_batch_group=g)
+                     for g in range(2, n_micro + 1) if n_micro % g == 0]
+
+
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
             life: Lifecycle) -> str | None:
     """Why training would refuse this layout (setup/rule.refusal: the rule `ratrain train`
@@ -216,13 +229,16 @@ def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layo
                         if refused is not None:
                             refused.append(reason)
                         continue
-                    for order, act, (schedule, weight_grad) in itertools.product(
-                            orders, activations, schedules(pp, dp)):
-                        if not lifetime_helps(life.grad_lifetime, g // (dp * mbs), pp,
+                    for order, act, (schedule, weight_grad), each in itertools.product(
+                            orders, activations, schedules(pp, dp),
+                            grouped(life, pp, g // (dp * mbs))):
+                        if not lifetime_helps(each.grad_lifetime, g // (dp * mbs), pp,
                                               weight_grad):
                             continue
+                        if each.micro_batch_group > 1 and schedule != "1f1b":
+                            continue  # groups run 1F1B's order (unit_major.group_refusal)
                         groups = stage_groups(pp, dp, order, request.profile)
                         if groups is not None:
-                            out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, life, act,
+                            out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, each, act,
                                               tuple(groups), schedule, weight_grad))
     return out

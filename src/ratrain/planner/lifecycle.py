@@ -19,6 +19,7 @@ class Lifecycle:
     shard_state: bool = False  # masters and AdamW state sharded over the replicas (device, views)
     grad_lifetime: str = "step"  # sharded: how long a unit's full-size gradient lives
     shard_group: int | None = None  # hybrid sharding: replicas per shard group (a node's)
+    micro_batch_group: int = 1  # unit-major groups of micro-batches (schedule/unit_major.py)
 
     def label(self) -> str:
         """The state home and views as the plan table shows them: "device, sharded / window 1",
@@ -30,4 +31,5 @@ class Lifecycle:
         if self.shard_state:
             sharded = (", sharded" + (f" in {self.shard_group}s" if self.shard_group else "")
                        + (f", grad {self.grad_lifetime}" if self.grad_lifetime != "step" else ""))
-        return f"{self.state_home}{sharded} / {views}"
+        grouped = f", groups of {self.micro_batch_group}" if self.micro_batch_group > 1 else ""
+        return f"{self.state_home}{sharded} / {views}{grouped}"

@@ -11,7 +11,8 @@ from ratrain.planner.search import SearchResult
 
 RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
             "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window",
-                         "shard_state", "grad_lifetime", "shard_group", "schedule", "weight_grad")}
+                         "shard_state", "grad_lifetime", "shard_group", "schedule", "weight_grad",
+                         "micro_batch_group")}
 
 
 def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
@@ -29,6 +30,7 @@ def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
                      "grad_lifetime": layout.lifecycle.grad_lifetime,
                      "shard_group": layout.lifecycle.shard_group,
                      "schedule": layout.schedule, "weight_grad": layout.weight_grad,
+                     "micro_batch_group": layout.lifecycle.micro_batch_group,
                      "partition": [b - a for a, b, _ in candidate.partition]},
     }
 
@@ -66,6 +68,7 @@ def summary(found: SearchResult) -> dict:
                    "grad_lifetime": c.layout.lifecycle.grad_lifetime,
                    "shard_group": c.layout.lifecycle.shard_group,
                    "schedule": c.layout.schedule, "weight_grad": c.layout.weight_grad,
+                   "micro_batch_group": c.layout.lifecycle.micro_batch_group,
                    "partition": [b - a for a, b, _ in c.partition],
                    **prediction(c, r)} for c in found.best],
     }

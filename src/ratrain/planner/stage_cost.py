@@ -95,7 +95,7 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
         recovering = min(k, 2) * t.block_saved  # a reload overlaps the next backward
     else:
         recovering = t.block_saved if k and k == nb else 0
-    transient = 3 * t.act + recovering
+    transient = 3 * t.act + recovering + max(t.run_grad[a:b])
     in_flight = t.in_flight(stage, pp)
     full_most = full_fewer = 0.0
     if t.full_sized:

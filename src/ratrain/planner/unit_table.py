@@ -11,6 +11,7 @@ the sums: a unit table is made for one data-parallel degree, and the cost model'
 from __future__ import annotations
 
 import copy
+import dataclasses
 from itertools import accumulate
 from typing import Any
 
@@ -51,7 +52,8 @@ class UnitTable:
                            p2p_next=None, replicas=dummy, pipeline=dummy, clip=clip,
                            shard_state=lifecycle.shard_state,
                            grad_lifetime=lifecycle.grad_lifetime,
-                           shard_group=lifecycle.shard_group)
+                           shard_group=lifecycle.shard_group,
+                           micro_batch_group=lifecycle.micro_batch_group)
         c = StageCosts(setup)
         self.costs = c
         shape = setup.shape
@@ -62,6 +64,12 @@ class UnitTable:
         self._whole = [c.backward(u) + o for u in units]
         # a split backward is two actions, each with the overhead; BW's share as the cost model's
         self._weight = [c.backward_weight(u) + o for u in units]
+        # grouped BWs run a unit's every micro-batch back to back: one fold a unit (the mean
+        # over one group of all of them), and its run's fp32 sum on the device meanwhile
+        every = StageCosts(dataclasses.replace(setup, micro_batch_group=n_micro))
+        self._weight_grouped = [every.backward_weight(u) + o for u in units]
+        self._run_grad = [4 * setup.params(u) if views and c.runs_on_device else 0
+                          for u in units]
         self._seeds = [sum(n for _, n in c.storages("wgrad_seeds", Action(Op.BACKWARD_INPUT, u, 0)))
                        for u in units]
         self.update = [c.update(u) + o for u in units]
@@ -102,7 +110,11 @@ class UnitTable:
         split = weight_grad is not None
         o = self.costs.overhead
         self.backward = [b + o for b in self._whole] if split else self._whole
-        self.weight = self._weight if split else [0.0] * self.n_units
+        self.weight = ((self._weight_grouped if weight_grad == "grouped" else self._weight)
+                       if split else [0.0] * self.n_units)
+        # a run's fp32 gradient sum, where backwards of a unit run back to back (unit_major)
+        held = weight_grad == "grouped" or self.lifecycle.micro_batch_group > 1
+        self.run_grad = self._run_grad if held else [0] * self.n_units
         self.seeds = self._seeds if split else [0] * self.n_units
         self._sums = {**self._sums, **{name: [0, *accumulate(getattr(self, name))]
                                        for name in ("backward", "weight", "seeds")}}
@@ -127,7 +139,8 @@ class UnitTable:
         (`peak_candidates`)."""
         if self.weight_grad == "grouped" and pp == 1:
             return self.n_micro
-        return one_f_one_b_in_flight(stage, pp, self.n_micro)
+        g = self.lifecycle.micro_batch_group  # unit-major: 1F1B's count of groups of g
+        return min(one_f_one_b_in_flight(stage, pp, self.n_micro // g) * g, self.n_micro)
 
     def gather(self, u: int, link: Link) -> float:
         """The cost model's all-gather of unit u's view over `link` (sharded), remembered."""

@@ -82,12 +82,13 @@ def backward(ex, st: StepState, a: Action) -> None:
     else:
         y.backward(st.grad.pop((a.unit, a.mb)))
     state = ex.stage.state[a.unit]
-    state.fold_grads()
+    state.fold_grads(st.fold.get((a.unit, a.mb)))
     x = st.inp.pop((a.unit, a.mb))
     st.saved.pop((a.unit, a.mb), None)
     if a.unit > 0:
         st.grad[(a.unit - 1, a.mb)] = x.grad
-    st.bind(input_grad=[x.grad], grad_full=state.full_grad_storage())
+    st.bind(input_grad=[x.grad], grad_full=state.full_grad_storage(),
+            grad_run=state.run_grad_storage())
 
 
 def backward_input(ex, st: StepState, a: Action) -> None:
@@ -120,7 +121,7 @@ def backward_weight(ex, st: StepState, a: Action) -> None:
     else:
         split_backward.backward_weight(kept)
     state = ex.stage.state[a.unit]
-    state.fold_grads()
+    state.fold_grads(st.fold.get(key))
     st.inp.pop(key)
     st.saved.pop(key, None)
-    st.bind(grad_full=state.full_grad_storage())
+    st.bind(grad_full=state.full_grad_storage(), grad_run=state.run_grad_storage())

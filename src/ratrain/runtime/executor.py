@@ -25,6 +25,7 @@ from ratrain.runtime.step_clock import HostClock, clock_for
 from ratrain.runtime.step_state import StepState
 from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.ops import SPECS, Op, OpClass
+from ratrain.schedule.unit_major import fold_roles
 from ratrain.runtime.trace import Tracer
 
 
@@ -72,7 +73,8 @@ class Executor:
         """Run one optimizer step; `batches` are this replica's (inputs, targets) micro-batches."""
         set_lr(self.stage.optimizers(), lr)
         recompute = frozenset(a.unit for a in program if a.op is Op.RECOMPUTE)
-        st = self._run(program, StepState(batches, step, True, recompute))
+        st = self._run(program, StepState(batches, step, True, recompute,
+                                          fold=fold_roles(program)))
         skipped = bool(st.read.get("found_inf", 0.0))
         if self.loss_scale and "grad_norm" in st.read:
             self.loss_scale.update(st.read["grad_norm"])  # halves the scale on an overflow

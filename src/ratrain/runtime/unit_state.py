@@ -34,6 +34,7 @@ from torch import nn
 
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
+from ratrain.runtime.run_grads import gradients_to_fold
 from ratrain.runtime.state_layout import NewOptimizer, Replicated, StateLayout
 from ratrain.runtime.unit_buffers import UnitBuffers
 
@@ -63,6 +64,7 @@ class UnitState(UnitBuffers):
         self._sync = None  # the gradient sync in flight (GS, GX, or one micro-batch's RS)
         self._folding = None  # (event, [(accumulator, pinned copy of a view's gradient)])
         self._grad_zero = True  # nothing folded into the accumulation since it was zeroed
+        self.run_grad: torch.Tensor | None = None  # a run's gradient sum (run_grads.py)
 
     @property
     def has_view(self) -> bool:
@@ -110,8 +112,13 @@ class UnitState(UnitBuffers):
         """Computes on a GPU, with the state in (pinned) host memory."""
         return self.copies.stream is not None and self.home.type == "cpu"
 
-    def fold_grads(self) -> None:
+    def fold_grads(self, role: str | None = None) -> None:
         """After a backward: add the view's gradients, in fp32, to the accumulation.
+
+        `role` (schedule/unit_major.fold_roles): where the accumulation lives across a host
+        link, a backward with more of its unit's to come in its run (HOLD) adds its gradient
+        to the run's fp32 sum on the device instead, and the run's last folds that sum
+        (runtime/run_grads.py): one fold per run, not per backward.
 
         From a GPU view to a host accumulation the gradients leave on the copy stream and the
         host touches them only when something next reads the accumulation (the next fold of
@@ -120,7 +127,7 @@ class UnitState(UnitBuffers):
         accumulation zero: the gradients are cast to fp32 on the device and copied straight
         into it, with no work for the host (on the H200's host, adding a 4-block llama2-7b's
         bf16 gradients took ~300 ms a step, 2026-11-26). Later folds land in pinned buffers in
-        the compute dtype and are added on the host."""
+        their own dtype and are added on the host."""
         if not self.has_view:
             return
         if not self._host_homed_on_gpu:
@@ -129,20 +136,26 @@ class UnitState(UnitBuffers):
                     acc.add_(p.grad.to(self.home, torch.float32))
                     p.grad = None
             return
+        grads = gradients_to_fold(self, role)
+        if grads is None:
+            return
         self._finish_fold()
         into_zero = self._grad_zero and self.layout.grad_lifetime == "step"
         staged, done = [], None
-        for p, acc in zip(self.params, self._accumulation_slices()):
-            if p.grad is not None:
+        for g, acc in zip(grads, self._accumulation_slices()):
+            if g is not None:
                 if into_zero:
-                    done = self.copies.copy(acc, p.grad, gradient=True)
+                    done = self.copies.copy(acc, g, gradient=True)
                 else:
-                    host = self.copies.host_empty(p.grad)
-                    done = self.copies.copy(host, p.grad, gradient=True)
+                    host = self.copies.host_empty(g)
+                    done = self.copies.copy(host, g, gradient=True)
                     staged.append((acc, host))
-                p.grad = None
         self._grad_zero = False
         self._folding = (done, staged)
+
+    def run_grad_storage(self) -> list[torch.Tensor]:
+        """The run's fp32 gradient sum while a run holds one (the `grad_run` storage)."""
+        return [] if self.run_grad is None else [self.run_grad]
 
     def _finish_fold(self) -> None:
         if self._folding is None:

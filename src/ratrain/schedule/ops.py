@@ -36,6 +36,8 @@ micro-batch m); the executor binds each name to real tensors, the simulator to s
                     runs saved (the inputs of the ops that read a weight); BI was the last to
                     read the rest (unit 0: all of it, its BW is its whole backward)
     view            the unit's compute view (P)
+    grad_run        a run's fp32 gradient sum on the device, held per unit until the run's
+                    last backward folds it (host-homed on a GPU: schedule/unit_major.py)
     outer_delta     the unit's outer delta (outer params - local params) while its all-reduce
                     is in flight (OS until WOS; --sync diloco, schedule/outer_sync.py)
 
@@ -173,6 +175,8 @@ def _wait(start: Op, doc: str, **kw) -> OpSpec:
 
 _HOLD_FULL_GRAD = Hold("fullgrad", "gradients", ("grad_full",), per_unit=True)
 _RELEASE_FULL_GRAD = Release("fullgrad", per_unit=True)
+_RUN_GRAD = (Release("rungrad", per_unit=True), Hold("rungrad", "buffers", ("grad_run",),
+                                                     per_unit=True))
 
 SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.FORWARD, "Run one unit's forward on one micro-batch; keep what its backward needs "
@@ -183,8 +187,9 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.BACKWARD, "Backward of one unit on one micro-batch; accumulates that unit's "
            "parameter gradients and leaves the gradient of its input.", OpClass.COMPUTE,
            input_grad=True, weight_grad=True,
-           memory=(Release("grad"), Release("act"), Release("out"), Release("offloaded"),
-                   Hold("grad", "buffers", ("input_grad",), -1), _HOLD_FULL_GRAD)),
+           memory=(*_RUN_GRAD, Release("grad"), Release("act"), Release("out"),
+                   Release("offloaded"), Hold("grad", "buffers", ("input_grad",), -1),
+                   _HOLD_FULL_GRAD)),
     OpSpec(Op.BACKWARD_INPUT, "The input half of a split backward of one unit on one "
            "micro-batch: the gradient of its input only (what the previous unit and stage wait "
            "for), keeping of the activations only what BW reads, and the gradients BW starts "
@@ -199,7 +204,8 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "accumulate unit u's parameter gradients as B would (nothing but the unit's own "
            "sync waits for it), then free the micro-batch's activations.", OpClass.COMPUTE,
            weight_grad=True,
-           memory=(Release("wgrad"), Release("act"), Release("offloaded"), _HOLD_FULL_GRAD)),
+           memory=(*_RUN_GRAD, Release("wgrad"), Release("act"), Release("offloaded"),
+                   _HOLD_FULL_GRAD)),
     OpSpec(Op.RECOMPUTE, "Re-run a unit's forward from its kept input, so the following "
            "backward has its graph.", OpClass.COMPUTE,
            memory=(Release("act"), Release("out"), Hold("act", "activations", ("saved", "input")),

@@ -21,6 +21,8 @@ from ratrain.schedule import outer_sync
 from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, check_hybrid, check_sharding,
                                          micro_batch_refusal)
 from ratrain.schedule.policies import POLICIES
+from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
+                                         unit_major)
 from ratrain.schedule.view_passes import add_views
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement, place_weight_grads
 
@@ -89,6 +91,9 @@ class PipelinePlan:
     step; "diloco:H[:F][:bf16]", each replica takes H inner steps alone, then the units' outer
     sync (OS/WOS), which `programs` do not hold: step_programs adds it at the steps it is due.
     It changes the algorithm, not only the schedule."""
+    micro_batch_group: int = 1
+    """Micro-batches run through a stage unit by unit, in groups of this many, 1F1B over the
+    groups (schedule/unit_major.py); 1: 1F1B itself."""
 
     @property
     def n_layers(self) -> int:
@@ -116,6 +121,11 @@ class PipelinePlan:
         check_outer(self.sync, self.dp, self.policy, self.shard_state, self.stage_units[-1].stop)
         for programs in [self.programs, *outer_sync.every_variant(self)]:
             validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp)
+        check_group(self.micro_batch_group, self.n_micro, self.pp, self.schedule)
+        wrong = self.micro_batch_group > 1 and check_order(
+            self.programs, self.stage_units, self.n_micro, self.micro_batch_group)
+        if wrong:
+            raise ScheduleError(wrong)
         done = activation_done(self.programs, self.stage_units, self.n_micro)
         if self.activation != done:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
@@ -164,6 +174,8 @@ class PipelinePlan:
             **({"weight_grad": self.weight_grad} if self.weight_grad else {}),
             **({"grad_lifetime": self.grad_lifetime} if self.grad_lifetime != "step" else {}),
             **({"shard_group": self.shard_group} if self.shard_group is not None else {}),
+            **({"micro_batch_group": self.micro_batch_group}
+               if self.micro_batch_group != 1 else {}),
             **({"sync": self.sync} if self.sync != outer_sync.EVERY_STEP else {}),
         }
 
@@ -193,6 +205,7 @@ class PipelinePlan:
             weight_grad=d.get("weight_grad"),
             grad_lifetime=d.get("grad_lifetime", "step"),
             shard_group=d.get("shard_group"),
+            micro_batch_group=d.get("micro_batch_group", 1),
             sync=d.get("sync", outer_sync.EVERY_STEP),
         )
 
@@ -216,6 +229,7 @@ def build_plan(
     weight_grad: str | None = None,
     grad_lifetime: str = "step",
     shard_group: int | None = None,
+    micro_batch_group: int = 1,
     sync: str = outer_sync.EVERY_STEP,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
@@ -229,6 +243,8 @@ def build_plan(
     schedule's BWs ("bubble", the default, "bubble:K" or "grouped": schedule/weight_grads.py); a schedule
     with whole backwards takes none. `grad_lifetime` and `shard_group` (sharded state): see
     PipelinePlan.
+    `micro_batch_group` g > 1 runs 1F1B over groups of g micro-batches, each group unit by
+    unit (schedule/unit_major.py).
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -257,14 +273,17 @@ def build_plan(
     resolved = resolve_activation(activation, unit_activation, stage_units)
     if policy == "baseline":
         check_baseline(activation, resolved, stage_units, view_window)
-    programs = builder(stage_units, n_micro)
+    check_group(micro_batch_group, n_micro, pp, schedule)
+    programs = (unit_major(stage_units, n_micro, micro_batch_group) if micro_batch_group > 1
+                else builder(stage_units, n_micro))
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
     programs = POLICIES[policy](programs, stage_units, sync_dp, by_unit(stage_units, resolved),
                                 clip, view_window, grad_lifetime, shard_group)
+    programs = post_group_receives(programs, micro_batch_group)
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
-                        grad_lifetime, shard_group, sync)
+                        grad_lifetime, shard_group, sync, micro_batch_group)
     if check:
         for variant in [programs, *outer_sync.every_variant(plan)]:
             validate(variant, stage_units, n_micro, sync_dp)

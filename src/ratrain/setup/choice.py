@@ -11,6 +11,11 @@ wins (ZB-H1 in the bubble rather than grouped, which holds every micro-batch). A
 process has one candidate (nothing waits for its input gradients and there is no sync to
 hide), nor has the `baseline` policy (GPU-style 1F1B, what ratrain is measured
 against), so nothing is simulated there.
+
+Where the plan has views (they differ from the masters) and the run names no
+--micro-batch-group, 1F1B's unit-major groups (schedule/unit_major.py) are candidates too:
+each divisor g > 1 of the micro-batches. They hold g times the activations in flight, so the
+margin keeps 1F1B unless fewer views and folds are predicted clearly faster.
 """
 
 from __future__ import annotations
@@ -34,10 +39,11 @@ class Candidate:
     weight_grad: str | None
     step_s: float
     peak_bytes: int  # the largest stage's device peak
+    micro_batch_group: int = 1
 
     @property
     def label(self) -> str:
-        return _label(self.schedule, self.weight_grad)
+        return _label(self.schedule, self.weight_grad, self.micro_batch_group)
 
 
 @dataclass
@@ -46,6 +52,7 @@ class Choice:
     weight_grad: str | None
     why: str  # one line for the start of the run
     candidates: list[Candidate]
+    micro_batch_group: int = 1
 
 
 def default_profile(device_name: str | None) -> str:
@@ -57,11 +64,13 @@ def default_profile(device_name: str | None) -> str:
     return next((p for key, p in GPU_PROFILES.items() if key in upper), GPU_PROFILES["H100"])
 
 
-def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> Choice:
+def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
+           views: bool = False) -> Choice:
     """The schedule for cfg (whose schedule is `auto`; a --weight-grad given keeps only the
     split candidates with that placement). `build_plan(cfg)` makes a candidate's plan (a
     UserError drops it); `profile` a HardwareProfile; `budget` the bytes a stage may hold
-    (default: the profile's device memory)."""
+    (default: the profile's device memory); `views`: the plan has views, so micro-batch
+    groups are weighed where the run names none."""
     from ratrain.sim.simulator import simulate
 
     p, t = cfg.parallel, cfg.train
@@ -72,13 +81,20 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> 
         options = [("1f1b", None)]
     if p.weight_grad is not None and not options:  # pp = dp = 1: grouped has nothing to group
         options = [("zbh1", p.weight_grad)]
+    options = [(s, w, 1) for s, w in options]
+    if p.micro_batch_group is not None:
+        options = [(s, w, p.micro_batch_group) for s, w, _ in options
+                   if s == "1f1b" or p.micro_batch_group == 1]
+    elif p.policy == "ratrain" and p.weight_grad is None and views:
+        options += [("1f1b", None, g) for g in range(2, cfg.n_micro + 1) if cfg.n_micro % g == 0]
     if len(options) == 1:
-        s, w = options[0]
-        return Choice(s, w, f"schedule {_label(s, w)} (the only candidate)", [])
+        s, w, g = options[0]
+        return Choice(s, w, f"schedule {_label(s, w, g)} (the only candidate)", [], g)
     found, refused = [], []
-    for s, w in options:
+    for s, w, g in options:
         trial = copy.deepcopy(cfg)
         trial.parallel.schedule, trial.parallel.weight_grad = s, w
+        trial.parallel.micro_batch_group = g
         try:
             plan = build_plan(trial)
         except UserError as e:
@@ -86,18 +102,21 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None) -> 
             continue
         result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
                           seq_len=t.seq_len, dtype=t.dtype)
-        found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks)))
+        found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks),
+                               g))
     if not found:
         raise UserError("no schedule can run this layout: " + "; ".join(refused))
     fits = [c for c in found if c.peak_bytes <= budget] or [min(found, key=lambda c: c.peak_bytes)]
     fastest = min(c.step_s for c in fits)
     alike = [c for c in fits if c.step_s * (1 - MARGIN) < fastest]
     best = min(alike, key=lambda c: (c.peak_bytes, c.step_s))
-    return Choice(best.schedule, best.weight_grad, _why(best, found, budget, profile.name), found)
+    return Choice(best.schedule, best.weight_grad, _why(best, found, budget, profile.name), found,
+                  best.micro_batch_group)
 
 
-def _label(schedule: str, weight_grad: str | None) -> str:
-    return schedule + (f" {weight_grad}" if weight_grad else "")
+def _label(schedule: str, weight_grad: str | None, group: int = 1) -> str:
+    return (schedule + (f" {weight_grad}" if weight_grad else "")
+            + (f" in groups of {group}" if group > 1 else ""))
 
 
 def _why(best: Candidate, found: list[Candidate], budget: float, profile: str) -> str:

@@ -108,7 +108,7 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             units_per_stage=p.partition, clip=choices["clip"], rank_order=p.rank_order,
             view_window=choices["view_window"], state_home=p.state_home,
             shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
-            shard_group=p.shard_group, sync=p.sync)
+            shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1)
     except ScheduleError as e:
         raise UserError(str(e)) from None
 
@@ -125,6 +125,7 @@ def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None
         profile = load_profile(cfg.train.profile or default_profile(
             (machine.device_name or "GPU") if machine.host_is_separate else None))
     choice = choose(cfg, lambda trial: _flags_plan(trial, machine), profile,
-                    machine.memory_bytes)
+                    machine.memory_bytes, _flag_choices(cfg, machine)["view_window"] is not None)
     cfg.parallel.schedule, cfg.parallel.weight_grad = choice.schedule, choice.weight_grad
+    cfg.parallel.micro_batch_group = choice.micro_batch_group
     return choice

@@ -45,6 +45,7 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
             "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state,
             "grad_lifetime": cfg.parallel.grad_lifetime, "shard_group": cfg.parallel.shard_group,
             "schedule": cfg.parallel.schedule,
+            "micro_batch_group": cfg.parallel.micro_batch_group or plan.micro_batch_group,
             "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
     have = {k: getattr(plan, k) for k in want}
     if have != want:

@@ -10,6 +10,7 @@ from ratrain.errors import UserError
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import PipelinePlan
+from ratrain.schedule.unit_major import fold_roles
 from ratrain.sim.links import Link
 from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.stage_setup import StageSetup
@@ -38,6 +39,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             replicas=rings[s], pipeline=pipeline,
             clip=plan.clip, shard_state=plan.shard_state, grad_lifetime=plan.grad_lifetime,
             shard_group=plan.shard_group, sync=plan.sync,
+            fold_roles=fold_roles(program), micro_batch_group=plan.micro_batch_group,
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups

@@ -6,6 +6,7 @@ sim/cost_model.py turns them into each op's duration."""
 from __future__ import annotations
 
 from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.unit_major import FIRST, HOLD, LATER
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
 from ratrain.sim.stage_setup import StageSetup
@@ -33,6 +34,11 @@ class StageCosts:
                                 else self.bandwidth)
         self.overhead = p.device.action_overhead_s
         self._act_bytes = uc.output_bytes(setup.shape, "block")
+        # a run's folds (unit_major.fold_roles): the backwards that add to a run's sum on the
+        # device, and the run's last where others did before it
+        self.runs_on_device = (setup.state_home == "host" and self.host_link is not None
+                               and setup.grad_lifetime == "step")
+        self._summed = summed_runs(setup.fold_roles or {})
 
     # -- compute ------------------------------------------------------------------------------
 
@@ -86,18 +92,27 @@ class StageCosts:
 
     def _fold(self, u: int, mb: int | None) -> float:
         """Folding a view's gradient into fp32 after a backward: read both, write one. Into
-        host-homed state on a GPU, the step's first fold (micro-batch 0's) costs the compute
-        timeline nothing: the gradient is cast on the device and copied into the zero
-        accumulation on a stream of its own (UnitState.fold_grads); mb None: the mean."""
+        host-homed state on a GPU, the step's first fold costs the compute timeline nothing:
+        the gradient is cast on the device and copied into the zero accumulation on a stream
+        of its own (UnitState.fold_grads); and a backward with more of its unit's to come in
+        its run (unit_major.HOLD) adds its gradient to the run's fp32 sum on the device
+        instead, which the run's last folds (runtime/run_grads.py). mb None: the step's mean,
+        over groups of `micro_batch_group` (m / g folds a unit, the first a copy)."""
         if u not in self.s.view_units:
             return 0.0
         add = 12 * self.s.params(u) / self.state_bandwidth
-        if not (self.s.state_home == "host" and self.host_link is not None
-                and self.s.grad_lifetime == "step"):
+        if not self.runs_on_device:
             return add
+        on_device = (8 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
         if mb is None:
-            return add * (self.s.n_micro - 1) / self.s.n_micro
-        return 0.0 if mb == 0 else add
+            m, g = self.s.n_micro, self.s.micro_batch_group
+            return (add * (m // g - 1) + (on_device * m if g > 1 else 0.0)) / m
+        roles = self.s.fold_roles
+        role = roles.get((u, mb)) if roles else (FIRST if mb == 0 else LATER)
+        if role == HOLD:
+            return on_device
+        return ({FIRST: 0.0}.get(role, add)
+                + (on_device if (u, mb) in self._summed else 0.0))
 
     def update_params(self, u: int) -> int:
         """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
@@ -245,6 +260,10 @@ class StageCosts:
                           for i, n in enumerate(uc.wgrad_seed_bytes(self.s.shape, self.s.kind(u)))]
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
+        if name == "grad_run":
+            held = self.runs_on_device and u in self.s.view_units and \
+                (self.s.fold_roles or {}).get((u, mb)) == HOLD
+            return [(("rungrad", u), 4 * self.s.params(u))] if held else []
         if name == "grad_full":
             shard = self.s.shard(u)
             live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
@@ -279,3 +298,14 @@ class StageCosts:
         if kind == "head":  # views of the step's one int64 tensor of targets, like the inputs
             out.append((("targets",) if shared else (tag, u, mb, "targets"), self.tokens_bytes()))
         return out
+
+
+def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:
+    """The folds that end a run in which earlier backwards of the unit held (`roles` in
+    program order, as fold_roles gives them)."""
+    out, last = set(), {}
+    for key, role in roles.items():
+        if role != HOLD and last.get(key[0]) == HOLD:
+            out.add(key)
+        last[key[0]] = role
+    return out

@@ -41,6 +41,10 @@ class StageSetup:
     shard_ring: Link | None = None  # hybrid: the ring of replica 0's shard group
     cross_ring: Link | None = None  # hybrid: the ring of the replicas holding replica 0's slice
     sync: str = "step"  # the plan's: "step", or --sync diloco's outer sync (sim/outer_sync.py)
+    # (unit, micro-batch) of each B/BW -> its fold (schedule/unit_major.fold_roles); None
+    # (the planner's tables): the step's mean over groups of `micro_batch_group`
+    fold_roles: dict[tuple[int, int], str] | None = None
+    micro_batch_group: int = 1
 
     @cached_property
     def shape(self) -> uc.UnitShape:

@@ -1,0 +1,158 @@
+"""The unit-major order (schedule/unit_major.py): its programs, how many views a window makes,
+where gradients fold, the plan field's checks, and the executor's ledger against the
+simulator's, kind by kind, with a run's gradient held on the device."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ratrain.config import RunConfig
+from ratrain.models.presets import get_preset
+from ratrain.runtime.unit_state import UnitState
+from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
+from ratrain.schedule.ir import Action, Op, format_program
+from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.schedule.unit_major import FIRST, HOLD, LATER, fold_roles, views_made
+from ratrain.sim.profile import load_profile
+from ratrain.sim.simulator import simulate
+
+
+def _compute(program):
+    return format_program([a for a in program if a.op in (Op.FORWARD, Op.BACKWARD)])
+
+
+def test_one_stage_runs_each_group_unit_by_unit():
+    plan = build_plan(2, 1, 1, 4, micro_batch_group=2, activation="recompute")
+    assert _compute(plan.programs[0]) == (
+        "F0.0 F0.1 F1.0 F1.1 F2.0 F2.1 F3.0 F3.1 B3.0 B3.1 B2.0 B2.1 B1.0 B1.1 B0.0 B0.1 "
+        "F0.2 F0.3 F1.2 F1.3 F2.2 F2.3 F3.2 F3.3 B3.2 B3.3 B2.2 B2.3 B1.2 B1.3 B0.2 B0.3")
+    # each micro-batch's recompute right before its own backward: one recomputed at a time
+    text = format_program(plan.programs[0])
+    assert "R1.0 B1.0 R1.1 B1.1" in text
+
+
+def test_a_pipeline_runs_1f1b_over_groups():
+    plan = build_plan(2, 2, 1, 4, micro_batch_group=2)  # checked: dry run across the ranks
+    assert _compute(plan.programs[0]) == (
+        "F0.0 F0.1 F1.0 F1.1 F0.2 F0.3 F1.2 F1.3 B1.0 B1.1 B0.0 B0.1 B1.2 B1.3 B0.2 B0.3")
+    assert _compute(plan.programs[1]) == (
+        "F2.0 F2.1 F3.0 F3.1 B3.0 B3.1 B2.0 B2.1 F2.2 F2.3 F3.2 F3.3 B3.2 B3.3 B2.2 B2.3")
+    assert plan.to_dict()["micro_batch_group"] == 2
+    # a group's sends come in a burst: its receives are posted together (without that, groups
+    # of 4 deadlock in the dry run that build_plan runs)
+    four = build_plan(2, 2, 1, 8, micro_batch_group=4, activation=["offload", "keep"],
+                      view_window=2, state_home="host")
+    text = format_program(four.programs[1])
+    assert "RA1.4 RA1.5 RA1.6 RA1.7" in text
+    assert build_plan(2, 2, 1, 4, micro_batch_group=1).programs == build_plan(2, 2, 1, 4).programs
+
+
+@pytest.mark.parametrize("m,g", [(4, 2), (4, 4), (16, 4), (16, 16)])
+def test_views_and_folds_per_unit_fall_with_the_group(m, g):
+    """llama2-7b's 34 units, one stage, window 1. A block's view is made 2m times a step
+    under 1F1B (for each micro-batch's forward and backward) and 2m / g times in groups of g;
+    the last block's and the head's forward and backward runs of a group meet, so theirs once
+    per group. Each unit's gradient folds m times under 1F1B, m / g times in groups."""
+    def counts(group):
+        plan = build_plan(32, 1, 1, m, view_window=1, state_home="host",
+                          activation="recompute", micro_batch_group=group)
+        program = plan.programs[0]
+        roles = fold_roles(program)
+        folds = sum(1 for (u, _), r in roles.items() if u == 5 and r != HOLD)
+        return views_made(program), folds
+
+    views, folds = counts(g)
+    base_views, base_folds = counts(1)
+    assert base_views[5] == 2 * m and base_views[33] == m and base_folds == m
+    assert views[5] == 2 * m // g and views[33] == m // g and folds == m // g
+    assert sum(views.values()) == (sum(base_views.values()) - 2) // g + 2  # 258 -> 66 at m = g = 4
+
+
+def test_fold_roles_hold_within_a_run_and_fold_at_its_end():
+    program = build_plan(2, 1, 1, 4, micro_batch_group=2).programs[0]
+    roles = fold_roles(program)
+    assert [roles[(2, mb)] for mb in range(4)] == [HOLD, FIRST, HOLD, LATER]
+    # under 1F1B each backward is a run's last: every one folds, micro-batch 0's first
+    roles = fold_roles(build_plan(2, 1, 1, 4).programs[0])
+    assert [roles[(2, mb)] for mb in range(4)] == [FIRST, LATER, LATER, LATER]
+
+
+def test_groups_that_cannot_run_are_refused_in_one_line():
+    with pytest.raises(ScheduleConfigError, match="must divide the 4 micro-batches"):
+        build_plan(2, 1, 1, 4, micro_batch_group=3)
+    with pytest.raises(ScheduleConfigError, match="runs 1F1B over groups"):
+        build_plan(2, 2, 1, 4, micro_batch_group=2, schedule="zbh1")
+    with pytest.raises(ScheduleConfigError, match=">= 1"):
+        build_plan(2, 1, 1, 4, micro_batch_group=0)
+    # a plan file that claims groups its programs do not run
+    data = build_plan(2, 1, 1, 4).to_dict()
+    data["micro_batch_group"] = 2
+    with pytest.raises(ScheduleError, match="not in the unit-major order"):
+        PipelinePlan.from_dict(data).validate()
+
+
+def test_the_cli_refuses_a_group_that_does_not_divide(monkeypatch, capsys):
+    from .cli_runner import run_cli
+
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--global-batch", "4",
+                           "--micro-batch-size", "1", "--micro-batch-group", "3")
+    assert code == 2 and "--micro-batch-group 3 must divide" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _model():
+    m = get_preset("tiny")
+    m.n_layers = 2
+    return m
+
+
+def _executor_ledger(cfg: RunConfig, plan, held: set) -> dict:
+    """The executor's peak by kind after two steps; `held` collects the run-gradient owners
+    the ledger saw."""
+    from ratrain.runtime.engine import PipelineEngine
+
+    engine = PipelineEngine(cfg, plan, None, device=torch.device("cpu"))
+    ledger = engine.stage.ledger
+    hold = ledger.hold_storage
+
+    def spy(owner, kind, storage, nbytes):
+        if owner[0] == "rungrad":
+            held.add(owner)
+        hold(owner, kind, storage, nbytes)
+
+    ledger.hold_storage = spy
+    g = torch.Generator().manual_seed(0)
+    t = cfg.train
+    w = torch.randint(0, cfg.model.vocab_size, (t.global_batch, t.seq_len + 1), generator=g)
+    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    batches = list(zip(x.split(t.micro_batch_size), y.split(t.micro_batch_size)))
+    for _ in range(2):
+        engine.train_step(batches, 1e-3)
+    return {"peak": ledger.peak, **ledger.at_peak}
+
+
+@pytest.mark.parametrize("activation", ["keep", "recompute", "offload"])
+def test_the_executors_ledger_is_the_simulators_with_groups(activation, monkeypatch):
+    """Host-homed state behind a host link (the executor's GPU path, run here on the CPU):
+    each run's fp32 gradient is held on the device between its backwards; the simulator,
+    on a profile with a host link, holds the same bytes at the same actions."""
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu", property(lambda self: True))
+    cfg = RunConfig(model=_model())
+    cfg.train.seq_len, cfg.train.global_batch, cfg.train.micro_batch_size = 64, 8, 2
+    plan = build_plan(2, 1, 1, 4, activation=activation, view_window=1, state_home="host",
+                      micro_batch_group=2)
+    held: set = set()
+    measured = _executor_ledger(cfg, plan, held)
+    assert held == {("rungrad", u) for u in range(4)}
+    profile = load_profile("h100-80g-ib")
+    profile.device = dataclasses.replace(profile.device, memory_bytes=10 ** 12)
+    rank = simulate(plan, cfg.model, profile, micro_batch_size=2, seq_len=64).ranks[0]
+    assert abs(rank.peak - measured["peak"]) <= 64, (rank.peak, measured)
+    for kind, nbytes in rank.at_peak.items():
+        assert abs(nbytes - measured[kind]) <= 64, (kind, rank.at_peak, measured)
+    costs_hold = [a for a in plan.programs[0] if a.op is Op.BACKWARD
+                  and fold_roles(plan.programs[0])[(a.unit, a.mb)] == HOLD]
+    assert Action(Op.BACKWARD, 3, 0) in costs_hold
