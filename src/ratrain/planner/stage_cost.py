@@ -95,7 +95,10 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
         recovering = min(k, 2) * t.block_saved  # a reload overlaps the next backward
     else:
         recovering = t.block_saved if k and k == nb else 0
-    transient = 3 * t.act + recovering + max(t.run_grad[a:b])
+    # unit-major groups of g: a unit's backward run holds its g input gradients until the run
+    # below takes them, where 1F1B holds one
+    run_grad = max(t.run_grad[a:b]) if t.holds_runs or b - a == 1 else 0
+    transient = (2 + t.lifecycle.micro_batch_group) * t.act + recovering + run_grad
     in_flight = t.in_flight(stage, pp)
     full_most = full_fewer = 0.0
     if t.full_sized:

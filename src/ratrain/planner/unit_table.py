@@ -112,9 +112,10 @@ class UnitTable:
         self.backward = [b + o for b in self._whole] if split else self._whole
         self.weight = ((self._weight_grouped if weight_grad == "grouped" else self._weight)
                        if split else [0.0] * self.n_units)
-        # a run's fp32 gradient sum, where backwards of a unit run back to back (unit_major)
-        held = weight_grad == "grouped" or self.lifecycle.micro_batch_group > 1
-        self.run_grad = self._run_grad if held else [0] * self.n_units
+        # a run's fp32 gradient sum, where backwards of a unit run back to back (unit_major;
+        # a stage of one unit is one run whatever the schedule: stage_cost.estimate)
+        self.holds_runs = weight_grad == "grouped" or self.lifecycle.micro_batch_group > 1
+        self.run_grad = self._run_grad
         self.seeds = self._seeds if split else [0] * self.n_units
         self._sums = {**self._sums, **{name: [0, *accumulate(getattr(self, name))]
                                        for name in ("backward", "weight", "seeds")}}
