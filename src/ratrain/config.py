@@ -111,6 +111,9 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"  # compute dtype: float32, bfloat16 or float16 (masters stay fp32; float16 with loss scaling)
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end of the run)
+    checkpoints: bool = True  # False: no checkpoint at all, not even at the end (Ctrl-C's is its own switch)
+    checkpoint_dir: str | None = None  # where checkpoints go (step_N/ directly in it); None: RUN/checkpoints
+    checkpoint_async: bool = True  # write checkpoints on a background thread while training goes on
     keep_checkpoints: int = 2  # the newest this many complete checkpoints are kept
     checkpoint_on_interrupt: bool = False  # Ctrl-C: finish the step, save a checkpoint, then stop
     init_from: str | None = None  # Hugging Face model directory whose weights start the run
@@ -155,6 +158,8 @@ class TrainConfig:
             )
         if self.dtype not in DTYPES:
             raise UserError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
+            raise UserError("train.checkpoint_dir must name a directory, got an empty string")
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Checkpoints by unit, verified by a manifest.
 
-`RUN/checkpoints/step_000010/` holds, per unit, `unit_0003.safetensors` (weights) and
-`unit_0003.optim.pt` (AdamW state), and `manifest.json` (store.py, manifest.py). Files are named
-by unit, not by rank, so a run saved with one pipeline layout resumes with any other. Every
-process writes its units into `step_N.partial/`; the main process then writes the manifest, last,
-and renames the directory. Loading verifies the manifest first, and the newest checkpoint that
-verifies is the one a run resumes from.
+`RUN/checkpoints/step_000010/` (or `DIR/step_000010/` with --checkpoint-dir DIR: `Elsewhere`)
+holds, per unit, `unit_0003.safetensors` (weights) and `unit_0003.optim.pt` (AdamW state), and
+`manifest.json` (store.py, manifest.py). Files are named by unit, not by rank, so a run saved
+with one pipeline layout resumes with any other. Every process writes its units into
+`step_N.partial/`; the main process then writes the manifest, last, and renames the directory
+(saving.py: in the background, while training goes on). Loading verifies the manifest first,
+and the newest checkpoint that verifies is the one a run resumes from.
+
+Where a function takes `run_dir`, it is a run directory (its checkpoints in `checkpoints/`) or an
+`Elsewhere` (the checkpoints in that directory itself).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,8 +26,22 @@ from ratrain.checkpoint import manifest
 from ratrain.checkpoint.store import optim_file, outer_file, read_unit, weights_file, write_unit
 from ratrain.errors import RunFailure, UserError
 
-__all__ = ["CheckpointDamaged", "CheckpointWriteError", "checkpoint_dir", "complete_dirs", "finalize", "latest",
-           "load_meta", "load_units", "remove_partials", "save_units", "scan"]
+__all__ = ["CheckpointDamaged", "CheckpointWriteError", "Elsewhere", "checkpoint_dir", "complete_dirs",
+           "finalize", "latest", "load_meta", "load_units", "remove_partials", "root", "save_units",
+           "scan"]
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Checkpoints kept in `path` itself (--checkpoint-dir), not in a run directory's
+    checkpoints/."""
+
+    path: Path
+
+
+def root(run_dir: Path | Elsewhere) -> Path:
+    """The directory that holds the step_N/ directories."""
+    return Path(run_dir.path) if isinstance(run_dir, Elsewhere) else Path(run_dir) / "checkpoints"
 
 
 class CheckpointDamaged(UserError):
@@ -41,7 +60,7 @@ class CheckpointWriteError(RunFailure):
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+    return root(run_dir) / f"step_{step:06d}"
 
 
 def _partial(run_dir: Path, step: int) -> Path:
@@ -50,7 +69,7 @@ def _partial(run_dir: Path, step: int) -> Path:
 
 def complete_dirs(run_dir: Path) -> list[Path]:
     """The checkpoint directories that finished saving (verified or not), oldest first."""
-    found = [p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+    found = [p for p in root(run_dir).glob("step_*")
              if p.is_dir() and p.name[5:].isdigit()]
     return sorted(found, key=lambda p: int(p.name[5:]))
 
@@ -86,7 +105,7 @@ def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep:
         raise _write_failed(run_dir, step, e) from None
     for old in complete_dirs(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    remove_partials(run_dir)
+    remove_partials(run_dir, before=step)  # a later save may be under way on another rank
     return final
 
 
@@ -95,16 +114,19 @@ def _write_failed(run_dir: Path, step: int, e: OSError) -> CheckpointWriteError:
     shutil.rmtree(_partial(run_dir, step), ignore_errors=True)
     kept = [p.name for p in complete_dirs(run_dir)]
     return CheckpointWriteError(
-        f"could not write checkpoint step_{step:06d} in {Path(run_dir) / 'checkpoints'}: "
+        f"could not write checkpoint step_{step:06d} in {root(run_dir)}: "
         f"{e.strerror or e}; the partial checkpoint was removed, "
         + (f"the earlier ones are intact ({', '.join(kept)})" if kept else "there is no earlier one"),
         failed_at)
 
 
-def remove_partials(run_dir: Path) -> None:
-    """Remove what saves that never finished left behind (no run reads them)."""
-    for partial in (Path(run_dir) / "checkpoints").glob("step_*.partial"):
-        shutil.rmtree(partial, ignore_errors=True)
+def remove_partials(run_dir: Path, before: int | None = None) -> None:
+    """Remove what saves that never finished left behind (no run reads them); with `before`,
+    only those of earlier steps."""
+    for partial in root(run_dir).glob("step_*.partial"):
+        step = partial.name[5:].removesuffix(".partial")
+        if before is None or (step.isdigit() and int(step) < before):
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def scan(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:

@@ -47,7 +47,7 @@ def write_unit(directory: Path, unit: int, state: dict, replica: int = 0) -> dic
         # Through memory: torch.save reports a failed write (a full disk) as an opaque
         # RuntimeError ("unexpected pos 64 vs 0"); a plain write raises OSError(ENOSPC).
         buffer = io.BytesIO()
-        torch.save(state["optim"], buffer)
+        torch.save(_own_storage(state["optim"]), buffer)
         with open(path, "wb") as f:
             f.write(buffer.getbuffer())
         written[path.name] = _synced(path)
@@ -59,6 +59,21 @@ def write_unit(directory: Path, unit: int, state: dict, replica: int = 0) -> dic
             f.write(buffer.getbuffer())
         written[path.name] = _synced(path)
     return written
+
+
+def _own_storage(obj):
+    """`obj` with each tensor that is a view into a larger storage copied out: torch.save writes
+    a tensor's whole storage, so a live state's file and its snapshot's (saving.py) would
+    differ, and the file would hold bytes that are not the tensor's."""
+    if isinstance(obj, torch.Tensor):
+        whole = obj.storage_offset() == 0 and obj.is_contiguous() and \
+            obj.untyped_storage().nbytes() == obj.numel() * obj.element_size()
+        return obj if whole else obj.clone()
+    if isinstance(obj, dict):
+        return {k: _own_storage(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_own_storage(v) for v in obj)
+    return obj
 
 
 def _synced(path: Path) -> dict:

@@ -18,7 +18,7 @@ from ratrain.errors import UserError
 # fails. The rest of the config is the run's math and data.
 _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_every",
                              "keep_checkpoints", "checkpoint_on_interrupt", "tensorboard",
-                             "profile"}}
+                             "profile", "checkpoints", "checkpoint_dir", "checkpoint_async"}}
 
 
 @cli.command()
@@ -27,6 +27,9 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--run-dir", type=click.Path(), help="Directory for this run.  [default: runs/<time>-<model>, linked from runs/latest]")
 @click.option("--resume", "resume_dir", help="Continue the run in this directory from its newest checkpoint that verifies (newer ones that do not are named and skipped). 'auto', with --run-dir: continue the run there if it has a checkpoint, else start it (for torchrun --max-restarts).")
 @click.option("--keep-checkpoints", type=int, help="Keep the newest K complete checkpoints.  [default: 2]")
+@click.option("--checkpoints/--no-checkpoints", "checkpoints", default=None, help="--no-checkpoints: save none, neither every --checkpoint-every steps nor at the end (--checkpoint-on-interrupt still saves on Ctrl-C); the disk check is then skipped.  [default: on]")
+@click.option("--checkpoint-dir", type=click.Path(), help="Write checkpoints into this directory (step_N/ in it) instead of RUN/checkpoints/, e.g. on a larger disk; a resumed run looks there. A new run refuses one that holds checkpoints already.  [default: RUN/checkpoints]")
+@click.option("--checkpoint-async/--checkpoint-sync", "checkpoint_async", default=None, help="async: copy the state to host memory (12 bytes a parameter of a rank's units) and write the files on a background thread while training goes on; sync: write before the next step (no copy). Where host memory is short, async writes the units it cannot copy at once.  [default: async]")
 @click.option("--comm-timeout", type=float, help="Seconds a rank waits for a peer before the run ends, naming the step, the action and the peer.  [default: 300]")
 @click.option("--checkpoint-on-interrupt", is_flag=True, default=None, help="On Ctrl-C, finish the step and save a checkpoint before stopping (a second Ctrl-C stops at once).")
 @click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
@@ -35,8 +38,9 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
 @click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")
 @click.option("--profile", "profile_spec", help="Hardware profile (a preset such as cpu-local, or a YAML file from `ratrain profile`): the device peak for MFU on a CPU, and the simulated step the report sets beside the measured one.  [default: MFU against a matmul peak measured at the start (CPU) or the GPU's datasheet; the report simulates on the profile a --plan was made with]")
-def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkpoint_on_interrupt,
-          trace, progress, as_json, report, tensorboard, profile_spec, **opts) -> None:
+def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpoint_dir,
+          checkpoint_async, comm_timeout, checkpoint_on_interrupt, trace, progress, as_json,
+          report, tensorboard, profile_spec, **opts) -> None:
     """Train a model. With no arguments: the embedded default run.
 
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
@@ -48,12 +52,14 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, comm_timeout, checkp
         if not run_dir:
             raise UserError("--resume auto needs --run-dir: the directory a restarted job continues")
         cfg = build_config(opts)
-        resume_dir = run_dir if _has_checkpoint(Path(run_dir)) else None
+        _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
+        resume_dir = run_dir if _has_checkpoint(Path(run_dir), cfg) else None
         if resume_dir:
             _check_same_run(cfg, Path(run_dir))
     else:
         cfg = build_config(opts, resume_dir)
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
+    _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
     for value, section, key in ((keep_checkpoints, "train", "keep_checkpoints"),
                                 (checkpoint_on_interrupt, "train", "checkpoint_on_interrupt"),
                                 (comm_timeout, "parallel", "comm_timeout_s")):
@@ -114,10 +120,23 @@ def _write_report(run_dir: Path, quiet: bool) -> None:
         click.echo(f"report: {written.page}")
 
 
-def _has_checkpoint(run_dir: Path) -> bool:
-    from ratrain import checkpoint
+def _use_checkpoint_flags(cfg: RunConfig, checkpoints: bool | None, checkpoint_dir: str | None,
+                          checkpoint_async: bool | None) -> None:
+    """--checkpoints, --checkpoint-dir (made absolute: a resumed run may start elsewhere) and
+    --checkpoint-async into the config."""
+    if checkpoints is not None:
+        cfg.train.checkpoints = checkpoints
+    if checkpoint_dir is not None:
+        cfg.train.checkpoint_dir = str(Path(checkpoint_dir).absolute()) if checkpoint_dir.strip() else ""
+    if checkpoint_async is not None:
+        cfg.train.checkpoint_async = checkpoint_async
 
-    return bool(checkpoint.complete_dirs(run_dir))
+
+def _has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
+    from ratrain import checkpoint
+    from ratrain.training.run_dir import checkpoints_of
+
+    return bool(checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)))
 
 
 def _check_same_run(cfg: RunConfig, run_dir: Path) -> None:

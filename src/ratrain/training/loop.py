@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ratrain import checkpoint
-from ratrain.checkpoint import rng
+from ratrain.checkpoint import rng, saving
 from ratrain.config import RunConfig
 from ratrain.data.replica import make_data
 from ratrain.data.tokenizer import load_tokenizer
@@ -26,6 +27,7 @@ from ratrain.runtime.trace import write_chrome_trace
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.metrics import MetricsLog, StepExtras
+from ratrain.training.run_dir import checkpoints_of
 
 
 class TrainingDiverged(UserError):
@@ -43,6 +45,8 @@ class Loop:
         self.progress = progress and self.is_main
         dp, replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
         self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, replica)
+        self.where = checkpoints_of(run_dir, cfg)
+        self.saver = saving.Saver(background=cfg.train.checkpoint_async)
 
     def _barrier(self, when: str, action: str) -> None:
         if self.groups:
@@ -70,6 +74,13 @@ class Loop:
     def run(self, ckpt: Path | None) -> bool:
         """Train to the configured step, from `ckpt` if given; returns whether Ctrl-C stopped
         the run early (after a checkpoint)."""
+        try:
+            return self._run(ckpt)
+        except BaseException:
+            self.saver.cancelled.set()  # a save in flight stops between units, unpublished
+            raise
+
+    def _run(self, ckpt: Path | None) -> bool:
         t = self.cfg.train
         if ckpt:
             self._resume(ckpt)
@@ -80,6 +91,8 @@ class Loop:
         tokens_per_step = t.global_batch * t.seq_len
         bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
+        if self.is_main:  # what a save cut short left (a kill): a save of this run may reuse its name
+            checkpoint.remove_partials(self.where)
         self._barrier("start of training", "the first barrier")
         if self.tracer:
             self.tracer.reset_origin()
@@ -95,13 +108,15 @@ class Loop:
             result = self.engine.train_step(batches, lr, step)
             elapsed = time.perf_counter() - t0
             if not math.isfinite(result.loss):
-                newest = checkpoint.complete_dirs(self.run_dir)
+                self.saver.wait()  # a save in flight is of a good step: it counts
+                newest = checkpoint.complete_dirs(self.where)
                 kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
                 raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; {kept}; "
                                        "lower the learning rate")
             peaks, ledger, growth, stops = zip(*self._gather_counts(
                 (self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(), rss.peak(),
                  stop_requested()), f"step {step + 1}", "the metrics gather"))
+            self.saver.check()  # a save that failed ends the run now
             row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                    "tokens_per_s": tokens_per_step / elapsed, "step_time_s": elapsed,
                    "peak_memory_bytes": max(peaks)}
@@ -125,12 +140,15 @@ class Loop:
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
             stop = any(stops) and step + 1 < t.steps  # every rank sees the same: all stop
-            if stop or step + 1 == t.steps or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+            if stop or (t.checkpoints and (step + 1 == t.steps or (
+                    t.checkpoint_every and (step + 1) % t.checkpoint_every == 0))):
                 self._checkpoint(step + 1)
             if stop:
                 bar.close()
+                self.saver.wait()
                 return True
         bar.close()
+        self.saver.wait()  # the end of the run: its checkpoint published before the summary
         self._finish(row, rates)
         return False
 
@@ -148,24 +166,39 @@ class Loop:
             rng.restore(meta["rng"][str(self.rank)])
 
     def _checkpoint(self, step: int) -> None:
-        files = {}
-        states = self.engine.unit_states()
-        # --sync diloco: each replica's local state is its own, and each saves it
+        """Save the state after `step`: taken now, in this thread (copied to host memory, see
+        checkpoint/saving.py), written and (main rank) published by the saver, in the
+        background unless --checkpoint-sync. The previous save is waited for first."""
+        self.saver.wait()
+        t0 = time.perf_counter()
+        # --sync diloco: each replica's local state is its own, and each saves it; else the
+        # other replicas hold replica 0's units (sharded: they join each unit's gather)
         own = self.groups.replica if self.groups and self.engine.outer is not None else 0
-        if not self.groups or self.groups.replica == 0 or own:
-            files = checkpoint.save_units(self.run_dir, step, states, own)
-        else:
-            for _ in states:  # sharded state: join each unit's gather
-                pass
-        saved = self._gather((files, rng.capture()), f"step {step}", "the checkpoint's gather")
+        writes = not self.groups or self.groups.replica == 0 or bool(own)
+        taken = saving.take(self.where, step, self.engine.unit_states(), writes,
+                            copy=self.saver.background, replica=own)
+        generators = rng.capture()
+        meta = None
         if self.is_main:
             meta = {"config": self.cfg.to_dict(), "plan": self.plan.to_dict() if self.plan else None,
-                    "loader": self.loader.state_dict(),
-                    "rng": {str(r): generators for r, (_, generators) in enumerate(saved)}}
+                    "loader": dict(self.loader.state_dict())}
             if self.engine.loss_scale:  # every rank's scale is the same: same norms, same skips
                 meta["loss_scale"] = self.engine.loss_scale.state_dict()
-            written = {name: entry for files, _ in saved for name, entry in files.items()}
-            checkpoint.finalize(self.run_dir, step, meta, written, self.cfg.train.keep_checkpoints)
+        if taken.written_now and self.saver.background and not getattr(self, "_said_short", False):
+            self._said_short = True
+            print(f"rank {self.rank}: host memory is short of a snapshot: {taken.written_now} "
+                  f"unit(s) of checkpoint step_{step:06d} written before training went on",
+                  file=sys.stderr, flush=True)
+        keep, timeout_s, cancelled = (self.cfg.train.keep_checkpoints,
+                                      self.cfg.parallel.comm_timeout_s, self.saver.cancelled)
+
+        def job() -> None:
+            saving.write_part(self.where, step, self.rank, taken, generators, cancelled)
+            if meta is not None:
+                saving.publish(self.where, step, self.grid.world_size, meta, keep, timeout_s,
+                               cancelled)
+
+        self.saver.submit(step, time.perf_counter() - t0, job)
 
     @property
     def grid(self) -> RankGrid:
@@ -204,5 +237,7 @@ class Loop:
             summary["ledger_before_training_bytes_per_rank"] = [held for _, held in ledgers]
         if "rss_growth_bytes_per_rank" in last:
             summary["rss_growth_bytes_per_stage"] = self._per_stage(last["rss_growth_bytes_per_rank"])
+        if self.saver.times:  # the main rank's saves: training thread's and writer's seconds
+            summary["checkpoint_saves"] = self.saver.times
         self.extras.finish(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

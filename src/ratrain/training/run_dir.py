@@ -38,30 +38,61 @@ def checkpoint_bytes(model: ModelConfig) -> int:
     return 12 * count_params(model)
 
 
-def check_run_dir(run_dir: Path, cfg: RunConfig) -> None:
-    """The run directory can be made, written, and has room for a checkpoint."""
-    existing = Path(run_dir).absolute()
+def checkpoints_of(run_dir: Path, cfg: RunConfig) -> Path | checkpoint.Elsewhere:
+    """Where the run's checkpoints are, as the checkpoint functions take it: the run directory
+    (its checkpoints/), or train.checkpoint_dir."""
+    return checkpoint.Elsewhere(Path(cfg.train.checkpoint_dir)) if cfg.train.checkpoint_dir else run_dir
+
+
+def saves_checkpoints(cfg: RunConfig) -> bool:
+    """Whether the run may write a checkpoint: on a schedule, or on Ctrl-C."""
+    return cfg.train.checkpoints or cfg.train.checkpoint_on_interrupt
+
+
+def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
+    """The run directory can be made and written; where the run saves checkpoints, their
+    directory too, and its filesystem has room for one. A new run does not take a
+    --checkpoint-dir that holds checkpoints already (keeping the newest K would remove them)."""
+    existing = _writable(run_dir, "run directory")
+    if not saves_checkpoints(cfg):
+        return
+    where, name = run_dir, run_dir
+    if cfg.train.checkpoint_dir:
+        where, name = _writable(cfg.train.checkpoint_dir, "checkpoint directory"), cfg.train.checkpoint_dir
+        found = checkpoint.complete_dirs(checkpoint.Elsewhere(Path(name)))
+        if found and not resume:
+            raise UserError(f"checkpoint directory {name} holds checkpoints already ({found[-1].name}); "
+                            "continue that run with --resume RUN, or choose another directory")
+    else:
+        where = existing
+    free, need = shutil.disk_usage(where).free, checkpoint_bytes(cfg.model)
+    if free < need:
+        raise UserError(f"not enough disk space for {name}: {free / 2**20:.1f} MiB free, a "
+                        f"checkpoint of {cfg.model.name} takes about {need / 2**20:.1f} MiB "
+                        "(--checkpoint-dir DIR saves elsewhere, --no-checkpoints saves none)")
+
+
+def _writable(directory: str | Path, what: str) -> Path:
+    """The nearest existing directory at or above `directory`, which must be writable."""
+    existing = Path(directory).absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise UserError(f"cannot make run directory {run_dir}: {existing} is not a directory")
+        raise UserError(f"cannot make {what} {directory}: {existing} is not a directory")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as e:
-        raise UserError(f"run directory {run_dir} is not writable: {e.strerror or e}") from None
-    free, need = shutil.disk_usage(existing).free, checkpoint_bytes(cfg.model)
-    if free < need:
-        raise UserError(f"not enough disk space for {run_dir}: {free / 2**20:.1f} MiB free, a "
-                        f"checkpoint of {cfg.model.name} takes about {need / 2**20:.1f} MiB")
+        raise UserError(f"{what} {directory} is not writable: {e.strerror or e}") from None
+    return existing
 
 
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
     skips and why; a UserError if there is none, if it is of another model, or (unless
     `done_ok`) if the run already reached cfg.train.steps."""
-    ckpt, skipped = checkpoint.scan(run_dir)
-    where = Path(run_dir) / "checkpoints"
+    ckpt, skipped = checkpoint.scan(checkpoints_of(run_dir, cfg))
+    where = checkpoint.root(checkpoints_of(run_dir, cfg))
     if ckpt is None:
         if skipped:
             raise checkpoint.CheckpointDamaged(f"no checkpoint in {where} verifies: " + "; ".join(

@@ -1,0 +1,223 @@
+"""Saving a checkpoint while training goes on (torch DCP's async_save is the model).
+
+The training thread takes the state: each unit's weights and AdamW state copied to host memory
+(`take`; 12 bytes a parameter of the rank's units, held until the files are written). A
+background thread then writes the files (`write_part`) and marks the rank's part done with a
+small file in the partial directory; the main rank's thread waits for every rank's mark, writes
+the manifest, last, and publishes the checkpoint with one rename (`publish`). Completion goes
+through the filesystem, not a collective: gloo is not safe for a collective issued beside the
+training thread's. At most one save is in flight (`Saver`): the next save, and the end of the
+run, wait for it. A run that dies mid-save leaves a partial directory that no run reads; the
+checkpoint before it stays the newest that verifies.
+
+Where host memory is short of a unit's copy, that unit is written at once, in the training
+thread (the save is then partly synchronous); `Saver(background=False)` writes every unit so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ratrain.checkpoint import CheckpointWriteError, _partial, finalize, save_units
+
+SLOW_WRITES_ENV = "RATRAIN_TEST_ONLY_SLOW_CHECKPOINT_WRITES_S"
+"""Test only: seconds the writer sleeps after each unit's files, so that a test can kill a run
+while a save is in flight."""
+
+HOST_RESERVE_BYTES = 2 << 30
+"""Host memory a snapshot leaves free (for the rest of the process and the page cache)."""
+
+_MARK = "rank_{:05d}.json"
+
+
+@dataclass
+class Taken:
+    """One rank's part of a save, as the training thread left it: units copied to host memory
+    (to be written), and the files of units it wrote itself (no room for a copy, or no
+    background saving)."""
+
+    copied: list[tuple[int, dict]] = field(default_factory=list)
+    files: dict[str, dict] = field(default_factory=dict)
+    written_now: int = 0  # units written in the training thread
+    replica: int = 0  # whose files (store.weights_file): --sync diloco's replicas save their own
+    copy_bytes: int = 0  # host memory the copies hold until they are written
+
+
+def take(run_dir, step: int, states, writes: bool, copy: bool, replica: int = 0) -> Taken:
+    """In the training thread: go through `states` ((unit, state) pairs; with sharded state each
+    is a gather every replica joins). A rank that `writes` copies each unit (`copy`, where host
+    memory has room) or writes it now; one that does not (another replica holds the same
+    units) only joins the gathers."""
+    taken = Taken(replica=replica)
+    for unit, state in states:
+        if not writes:
+            continue
+        need = _bytes(state)
+        if copy and _host_has_room(need):
+            taken.copied.append((unit, snapshot(state)))
+            taken.copy_bytes += need
+        else:
+            taken.files.update(_write(run_dir, step, unit, state, replica))
+            taken.written_now += 1
+    return taken
+
+
+def snapshot(obj):
+    """`obj` with every tensor copied to host memory, into storage of its own."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
+               cancelled: threading.Event | None = None) -> None:
+    """Write the copied units, then mark this rank's part done (its files' entries and its
+    generators' states, for the manifest)."""
+    files = dict(taken.files)
+    for unit, state in taken.copied:
+        if cancelled is not None and cancelled.is_set():
+            return
+        files.update(_write(run_dir, step, unit, state, taken.replica))
+    partial = _partial(run_dir, step)
+    partial.mkdir(parents=True, exist_ok=True)
+    tmp = partial / (_MARK.format(rank) + ".tmp")
+    tmp.write_text(json.dumps({"files": files, "rng": rng_state}))
+    tmp.rename(partial / _MARK.format(rank))  # whole or absent, as the main rank reads it
+
+
+def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: float,
+            cancelled: threading.Event | None = None) -> Path | None:
+    """On the main rank, after its own part: wait for the `world` ranks' marks, then write the
+    manifest and rename the directory (checkpoint.finalize). None if cancelled meanwhile."""
+    partial = _partial(run_dir, step)
+    marks = [partial / _MARK.format(r) for r in range(world)]
+    deadline = time.monotonic() + timeout_s
+    while not all(m.is_file() for m in marks):
+        if cancelled is not None and cancelled.is_set():
+            return None
+        if not partial.is_dir():  # a rank whose write failed removed it (its report says why)
+            raise CheckpointWriteError(f"checkpoint step_{step:06d} was not published: another "
+                                       "rank's write failed and removed it", time.time())
+        if time.monotonic() > deadline:
+            late = ", ".join(str(r) for r, m in enumerate(marks) if not m.is_file())
+            raise CheckpointWriteError(f"checkpoint step_{step:06d} was not published: rank(s) "
+                                       f"{late} did not write their part within {timeout_s:.0f} s",
+                                       time.time())
+        time.sleep(0.02)
+    parts = [json.loads(m.read_text()) for m in marks]
+    for m in marks:
+        m.unlink()
+    files = {name: entry for part in parts for name, entry in part["files"].items()}
+    rng = {str(r): part["rng"] for r, part in enumerate(parts)}
+    return finalize(run_dir, step, {**meta, "rng": rng}, files, keep)
+
+
+class Saver:
+    """One rank's saves: at most one in flight, on a background thread; with `background`
+    False each is done before `submit` returns. A save's failure is raised in the training
+    thread by the next `check` or `wait`."""
+
+    def __init__(self, background: bool):
+        self.background = background
+        self.cancelled = threading.Event()  # a run that fails stops its save between units
+        # per save: its step; the training thread's seconds taking the state (taken_s) and
+        # waiting for the save to end (waited_s, at the next save or the end); the writer's
+        self.times: list[dict] = []
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, step: int, taken_s: float, job) -> None:
+        """Run `job` (the writes, and on the main rank the publication) for the save of `step`,
+        whose state the training thread took in `taken_s` seconds."""
+        self.wait()
+        entry = {"step": step, "taken_s": taken_s, "waited_s": 0.0}
+        self.times.append(entry)
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            _yield_to_training()
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 -- raised in the training thread
+                self._error = e
+            entry["written_s"] = time.perf_counter() - t0
+
+        if not self.background:
+            run()
+            self._raise()
+            return
+        self._thread = threading.Thread(target=run, name=f"checkpoint step {step}", daemon=True)
+        self._thread.start()
+
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def check(self) -> None:
+        """Raise a finished save's failure, without waiting for one in flight."""
+        if self._thread is not None and not self._thread.is_alive():
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the save in flight; raise its failure."""
+        if self._thread is not None:
+            t0 = time.perf_counter()
+            self._thread.join()
+            self._thread = None
+            self.times[-1]["waited_s"] = time.perf_counter() - t0
+        self._raise()
+
+    def _raise(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+def _write(run_dir, step: int, unit: int, state: dict, replica: int) -> dict[str, dict]:
+    files = save_units(run_dir, step, [(unit, state)], replica)
+    slow = float(os.environ.get(SLOW_WRITES_ENV, 0) or 0)
+    if slow > 0:
+        time.sleep(slow)
+    return files
+
+
+def _yield_to_training() -> None:
+    """Lower this (the writer's) thread's CPU priority, so that where the cores are all busy
+    the training thread runs first (Linux's nice is per thread; elsewhere nothing changes)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
+def _bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_bytes(v) for v in obj)
+    return 0
+
+
+def _host_has_room(need: int) -> bool:
+    """Whether the host's available memory (Linux's MemAvailable) holds `need` bytes more and
+    the reserve; True where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return need + HOST_RESERVE_BYTES <= int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return True

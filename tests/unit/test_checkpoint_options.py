@@ -1,0 +1,154 @@
+"""The checkpoint options of `ratrain train`: --no-checkpoints (none saved, no disk check),
+--checkpoint-dir (saved there, resumed from there, its filesystem checked), --checkpoint-sync /
+--checkpoint-async, their config fields and their one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ratrain import checkpoint
+from ratrain.config import RunConfig
+from ratrain.data.corpus import stdlib_files
+from ratrain.errors import UserError
+from ratrain.training.metrics import read_metrics
+
+from .cli_runner import run_cli
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+
+
+def _config(tmp_path: Path, **train) -> Path:
+    """A model small enough that a few steps in this process take a second."""
+    data = tmp_path / "text"
+    data.mkdir(exist_ok=True)
+    shutil.copy(next(f for f in stdlib_files() if f.name == "textwrap.py"), data)
+    cfg = {"model": {"name": "small", "vocab_size": 257, "dim": 32, "n_layers": 2, "n_heads": 2,
+                     "ffn_dim": 64, "max_seq_len": 64},
+           "data": {"path": str(data)},
+           "train": {"seq_len": 16, "global_batch": 4, "micro_batch_size": 2, "steps": 4,
+                     "eval_batches": 0, "checkpoint_every": 2, **train}}
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--no-progress", "--no-report",
+                           "--no-trace", *args)
+    return code, err
+
+
+def _refused(monkeypatch, capsys, needle: str, *args: str) -> str:
+    code, err = _train(monkeypatch, capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 KiB tmpfs: room for a run's small files, not for a checkpoint (root only)."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
+                                            str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_no_checkpoints_saves_none_and_skips_the_disk_check(monkeypatch, capsys, tmp_path, tiny_disk):
+    cfg = str(_config(tmp_path))
+    line = _refused(monkeypatch, capsys, "not enough disk space for", "--config", cfg,
+                    "--run-dir", str(tiny_disk / "run"))
+    assert "--no-checkpoints saves none" in line
+    code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", str(tiny_disk / "run"),
+                       "--no-checkpoints")
+    assert code == 0, err
+    assert [r["step"] for r in read_metrics(tiny_disk / "run" / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert not (tiny_disk / "run" / "checkpoints").exists()
+    assert RunConfig.load(tiny_disk / "run" / "config.yaml").train.checkpoints is False
+
+
+def test_checkpoint_dir_takes_the_checkpoints_and_its_disk_is_the_one_checked(
+        monkeypatch, capsys, tmp_path, tiny_disk):
+    cfg = str(_config(tmp_path))
+    # the run directory has no room for a checkpoint, the checkpoint directory has: it runs
+    code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", str(tiny_disk / "run"),
+                       "--checkpoint-dir", "ckpts", "--checkpoint-sync")
+    assert code == 0, err
+    assert [p.name for p in checkpoint.complete_dirs(checkpoint.Elsewhere(tmp_path / "ckpts"))] == [
+        "step_000002", "step_000004"]
+    assert not (tiny_disk / "run" / "checkpoints").exists()
+    saved = RunConfig.load(tiny_disk / "run" / "config.yaml").train
+    assert saved.checkpoint_dir == str(tmp_path / "ckpts") and saved.checkpoint_async is False
+    # and the other way round: the checkpoint directory's filesystem is the one refused
+    _refused(monkeypatch, capsys, f"not enough disk space for {tiny_disk / 'ckpts'}: ",
+             "--config", cfg, "--run-dir", "run2", "--checkpoint-dir", str(tiny_disk / "ckpts"))
+    assert not (tmp_path / "run2").exists()
+
+
+def test_a_run_resumes_from_its_checkpoint_dir(monkeypatch, capsys, tmp_path):
+    cfg = str(_config(tmp_path))
+    code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run",
+                       "--checkpoint-dir", "ckpts")
+    assert code == 0, err
+    shutil.rmtree(tmp_path / "ckpts" / "step_000004")  # as if the run had died after step 2
+    code, err = _train(monkeypatch, capsys, "--resume", "run", "--steps", "6")
+    assert code == 0, err
+    assert [p.name for p in checkpoint.complete_dirs(checkpoint.Elsewhere(tmp_path / "ckpts"))] == [
+        "step_000004", "step_000006"]
+    assert checkpoint.load_meta(tmp_path / "ckpts" / "step_000006")["loader"]["step"] == 6
+    # --resume auto looks in the checkpoint directory too: it continues, from step 6
+    code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run", "--resume",
+                       "auto", "--checkpoint-dir", "ckpts", "--steps", "8")
+    assert code == 0, err
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 9))
+    # a new run does not take a directory that holds another run's checkpoints
+    _refused(monkeypatch, capsys, f"checkpoint directory {tmp_path / 'ckpts'} holds checkpoints "
+             "already (step_000008)", "--config", cfg, "--run-dir", "other",
+             "--checkpoint-dir", "ckpts")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--checkpoint-dir", ""], "train.checkpoint_dir must name a directory, got an empty string"),
+    (["--checkpoint-dir", "small.yaml"], "cannot make checkpoint directory"),
+])
+def test_bad_checkpoint_flags_are_one_line(monkeypatch, capsys, tmp_path, args, needle):
+    _refused(monkeypatch, capsys, needle, "--config", str(_config(tmp_path)), "--run-dir", "run",
+             *args)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("train,needle", [
+    ({"checkpoints": "no"}, "train.checkpoints: expected true or false, got 'no'"),
+    ({"checkpoint_async": 1}, "train.checkpoint_async: expected true or false, got 1"),
+    ({"checkpoint_dir": 7}, "train.checkpoint_dir: expected a string, got 7"),
+])
+def test_bad_checkpoint_fields_in_a_config_are_one_line(monkeypatch, capsys, tmp_path, train, needle):
+    _refused(monkeypatch, capsys, needle, "--config", str(_config(tmp_path, **train)))
+
+
+def test_the_checkpoint_fields_round_trip_through_yaml_and_json(tmp_path):
+    cfg = RunConfig()
+    cfg.train.checkpoints, cfg.train.checkpoint_async = False, False
+    cfg.train.checkpoint_dir = "/mnt/big/ckpts"
+    for name in ("run.yaml", "run.json"):
+        cfg.save(tmp_path / name)
+        assert RunConfig.load(tmp_path / name) == cfg
+    assert json.loads((tmp_path / "run.json").read_text())["train"]["checkpoint_dir"] == "/mnt/big/ckpts"
+    assert RunConfig().train.checkpoints and RunConfig().train.checkpoint_async  # the defaults
+    with pytest.raises(UserError, match="must name a directory"):
+        RunConfig.from_dict({"train": {"checkpoint_dir": "  "}}).validate()
