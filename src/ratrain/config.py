@@ -17,7 +17,7 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
-from ratrain.schedule.plan_rules import GRAD_LIFETIMES
+from ratrain.schedule.plan_rules import GRAD_LIFETIMES, UPDATES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
 from ratrain.schedule.outer_sync import EVERY_STEP, parse_sync
@@ -26,6 +26,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
 
 AUTO_SCHEDULE = "auto"  # the schedule and BW placement chosen by simulation (setup/choice.py)
+AUTO_UPDATE = "auto"  # carried where the state's host is apart from the compute (setup/rule.py)
 
 
 @dataclass
@@ -176,6 +177,7 @@ class ParallelConfig:
     shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
     grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (schedule/plan_rules.GRAD_LIFETIMES)
     shard_group: int | None = None  # hybrid sharding: shard over groups of this many replicas, replicate across
+    update: str = "auto"  # inline (U) or carried (SU/WU: schedule/carried_updates.py); auto: setup/rule.update_for
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
     threads_per_rank: int = 1
@@ -222,6 +224,9 @@ class ParallelConfig:
         parse_sync(self.sync)  # a UserError naming the form
         if self.state_home not in STATE_HOMES:
             raise UserError(f"state home must be one of {', '.join(STATE_HOMES)}, got {self.state_home!r}")
+        if self.update not in (AUTO_UPDATE, *UPDATES):
+            raise UserError(f"unknown update {self.update!r}; available: "
+                            f"{', '.join([AUTO_UPDATE, *UPDATES])}")
 
     @property
     def activation_per_stage(self) -> list[str]:

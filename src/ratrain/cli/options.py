@@ -71,6 +71,7 @@ _CONFIG_OPTIONS = [
     click.option("--outer-lr", type=float, help="--sync diloco: the outer Nesterov step's learning rate.  [default: 0.7]"),
     click.option("--outer-momentum", type=float, help="--sync diloco: the outer Nesterov momentum.  [default: 0.9]"),
     click.option("--outer-mix", type=float, help="--sync diloco:H:F: the share of its local weights a replica keeps when a fragment's outer result arrives (one step late).  [default: 0.5]"),
+    click.option("--update", type=click.Choice(["auto", "inline", "carried"]), help="Where each unit's AdamW update runs: inline (in the step's program, after its gradient is final: after the global norm when clipping) or carried (started on a host thread of its own as soon as its gradient is final, and waited in the next step right before the unit's weights are read again, so it runs beside the compute; same math). auto: carried where the state lives in a GPU's host memory (--state-home host), else inline.  [default: auto]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank."),
     click.option("--eval-every", type=int),
@@ -85,7 +86,7 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
            "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel",
            "shard_group": "parallel", "sync": "parallel", "outer_lr": "train",
-           "outer_momentum": "train", "outer_mix": "train"}
+           "outer_momentum": "train", "outer_mix": "train", "update": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 

@@ -11,6 +11,7 @@ from ratrain.planner.partition import Partition
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.result import SimResult
 from ratrain.sim.simulator import simulate
+from ratrain.setup.rule import update_for
 
 
 @dataclass
@@ -59,7 +60,10 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       schedule=layout.schedule, weight_grad=layout.weight_grad,
                       grad_lifetime=layout.lifecycle.grad_lifetime,
                       shard_group=layout.lifecycle.shard_group,
-                      micro_batch_group=layout.lifecycle.micro_batch_group)
+                      micro_batch_group=layout.lifecycle.micro_batch_group,
+                      update=update_for("auto", layout.lifecycle.state_home,
+                                        layout.lifecycle.shard_state,
+                                        request.profile.device.host_link is not None))
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:

@@ -25,6 +25,7 @@ from ratrain.sim.cost_model import StageCosts
 from ratrain.sim.links import Link, ring
 from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.stage_setup import StageSetup
+from ratrain.setup.rule import update_for
 
 
 class UnitTable:
@@ -72,7 +73,11 @@ class UnitTable:
                           for u in units]
         self._seeds = [sum(n for _, n in c.storages("wgrad_seeds", Action(Op.BACKWARD_INPUT, u, 0)))
                        for u in units]
-        self.update = [c.update(u) + o for u in units]
+        # a carried update (setup/rule.update_for) runs on the host update thread, not on
+        # the walker: nothing of it need be on the step's path, so a bound counts none of it
+        carried = update_for("auto", lifecycle.state_home, lifecycle.shard_state,
+                             profile.device.host_link is not None) == "carried"
+        self.update = [0.0 if carried else c.update(u) + o for u in units]
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.saved = [uc.saved_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.wsaved = [uc.wgrad_saved_bytes(shape, uc.unit_kind(model, u)) for u in units]

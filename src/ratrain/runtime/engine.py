@@ -156,6 +156,10 @@ class PipelineEngine(_UnitStateMixin):
         program = step_programs(self.plan, step)[self.stage_index] if self.outer else self.program
         return self.executor.train_step(program, batches, lr, step)
 
+    def unit_states(self):
+        self.executor.host_updates.finish()  # a carried update still running: the masters
+        return super().unit_states()
+
     def eval_loss(self, batches) -> float:
         n = len(batches)
         # Sharded views are gathers every replica joins, but replicas may get different numbers

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ratrain.schedule.ledger import apply_effects
-from ratrain.runtime.optim import set_lr
+from ratrain.runtime.carried_updates import HostUpdates
 from ratrain.runtime.comm import comm_for
 from ratrain.runtime.handlers import HANDLERS
 from ratrain.runtime.loss_scale import DynamicLossScale
@@ -68,12 +68,14 @@ class Executor:
         self.tracer = tracer
         self.comm = comm_for(groups, stage.device, comm_timeout_s)
         self.clock = clock_for(stage.device)
+        self.host_updates = HostUpdates()  # carried updates (SU/WU) in flight
 
     def train_step(self, program: Program, batches, lr: float, step: int = 0) -> StepResult:
-        """Run one optimizer step; `batches` are this replica's (inputs, targets) micro-batches."""
-        set_lr(self.stage.optimizers(), lr)
+        """Run one optimizer step; `batches` are this replica's (inputs, targets) micro-batches.
+        Each unit's update takes `lr` when it runs (a carried one may still be running the
+        previous step's with its own)."""
         recompute = frozenset(a.unit for a in program if a.op is Op.RECOMPUTE)
-        st = self._run(program, StepState(batches, step, True, recompute,
+        st = self._run(program, StepState(batches, step, True, recompute, lr=lr,
                                           fold=fold_roles(program)))
         skipped = bool(st.read.get("found_inf", 0.0))
         if self.loss_scale and "grad_norm" in st.read:
@@ -83,6 +85,7 @@ class Executor:
     @torch.no_grad()
     def eval_step(self, program: Program, batches) -> float:
         """Forward-only pass of an evaluation program; returns the mean loss over micro-batches."""
+        self.host_updates.finish()
         return self._run(program, StepState(batches, -1, False, frozenset())).loss
 
     def _run(self, program: Program, st: StepState) -> StepState:

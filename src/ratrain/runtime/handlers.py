@@ -30,6 +30,8 @@ HANDLERS = {
     Op.GRAD_NORM: lifecycle.grad_norm,
     Op.WAIT_GRAD_NORM: lifecycle.wait_grad_norm,
     Op.UPDATE: lifecycle.update,
+    Op.START_UPDATE: lifecycle.start_update,
+    Op.WAIT_UPDATE: lifecycle.wait_update,
     Op.OFFLOAD: lifecycle.offload,
     Op.RELOAD: lifecycle.reload,
     Op.WAIT_RELOAD: lifecycle.wait_reload,

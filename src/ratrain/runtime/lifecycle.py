@@ -1,5 +1,6 @@
 """The lifecycle actions of a unit's training state and activations: views (P, WP, X),
-gradient sync (GS, WGS; one micro-batch's: RS, WRS), the global norm (N, WN), the update (U), activation offload (O, L,
+gradient sync (GS, WGS; one micro-batch's: RS, WRS), the global norm (N, WN), the update (U;
+carried: SU, WU), activation offload (O, L,
 WL), and the step's end (E).
 
 Values the step computes on the device (loss sums, the gradient norm, the clip coefficient,
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ratrain.runtime.optim import set_lr
 from ratrain.runtime.step_state import StepState
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import Op
@@ -137,7 +139,17 @@ def wait_grad_norm(ex, st: StepState, a: Action) -> None:
 
 
 def update(ex, st: StepState, a: Action) -> None:
-    ex.stage.state[a.unit].update(st.grad_factor, st.found_inf)
+    state = ex.stage.state[a.unit]
+    set_lr([state.optimizer], st.lr)
+    state.update(st.grad_factor, st.found_inf)
+
+
+def start_update(ex, st: StepState, a: Action) -> None:
+    ex.host_updates.start(a.unit, ex.stage.state[a.unit], st.lr, st.grad_factor, st.found_inf)
+
+
+def wait_update(ex, st: StepState, a: Action) -> None:
+    ex.host_updates.wait(a.unit)
 
 
 # -- the step's end ----------------------------------------------------------------------------

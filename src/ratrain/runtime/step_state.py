@@ -18,6 +18,7 @@ class StepState:
     step: int  # -1: an evaluation
     training: bool
     recompute: frozenset[int]  # units whose forward keeps only its input
+    lr: float = float("nan")  # the step's learning rate (training)
     fold: dict[Key, str] = field(default_factory=dict)  # B/BW -> its fold (unit_major.fold_roles)
     act: dict[Key, torch.Tensor] = field(default_factory=dict)  # unit output (with graph when local)
     inp: dict[Key, torch.Tensor] = field(default_factory=dict)  # detached unit input

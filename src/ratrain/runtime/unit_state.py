@@ -139,7 +139,7 @@ class UnitState(UnitBuffers):
         grads = gradients_to_fold(self, role)
         if grads is None:
             return
-        self._finish_fold()
+        self.finish_fold()
         into_zero = self._grad_zero and self.layout.grad_lifetime == "step"
         staged, done = [], None
         for g, acc in zip(grads, self._accumulation_slices()):
@@ -157,7 +157,9 @@ class UnitState(UnitBuffers):
         """The run's fp32 gradient sum while a run holds one (the `grad_run` storage)."""
         return [] if self.run_grad is None else [self.run_grad]
 
-    def _finish_fold(self) -> None:
+    def finish_fold(self) -> None:
+        """Wait for the last fold's copies and add them (a carried update's start does it in
+        the walker's thread, before the update thread reads the gradient)."""
         if self._folding is None:
             return
         done, staged = self._folding
@@ -176,7 +178,7 @@ class UnitState(UnitBuffers):
     def start_sync(self, group=None) -> dist.Work | None:
         """Start summing the gradients over the data-parallel replicas (`group`; a sharded
         layout uses its own). Nothing may touch them until wait_sync."""
-        self._finish_fold()
+        self.finish_fold()
         self._sync = self.layout.start_sync(self, group)
         return self._sync
 
@@ -220,7 +222,7 @@ class UnitState(UnitBuffers):
         coefficient away from the reference's."""
         if self.update_grad is None:
             return None
-        self._finish_fold()
+        self.finish_fold()
         if not self.masters:
             return torch.zeros((), device=self.home)
         if self._host_homed_on_gpu:
@@ -240,7 +242,15 @@ class UnitState(UnitBuffers):
         GradScaler sets it), so on a GPU the host does not wait for the norm."""
         if self.update_grad is None:  # no parameters
             return
-        self._finish_fold()
+        self.finish_fold()
+        self.step_masters(grad_factor, found_inf)
+        self.record_optimizer()
+
+    def step_masters(self, grad_factor: torch.Tensor | float | None = None,
+                     found_inf: torch.Tensor | None = None) -> None:
+        """update's arithmetic, which a host update thread may run (a carried update, SU): it
+        touches only this unit's masters, gradients and optimizer state. The fold must have
+        finished (finish_fold) in the walker's thread."""
         if found_inf is not None:
             found_inf = _at(found_inf, self.home)
         if self.optimizer is not None:
@@ -251,14 +261,18 @@ class UnitState(UnitBuffers):
                 self.optimizer.step()
             finally:
                 self.optimizer.found_inf = None
-            self.ledger.hold(("optimizer", self), "optimizer", [
-                t for state in self.optimizer.state.values() for t in state.values()
-                if torch.is_tensor(t)])
         self.layout.updated(self, found_inf)
         self.zero_grad()
 
+    def record_optimizer(self) -> None:
+        """The AdamW state (made by the first update) on the ledger, from the walker's thread."""
+        if self.optimizer is not None:
+            self.ledger.hold(("optimizer", self), "optimizer", [
+                t for state in self.optimizer.state.values() for t in state.values()
+                if torch.is_tensor(t)])
+
     def zero_grad(self) -> None:
-        self._finish_fold()
+        self.finish_fold()
         if self.grad is not None:
             self.grad.zero_()
         if self.update_grad is not None and self.update_grad is not self.grad:

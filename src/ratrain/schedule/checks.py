@@ -17,7 +17,7 @@ from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.needs import NEEDS, RankContext
 from ratrain.schedule.table import fail, format_table
 from ratrain.schedule.ops import (
-    COMPUTE_OPS, SPECS, WAIT_OF, Op, exchanged_unit, peer_offset,
+    CARRIED, COMPUTE_OPS, SPECS, WAIT_OF, Op, exchanged_unit, peer_offset,
 )
 
 
@@ -36,6 +36,7 @@ def validate(
     check_completeness(programs, stage_units, n_micro, dp, forward_only=forward_only)
     check_communication(programs, stage_units)
     check_waits(programs)
+    check_carried(programs)
     check_dependencies(programs, stage_units)
     check_views(programs)
     dry_run(programs)
@@ -126,14 +127,18 @@ def check_completeness(
             marks = {s: program.index(end)} if end in program else {}
             fail(programs, f"rank {s}: E must occur exactly once, as the last action", marks)
 
-    for op, per_unit in ((Op.UPDATE, True), (Op.GRAD_NORM, False)):
-        if not any(a.op is op for counts in all_counts for a in counts):
+    updates = (Op.UPDATE, Op.START_UPDATE)  # inline, or carried into the next step
+    for ops, per_unit in ((updates, True), ((Op.GRAD_NORM,), False)):
+        ops = tuple(op for op in ops if any(a.op is op for counts in all_counts for a in counts))
+        if not ops:
             continue
         for s, (units, counts) in enumerate(zip(stage_units, all_counts)):
-            for a in [Action(op, u) for u in units] if per_unit else [Action(op)]:
-                if counts[a] != 1:
-                    fail(programs, f"rank {s} runs {a} {counts[a]} times; expected once "
-                                    f"(other ranks run {op.name})")
+            for u in units if per_unit else [None]:
+                runs = sum(counts[Action(op, u)] for op in ops)
+                if runs != 1:
+                    names = " or ".join(str(Action(op, u)) for op in ops)
+                    fail(programs, f"rank {s} runs {names} {runs} times; expected once "
+                                    f"(other ranks run {ops[0].name})")
 
 
 def _compute_counts(counts: Counter, u: int, m: int,
@@ -195,6 +200,8 @@ def check_waits(programs: list[Program]) -> None:
     for s, program in enumerate(programs):
         outstanding: dict[Action, int] = {}
         for i, a in enumerate(program):
+            if a.op in CARRIED or SPECS[a.op].waits in CARRIED:
+                continue  # check_carried
             if SPECS[a.op].starts:
                 if a in outstanding:
                     fail(programs, f"rank {s}: {a} starts again before its previous start "
@@ -209,6 +216,26 @@ def check_waits(programs: list[Program]) -> None:
             wait = Action(WAIT_OF[start.op], start.unit, start.mb)
             fail(programs, f"rank {s}: {start} is started but never waited (no {wait} after it)",
                   {s: i})
+
+
+def check_carried(programs: list[Program]) -> None:
+    """A start carried into the next step (SU u) runs once, and its wait (WU u) once before it
+    in the same program: the wait of step t + 1 is for the start of step t."""
+    for s, program in enumerate(programs):
+        for i, a in enumerate(program):
+            if a.op not in CARRIED:
+                continue
+            wait = Action(WAIT_OF[a.op], a.unit, a.mb)
+            if program.count(a) != 1 or program.count(wait) != 1:
+                fail(programs, f"rank {s}: {a} and {wait} must each run once a step", {s: i})
+            if program.index(wait) > i:
+                fail(programs, f"rank {s}: {wait} (the previous step's {a}) must come before "
+                                f"{a}", {s: program.index(wait)})
+        for i, a in enumerate(program):
+            start = SPECS[a.op].waits
+            if start in CARRIED and Action(start, a.unit, a.mb) not in program:
+                fail(programs, f"rank {s}: {a} waits for {Action(start, a.unit, a.mb)}, which "
+                                f"the program never starts", {s: i})
 
 
 def check_dependencies(programs: list[Program], stage_units: list[range]) -> None:

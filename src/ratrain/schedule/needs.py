@@ -153,8 +153,14 @@ def _update(a: Action, ctx: RankContext) -> list[Need]:
     return needs
 
 
+def _updated(a: Action, ctx: RankContext) -> list[Need]:
+    """Where the unit's update is carried into the next step (SU), the previous step's update
+    waited for (WU) before the masters are read: the view made from them, or the forward."""
+    return [Action(Op.WAIT_UPDATE, a.unit)] if ctx.runs(Action(Op.START_UPDATE, a.unit)) else []
+
+
 NEEDS: dict[Op, Rule] = {
-    Op.FORWARD: _forward,
+    Op.FORWARD: lambda a, ctx: _forward(a, ctx) + _updated(a, ctx),
     Op.BACKWARD: _backward_whole,
     Op.BACKWARD_INPUT: _backward,
     Op.BACKWARD_WEIGHT: _backward_weight,
@@ -177,10 +183,12 @@ NEEDS: dict[Op, Rule] = {
     Op.GRAD_NORM: _grad_norm,
     Op.WAIT_GRAD_NORM: _nothing,
     Op.UPDATE: _update,
+    Op.START_UPDATE: _update,
+    Op.WAIT_UPDATE: _nothing,
     Op.OFFLOAD: _after(Op.FORWARD),
     Op.RELOAD: _after(Op.OFFLOAD),
     Op.WAIT_RELOAD: _after(Op.RELOAD),
-    Op.PREFETCH: _nothing,
+    Op.PREFETCH: _updated,
     Op.WAIT_PREFETCH: _nothing,
     Op.RELEASE: _nothing,
     Op.STEP_END: _nothing,

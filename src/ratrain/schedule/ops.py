@@ -75,6 +75,8 @@ class Op(str, Enum):
     GRAD_NORM = "N"
     WAIT_GRAD_NORM = "WN"
     UPDATE = "U"
+    START_UPDATE = "SU"
+    WAIT_UPDATE = "WU"
     OFFLOAD = "O"
     RELOAD = "L"
     WAIT_RELOAD = "WL"
@@ -92,6 +94,7 @@ class OpClass(str, Enum):
     COLLECTIVE = "collective"  # over the stage's replicas or the replica's stages
     COPY = "copy"  # between memory tiers, on the copy engine
     STATE = "state"  # bookkeeping of a unit's state: no data moves
+    HOST = "host"  # runs on the rank's host update thread, beside the compute (SU)
 
 
 class Peer(str, Enum):
@@ -149,6 +152,7 @@ class OpSpec:
     input_grad: bool = False  # backward: needs the output gradient, makes the input gradient
     weight_grad: bool = False  # backward: accumulates the unit's parameter gradients
     waits: Op | None = None  # filled in: the start this op waits for
+    carried: bool = False  # a start waited in the next step's program, before the unit's use
 
     @property
     def starts(self) -> bool:
@@ -241,6 +245,11 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            mb=False, waited_by=Op.WAIT_GRAD_NORM, peers=(Peer.PIPELINE,)),
     OpSpec(Op.UPDATE, "Optimizer update of one unit (AdamW on its master weights), then zero "
            "its gradients; its view is stale after it.", OpClass.COMPUTE, mb=False),
+    OpSpec(Op.START_UPDATE, "Start unit u's optimizer update (as U) on the rank's host update "
+           "thread, with the step's learning rate and clipping coefficient; the walker goes "
+           "on. Carried: the next step's program waits for it (WU u) before it first uses the "
+           "unit, so the update runs beside the rest of this step and the start of the next.",
+           OpClass.HOST, mb=False, waited_by=Op.WAIT_UPDATE, carried=True),
     OpSpec(Op.OFFLOAD, "Start copying the tensors `F u.m` saved for its backward to the host "
            "tier. No wait op: the executor tracks the copy and frees the device copy once the "
            "host copy has completed.", OpClass.COPY, eager=True,
@@ -287,6 +296,8 @@ SPECS.update({spec.op: spec for spec in (
     _wait(Op.OUTER_SYNC, "Wait for that sum; take the outer Nesterov step on the unit's outer "
           "parameters with the mean delta and merge the result into the local parameters "
           "(schedule/outer_sync.py says how).", memory=(Release("outer"),)),
+    _wait(Op.START_UPDATE, "Wait for the previous step's update of unit u (none before the "
+          "first step); its masters are then current and a view may be made from them."),
     _wait(Op.RELOAD, "Wait for that reload; the saved tensors are on the device again and "
           "`B u.m` may run."),
     _wait(Op.PREFETCH, "Wait for that view; it is then live (F, R and B of the unit may use "
@@ -294,6 +305,8 @@ SPECS.update({spec.op: spec for spec in (
 )})
 
 WAIT_OF: dict[Op, Op] = {op: s.waited_by for op, s in SPECS.items() if s.starts}
+CARRIED = frozenset(op for op, s in SPECS.items() if s.carried)
+"""Starts whose wait is in the next step's program (SU)."""
 """Asynchronous start -> the op that waits for it."""
 START_OF: dict[Op, Op] = {wait: start for start, wait in WAIT_OF.items()}
 """Wait op -> the start op it waits for."""

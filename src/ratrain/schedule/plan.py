@@ -18,8 +18,9 @@ from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
 from ratrain.schedule import outer_sync
-from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, check_hybrid, check_sharding,
-                                         micro_batch_refusal)
+from ratrain.schedule.carried_updates import carry_updates
+from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
+                                         check_hybrid, check_sharding, micro_batch_refusal)
 from ratrain.schedule.policies import POLICIES
 from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
                                          unit_major)
@@ -94,6 +95,10 @@ class PipelinePlan:
     micro_batch_group: int = 1
     """Micro-batches run through a stage unit by unit, in groups of this many, 1F1B over the
     groups (schedule/unit_major.py); 1: 1F1B itself."""
+    update: str = "inline"
+    """"inline": each unit's optimizer update runs on the walker (U). "carried": it starts on
+    the host update thread as soon as what it reads is final (SU) and the next step waits for
+    it before it reads the unit's masters (WU): schedule/carried_updates.py."""
 
     @property
     def n_layers(self) -> int:
@@ -133,6 +138,12 @@ class PipelinePlan:
         check_sharding(self.shard_state, self.dp, self.state_home, self.view_window,
                        self.grad_lifetime, self.policy)
         check_hybrid(self.shard_group, self.shard_state, self.dp, self.policy)
+        check_choice("update", self.update, UPDATES)
+        carried = any(a.op is Op.START_UPDATE for program in self.programs for a in program)
+        if carried != (self.update == "carried"):
+            raise ScheduleError(f"update {self.update!r}, but the programs "
+                                f"{'do' if carried else 'do not'} carry the updates (SU/WU)")
+        check_carried_update(self.update, self.shard_state, self.sync)
         crossed = any(a.op is Op.CROSS_SYNC for program in self.programs for a in program)
         if crossed != (self.shard_group is not None):
             raise ScheduleError(f"shard_group {self.shard_group}, but the programs "
@@ -177,6 +188,7 @@ class PipelinePlan:
             **({"micro_batch_group": self.micro_batch_group}
                if self.micro_batch_group != 1 else {}),
             **({"sync": self.sync} if self.sync != outer_sync.EVERY_STEP else {}),
+            **({"update": self.update} if self.update != "inline" else {}),
         }
 
     @classmethod
@@ -207,6 +219,7 @@ class PipelinePlan:
             shard_group=d.get("shard_group"),
             micro_batch_group=d.get("micro_batch_group", 1),
             sync=d.get("sync", outer_sync.EVERY_STEP),
+            update=d.get("update", "inline"),
         )
 
 
@@ -231,6 +244,7 @@ def build_plan(
     shard_group: int | None = None,
     micro_batch_group: int = 1,
     sync: str = outer_sync.EVERY_STEP,
+    update: str = "inline",
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -245,6 +259,7 @@ def build_plan(
     PipelinePlan.
     `micro_batch_group` g > 1 runs 1F1B over groups of g micro-batches, each group unit by
     unit (schedule/unit_major.py).
+    `update`: "inline" or "carried" (PipelinePlan.update).
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -262,6 +277,8 @@ def build_plan(
     check_choice("gradient lifetime", grad_lifetime, GRAD_LIFETIMES)
     check_sharding(shard_state, dp, state_home, view_window, grad_lifetime, policy)
     check_hybrid(shard_group, shard_state, dp, policy)
+    check_choice("update", update, UPDATES)
+    check_carried_update(update, shard_state, sync)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
     sync_dp = dp if sync == outer_sync.EVERY_STEP else 1  # diloco: no per-step gradient sync
@@ -281,9 +298,12 @@ def build_plan(
     programs = POLICIES[policy](programs, stage_units, sync_dp, by_unit(stage_units, resolved),
                                 clip, view_window, grad_lifetime, shard_group)
     programs = post_group_receives(programs, micro_batch_group)
+    if update == "carried":
+        programs = carry_updates(programs, stage_units)
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
-                        grad_lifetime, shard_group, sync, micro_batch_group)
+                        grad_lifetime, shard_group, sync, micro_batch_group,
+                        update)
     if check:
         for variant in [programs, *outer_sync.every_variant(plan)]:
             validate(variant, stage_units, n_micro, sync_dp)

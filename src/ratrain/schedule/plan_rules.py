@@ -80,3 +80,26 @@ def check_hybrid(shard_group: int | None, shard_state: bool, dp: int, policy: st
     reason = hybrid_refusal(shard_group, shard_state, dp, policy)
     if reason:
         raise ScheduleConfigError(reason)
+
+
+UPDATES = ("inline", "carried")
+"""Where a unit's optimizer update runs: on the walker (U), or carried to the host update
+thread and waited in the next step (SU/WU: schedule/carried_updates.py)."""
+
+
+def carried_update_refusal(update: str, shard_state: bool, sync: str = "step") -> str | None:
+    """Why carried updates cannot run with these choices, or None."""
+    if update == "carried" and sync != "step":
+        return ("carried updates and --sync diloco do not go together yet: a unit's outer "
+                "delta is taken right after its update; use --update inline")
+    if update == "carried" and shard_state:
+        return ("carried updates need whole state on each replica: a sharded unit's view is "
+                "gathered from every replica's slice (--shard-state), so every replica would "
+                "wait for every other's update anyway")
+    return None
+
+
+def check_carried_update(update: str, shard_state: bool, sync: str = "step") -> None:
+    reason = carried_update_refusal(update, shard_state, sync)
+    if reason:
+        raise ScheduleConfigError(reason)

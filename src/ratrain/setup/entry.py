@@ -20,7 +20,7 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.setup.choice import Choice, choose, default_profile
 from ratrain.setup.plan_file import load_plan
-from ratrain.setup.rule import check_runnable, has_views
+from ratrain.setup.rule import check_runnable, has_views, update_for
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | 
 
 
 _PLAN_CHOICES = ("n_layers", "pp", "dp", "schedule", "policy", "clip", "state_home",
-                 "shard_state", "view_window", "grad_lifetime", "shard_group", "sync")
+                 "shard_state", "view_window", "grad_lifetime", "shard_group", "sync", "update")
 """A plan's own layout and lifecycle, which the rule judges (a plan file's, not the flags')."""
 
 
@@ -91,7 +91,9 @@ def _flag_choices(cfg: RunConfig, machine: Machine) -> dict:
             "clip": t.grad_clip > 0 or t.dtype == "float16",
             "state_home": p.state_home, "shard_state": p.shard_state,
             "view_window": p.view_window if views else None,
-            "grad_lifetime": p.grad_lifetime, "shard_group": p.shard_group, "sync": p.sync}
+            "grad_lifetime": p.grad_lifetime, "shard_group": p.shard_group, "sync": p.sync,
+            "update": update_for(p.update, p.state_home, p.shard_state, machine.host_is_separate,
+                                 p.sync)}
 
 
 def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
@@ -108,7 +110,8 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             units_per_stage=p.partition, clip=choices["clip"], rank_order=p.rank_order,
             view_window=choices["view_window"], state_home=p.state_home,
             shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
-            shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1)
+            shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1,
+            update=choices["update"])
     except ScheduleError as e:
         raise UserError(str(e)) from None
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
-from ratrain.schedule.plan_rules import hybrid_refusal, micro_batch_refusal, sharding_refusal
+from ratrain.schedule.plan_rules import (carried_update_refusal, hybrid_refusal,
+                                         micro_batch_refusal, sharding_refusal)
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
             clip: bool = True, state_home: str = "device", shard_state: bool = False,
             view_window: int | None = None, grad_lifetime: str = "step",
-            shard_group: int | None = None, sync: str = EVERY_STEP,
+            shard_group: int | None = None, sync: str = EVERY_STEP, update: str = "inline",
             tie_embeddings: bool = False,
             host_is_separate: bool = False, host_collectives: bool | None = None,
             world: int | None = None) -> str | None:
@@ -49,7 +50,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
                 "(pipelined tied embeddings are not supported yet)")
     reason = (sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
               or hybrid_refusal(shard_group, shard_state, dp, policy)
-              or outer_refusal(sync, dp, policy, shard_state, n_units))
+              or outer_refusal(sync, dp, policy, shard_state, n_units)
+              or carried_update_refusal(update, shard_state, sync))
     if reason:
         return reason
     if host_collectives is None:
@@ -74,6 +76,18 @@ def has_views(dtype: str, state_home: str, host_is_separate: bool,
     fp32 run, views would be copies of the masters in the same memory: there are none."""
     return (dtype != "float32" or (state_home == "host" and host_is_separate)
             or shard_state)
+
+
+def update_for(requested: str, state_home: str, shard_state: bool,
+               host_is_separate: bool, sync: str = EVERY_STEP) -> str:
+    """Where the updates run when the run says `auto`: carried where the state lives in a
+    host apart from the compute device (a GPU's), unsharded; there the update is host work
+    the device need not wait for. Elsewhere the host is the compute's own cores: inline."""
+    if requested != "auto":
+        return requested
+    carried = (state_home == "host" and host_is_separate and not shard_state
+               and sync == EVERY_STEP)
+    return "carried" if carried else "inline"
 
 
 def check_runnable(**setup) -> None:

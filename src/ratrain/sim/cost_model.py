@@ -13,6 +13,9 @@ resource the action uses:
     norm        the all-reduce of the squared norm over the pipeline (N)
     wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WN, WP, WL)
     step_end    the loss reduction: blocks until every stage reached it (E)
+    host        started on the rank's host update thread (SU); its wait (WU) is in the next
+                step's program. On a machine whose ranks share their cores with the compute (a
+                CPU profile) the walker runs it, as it would run U: no overlap is claimed there
     free        no time (X: dropping a view)
 
 Sharded state (the plan's `shard_state`, ZeRO-style): each of the dp replicas holds a slice of
@@ -111,6 +114,8 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.GRAD_NORM: lambda c, a: ring(c.s.pipeline, 4, c.s.pp),
     Op.WAIT_GRAD_NORM: _zero,
     Op.UPDATE: lambda c, a: c.update(a.unit),
+    Op.START_UPDATE: lambda c, a: c.update(a.unit),
+    Op.WAIT_UPDATE: _zero,
     Op.OFFLOAD: _saved_copy,
     Op.RELOAD: _saved_copy,
     Op.WAIT_RELOAD: _zero,
@@ -137,7 +142,8 @@ def kind_of(spec: OpSpec) -> str:
         if not spec.pipeline_collective:
             return "sync"
         return "norm" if spec.starts else "step_end"
-    return {OpClass.COMPUTE: "compute", OpClass.COPY: "copy", OpClass.STATE: "free"}[spec.cls]
+    return {OpClass.COMPUTE: "compute", OpClass.COPY: "copy", OpClass.STATE: "free",
+            OpClass.HOST: "host"}[spec.cls]
 
 
 OPS: dict[Op, OpCost] = {op: OpCost(kind_of(spec), DURATIONS[op]) for op, spec in SPECS.items()}

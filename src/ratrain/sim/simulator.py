@@ -25,7 +25,7 @@ import itertools
 from ratrain.config import ModelConfig
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Action
-from ratrain.schedule.ops import SPECS, START_OF, Op, peer_offset
+from ratrain.schedule.ops import CARRIED, START_OF, Op
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.sim.cost_model import StageCosts, ops_for
 from ratrain.sim.placement import stage_setups
@@ -33,6 +33,7 @@ from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.result import RankTimeline, SimResult
 from ratrain.sim.shared_cores import SharedCores
 from ratrain.sim.stage_memory import StageMemory
+from ratrain.sim.transfers import InFlight, Transfers
 
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
@@ -44,32 +45,37 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
     node_of = [grid.rank(s, 0) // profile.devices_per_node for s in range(plan.pp)]
     weight = [sum(1 for r in grid.replica_ranks(s) if r // profile.devices_per_node == node_of[s])
               for s in range(plan.pp)]
-    sim = _Simulation(plan, [StageCosts(s) for s in setups], profile, node_of, weight)
+    costs = [StageCosts(s) for s in setups]
+    sim = _Simulation(plan, costs, profile, node_of, weight)
     sim.run()
+    if any(a.op in CARRIED for program in plan.programs for a in program):
+        # the steady state: each step waits for what the one before it carried over
+        for _ in range(_CARRY_PASSES):
+            carried = sim.carried_over()
+            sim = _Simulation(plan, costs, profile, node_of, weight, carried)
+            sim.run()
+            if _close(sim.carried_over(), carried):
+                break
     tokens = plan.n_micro * plan.dp * micro_batch_size * seq_len
     return SimResult(max(r.end for r in sim.timelines), tokens, sim.timelines,
                      profile.device)
 
 
-class _Op:
-    """An asynchronous operation in flight: started by one action, completed at `done`."""
-
-    __slots__ = ("action", "start", "done")
-
-    def __init__(self, action: Action):
-        self.action = action
-        self.start: float | None = None
-        self.done: float | None = None
-
-    @property
-    def name(self) -> str:
-        return str(self.action)
+_CARRY_PASSES = 4  # steps simulated to reach the steady state of carried updates (2-3 suffice)
 
 
-class _Simulation:
+def _close(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-9 for k in a)
+
+
+class _Simulation(Transfers):
     def __init__(self, plan: PipelinePlan, costs: list[StageCosts], profile: HardwareProfile,
-                 node_of: list[int], weight: list[int]):
+                 node_of: list[int], weight: list[int],
+                 carried: dict[tuple[int, int], float] | None = None):
+        """`carried`: (stage, unit) -> when the previous step's carried update of the unit
+        completes, in this step's time (carried_over)."""
         self.plan, self.costs, self.profile = plan, costs, profile
+        self.carried = carried or {}
         self.op_tables = [ops_for(c.s.shard_state) for c in costs]  # sharded P: an all-gather
         self.cores = None if profile.device.cores is None else SharedCores(
             profile.device.cores, profile.device.contention, node_of, weight,
@@ -81,14 +87,16 @@ class _Simulation:
         n = plan.pp
         self.timelines = [RankTimeline(s) for s in range(n)]
         self.pc = [0] * n
-        self.blocked: list[tuple[_Op, float] | None] = [None] * n  # a wait: (its op, since)
+        self.blocked: list[tuple[InFlight, float] | None] = [None] * n  # a wait: (its op, since)
         self.step_end: dict[int, tuple[Action, float]] = {}  # stages inside E: (E, since)
-        self.ops: list[dict[tuple, _Op]] = [{} for _ in range(n)]  # (op, layer, mb) -> op
+        self.ops: list[dict[tuple, InFlight]] = [{} for _ in range(n)]  # (op, layer, mb) -> op
         self.send_free = [0.0] * n
         self.recv_free = [0.0] * n
         self.copy_free = [0.0] * n
+        self.host_free = [max([0.0] + [t for (st, _), t in self.carried.items() if st == s])
+                          for s in range(n)]  # the host update thread, busy with the last step's
         self.posted: dict[tuple, list] = {}  # p2p key -> [(stage, op, issued)] of both sides
-        self.gathering: dict[Op, dict[int, tuple[_Op, float]]] = {Op.GRAD_NORM: {}, Op.STEP_END: {}}
+        self.gathering: dict[Op, dict[int, tuple[InFlight, float]]] = {Op.GRAD_NORM: {}, Op.STEP_END: {}}
         # resident views (window 0) stay allocated between steps
         self.memory = [StageMemory(c, t, plan.view_window == 0, synchronous)
                        for c, t, synchronous in zip(costs, self.timelines, self.synchronous_copies)]
@@ -120,8 +128,10 @@ class _Simulation:
             kind = cost.kind
             if kind == "copy" and self.synchronous_copies[s]:
                 kind = "compute"
+            if kind == "host" and self.cores is not None:
+                kind = "compute"  # a CPU's cores are the compute's: the walker runs it
             if kind == "wait":
-                op = self.ops[s].get((START_OF[a.op], a.unit, a.mb))
+                op = self.ops[s].get((START_OF[a.op], a.unit, a.mb)) or self._carried(s, a)
                 if op is None:
                     raise RuntimeError(f"stage {s}: {a} waits for a start that never ran")
                 if op.done is None or op.done > self.now:
@@ -134,8 +144,8 @@ class _Simulation:
             start = self.now
             if kind == "compute":
                 op = None
-                if cost.kind == "copy":  # a synchronous copy: its wait finds it done
-                    op = self.ops[s][(a.op, a.unit, a.mb)] = _Op(a)
+                if cost.kind in ("copy", "host"):  # run in place: its wait finds it done
+                    op = self.ops[s][(a.op, a.unit, a.mb)] = InFlight(a)
                     op.start = start
                 self._compute(s, a, cost.duration(c, a) + c.overhead, op=op)
                 return
@@ -149,9 +159,13 @@ class _Simulation:
                 self._compute(s, a, c.norm_local() + c.overhead, then=reduce if not replicas
                               else lambda: self._over_replicas(s, replicas, reduce))
                 return
-            if kind in ("copy", "sync", "send", "recv"):
-                op = self.ops[s][(a.op, a.unit, a.mb)] = _Op(a)
-                if kind == "copy":
+            if kind in ("copy", "sync", "send", "recv", "host"):
+                op = self.ops[s][(a.op, a.unit, a.mb)] = InFlight(a)
+                if kind == "host":
+                    op.start = max(start, self.host_free[s])
+                    op.done = self.host_free[s] = op.start + cost.duration(c, a)
+                    self._at(op.done, self._complete, s, op)
+                elif kind == "copy":
                     op.start = max(start, self.copy_free[s])
                     op.done = self.copy_free[s] = op.start + cost.duration(c, a)
                     self._at(op.done, self._complete, s, op)
@@ -168,6 +182,25 @@ class _Simulation:
             if c.overhead:
                 self._at(start + c.overhead, self._advance, s)
                 return
+
+    def _carried(self, s: int, a: Action) -> InFlight | None:
+        """The previous step's start that a wait of a carried op (WU) waits for: done when
+        `carried` says (at once in the first step simulated)."""
+        start = START_OF[a.op]
+        if start not in CARRIED:
+            return None
+        op = InFlight(Action(start, a.unit, a.mb))
+        op.start, op.done = 0.0, max(0.0, self.carried.get((s, a.unit), 0.0))
+        if op.done > self.now:
+            self._at(op.done, self._wake, s)
+        return op
+
+    def carried_over(self) -> dict[tuple[int, int], float]:
+        """(stage, unit) -> when this step's carried update completes, in the time of the next
+        step, which starts when this one ended on that stage."""
+        return {(s, key[1]): op.done - self.timelines[s].end
+                for s in range(self.plan.pp) for key, op in self.ops[s].items()
+                if key[0] in CARRIED}
 
     def _finish_wait(self, s: int, a: Action, since: float) -> bool:
         """The wait `a` returns now; True when the walker is busy for its overhead."""
@@ -193,13 +226,13 @@ class _Simulation:
         if not self._finish_wait(s, self.plan.programs[s][self.pc[s]], since):
             self._advance(s)
 
-    def _complete(self, s: int, op: _Op) -> None:
+    def _complete(self, s: int, op: InFlight) -> None:
         self.timelines[s].spans.append((op.name, op.start, op.done))
         self._wake(s)
 
     # -- compute: processor sharing on a node (sim/shared_cores.py) ---------------------------
 
-    def _compute(self, s: int, a: Action, seconds: float, then=None, op: _Op | None = None) -> None:
+    def _compute(self, s: int, a: Action, seconds: float, then=None, op: InFlight | None = None) -> None:
         start = self.now
 
         def done() -> None:
@@ -217,78 +250,3 @@ class _Simulation:
             self._at(self.now + seconds, done)
         else:
             self.cores.start(s, seconds, done)
-
-    # -- communication ------------------------------------------------------------------------
-
-    def _post(self, s: int, a: Action, op: _Op, seconds: float) -> None:
-        """One side of a transfer; it starts when the other side is posted too."""
-        spec = SPECS[a.op]
-        peer = s + peer_offset(a.op)
-        src, dst = (s, peer) if spec.sends else (peer, s)
-        send_op = a.op if spec.sends else spec.pairs_with
-        key = (send_op, src, dst, a.unit, a.mb)
-        sides = self.posted.setdefault(key, [])
-        sides.append((s, op, self.now))
-        if len(sides) < 2:
-            return
-        del self.posted[key]
-        start = max(self.now, self.send_free[src], self.recv_free[dst])
-        end = start + seconds
-        self.send_free[src] = self.recv_free[dst] = end
-        for stage, side, _ in sides:
-            side.start, side.done = start, end
-            self._at(end, self._complete, stage, side)
-        self._occupy(start, end, src, dst)
-
-    def _occupy(self, start: float, end: float, s: int, peer: int | None = None) -> None:
-        """Communication within one node is work of its cores (sim/shared_cores.py): stage s's
-        sync where all its replicas are on its node, or a transfer between s and `peer` on
-        one node. Between nodes the link does the work."""
-        cores = self.cores
-        if cores is None or end <= start:
-            return
-        if peer is None:
-            if cores.weight[s] == self.plan.dp:
-                cores.occupy(s, start, end)
-        elif cores.node_of[s] == cores.node_of[peer]:
-            cores.occupy(s, start, end)
-            cores.occupy(peer, start, end)
-
-    def _over_replicas(self, s: int, seconds: float, then) -> None:
-        """A blocking collective over stage s's replicas (sharded N's scalar all-reduce): on
-        the rank's links once they are free; the walker waits for it, then goes on with
-        `then`."""
-        start = max(self.now, self.send_free[s], self.recv_free[s])
-        end = self.send_free[s] = self.recv_free[s] = start + seconds
-        self.timelines[s].exposed += seconds  # as a wait: the part the collective ran
-        self._at(end, then)
-
-    def _gather(self, s: int, a: Action, kind: Op, seconds: float, blocking: bool) -> None:
-        """A collective over the pipeline: it runs once every stage has issued it. The step's
-        end (blocking) holds the walker inside it; the norm (not blocking) is waited by WN."""
-        op = self.ops[s][(a.op, a.unit, a.mb)] = _Op(a)
-        members = self.gathering[kind]
-        members[s] = (op, self.now)
-        if blocking:
-            self.step_end[s] = (a, self.now)
-        else:
-            self._at(self.now, self._advance, s)
-        if len(members) < self.plan.pp:
-            return
-        for stage, (member, _) in members.items():
-            member.start, member.done = self.now, self.now + seconds
-            self._at(member.done, self._complete_gathered, stage, member, blocking)
-        members.clear()
-
-    def _complete_gathered(self, s: int, op: _Op, blocking: bool) -> None:
-        self.timelines[s].spans.append((op.name, op.start, op.done))
-        if not blocking:
-            self._wake(s)
-            return
-        a, since = self.step_end.pop(s)
-        timeline = self.timelines[s]
-        timeline.exposed += op.done - op.start
-        self.memory[s].record(a, self.now)
-        timeline.actions.append((a, since, self.now))
-        timeline.end = self.now
-        self._advance(s)

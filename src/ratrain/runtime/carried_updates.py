@@ -1,0 +1,72 @@
+"""The rank's host update thread: carried updates (SU u) run there, in the order started, while
+the walker goes on; WU u, in the next step, waits for unit u's (schedule/carried_updates.py).
+
+One thread, so the updates run in the order the program started them (the order the next step
+reads the units) and each AdamW keeps the host's cores to itself: torch's fused CPU AdamW and
+the fp32 arithmetic around it are parallel inside one call, and release the GIL while they run.
+A failed update raises at its wait, or at `finish`, in the walker's thread.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from ratrain.runtime.optim import set_lr
+
+
+class HostUpdates:
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[int, Future] = {}
+        self._record: dict[int, object] = {}
+
+    def start(self, unit: int, state, lr: float, grad_factor, found_inf) -> None:
+        """Start unit `unit`'s update with this step's learning rate and coefficients."""
+        if state.update_grad is None:  # no parameters: nothing to update
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratrain-update")
+        state.finish_fold()
+        ready = None
+        if state.home.type == "cpu" and any(_on_gpu(t) for t in (grad_factor, found_inf)):
+            # copied now, behind the norm on the compute stream: a blocking copy made later by
+            # the thread would wait for whatever the walker has queued by then
+            grad_factor, found_inf = (t.to("cpu", non_blocking=True) if _on_gpu(t) else t
+                                      for t in (grad_factor, found_inf))
+            ready = torch.cuda.Event()
+            ready.record()
+        self._pending[unit] = self._pool.submit(_update, state, lr, grad_factor, found_inf,
+                                                ready)
+        self._record[unit] = state
+
+    def wait(self, unit: int) -> None:
+        """Unit `unit`'s update has completed (or none was started: the first step)."""
+        pending = self._pending.pop(unit, None)
+        if pending is not None:
+            pending.result()
+            self._record.pop(unit).record_optimizer()
+
+    def finish(self) -> None:
+        """Every update started has completed: before anything outside the programs reads the
+        masters (evaluation, a checkpoint, the end of the run)."""
+        for unit in list(self._pending):
+            self.wait(unit)
+
+    def close(self) -> None:
+        self.finish()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _on_gpu(t) -> bool:
+    return torch.is_tensor(t) and t.is_cuda
+
+
+def _update(state, lr: float, grad_factor, found_inf, ready) -> None:
+    if ready is not None:
+        ready.synchronize()
+    set_lr([state.optimizer], lr)
+    state.step_masters(grad_factor, found_inf)

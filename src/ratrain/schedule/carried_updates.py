@@ -1,0 +1,70 @@
+"""Carried updates: each unit's optimizer update started on the host update thread (SU) as
+soon as what it reads is final, and waited (WU) in the next step, right before the unit's
+masters are read again.
+
+A host-homed unit's AdamW is host work that nothing on the compute device waits for until the
+unit's view is made again in the next step's forward. Run inline (U) it sits on the walker
+between the last backward and the next forward, however idle the host was during the step; on
+the LLaMA-2-7B H200 run of 2026-11-26 that was 2.4 s of a 4.0 s step. Started on a thread of
+its own it runs beside the rest of the backward and the next step's forward of the units
+before it.
+
+Where SU goes: right after the last of its needs (schedule/needs.py's rule for U: the norm's
+WN when clipping, else the unit's sync wait, else its last backward). Starts that become ready
+at the same place (every unit after WN) are ordered by the unit's first use in the next step,
+so the thread finishes the one needed first first. Where WU goes: right before the program's
+first action on the unit (its view's P, or its first forward). The math is U's: the same
+update with the same learning rate and clipping coefficient, only later in time.
+"""
+
+from __future__ import annotations
+
+from ratrain.schedule.errors import ScheduleError
+from ratrain.schedule.ir import Action, Program
+from ratrain.schedule.needs import NEEDS, RankContext
+from ratrain.schedule.ops import Op
+
+_READS_MASTERS = (Op.PREFETCH, Op.FORWARD)
+
+
+def carry_updates(programs: list[Program], stage_units: list[range]) -> list[Program]:
+    """Replace every `U u` by a carried `SU u` and its `WU u` (module docstring)."""
+    return [_carry(p, s, len(programs), units)
+            for s, (p, units) in enumerate(zip(programs, stage_units))]
+
+
+def _carry(program: Program, stage: int, stages: int, units: range) -> Program:
+    updated = [a.unit for a in program if a.op is Op.UPDATE]
+    if not updated:
+        return program
+    first_use: dict[int, int] = {}
+    for i, a in enumerate(program):
+        if a.op in _READS_MASTERS and a.unit in updated:
+            first_use.setdefault(a.unit, i)
+    order = sorted(first_use, key=first_use.__getitem__)
+    missing = [u for u in updated if u not in first_use]
+    if missing:
+        raise ScheduleError(f"stage {stage}: units {missing} are updated but never read")
+    rest = [a for a in program if a.op is not Op.UPDATE]
+    ctx = RankContext.of(rest, stage, stages, units)
+    after: dict[int, list[int]] = {}  # step in `rest` -> units whose SU goes right after it
+    for u in updated:
+        after.setdefault(_ready_at(Action(Op.UPDATE, u), ctx), []).append(u)
+    out: list[Action] = []
+    for i, a in enumerate([None] + rest, start=-1):  # -1: needs nothing, goes first
+        if a is not None:
+            if a.op in _READS_MASTERS and a.unit in first_use:
+                del first_use[a.unit]
+                out.append(Action(Op.WAIT_UPDATE, a.unit))
+            out.append(a)
+        # the order in which the next step reads them: the thread finishes the first one first
+        out += [Action(Op.START_UPDATE, u) for u in sorted(after.get(i, []), key=order.index)]
+    return out
+
+
+def _ready_at(update: Action, ctx: RankContext) -> int:
+    """The step of the last thing U needs (schedule/needs.py), in the program without U."""
+    at = -1
+    for need in NEEDS[Op.UPDATE](update, ctx):
+        at = max(at, ctx.pos.get(need, -1) if isinstance(need, Action) else need[1])
+    return at

@@ -1,0 +1,60 @@
+"""Carried updates (--update carried: SU on the host update thread, WU in the next step)
+compute the same run as inline updates: the same AdamW steps with the same learning rates and
+clipping coefficients, only later in time. Evaluation (every 5 steps) and the final checkpoint
+read the masters while an update may still run: they must wait for it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ratrain import checkpoint
+from ratrain.runtime.launch import launch_local
+from ratrain.training.metrics import read_metrics
+from ratrain.training.run import rank_main
+
+from .conftest import micro_config
+
+pytestmark = pytest.mark.dist
+
+STEPS = 10
+
+
+def _run(corpus, run_dir, pp, dp, update, clip):
+    cfg = micro_config(*corpus, steps=STEPS)
+    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.update = pp, dp, update
+    cfg.parallel.schedule = "1f1b"
+    cfg.parallel.state_home = "host"  # the executor, where a single process has none otherwise
+    cfg.train.grad_clip = 1.0 if clip else 0.0
+    cfg.train.eval_every = 5
+    args = (cfg, str(run_dir), False, False, False)
+    if pp * dp == 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rank_main(*args)
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        launch_local(pp * dp, rank_main, args, error_dir=run_dir / "errors")
+    ckpt = checkpoint.latest(run_dir)
+    units = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"))
+    plan = checkpoint.load_meta(ckpt)["plan"]
+    return read_metrics(run_dir / "metrics.jsonl"), units, plan
+
+
+@pytest.mark.parametrize("clip", [True, False], ids=["clip", "noclip"])
+@pytest.mark.parametrize("pp, dp", [(1, 1), (2, 2)])
+def test_carried_updates_compute_the_inline_run(pp, dp, clip, corpus, tmp_path):
+    rows, units, plan = _run(corpus, tmp_path / "carried", pp, dp, "carried", clip)
+    ref_rows, ref_units, ref_plan = _run(corpus, tmp_path / "inline", pp, dp, "inline", clip)
+    assert plan["update"] == "carried" and "update" not in ref_plan
+    assert all("SU" in p and "WU" in p for p in plan["programs"])
+    assert all(" U" in p for p in ref_plan["programs"])
+    assert [r["loss"] for r in rows] == [r["loss"] for r in ref_rows]
+    assert [r.get("val_loss") for r in rows] == [r.get("val_loss") for r in ref_rows]
+    assert [r["lr"] for r in rows] == [r["lr"] for r in ref_rows]
+    assert ref_rows[-1]["loss"] < ref_rows[0]["loss"] - 0.5  # the run trained
+    for u, state in ref_units.items():
+        for name, w in state["weights"].items():
+            assert torch.equal(units[u]["weights"][name], w), (u, name)
