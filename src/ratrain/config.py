@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ratrain.errors import UserError
-from ratrain.plain_data import number, parse_error, shown, unknown_keys
+from ratrain.plain_data import parse_error, shown, typed_dataclass, unknown_keys
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, UPDATES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
@@ -310,36 +310,7 @@ def _check_finite(name: str, value: float | None) -> None:
 
 
 def _build(factory, values: dict[str, Any], section: str):
-    fields = {f.name: f for f in dataclasses.fields(factory)}
-    unknown = unknown_keys(values, fields)
-    if unknown:
-        raise UserError(f"unknown key(s) in config section '{section}': {', '.join(unknown)}")
-    return factory(**{key: _typed(fields[key].type, value, f"{section}.{key}")
-                      for key, value in values.items()})
-
-
-def _typed(annotation: str, value: Any, path: str) -> Any:
-    """`value` as the field's type (annotations are strings here: `from __future__`), or a
-    UserError. A float field takes a numeric string (YAML 1.1 reads 3e-3 as one)."""
-    optional = annotation.endswith("| None")
-    kind = annotation.removesuffix("| None").strip()
-    if value is None and optional:
-        return None
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        raise UserError(f"{path}: expected true or false, got {shown(value)}")
-    if kind in ("int", "float"):
-        try:
-            return number(value, whole=kind == "int", from_string=kind == "float")
-        except ValueError as e:
-            raise UserError(f"{path}: {e}") from None
-    if kind == "str":
-        if isinstance(value, str):
-            return value
-        raise UserError(f"{path}: expected a string, got {shown(value)}")
-    if kind == "list[int]":
-        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return value
-        raise UserError(f"{path}: expected a list of whole numbers, got {shown(value)}")
-    raise TypeError(f"config field {path} has a type the loader does not know: {annotation}")
+    try:
+        return typed_dataclass(factory, values, section)
+    except ValueError as e:
+        raise UserError(str(e)) from None

@@ -4,6 +4,7 @@ what came; the loaders put the key's path in front."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import yaml
@@ -41,3 +42,41 @@ def parse_error(e: Exception) -> str:
     if isinstance(e, yaml.YAMLError) and mark is not None:
         return f"{getattr(e, 'problem', None) or 'invalid YAML'} at line {mark.line + 1}, column {mark.column + 1}"
     return " ".join(str(e).split())
+
+
+def typed_dataclass(factory, values: dict[str, Any], section: str):
+    """The dataclass `factory` made of the mapping `values` (section `section` of a file), each
+    value checked against its field's type; ValueError names the first that is not."""
+    fields = {f.name: f for f in dataclasses.fields(factory)}
+    unknown = unknown_keys(values, fields)
+    if unknown:
+        raise ValueError(f"unknown key(s) in config section '{section}': {', '.join(unknown)}")
+    return factory(**{key: typed_value(fields[key].type, value, f"{section}.{key}")
+                      for key, value in values.items()})
+
+
+def typed_value(annotation: str, value: Any, path: str) -> Any:
+    """`value` as the field's type (annotations are strings here: `from __future__`), or a
+    ValueError. A float field takes a numeric string (YAML 1.1 reads 3e-3 as one)."""
+    optional = annotation.endswith("| None")
+    kind = annotation.removesuffix("| None").strip()
+    if value is None and optional:
+        return None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{path}: expected true or false, got {shown(value)}")
+    if kind in ("int", "float"):
+        try:
+            return number(value, whole=kind == "int", from_string=kind == "float")
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{path}: expected a string, got {shown(value)}")
+    if kind == "list[int]":
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return value
+        raise ValueError(f"{path}: expected a list of whole numbers, got {shown(value)}")
+    raise TypeError(f"config field {path} has a type the loader does not know: {annotation}")

@@ -180,14 +180,14 @@ def test_the_host_homed_norm_is_as_accurate_as_fp64_over_chunks_and_ragged_tails
     """Host-homed state on a GPU takes its squared norm chunk by chunk on a thread pool: the
     same value as fp64 to ~1e-9 relative, whatever the tensors' sizes against the chunk and
     row (here smaller than a tensor, ragged, empty), where fp32 norms of whole tensors drift."""
-    from ratrain.runtime import unit_state
+    from ratrain.runtime import host_norm
 
-    monkeypatch.setattr(unit_state, "NORM_CHUNK", 3 * unit_state.NORM_ROW + 5)
+    monkeypatch.setattr(host_norm, "NORM_CHUNK", 3 * host_norm.NORM_ROW + 5)
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(n, generator=g) * s for n, s in
-             ((200_003, 1.0), (unit_state.NORM_ROW, 1e-3), (7, 30.0), (0, 1.0))]
+             ((200_003, 1.0), (host_norm.NORM_ROW, 1e-3), (7, 30.0), (0, 1.0))]
     exact = sum(float(t.double().square().sum()) for t in grads)
-    got = unit_state._host_sq_norm(grads)
+    got = host_norm.host_sq_norm(grads)
     assert got.dtype == torch.float32 and got.shape == ()
     assert float(got) == pytest.approx(exact, rel=1e-7)
-    assert float(unit_state._host_sq_norm([torch.zeros(0)])) == 0.0
+    assert float(host_norm.host_sq_norm([torch.zeros(0)])) == 0.0

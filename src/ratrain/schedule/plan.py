@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ratrain.schedule import builders, passes
+from ratrain.schedule import builders, outer_sync, passes
 from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
                                                 check_baseline, check_choice,
                                                 resolve_activation)
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
-from ratrain.schedule import outer_sync
 from ratrain.schedule.carried_updates import carry_updates
+from ratrain.schedule.plan_lifecycle import check_lifecycle
 from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
                                          check_hybrid, check_sharding, micro_batch_refusal)
 from ratrain.schedule.policies import POLICIES
@@ -135,31 +135,7 @@ class PipelinePlan:
         if self.activation != done:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
                                 f"programs do: {done}")
-        check_sharding(self.shard_state, self.dp, self.state_home, self.view_window,
-                       self.grad_lifetime, self.policy)
-        check_hybrid(self.shard_group, self.shard_state, self.dp, self.policy)
-        check_choice("update", self.update, UPDATES)
-        carried = any(a.op is Op.START_UPDATE for program in self.programs for a in program)
-        if carried != (self.update == "carried"):
-            raise ScheduleError(f"update {self.update!r}, but the programs "
-                                f"{'do' if carried else 'do not'} carry the updates (SU/WU)")
-        check_carried_update(self.update, self.shard_state, self.sync)
-        crossed = any(a.op is Op.CROSS_SYNC for program in self.programs for a in program)
-        if crossed != (self.shard_group is not None):
-            raise ScheduleError(f"shard_group {self.shard_group}, but the programs "
-                                f"{'do' if crossed else 'do not'} sum the shards across the "
-                                f"groups (GX)")
-        reduced = any(a.op is Op.GRAD_REDUCE for program in self.programs for a in program)
-        if reduced != (self.grad_lifetime == "micro-batch" and self.dp > 1):
-            raise ScheduleError(f"grad_lifetime {self.grad_lifetime!r}, but the programs "
-                                f"{'do' if reduced else 'do not'} reduce each micro-batch's "
-                                f"gradient (RS)")
-        if self.shard_state:
-            for s, (program, units) in enumerate(zip(self.programs, self.stage_units)):
-                viewed = {a.unit for a in program if a.op is Op.PREFETCH}
-                if set(units) - viewed:
-                    raise ScheduleError(f"sharded state, but stage {s}'s program makes no view of "
-                                        f"units {sorted(set(units) - viewed)}")
+        check_lifecycle(self)
 
     @property
     def grad_sync_dp(self) -> int:
