@@ -5,11 +5,16 @@ read the masters while an update may still run: they must wait for it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from ratrain import checkpoint
 from ratrain.runtime.launch import launch_local
+from ratrain.runtime.unit_state import UnitState
+from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.plan import build_plan
 from ratrain.training.metrics import read_metrics
 from ratrain.training.run import rank_main
 
@@ -58,3 +63,33 @@ def test_carried_updates_compute_the_inline_run(pp, dp, clip, corpus, tmp_path):
     for u, state in ref_units.items():
         for name, w in state["weights"].items():
             assert torch.equal(units[u]["weights"][name], w), (u, name)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_host_folds_and_norms_on_the_update_thread_change_nothing(group, corpus, tmp_path,
+                                                                   monkeypatch):
+    """The GPU's fold path (a host accumulation whose later folds are added lazily: the last
+    one by SN on the update thread, beside the walker's folds of other units), unit-major
+    groups or not, clipping on: carried computes inline's run bit for bit."""
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu", property(lambda self: True))
+    runs = {}
+    for update in ("inline", "carried"):
+        cfg = micro_config(*corpus, steps=STEPS)
+        plan = build_plan(cfg.model.n_layers, 1, 1, cfg.n_micro, activation="recompute",
+                          view_window=1, state_home="host", micro_batch_group=group,
+                          update=update)
+        assert (Action(Op.START_NORM, 1) in plan.programs[0]) == (update == "carried")
+        run_dir = runs[update] = tmp_path / update
+        run_dir.mkdir()
+        (run_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
+        cfg.parallel.state_home, cfg.parallel.plan_file = "host", str(run_dir / "plan.json")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rank_main(cfg, str(run_dir), False, False, False)
+        finally:
+            torch.set_num_threads(threads)
+    rows, ref = (read_metrics(runs[u] / "metrics.jsonl") for u in ("carried", "inline"))
+    assert [r["loss"] for r in rows] == [r["loss"] for r in ref]
+    assert [r["grad_norm"] for r in rows] == [r["grad_norm"] for r in ref]
+    assert ref[-1]["loss"] < ref[0]["loss"] - 0.5

@@ -29,7 +29,8 @@ def test_each_update_starts_when_its_gradient_is_final_and_is_waited_before_its_
         assert not _ops(program, Op.UPDATE)
         assert [a.unit for a in _ops(program, Op.WAIT_UPDATE)] == \
             sorted(units, key=lambda u: program.index(Action(Op.WAIT_UPDATE, u)))
-        rest = [a for a in program if a.op not in (Op.START_UPDATE, Op.WAIT_UPDATE)]
+        carried = (Op.START_UPDATE, Op.WAIT_UPDATE, Op.START_NORM, Op.WAIT_NORM)
+        rest = [a for a in program if a.op not in carried]
         assert rest == [a for a in before if a.op is not Op.UPDATE]  # nothing else moved
         for u in units:
             wait, start = program.index(Action(Op.WAIT_UPDATE, u)), program.index(Action(Op.START_UPDATE, u))
@@ -47,6 +48,18 @@ def test_each_update_starts_when_its_gradient_is_final_and_is_waited_before_its_
         if clip:  # started together: in the order the next step reads them
             started = [a.unit for a in _ops(program, Op.START_UPDATE)]
             assert started == sorted(units)
+            # each unit's part of the norm on the host thread once its gradient is final,
+            # all of them waited right before N
+            n = program.index(Action(Op.GRAD_NORM))
+            assert [a for a in program[n - len(units):n]] == \
+                [Action(Op.WAIT_NORM, u) for u in sorted(units)]
+            for u in units:
+                sn = program.index(Action(Op.START_NORM, u))
+                last_b = max(i for i, a in enumerate(program) if a.op is Op.BACKWARD and a.unit == u)
+                ready = program.index(Action(Op.WAIT_GRAD_SYNC, u)) if dp > 1 else last_b
+                assert ready < sn < n and all(a.op is Op.START_NORM for a in program[ready + 1:sn])
+        else:
+            assert not _ops(program, Op.START_NORM) and not _ops(program, Op.WAIT_NORM)
     again = PipelinePlan.from_dict(plan.to_dict())
     again.validate()
     assert again.update == "carried" and again.programs == plan.programs

@@ -69,7 +69,7 @@ def _show(cfg, out, as_json) -> None:
 
 def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_limit, out,
             as_json) -> None:
-    from ratrain.planner import account, plan_file, search
+    from ratrain.planner import account, low_comm, plan_file, search
     from ratrain.planner.account import decimal_bytes
     from ratrain.planner.budget import parse_bytes
     from ratrain.sim.profile import load_profile
@@ -130,11 +130,14 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     edges = step_time_range(hw, lambda profile: simulate(
         best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,
         seq_len=t.seq_len, dtype=t.dtype).step_time)
+    offer = low_comm.offer(found)  # a link too slow for per-step sync: what --sync diloco buys
     if as_json:
         summary = plan_file.summary(found)
         if edges:
             summary["plans"][0]["step_time_range_s"] = list(edges)
             summary["unstable_figures"] = unstable_figures(hw)
+        if offer:
+            summary["low_communication"] = low_comm.to_dict(offer)
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_heading(found))
@@ -143,6 +146,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
                                     f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))
     if edges:
         click.echo("plan 1: " + range_line(edges, unstable_figures(hw)))
+    if offer:
+        click.echo(low_comm.describe(offer))
     if out:
         click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
 

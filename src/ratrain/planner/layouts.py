@@ -40,6 +40,7 @@ class PlanRequest:
     # None: every one the policy allows; else only plans with one of these (unsharded: "step")
     grad_lifetimes: tuple[str, ...] | None = None
     time_limit_s: float = 60.0
+    min_dp: int = 1  # only layouts of at least this many replicas (the low-communication option's)
 
     def device(self, group: int = 0):
         return self.profile.for_group(group).device
@@ -219,6 +220,8 @@ def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layo
         for dp in _divisors(g):
             if pp * dp > request.devices:
                 break
+            if dp < request.min_dp:
+                continue
             for mbs in request.micro_batch_sizes or _divisors(g // dp):
                 orders = ("pp-dp", "dp-pp") if pp > 1 and dp > 1 else ("pp-dp",)
                 for life in lifecycles(request):

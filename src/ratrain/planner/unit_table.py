@@ -46,6 +46,10 @@ class UnitTable:
         units = range(self.n_units)
         views = lifecycle.view_window is not None
         dummy = Link(1.0)
+        # a carried update (setup/rule.update_for) runs on the host update thread, not on
+        # the walker, and so does the unit's part of the norm (SN): a bound counts neither
+        carried = update_for("auto", lifecycle.state_home, lifecycle.shard_state,
+                             profile.device.host_link is not None) == "carried"
         setup = StageSetup(profile=profile, model=model, micro_batch_size=micro_batch_size,
                            seq_len=seq_len, dtype=dtype, n_micro=n_micro, units=units,
                            activation={}, view_units=frozenset(units) if views else frozenset(),
@@ -54,7 +58,8 @@ class UnitTable:
                            shard_state=lifecycle.shard_state,
                            grad_lifetime=lifecycle.grad_lifetime,
                            shard_group=lifecycle.shard_group,
-                           micro_batch_group=lifecycle.micro_batch_group)
+                           micro_batch_group=lifecycle.micro_batch_group,
+                           host_norms=frozenset(units) if carried and clip else frozenset())
         c = StageCosts(setup)
         self.costs = c
         shape = setup.shape
@@ -73,10 +78,6 @@ class UnitTable:
                           for u in units]
         self._seeds = [sum(n for _, n in c.storages("wgrad_seeds", Action(Op.BACKWARD_INPUT, u, 0)))
                        for u in units]
-        # a carried update (setup/rule.update_for) runs on the host update thread, not on
-        # the walker: nothing of it need be on the step's path, so a bound counts none of it
-        carried = update_for("auto", lifecycle.state_home, lifecycle.shard_state,
-                             profile.device.host_link is not None) == "carried"
         self.update = [0.0 if carried else c.update(u) + o for u in units]
         self.out = [uc.output_bytes(shape, uc.unit_kind(model, u)) for u in units]
         self.saved = [uc.saved_bytes(shape, uc.unit_kind(model, u)) for u in units]

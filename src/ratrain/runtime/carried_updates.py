@@ -1,5 +1,6 @@
 """The rank's host update thread: carried updates (SU u) run there, in the order started, while
 the walker goes on; WU u, in the next step, waits for unit u's (schedule/carried_updates.py).
+So do the units' parts of the global norm (SN u, waited by WSN u before N).
 
 One thread, so the updates run in the order the program started them (the order the next step
 reads the units) and each AdamW keeps the host's cores to itself: torch's fused CPU AdamW and
@@ -21,6 +22,7 @@ class HostUpdates:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
         self._record: dict[int, object] = {}
+        self._norms: dict[int, Future] = {}
 
     def start(self, unit: int, state, lr: float, grad_factor, found_inf) -> None:
         """Start unit `unit`'s update with this step's learning rate and coefficients."""
@@ -40,6 +42,17 @@ class HostUpdates:
         self._pending[unit] = self._pool.submit(_update, state, lr, grad_factor, found_inf,
                                                 ready)
         self._record[unit] = state
+
+    def start_norm(self, unit: int, state) -> None:
+        """Start finishing unit `unit`'s gradient (its last fold's add) and taking its squared
+        norm (SN): the same computation N would make, on this thread."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratrain-update")
+        self._norms[unit] = self._pool.submit(state.sq_norm)
+
+    def wait_norm(self, unit: int):
+        """Unit `unit`'s squared norm (WSN), None for a unit without parameters."""
+        return self._norms.pop(unit).result()
 
     def wait(self, unit: int) -> None:
         """Unit `unit`'s update has completed (or none was started: the first step)."""

@@ -10,6 +10,8 @@ the device's own memory: a copy is a plain synchronous copy and there is nothing
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 FOLD_CHUNK = 1 << 20  # elements add_to_fp32 converts at a time: a 4 MB scratch that stays in cache
@@ -21,7 +23,9 @@ class CopyEngine:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.grad_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._scratch: torch.Tensor | None = None  # add_to_fp32's, made at its first use
+        # add_to_fp32's scratch, one per thread: the host update thread adds a unit's last
+        # fold (SN) while the walker adds another's
+        self._scratch = threading.local()
         self._staging: dict = {}  # _cast_on_device's device buffer, one per stream
 
     def host_empty(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -39,11 +43,12 @@ class CopyEngine:
         if low.dtype == torch.float32:  # a run's fp32 sum (run_grads.py): nothing to convert
             acc.add_(low)
             return
-        if self._scratch is None:
-            self._scratch = torch.empty(FOLD_CHUNK, dtype=torch.float32)
+        scratch = getattr(self._scratch, "buffer", None)
+        if scratch is None:
+            scratch = self._scratch.buffer = torch.empty(FOLD_CHUNK, dtype=torch.float32)
         for start in range(0, low.numel(), FOLD_CHUNK):
             part = low[start:start + FOLD_CHUNK]
-            acc[start:start + part.numel()].add_(self._scratch[:part.numel()].copy_(part))
+            acc[start:start + part.numel()].add_(scratch[:part.numel()].copy_(part))
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, *, gradient: bool = False):
         """Start `dst.copy_(src)`; returns the event that marks its completion (None on CPU).

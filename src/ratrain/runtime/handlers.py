@@ -32,6 +32,8 @@ HANDLERS = {
     Op.UPDATE: lifecycle.update,
     Op.START_UPDATE: lifecycle.start_update,
     Op.WAIT_UPDATE: lifecycle.wait_update,
+    Op.START_NORM: lifecycle.start_norm,
+    Op.WAIT_NORM: lifecycle.wait_norm,
     Op.OFFLOAD: lifecycle.offload,
     Op.RELOAD: lifecycle.reload,
     Op.WAIT_RELOAD: lifecycle.wait_reload,

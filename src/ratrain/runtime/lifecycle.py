@@ -107,7 +107,8 @@ def wait_cross_sync(ex, st: StepState, a: Action) -> None:
 def grad_norm(ex, st: StepState, a: Action):
     """Start reducing the stage's squared gradient norm over the pipeline stages (sharded:
     first summed over the replicas the state is sharded over, each of which holds a slice)."""
-    parts = [sq for s in ex.stage.state.values() if (sq := s.sq_norm()) is not None]
+    parts = [sq for u, s in ex.stage.state.items()
+             if (sq := st.unit_norms.pop(u) if u in st.unit_norms else s.sq_norm()) is not None]
     device = ex.stage.device
     sq = (torch.stack([p.to(device) for p in parts]).sum() if parts
           else torch.zeros((), device=device)).reshape(1)
@@ -150,6 +151,14 @@ def start_update(ex, st: StepState, a: Action) -> None:
 
 def wait_update(ex, st: StepState, a: Action) -> None:
     ex.host_updates.wait(a.unit)
+
+
+def start_norm(ex, st: StepState, a: Action) -> None:
+    ex.host_updates.start_norm(a.unit, ex.stage.state[a.unit])
+
+
+def wait_norm(ex, st: StepState, a: Action) -> None:
+    st.unit_norms[a.unit] = ex.host_updates.wait_norm(a.unit)
 
 
 # -- the step's end ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class StepState:
     pending: dict[Action, tuple] = field(default_factory=dict)  # start -> (work, tensor)
     losses: list[torch.Tensor] = field(default_factory=list)  # per micro-batch, on the device
     norm: tuple | None = None  # (work, squared norm) between N and WN
+    unit_norms: dict[int, object] = field(default_factory=dict)  # unit -> squared norm (WSN)
     syncs: dict[int, object] = field(default_factory=dict)  # unit -> its sync in flight
     grad_norm: torch.Tensor | None = None  # the global norm (unscaled), a device value
     grad_factor: torch.Tensor | None = None  # what U multiplies the gradients by

@@ -9,6 +9,11 @@ the LLaMA-2-7B H200 run of 2026-11-26 that was 2.4 s of a 4.0 s step. Started on
 its own it runs beside the rest of the backward and the next step's forward of the units
 before it.
 
+With the global norm (clipping, float16), the unit's part of it is host work too: `SN u`, on
+the same thread, finishes its gradient (the add of its last fold) and takes its squared norm as
+soon as the gradient is final, beside the rest of the backward; `WSN u` (every unit's) goes
+right before `N`, which then only sums them.
+
 Where SU goes: right after the last of its needs (schedule/needs.py's rule for U: the norm's
 WN when clipping, else the unit's sync wait, else its last backward). Starts that become ready
 at the same place (every unit after WN) are ordered by the unit's first use in the next step,
@@ -50,21 +55,29 @@ def _carry(program: Program, stage: int, stages: int, units: range) -> Program:
     after: dict[int, list[int]] = {}  # step in `rest` -> units whose SU goes right after it
     for u in updated:
         after.setdefault(_ready_at(Action(Op.UPDATE, u), ctx), []).append(u)
+    norms: dict[int, list[int]] = {}  # step in `rest` -> units whose SN goes right after it
+    if Action(Op.GRAD_NORM) in rest:
+        for u in updated:
+            norms.setdefault(_ready_at(Action(Op.START_NORM, u), ctx), []).append(u)
     out: list[Action] = []
     for i, a in enumerate([None] + rest, start=-1):  # -1: needs nothing, goes first
         if a is not None:
             if a.op in _READS_MASTERS and a.unit in first_use:
                 del first_use[a.unit]
                 out.append(Action(Op.WAIT_UPDATE, a.unit))
+            if a.op is Op.GRAD_NORM:
+                out += [Action(Op.WAIT_NORM, u) for u in sorted(updated)]
             out.append(a)
+        out += [Action(Op.START_NORM, u) for u in norms.get(i, [])]
         # the order in which the next step reads them: the thread finishes the first one first
         out += [Action(Op.START_UPDATE, u) for u in sorted(after.get(i, []), key=order.index)]
     return out
 
 
-def _ready_at(update: Action, ctx: RankContext) -> int:
-    """The step of the last thing U needs (schedule/needs.py), in the program without U."""
+def _ready_at(start: Action, ctx: RankContext) -> int:
+    """The step of the last thing `start` (U, SN) needs (schedule/needs.py), in the program
+    without U."""
     at = -1
-    for need in NEEDS[Op.UPDATE](update, ctx):
+    for need in NEEDS[start.op](start, ctx):
         at = max(at, ctx.pos.get(need, -1) if isinstance(need, Action) else need[1])
     return at

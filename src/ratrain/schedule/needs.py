@@ -124,8 +124,15 @@ def _send_grad(a: Action, ctx: RankContext) -> list[Need]:
 
 
 def _grad_norm(a: Action, ctx: RankContext) -> list[Need]:
-    return [("every B of the stage", max(ctx.last_backward.values(), default=-1)),
-            ("every WGS and WRS of the stage", ctx.last_sync)]
+    needs: list[Need] = [("every B of the stage", max(ctx.last_backward.values(), default=-1)),
+                         ("every WGS and WRS of the stage", ctx.last_sync)]
+    return needs + [Action(Op.WAIT_NORM, u) for u in ctx.units
+                    if ctx.runs(Action(Op.START_NORM, u))]
+
+
+def _unit_norm(a: Action, ctx: RankContext) -> list[Need]:
+    """What U needs but the global norm: the unit's final gradient."""
+    return [n for n in _update(a, ctx) if n != Action(Op.WAIT_GRAD_NORM)]
 
 
 def _cross_sync(a: Action, ctx: RankContext) -> list[Need]:
@@ -185,6 +192,8 @@ NEEDS: dict[Op, Rule] = {
     Op.UPDATE: _update,
     Op.START_UPDATE: _update,
     Op.WAIT_UPDATE: _nothing,
+    Op.START_NORM: _unit_norm,
+    Op.WAIT_NORM: _nothing,
     Op.OFFLOAD: _after(Op.FORWARD),
     Op.RELOAD: _after(Op.OFFLOAD),
     Op.WAIT_RELOAD: _after(Op.RELOAD),

@@ -34,6 +34,8 @@ class Op(str, Enum):
     UPDATE = "U"
     START_UPDATE = "SU"
     WAIT_UPDATE = "WU"
+    START_NORM = "SN"
+    WAIT_NORM = "WSN"
     OFFLOAD = "O"
     RELOAD = "L"
     WAIT_RELOAD = "WL"

@@ -131,6 +131,10 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "on. Carried: the next step's program waits for it (WU u) before it first uses the "
            "unit, so the update runs beside the rest of this step and the start of the next.",
            OpClass.HOST, mb=False, waited_by=Op.WAIT_UPDATE, carried=True),
+    OpSpec(Op.START_NORM, "Start finishing unit u's gradient on the rank's host update thread "
+           "(the add of its last fold, where one is pending) and taking its squared norm, so "
+           "that N only sums the units' norms (with carried updates and the global norm).",
+           OpClass.HOST, mb=False, waited_by=Op.WAIT_NORM),
     OpSpec(Op.OFFLOAD, "Start copying the tensors `F u.m` saved for its backward to the host "
            "tier. No wait op: the executor tracks the copy and frees the device copy once the "
            "host copy has completed.", OpClass.COPY, eager=True,
@@ -179,6 +183,7 @@ SPECS.update({spec.op: spec for spec in (
           "(schedule/outer_sync.py says how).", memory=(Release("outer"),)),
     _wait(Op.START_UPDATE, "Wait for the previous step's update of unit u (none before the "
           "first step); its masters are then current and a view may be made from them."),
+    _wait(Op.START_NORM, "Wait for that unit's squared norm (before N sums them)."),
     _wait(Op.RELOAD, "Wait for that reload; the saved tensors are on the device again and "
           "`B u.m` may run."),
     _wait(Op.PREFETCH, "Wait for that view; it is then live (F, R and B of the unit may use "

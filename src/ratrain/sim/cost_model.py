@@ -13,7 +13,7 @@ resource the action uses:
     norm        the all-reduce of the squared norm over the pipeline (N)
     wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WN, WP, WL)
     step_end    the loss reduction: blocks until every stage reached it (E)
-    host        started on the rank's host update thread (SU); its wait (WU) is in the next
+    host        started on the rank's host update thread (SU, SN); SU's wait (WU) is in the next
                 step's program. On a machine whose ranks share their cores with the compute (a
                 CPU profile) the walker runs it, as it would run U: no overlap is claimed there
     free        no time (X: dropping a view)
@@ -116,6 +116,8 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.UPDATE: lambda c, a: c.update(a.unit),
     Op.START_UPDATE: lambda c, a: c.update(a.unit),
     Op.WAIT_UPDATE: _zero,
+    Op.START_NORM: lambda c, a: c.unit_norm(a.unit),
+    Op.WAIT_NORM: _zero,
     Op.OFFLOAD: _saved_copy,
     Op.RELOAD: _saved_copy,
     Op.WAIT_RELOAD: _zero,

@@ -40,6 +40,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             clip=plan.clip, shard_state=plan.shard_state, grad_lifetime=plan.grad_lifetime,
             shard_group=plan.shard_group, sync=plan.sync,
             fold_roles=fold_roles(program), micro_batch_group=plan.micro_batch_group,
+            host_norms=frozenset(a.unit for a in program if a.op is Op.START_NORM),
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups

@@ -101,6 +101,10 @@ class StageCosts:
         if u not in self.s.view_units:
             return 0.0
         add = 12 * self.s.params(u) / self.state_bandwidth
+        if u in self.s.host_norms and self._last_fold_added(u, mb):
+            # the step's last fold's add is done by SN on the host update thread (the
+            # runtime's fold adds lazily, when something next reads the accumulation)
+            return self._fold_without_last_add(u, mb, add)
         if not self.runs_on_device:
             return add
         on_device = (8 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
@@ -114,6 +118,33 @@ class StageCosts:
         return ({FIRST: 0.0}.get(role, add)
                 + (on_device if (u, mb) in self._summed else 0.0))
 
+    def _last_fold_added(self, u: int, mb: int | None) -> bool:
+        """Whether the step's last fold of unit u is an add on the host (not the copy into the
+        zero accumulation), and `mb` is that fold (mb None: the step's mean has one). Only
+        across a host link is a fold's add left for later (UnitState.fold_grads)."""
+        if not self.runs_on_device:
+            return False
+        roles = self.s.fold_roles
+        if roles:
+            folds = [(b, r) for (v, b), r in roles.items() if v == u and r != HOLD]
+            last_mb, role = folds[-1]
+            return role == LATER and (mb is None or mb == last_mb)
+        runs = self.s.n_micro // self.s.micro_batch_group
+        return runs > 1 and (mb is None or mb == self.s.n_micro - 1)
+
+    def _fold_without_last_add(self, u: int, mb: int | None, add: float) -> float:
+        on_device = (8 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
+        if mb is not None:
+            return on_device if (u, mb) in self._summed else 0.0
+        m, g = self.s.n_micro, self.s.micro_batch_group
+        return (add * (m // g - 2) + (on_device * m if g > 1 else 0.0)) / m
+
+    def unit_norm(self, u: int) -> float:
+        """SN u: the add of the unit's last fold where it is one, then its squared norm."""
+        add = 12 * self.s.params(u) / self.state_bandwidth if self._last_fold_added(u, None) \
+            else 0.0
+        return add + 4 * self.update_params(u) / self.state_bandwidth
+
     def update_params(self, u: int) -> int:
         """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
         the S of the replica's shard."""
@@ -125,7 +156,9 @@ class StageCosts:
         return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.state_bandwidth
 
     def norm_local(self) -> float:
-        return 4 * sum(self.update_params(u) for u in self.s.units) / self.state_bandwidth
+        """N's own read of the gradients: of the units no SN measured already."""
+        return 4 * sum(self.update_params(u) for u in self.s.units
+                       if u not in self.s.host_norms) / self.state_bandwidth
 
     def norm_replicas(self) -> float:
         """Sharded: the squared norm summed over the replicas first (a blocking all-reduce of

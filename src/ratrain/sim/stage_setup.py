@@ -45,6 +45,9 @@ class StageSetup:
     # (the planner's tables): the step's mean over groups of `micro_batch_group`
     fold_roles: dict[tuple[int, int], str] | None = None
     micro_batch_group: int = 1
+    # units whose gradient the host update thread finishes and measures (SN: carried updates
+    # with the global norm), so the walker's fold and norm leave them out
+    host_norms: frozenset[int] = frozenset()
 
     @cached_property
     def shape(self) -> uc.UnitShape:

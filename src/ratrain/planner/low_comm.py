@@ -1,0 +1,83 @@
+"""The low-communication option `ratrain plan` sets beside its plans where the link between
+replicas is too slow for a gradient sync every step: the fastest listed plan that --sync diloco
+can run, priced without its per-step sync and with the smallest H (and fragment count) that
+hides the outer sync (sim/low_comm.py). It is an option, never one of the plans: it changes the
+algorithm, so the search does not rank it and `--out` never writes it. Pure Python."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ratrain.planner import search
+from ratrain.planner.candidate import Candidate
+from ratrain.sim import low_comm
+from ratrain.sim.low_comm import LowComm
+
+
+@dataclass
+class Offer:
+    rank: int | None  # the listed plan it is of (1-based); None: of a plan not listed
+    candidate: Candidate
+    low: LowComm
+    best_tokens_per_s: float  # plan 1's
+
+
+def offer(found: search.SearchResult) -> Offer | None:
+    """The option for the first listed plan that --sync diloco can run and whose per-step sync
+    is worth avoiding, with the periods whose outer state (8 bytes a parameter) still fits the
+    budget; None where there is none. Where no listed plan has two replicas (over a slow link
+    the fastest synchronous plan may leave devices idle), the fastest plan that has is searched
+    for and priced."""
+    if not found.best:
+        return None
+    first = found.best[0].result.tokens_per_s
+    listed = [(rank, c) for rank, c in enumerate(found.best, 1) if c.layout.dp >= 2]
+    if not listed and found.request.devices >= 2:
+        more = search.search(dataclasses.replace(found.request, min_dp=2))
+        listed = [(None, c) for c in more.best]
+    return _first(found.request, listed, first)
+
+
+def _first(request, listed: list, first: float) -> Offer | None:
+    for rank, cand in listed:
+        low = low_comm.price(cand.plan, request.model, request.profile, cand.step_time,
+                             micro_batch_size=cand.layout.micro_batch_size,
+                             seq_len=request.seq_len, dtype=request.dtype)
+        if low is None:
+            continue
+        if not low.worth_it:
+            return None  # the fastest plan diloco could run hides its sync: nothing to offer
+        devices = [request.device(g) for g in cand.layout.groups]
+        low.options = [o for o in low.options if all(
+            r.device_peak + d.process_overhead(r.ledger_growth) <= request.limit_of(g)
+            and r.host_peak <= request.host_limit_of(g)
+            for res in o.results
+            for r, d, g in zip(res.ranks, devices, cand.layout.groups))]
+        return Offer(rank, cand, low, first) if low.options else None
+    return None
+
+
+def describe(o: Offer) -> str:
+    r = o.candidate.layout
+    tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
+    which = (f"plan {o.rank}" if o.rank else f"the fastest synchronous plan on {r.dp} replicas "
+             f"(not listed: plan 1 runs {o.best_tokens_per_s:,.0f} tokens/s)")
+    return (f"low-communication option (changes the algorithm; not a plan above): {which}, "
+            f"pp {r.pp} x dp {r.dp}, {r.n_micro} x {r.micro_batch_size}: "
+            + low_comm.advice(o.low, round(tokens)))
+
+
+def to_dict(o: Offer) -> dict:
+    best = o.low.best
+    tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
+    return {"changes_algorithm": True, "of_plan": o.rank, "pp": o.candidate.layout.pp,
+            "dp": o.candidate.layout.dp, "sync": best.sync,
+            "every": best.every, "fragments": best.fragments, "hidden": best.hidden,
+            "step_time_s": o.low.step_s, "inner_step_time_s": o.low.inner_s,
+            "mean_step_time_s": best.mean_step_s, "tokens_per_s": tokens / best.mean_step_s,
+            "outer_bytes_per_replica": best.bytes_per_period,
+            "options": [{"sync": x.sync, "mean_step_time_s": x.mean_step_s, "hidden": x.hidden}
+                        for x in o.low.options],
+            "why": "replicas step alone between outer syncs: the loss per token is not the "
+                   "synchronous run's"}

@@ -1,0 +1,122 @@
+"""What `--sync diloco` would buy a synchronous plan whose replicas wait on their gradient sync
+every step: the same plan without that sync (its inner step), and the smallest period H, with
+and without streaming fragments, at which the outer sync adds little to the mean step
+(sim/outer_period.py prices each). The planner offers it beside its plans and a run's start
+names it; neither switches it on, since it changes the algorithm (the loss per token is no
+longer the synchronous run's). Pure Python."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ratrain.config import ModelConfig
+from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
+from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.sim.outer_period import outer_bytes_per_replica, outer_period
+from ratrain.sim.profile import HardwareProfile
+from ratrain.sim.result import SimResult
+
+PERIODS = (5, 10, 20, 50, 100, 200, 500, 1000)
+"""The H weighed, smallest first (DiLoCo's paper uses 500; smaller H stays closer to the
+synchronous loss, so the smallest that hides the sync is the one to offer)."""
+FRAGMENTS = (None, 2, 4)
+"""DiLoCo (every unit at once), and Streaming DiLoCo in 2 and 4 fragments."""
+HIDDEN = 0.05
+"""An H hides the outer sync where the period's mean step is within this of the inner step."""
+EXPOSED = 0.10
+"""The per-step sync is worth avoiding where it adds at least this to the inner step: below
+it, the low-communication mode would change the algorithm for little."""
+
+
+@dataclass
+class Option:
+    sync: str  # the --sync value: diloco:H or diloco:H:F
+    every: int
+    fragments: int | None
+    mean_step_s: float  # over a period of H steps
+    hidden: bool  # within HIDDEN of the inner step (False: the largest H weighed, still short)
+    bytes_per_period: int  # one replica's outer deltas per H steps
+    results: list[SimResult]  # the inner step and each fragment's: their peaks are the memory
+
+
+@dataclass
+class LowComm:
+    step_s: float  # the synchronous plan's step
+    inner_s: float  # the same plan without a gradient sync per step
+    options: list[Option]  # per fragment count: the smallest H that hides the outer sync
+
+    @property
+    def exposed_s(self) -> float:
+        return self.step_s - self.inner_s
+
+    @property
+    def worth_it(self) -> bool:
+        return self.exposed_s >= EXPOSED * self.inner_s
+
+    @property
+    def best(self) -> Option | None:
+        """The smallest hiding H (of equal ones, the fewest fragments), else the fastest."""
+        hidden = [o for o in self.options if o.hidden]
+        if hidden:
+            return min(hidden, key=lambda o: (o.every, o.fragments or 1))
+        return min(self.options, key=lambda o: o.mean_step_s, default=None)
+
+
+def diloco_plan(plan: PipelinePlan, sync: str) -> PipelinePlan:
+    """`plan`'s layout, schedule and memory choices with `sync` instead of a per-step sync
+    (updates inline: carried updates are for the synchronous sync)."""
+    return build_plan(plan.n_layers, plan.pp, plan.dp, plan.n_micro, schedule=plan.schedule,
+                      policy=plan.policy, units_per_stage=[len(r) for r in plan.stage_units],
+                      clip=plan.clip, rank_order=plan.rank_order, view_window=plan.view_window,
+                      state_home=plan.state_home, unit_activation=plan.unit_activation,
+                      check=False, weight_grad=plan.weight_grad, grad_lifetime=plan.grad_lifetime,
+                      micro_batch_group=plan.micro_batch_group, sync=sync, update="inline")
+
+
+def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step_s: float,
+          **shape) -> LowComm | None:
+    """The low-communication options of a synchronous `plan` whose simulated step is `step_s`
+    (`shape`: simulate's micro_batch_size, seq_len, dtype); None where --sync diloco cannot
+    run it (one replica, the baseline policy, sharded state) or it syncs no gradients."""
+    n_units = plan.stage_units[-1].stop
+    if plan.sync != EVERY_STEP or outer_refusal(f"diloco:{PERIODS[-1]}", plan.dp, plan.policy,
+                                                plan.shard_state, n_units):
+        return None
+    inner_s, options = None, []
+    for fragments in FRAGMENTS:
+        if fragments and fragments > n_units:
+            continue
+        tail = f":{fragments}" if fragments else ""
+        # the synced steps' costs do not depend on H: one period prices every H
+        period = outer_period(diloco_plan(plan, f"diloco:{PERIODS[-1]}{tail}"), model, profile,
+                              **shape)
+        inner_s = period.inner.step_time
+        for every in PERIODS:
+            if fragments and fragments > every:
+                continue
+            mean = dataclasses.replace(period, every=every).mean_step_time
+            hidden = mean <= (1 + HIDDEN) * inner_s
+            if hidden or every == PERIODS[-1]:
+                sync = f"diloco:{every}{tail}"
+                options.append(Option(sync, every, fragments, mean, hidden, sum(
+                    outer_bytes_per_replica(diloco_plan(plan, sync), model)),
+                    [period.inner, *period.synced]))
+                break
+    return LowComm(step_s, inner_s, options) if inner_s is not None else None
+
+
+def advice(low: LowComm, tokens_per_step: int) -> str:
+    """One line: what the per-step sync costs and what --sync would hide it, marked as
+    changing the algorithm."""
+    best = low.best
+    others = [o for o in low.options if o.hidden and o is not best]
+    also = (" (or " + ", ".join(f"--sync {o.sync}" for o in others) + ")" if others else "")
+    what = "hides it" if best.hidden else f"is the best of H <= {PERIODS[-1]}, still short"
+    return (f"the per-step gradient sync adds {low.exposed_s:.3g} s to a {low.inner_s:.3g} s "
+            f"step; --sync {best.sync}{also} {what}: {tokens_per_step / best.mean_step_s:,.0f} "
+            f"tokens/s predicted against {tokens_per_step / low.step_s:,.0f} "
+            f"({low.step_s / best.mean_step_s:.2f}x), {best.bytes_per_period / 1e6:.3g} MB per "
+            f"replica every {best.every} steps. It changes the ALGORITHM (DiLoCo: each replica "
+            f"steps alone between outer syncs; the loss per token is not the synchronous run's), "
+            f"so it is never chosen for you")
