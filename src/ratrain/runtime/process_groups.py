@@ -81,6 +81,29 @@ def _restart_store(world: int, timeout_s: float) -> dist.Store | None:
     return dist.PrefixStore(f"ratrain/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
+def join_world(backend: str = "auto", timeout_s: float = 300.0) -> tuple[str, torch.device]:
+    """Join the process group of RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (once: the link probe
+    at a run's start joins before the plan exists, and init_groups then finds it joined); the
+    backend and this rank's device."""
+    backend = pick_backend(backend)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(f"local rank {local_rank} has no GPU: this machine has "
+                            f"{torch.cuda.device_count()}, and NCCL needs one GPU per rank")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s),
+                                store=_restart_store(world, timeout_s))
+    return backend, device
+
+
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
                 shard_group: int | None = None) -> Groups:
     """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
@@ -91,22 +114,11 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
     order and keeps its own. `shard_group`: hybrid sharding's group size (groups of that many
     neighbouring replicas of each stage, and the groups across them).
     """
-    backend = pick_backend(backend)
-    rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != grid.world_size:
         raise RuntimeError(f"WORLD_SIZE={world} but pp x dp = {grid.world_size}")
-    if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
-        if local_rank >= torch.cuda.device_count():
-            raise UserError(f"local rank {local_rank} has no GPU: this machine has "
-                            f"{torch.cuda.device_count()}, and NCCL needs one GPU per rank")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s), store=_restart_store(world, timeout_s))
+    backend, device = join_world(backend, timeout_s)
+    rank = dist.get_rank()
     stage, replica = grid.coords(rank)
     pipeline = replicas = None
     for r in range(grid.dp):

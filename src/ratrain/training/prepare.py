@@ -15,6 +15,7 @@ from ratrain.runtime.launch import under_torchrun
 from ratrain.runtime.process_groups import pick_backend
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup import Machine, run_plan
+from ratrain.training import link_profile
 
 
 def this_machine(cfg: RunConfig) -> Machine:
@@ -35,7 +36,16 @@ def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = Fa
     if progress and int(os.environ.get("RANK", 0)) == 0:
         def say(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
-    return run_plan(cfg, this_machine(cfg), plan_data=plan_data, say=say)
+    machine, profile = this_machine(cfg), None
+    if link_profile.wants_probe(cfg):  # across nodes, --schedule auto weighs the links there are
+        profile = link_profile.probed_profile(
+            cfg, (machine.device_name or "GPU") if machine.host_is_separate else None, say)
+    plan = run_plan(cfg, machine, plan_data=plan_data, profile=profile, say=say)
+    if profile is not None and say:
+        hint = link_profile.low_comm_hint(cfg, plan, profile)
+        if hint:
+            say(hint)
+    return plan
 
 
 def is_distributed(cfg: RunConfig) -> bool:
