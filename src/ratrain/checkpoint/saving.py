@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ratrain.checkpoint import CheckpointWriteError, _partial, finalize, save_units
+from ratrain.checkpoint import CheckpointWriteError, _partial, checkpoint_dir, finalize, save_units
 
 SLOW_WRITES_ENV = "RATRAIN_TEST_ONLY_SLOW_CHECKPOINT_WRITES_S"
 """Test only: seconds the writer sleeps after each unit's files, so that a test can kill a run
@@ -121,6 +121,14 @@ def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: fl
     files = {name: entry for part in parts for name, entry in part["files"].items()}
     rng = {str(r): part["rng"] for r, part in enumerate(parts)}
     return finalize(run_dir, step, {**meta, "rng": rng}, files, keep)
+
+
+def wait_published(run_dir, step: int, timeout_s: float) -> None:
+    """On a rank other than the main one, whose own part of the save of `step` is written:
+    wait until the main rank has published it, or given it up (its partial directory gone)."""
+    final, deadline = checkpoint_dir(run_dir, step), time.monotonic() + timeout_s
+    while not final.is_dir() and _partial(run_dir, step).is_dir() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 class Saver:

@@ -108,7 +108,10 @@ class Loop:
             result = self.engine.train_step(batches, lr, step)
             elapsed = time.perf_counter() - t0
             if not math.isfinite(result.loss):
-                self.saver.wait()  # a save in flight is of a good step: it counts
+                self.saver.wait()  # a save in flight is of a good step: it counts, on every rank
+                if self.saver.times and not self.is_main:
+                    saving.wait_published(self.where, self.saver.times[-1]["step"],
+                                          self.cfg.parallel.comm_timeout_s)
                 newest = checkpoint.complete_dirs(self.where)
                 kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
                 raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; {kept}; "
