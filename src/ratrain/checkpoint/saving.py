@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ratrain.checkpoint import CheckpointWriteError, _partial, checkpoint_dir, finalize, save_units
+from ratrain.checkpoint import (CheckpointWriteError, _partial, _write_failed, checkpoint_dir,
+                                finalize, save_units)
 
 SLOW_WRITES_ENV = "RATRAIN_TEST_ONLY_SLOW_CHECKPOINT_WRITES_S"
 """Test only: seconds the writer sleeps after each unit's files, so that a test can kill a run
@@ -90,10 +91,13 @@ def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
             return
         files.update(_write(run_dir, step, unit, state, taken.replica))
     partial = _partial(run_dir, step)
-    partial.mkdir(parents=True, exist_ok=True)
-    tmp = partial / (_MARK.format(rank) + ".tmp")
-    tmp.write_text(json.dumps({"files": files, "rng": rng_state}))
-    tmp.rename(partial / _MARK.format(rank))  # whole or absent, as the main rank reads it
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        tmp = partial / (_MARK.format(rank) + ".tmp")
+        tmp.write_text(json.dumps({"files": files, "rng": rng_state}))
+        tmp.rename(partial / _MARK.format(rank))  # whole or absent, as the main rank reads it
+    except OSError as e:  # a full disk, as a unit's write would report it
+        raise _write_failed(run_dir, step, e) from None
 
 
 def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: float,
