@@ -34,7 +34,8 @@ beside 1F1B on the same layouts.
 
 Where the profile's figures did not repeat, each row also has the step time with them at their
 fastest and slowest repeat (`predicted_range`), and the table says how many measurements fell
-within it.
+within it. Per set the table also gives the signed error's median and spread (standard
+deviation over the configurations): a median outside its spread is a bias, not noise.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The table of a bench/sim_accuracy.py result (plain data, as its JSON holds it): per
 configuration predicted against measured step time, ledger and RSS growth, then the errors'
-medians and largest, in sample and out, and how far the rounds of one configuration are apart."""
+medians and largest, in sample and out, the signed error's median against its spread (a median
+farther from 0 than the spread is a bias, not noise), and how far the rounds of one
+configuration are apart."""
 
 from __future__ import annotations
 
@@ -13,12 +15,28 @@ def _err(pred: float, meas: float) -> float:
     return (pred - meas) / meas
 
 
+def signed_spread(errors: list[float]) -> tuple[float, float]:
+    """(median, spread) of signed errors: the spread is their standard deviation (0 for one)."""
+    return (statistics.median(errors),
+            statistics.stdev(errors) if len(errors) > 1 else 0.0)
+
+
+def signed_line(which: str, errors: list[float]) -> str:
+    """The signed error's median, its spread and whether the median lies within it."""
+    mid, sd = signed_spread(errors)
+    return (f"step time {which}, signed error: median {mid:+.1%}, spread (standard deviation) "
+            f"{sd:.1%}, from {min(errors):+.1%} to {max(errors):+.1%}; the median "
+            f"{'lies' if abs(mid) <= sd else 'does not lie'} within its spread "
+            f"(|median| {'<=' if abs(mid) <= sd else '>'} spread)")
+
+
 def table(result: dict) -> str:
     head = ["config", "n_micro", "step predicted (s) (range over unstable figures)",
             "measured (s) (per round)", "error",
             "stage: ledger predicted / measured MiB (error)", "RSS growth predicted / measured MiB (error)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     errors: dict[str, list[float]] = {"in sample": [], "out of sample": []}
+    signed: dict[str, list[float]] = {"in sample": [], "out of sample": []}
     before: dict[str, list[float]] = {"in sample": [], "out of sample": []}
     paired: dict[str, list[float]] = {"in sample": [], "out of sample": []}
     rounds_apart, in_range, ranged = [], 0, 0
@@ -27,6 +45,7 @@ def table(result: dict) -> str:
         e = _err(st["predicted"], st["measured"])
         which = "in sample" if row.get("in_sample", True) else "out of sample"
         errors[which].append(abs(e))
+        signed[which].append(e)
         if "predicted_from_first_repeat" in st:
             before[which].append(abs(_err(st["predicted_from_first_repeat"], st["measured"])))
         if len(st["measured_per_round"]) > 1:
@@ -55,6 +74,7 @@ def table(result: dict) -> str:
         if errs:
             lines.append(f"\nstep time {which}: median |error| {statistics.median(errs):.1%}, "
                          f"largest {max(errs):.1%}")
+            lines.append(signed_line(which, signed[which]))
         if paired[which]:
             lines.append(f"step time {which}, each run from the profile repeat just before it: "
                          f"median |error| {statistics.median(paired[which]):.1%}, largest "

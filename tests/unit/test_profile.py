@@ -266,10 +266,13 @@ def test_repeats_combine_into_medians_and_name_what_did_not_repeat():
     combined = combine(repeats, sizes)
     assert combined.measured[0].block.backward_s == 2.05e-3
     assert combined.intra_node.p2p == Link(2.1e9, 120e-6)  # one fit, not a mix of two
-    # contention moved the slowdown by 32%: named and not applied; the block by 5%: kept
+    # contention moved the slowdown by 32%: named, and its median used like every other
+    # figure's (not 0, which biased every multi-process prediction fast); the block by 5%: kept
     note = combined.notes["stability"]
-    assert combined.device.contention == 0.0
-    assert "device.contention spread 32% (0.02, 0.35, 0.03): not applied" in note
+    assert combined.device.contention == 0.03
+    assert ("device.contention spread 32% (0.02, 0.35, 0.03): the median is used; predictions "
+            "that lean on it carry its spread") in note
+    assert "not applied" not in note
     assert "block" not in note
     # the link predicts 4 KiB in 102-142 us (a 33% spread): named, its median fit used
     assert "intra_node.p2p spread" in note
@@ -345,6 +348,48 @@ def test_plan_gives_its_best_plans_range(monkeypatch, capsys, tmp_path):
     assert f"plan 1: {fast:.4g}-{slow:.4g} s with the profile's figures that did not" in stdout
 
 
+def _contention_unstable(tmp_path):
+    """A profile file whose three repeats measured contention as 2026-11-26's CPU profile did:
+    0.188, 0.345, 0.183 (everything else alike)."""
+    combined = combine([_repeat(2.0e-3, c, 100e-6, 2e9) for c in (0.188, 0.345, 0.183)],
+                       [4096.0, 1 << 20])
+    path = tmp_path / "profile.yaml"
+    combined.save(path)
+    return path
+
+
+def test_an_unstable_contention_widens_the_range_and_does_not_bias_the_prediction(
+        monkeypatch, capsys, tmp_path):
+    """Two ranks on the profile's 2 cores: contention applies in full. The prediction is the
+    median's (0.188), inside the range the contention's slowest and fastest repeats give, not
+    the 0 that priced the step below the range's own fast edge."""
+    path = _contention_unstable(tmp_path)
+    assert load_profile(str(path)).device.contention == 0.188
+    args = ("simulate", "--model", "tiny", "--profile", str(path), "--seq-len", "256",
+            "--micro-batch-size", "2", "--global-batch", "8")
+    code, stdout, err = run_cli(monkeypatch, capsys, *args, "--pp", "2", "--json")
+    assert code == 0, err
+    out = json.loads(stdout)
+    fast, slow = out["step_time_range_s"]
+    assert fast < out["step_time_s"] < slow
+    assert out["unstable_figures"] == ["device.contention"]
+    # the prediction at contention 0 (the old rule) lies below the range's fast edge
+    zero = yaml.safe_load(path.read_text())
+    zero["device"]["contention"] = 0.0
+    zero_path = tmp_path / "zero.yaml"
+    zero_path.write_text(yaml.safe_dump(zero))
+    code, stdout, err = run_cli(monkeypatch, capsys, *args[:4], str(zero_path), *args[5:],
+                                "--pp", "2", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["step_time_s"] < fast
+    # one process: contention does not apply, nothing to widen
+    code, stdout, err = run_cli(monkeypatch, capsys, *args, "--pp", "1", "--dp", "1", "--json")
+    assert code == 0, err
+    out = json.loads(stdout)
+    fast, slow = out["step_time_range_s"]
+    assert fast == pytest.approx(out["step_time_s"]) == pytest.approx(slow)
+
+
 def test_repeats_that_agree_say_so():
     repeats = [_repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(2.02e-3, 0.03, 101e-6, 2e9)]
     combined = combine(repeats, [4096.0])
@@ -381,10 +426,24 @@ def test_repeats_beside_other_work_are_set_aside_or_named():
     combined = combine([busy, quiet, quiet], sizes, other_work=[1.0, 0.1, 0.0])
     assert combined.measured[0].block.backward_s == 2.0e-3 and combined.device.contention == 0.02
     assert "the 1 beside more than 0.25 cores of it are set aside" in combined.notes["other_work"]
-    # nothing quiet: the times are what there is, contention is not applied
+    # nothing quiet: the times are what there is, and contention its median, with a range
+    # from a quiet machine's 0 to its largest repeat though its repeats agree
     combined = combine([busy, busy], sizes, other_work=[1.0, 0.9])
-    assert combined.measured[0].block.backward_s == 3.0e-3 and combined.device.contention == 0.0
-    assert "contention cannot be told from it" in combined.notes["other_work"]
+    assert combined.measured[0].block.backward_s == 3.0e-3 and combined.device.contention == 0.6
+    assert "contention cannot be told from that work's load: its median 0.6 is used" in \
+        combined.notes["other_work"]
+    assert combined.unstable == {"slow": {"device.contention": 0.6},
+                                 "fast": {"device.contention": 0.0}}
+    assert at_edge(combined, "fast").device.contention == 0.0
+    # where it did not repeat either, the range still reaches 0 and its slowest repeat
+    wobbly = _repeat(3.0e-3, 0.9, 100e-6, 2e9)
+    combined = combine([busy, wobbly, busy], sizes, other_work=[1.0, 0.9, 0.8])
+    assert combined.device.contention == 0.6
+    assert combined.unstable["slow"]["device.contention"] == 0.9
+    assert combined.unstable["fast"]["device.contention"] == 0.0
+    # a profile without contention to speak of (a GPU's, one rank) gets no range for it
+    assert combine([_repeat(2.0e-3, 0.0, 100e-6, 2e9)] * 2, sizes,
+                   other_work=[1.0, 1.0]).unstable == {}
 
 
 def test_other_work_counts_what_is_not_ours():

@@ -109,7 +109,8 @@ class Device:
     """CPU: how much slower compute runs while every core of the node is busy than alone
     (shared caches and memory bandwidth), as a fraction: 0.2 = 20% slower. The simulator slows
     a node's compute by 1 + contention x (busy ranks - 1) / (cores - 1), at most the full
-    factor, on top of processor sharing."""
+    factor, on top of processor sharing. Where `ratrain profile`'s repeats of it disagree, the
+    median, with its slowest and fastest repeat in the profile's `unstable`."""
 
     def process_overhead(self, ledger_growth: float) -> float:
         return self.process_overhead_bytes + self.process_overhead_per_byte * ledger_growth
@@ -147,9 +148,10 @@ class HardwareProfile:
     """A heterogeneous cluster: groups of devices that differ in speed and memory (`device` is
     then the first group's). Empty: every device is `device`."""
     unstable: dict[str, dict[str, float]] = field(default_factory=dict)
-    """The figures that did not repeat over `ratrain profile`'s repeats, at their slowest and
-    fastest repeat: {"slow": {field path: value}, "fast": {...}} (sim/profile_repeats.py,
-    at_edge). Empty: every figure repeated, or a preset."""
+    """The figures that did not repeat over `ratrain profile`'s repeats (the profile holds each at
+    its median), at their slowest and fastest repeat: {"slow": {field path: value}, "fast":
+    {...}} (sim/profile_repeats.py, at_edge): `ratrain simulate` and `ratrain plan` state the
+    step time at both. Empty: every figure repeated, or a preset."""
 
     @property
     def device_count(self) -> int | None:

@@ -15,18 +15,21 @@ taken over what the figure does to a prediction:
   efficiency, whose product with another repeat's peak priced every unmeasured shape 13% slow
   (2026-11-23).
 
-A figure that does not repeat is named in the profile's notes (`stability`) with its values.
-Its median is used, except for contention, which is then not applied (0): on a machine whose
-cores are shared with other work (a small VM) one measurement of it differed from the next by
-14x and moved every multi-process prediction by up to 20%; without it the simulator still has
-processor sharing, which is most of what contention there is. The profile also keeps such a
-figure's slowest and fastest repeat (`unstable`), so a prediction can say how far it leans on
-what did not repeat: at_edge gives the profile at either edge, and `ratrain simulate` the step
-time at both.
+A figure that does not repeat is named in the profile's notes (`stability`) with its values,
+and its median is used, contention's as every other's: what is not measured well widens the
+range a prediction states, it does not bias the prediction. The profile keeps such a figure's
+slowest and fastest repeat (`unstable`), so a prediction can say how far it leans on what did
+not repeat: at_edge gives the profile at either edge, and `ratrain simulate` and `ratrain plan`
+the step time at both. (Until 2026-11-26 an unstable contention was set to 0, not applied: a
+profile of the 2-core VM whose contention repeated as 0.188, 0.345 and 0.183 then priced every
+multi-process step as if compute did not slow with every core busy, and the range it stated
+began at 0.183, above the 0 it applied.)
 
 A repeat measured while other work kept the cores busy (other_work.py) reads that work's load as
-the machine's slowness; where a quieter repeat exists it is set aside, and where none does the
-contention figure is not applied and the notes say why.
+the machine's slowness; where a quieter repeat exists it is set aside. Where none does, the
+figures are what there is: the median is used and the notes say why. Contention, which such work
+inflates by an amount that cannot be told, then has a range whatever its repeats did: from 0 (a
+quiet machine's floor) to its largest repeat.
 
 Pure Python over plain data (HardwareProfile.to_dict): the measuring itself is profiling.py's.
 """
@@ -98,11 +101,13 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
             other_work: list[float] | None = None) -> HardwareProfile:
     """One profile from repeated measurements: the median of every number (of a link: the
     repeat whose predicted times are the median ones, so latency and bandwidth stay one fit),
-    the figures that did not repeat named in its notes, an unstable contention not applied.
+    the figures that did not repeat named in its notes and kept at their slowest and fastest
+    repeat (`unstable`); every figure, contention included, at its median.
 
     `other_work`: per repeat, the cores other work kept busy while it measured (other_work.py).
     Repeats measured beside more than BUSY cores of other work are set aside where a quieter
-    one exists; where none does, contention (which such work inflates) is not applied."""
+    one exists; where none does, contention (which such work inflates) is kept at its median
+    with a range from 0 to its largest repeat."""
     other_work = other_work or [0.0] * len(repeats)
     quiet = [r for r, busy in zip(repeats, other_work) if busy <= BUSY]
     used = quiet or repeats
@@ -114,8 +119,9 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
     notes = dict(merged.get("notes") or {})
     notes["stability"] = _stability_note(len(used), bad, values, tolerance)
     merged["unstable"] = _edges(data, bad, merged, sizes)
-    if CONTENTION in bad:
-        merged["device"]["contention"] = 0.0
+    largest = max(float(d["device"]["contention"]) for d in data)
+    if not quiet and largest > 0:  # beside other work: from a quiet machine's 0 to its largest
+        _widen(merged["unstable"], CONTENTION, slow=largest, fast=0.0)
     if len(quiet) < len(repeats):
         shown = ", ".join(f"{busy:.2f}" for busy in other_work)
         if quiet:
@@ -123,10 +129,12 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
                                    f"repeats: the {len(repeats) - len(quiet)} beside more than "
                                    f"{BUSY} cores of it are set aside")
         else:
-            merged["device"]["contention"] = 0.0
+            c = merged["device"]["contention"]
             notes["other_work"] = (f"other work kept {shown} cores busy during the {len(repeats)} "
-                                   f"repeats: contention cannot be told from it and is not "
-                                   f"applied (0); the times are slower than on a quiet machine")
+                                   f"repeats: the times are slower than on a quiet machine, and "
+                                   f"contention cannot be told from that work's load: its median "
+                                   f"{c:.3g} is used, its range from 0 to its largest repeat "
+                                   f"(unstable)")
     merged["notes"] = notes
     return from_dict(merged, "combined profile")
 
@@ -166,6 +174,15 @@ def _edges(data: list[dict[str, Any]], bad: dict[str, float], merged: dict[str, 
         slow[path], fast[path] = ((max(values), min(values)) if larger_is_slower
                                   else (min(values), max(values)))
     return {"slow": slow, "fast": fast} if slow else {}
+
+
+def _widen(edges: dict[str, dict[str, float]], path: str, slow: float, fast: float) -> None:
+    """Put a figure's edges into `unstable` (its "slow" and "fast" parts), at least as wide as
+    any already there."""
+    edges.setdefault("slow", {})
+    edges.setdefault("fast", {})
+    edges["slow"][path] = max(slow, edges["slow"].get(path, slow))
+    edges["fast"][path] = min(fast, edges["fast"].get(path, fast))
 
 
 def at_edge(profile: HardwareProfile, edge: str) -> HardwareProfile:
@@ -237,7 +254,6 @@ def _stability_note(n: int, bad: dict[str, float], values: dict[str, list[float]
     for path, s in bad.items():
         shown = ", ".join(f"{v - 1:.3g}" if path == CONTENTION else f"{v:.3g}"
                           for v in values[path])
-        what = ("not applied (0)" if path == CONTENTION
-                else "the median is used; predictions that lean on it carry its spread")
-        parts.append(f"{path} spread {s:.0%} ({shown}): {what}")
+        parts.append(f"{path} spread {s:.0%} ({shown}): the median is used; predictions that "
+                     f"lean on it carry its spread")
     return f"{n} repeats; did not repeat within {tolerance:.0%}: " + "; ".join(parts)
