@@ -1,0 +1,117 @@
+"""The plots and the table of bench/low_bandwidth.py's results (`--report`): loss against
+tokens and against wall time, the bytes each step put on the link, and per run its tokens/s,
+bytes per step (measured on the veths), peak step and the loss gap at equal tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WINDOW = 50  # steps: the loss gap compares the mean training loss over the last WINDOW steps
+
+
+def _smooth(xs: list[float], k: int = 25) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= k:
+            acc -= xs[i - k]
+        out.append(acc / min(i + 1, k))
+    return out
+
+
+def _key(d: dict) -> tuple:
+    return d["rate"], d["pp"], d["sync"], d["steps"]
+
+
+def rows(results: list[dict]) -> list[dict]:
+    """One row per run, with its ratio to the synchronous run of its rate and pp and its loss
+    gap to the synchronous run of equal steps and pp (the loss per step does not depend on
+    the link: the same seed, batches and algorithm)."""
+    sync = {(d["rate"], d["pp"]): d for d in results if d["sync"] == "step"}
+    ref = {(d["pp"], d["steps"]): d for d in results if d["sync"] == "step"}
+    out = []
+    for d in sorted(results, key=lambda d: (-float(d["rate"].rstrip("mbit")), d["pp"],
+                                            d["sync"] != "step", d["sync"])):
+        timed = d["bytes_at_step"][1:]
+        row = {"run": d, "mb_per_step": sum(timed) / len(timed) / 1e6,
+               "peak_mb": max(timed) / 1e6,
+               "loss_tail": sum(d["loss"][-WINDOW:]) / len(d["loss"][-WINDOW:])}
+        base = sync.get((d["rate"], d["pp"]))
+        row["speedup"] = d["tokens_per_s"] / base["tokens_per_s"] if base else None
+        same = ref.get((d["pp"], d["steps"]))
+        if same and same is not d:
+            tail = sum(same["loss"][-WINDOW:]) / len(same["loss"][-WINDOW:])
+            row["gap"] = row["loss_tail"] / tail - 1
+            last = str(d["steps"])
+            if last in d["val_loss"] and last in same["val_loss"]:
+                row["val_gap"] = d["val_loss"][last] / same["val_loss"][last] - 1
+        out.append(row)
+    return out
+
+
+def table(rs: list[dict]) -> str:
+    head = ("| link | pp | --sync | steps | tokens/s | x sync | MB sent per step (both nodes) | "
+            f"peak step MB | train loss, last {WINDOW} steps | gap to sync | val loss at end | "
+            "val gap | wall s |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rs:
+        d = r["run"]
+        val = d["val_loss"].get(str(d["steps"]))
+        lines.append(
+            f"| {d['rate']} | {d['pp']} | {d['sync']} | {d['steps']} | {d['tokens_per_s']:.0f} | "
+            + (f"**{r['speedup']:.2f}**" if r["speedup"] and d["sync"] != "step" else "1") + " | "
+            f"{r['mb_per_step']:.2f} | {r['peak_mb']:.2f} | {r['loss_tail']:.4f} | "
+            + (f"{r['gap']:+.2%}" if "gap" in r else "-") + " | "
+            + (f"{val:.4f}" if val is not None else "-") + " | "
+            + (f"{r['val_gap']:+.2%}" if "val_gap" in r else "-") + f" | {d['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def plots(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    names = sorted({d["sync"] for d in results}, key=lambda n: (n != "step", n))
+    color = {n: f"C{i}" for i, n in enumerate(names)}  # one colour per --sync in every panel
+    for d in results:
+        if d["pp"] != 1:
+            continue
+        name = f"{d['sync']} {d['rate']}"
+        style = "-" if d["rate"] == "100mbit" else "--"
+        tokens = [d["tokens_per_step"] * (i + 1) / 1e6 for i in range(len(d["loss"]))]
+        if d["rate"] == "100mbit":
+            axes[0].plot(tokens, _smooth(d["loss"]), style, label=name, lw=1.2,
+                         color=color[d["sync"]])
+        n = len(d["wall_at_step"])
+        axes[1].plot(d["wall_at_step"], _smooth(d["loss"])[:n], style, label=name, lw=1.2,
+                     color=color[d["sync"]])
+        if d["rate"] == "100mbit" and d["sync"] in ("diloco:50", "diloco:50:2"):
+            axes[2].plot(range(2, n + 1), [b / 1e6 for b in d["bytes_at_step"][1:]], lw=0.8,
+                         label=name, color=color[d["sync"]])
+    axes[0].set(xlabel="tokens (millions)", ylabel="training loss (mean of 25 steps)",
+                title="loss against tokens, 100 Mbit/s")
+    axes[1].set(xlabel="wall time since launch (s)", ylabel="training loss (mean of 25 steps)",
+                title="loss against wall time (dashed: 50 Mbit/s)")
+    axes[2].set(xlabel="step", ylabel="MB sent by both nodes in the step",
+                title="bytes on the link per step (veth counters)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylim(top=3.0)
+    axes[1].set_ylim(top=3.0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(out: Path) -> int:
+    results = json.loads(out.read_text())
+    print(table(rows(results)))
+    png = REPO / "docs/low_bandwidth.png"
+    plots(results, png)
+    print(f"wrote {png}")
+    return 0
