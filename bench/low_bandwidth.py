@@ -13,7 +13,7 @@ growth between two step rows, and the wall time of each step is when its row app
     .venv/bin/python bench/low_bandwidth.py --report     # plots and table from the results file
     sudo .venv/bin/python bench/low_bandwidth.py --start-lines 100mbit   # what a default run says
 
-A run spec is RATE,SYNC,STEPS[,PP]. Results accumulate in --out (one entry per run, written
+A run spec is RATE,SYNC,STEPS[,PP[,FLAGS]] (FLAGS: more `ratrain train` flags, space-separated). Results accumulate in --out (one entry per run, written
 after each run, so a long sweep that is stopped keeps what it finished).
 """
 
@@ -46,15 +46,17 @@ SHAPE = ["--model", "tiny", "--seq-len", str(SEQ_LEN), "--global-batch", str(GLO
 
 def parse_spec(text: str) -> dict:
     parts = text.split(",")
-    if len(parts) not in (3, 4):
-        raise SystemExit(f"--run {text!r}: expected RATE,SYNC,STEPS[,PP]")
+    if len(parts) not in (3, 4, 5):
+        raise SystemExit(f"--run {text!r}: expected RATE,SYNC,STEPS[,PP[,FLAGS]]")
     parse_rate(parts[0])
     return {"rate": parts[0], "sync": parts[1], "steps": int(parts[2]),
-            "pp": int(parts[3]) if len(parts) == 4 else 1}
+            "pp": int(parts[3]) if len(parts) > 3 else 1,
+            "flags": parts[4] if len(parts) > 4 else ""}
 
 
 def label(spec: dict) -> str:
-    return f"{spec['rate']} pp={spec['pp']} {spec['sync']} ({spec['steps']} steps)"
+    flags = f" {spec['flags']}" if spec.get("flags") else ""
+    return f"{spec['rate']} pp={spec['pp']} {spec['sync']}{flags} ({spec['steps']} steps)"
 
 
 class Sampler(threading.Thread):
@@ -127,6 +129,7 @@ def run_one(spec: dict, work: Path, port: int) -> dict:
             "--no-checkpoints", "--no-trace", "--no-report", "--no-progress", "--threads", "1"]
     if spec["pp"] > 1:
         argv += ["--rank-order", "dp-pp"]
+    argv += spec.get("flags", "").split()  # e.g. "--outer-lr 1 --outer-momentum 0"
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with TwoNodes(spec["rate"]) as net:
         sampler = Sampler(net, run_dir / "metrics.jsonl")

@@ -21,15 +21,15 @@ def _smooth(xs: list[float], k: int = 25) -> list[float]:
     return out
 
 
-def _key(d: dict) -> tuple:
-    return d["rate"], d["pp"], d["sync"], d["steps"]
-
-
 def rows(results: list[dict]) -> list[dict]:
     """One row per run, with its ratio to the synchronous run of its rate and pp and its loss
     gap to the synchronous run of equal steps and pp (the loss per step does not depend on
     the link: the same seed, batches and algorithm)."""
-    sync = {(d["rate"], d["pp"]): d for d in results if d["sync"] == "step"}
+    # the ratio's base: the synchronous run of the same link, pp and steps (a pair run close
+    # in time on the shared machine), else of the same link and pp
+    sync = {(d["rate"], d["pp"]): d for d in sorted(results, key=lambda d: -d["steps"])
+            if d["sync"] == "step"}
+    sync.update({(d["rate"], d["pp"], d["steps"]): d for d in results if d["sync"] == "step"})
     ref = {(d["pp"], d["steps"]): d for d in results if d["sync"] == "step"}
     out = []
     for d in sorted(results, key=lambda d: (-float(d["rate"].rstrip("mbit")), d["pp"],
@@ -38,7 +38,7 @@ def rows(results: list[dict]) -> list[dict]:
         row = {"run": d, "mb_per_step": sum(timed) / len(timed) / 1e6,
                "peak_mb": max(timed) / 1e6,
                "loss_tail": sum(d["loss"][-WINDOW:]) / len(d["loss"][-WINDOW:])}
-        base = sync.get((d["rate"], d["pp"]))
+        base = sync.get((d["rate"], d["pp"], d["steps"])) or sync.get((d["rate"], d["pp"]))
         row["speedup"] = d["tokens_per_s"] / base["tokens_per_s"] if base else None
         same = ref.get((d["pp"], d["steps"]))
         if same and same is not d:
@@ -60,7 +60,8 @@ def table(rs: list[dict]) -> str:
         d = r["run"]
         val = d["val_loss"].get(str(d["steps"]))
         lines.append(
-            f"| {d['rate']} | {d['pp']} | {d['sync']} | {d['steps']} | {d['tokens_per_s']:.0f} | "
+            f"| {d['rate']} | {d['pp']} | {d['sync']} {d.get('flags', '')} | {d['steps']} | "
+            f"{d['tokens_per_s']:.0f} | "
             + (f"**{r['speedup']:.2f}**" if r["speedup"] and d["sync"] != "step" else "1") + " | "
             f"{r['mb_per_step']:.2f} | {r['peak_mb']:.2f} | {r['loss_tail']:.4f} | "
             + (f"{r['gap']:+.2%}" if "gap" in r else "-") + " | "
@@ -76,23 +77,26 @@ def plots(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    names = sorted({d["sync"] for d in results}, key=lambda n: (n != "step", n))
-    color = {n: f"C{i}" for i, n in enumerate(names)}  # one colour per --sync in every panel
+    names = sorted({d["sync"] + d.get("flags", "") for d in results},
+                   key=lambda n: (n != "step", n))
+    color = {n: f"C{i}" for i, n in enumerate(names)}  # one colour per run kind in every panel
     for d in results:
         if d["pp"] != 1:
             continue
-        name = f"{d['sync']} {d['rate']}"
+        if d["steps"] < 600 and d["rate"] == "100mbit":
+            continue  # the short throughput pairs: their cosine is another run's
+        name = f"{d['sync']} {d.get('flags', '')} {d['rate']}".replace("  ", " ")
         style = "-" if d["rate"] == "100mbit" else "--"
         tokens = [d["tokens_per_step"] * (i + 1) / 1e6 for i in range(len(d["loss"]))]
         if d["rate"] == "100mbit":
             axes[0].plot(tokens, _smooth(d["loss"]), style, label=name, lw=1.2,
-                         color=color[d["sync"]])
+                         color=color[d["sync"] + d.get("flags", "")])
         n = len(d["wall_at_step"])
         axes[1].plot(d["wall_at_step"], _smooth(d["loss"])[:n], style, label=name, lw=1.2,
-                     color=color[d["sync"]])
+                     color=color[d["sync"] + d.get("flags", "")])
         if d["rate"] == "100mbit" and d["sync"] in ("diloco:50", "diloco:50:2"):
             axes[2].plot(range(2, n + 1), [b / 1e6 for b in d["bytes_at_step"][1:]], lw=0.8,
-                         label=name, color=color[d["sync"]])
+                         label=name, color=color[d["sync"] + d.get("flags", "")])
     axes[0].set(xlabel="tokens (millions)", ylabel="training loss (mean of 25 steps)",
                 title="loss against tokens, 100 Mbit/s")
     axes[1].set(xlabel="wall time since launch (s)", ylabel="training loss (mean of 25 steps)",

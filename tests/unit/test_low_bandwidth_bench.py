@@ -50,4 +50,4 @@ def test_the_table_compares_with_the_synchronous_run_of_the_same_link_and_steps(
     assert abs(r["val_gap"] - 0.1) < 1e-12
     # no synchronous run at 50 Mbit/s: no ratio; the loss gap is against the same steps' sync
     assert rows["50mbit", "diloco:50"]["speedup"] is None and "gap" in rows["50mbit", "diloco:50"]
-    assert "| 100mbit | 1 | diloco:50 | 3 | 300 | **3.00** |" in report.table(list(rows.values()))
+    assert "| 100mbit | 1 | diloco:50  | 3 | 300 | **3.00** |" in report.table(list(rows.values()))
