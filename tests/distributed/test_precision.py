@@ -51,8 +51,8 @@ def _inject_inf(inject_rank: int, inject_step: int, log_dir: str, *args) -> None
                                 "scale": self.loss_scale.scale}) + "\n")
         return result
 
-    def poisoned_fold(self):
-        fold_grads(self)
+    def poisoned_fold(self, role=None):
+        fold_grads(self, role)
         if rank == inject_rank and now.get("step") == inject_step and self.grad is not None:
             self.grad[0] = float("inf")
 
