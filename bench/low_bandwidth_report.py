@@ -26,7 +26,8 @@ def rows(results: list[dict]) -> list[dict]:
     gap to the synchronous run of equal steps and pp (the loss per step does not depend on
     the link: the same seed, batches and algorithm)."""
     # the ratio's base: the synchronous run of the same link, pp and steps (a pair run close
-    # in time on the shared machine), else of the same link and pp
+    # in time on the shared machine), else the shortest of the same link and pp (the later
+    # entries of the descending sort win)
     sync = {(d["rate"], d["pp"]): d for d in sorted(results, key=lambda d: -d["steps"])
             if d["sync"] == "step"}
     sync.update({(d["rate"], d["pp"], d["steps"]): d for d in results if d["sync"] == "step"})
@@ -83,7 +84,7 @@ def plots(results: list[dict], path: Path) -> None:
     for d in results:
         if d["pp"] != 1:
             continue
-        if d["steps"] < 600 and d["rate"] == "100mbit":
+        if d["steps"] < 600 and d["rate"] == "100mbit" or d["steps"] < 150:
             continue  # the short throughput pairs: their cosine is another run's
         name = f"{d['sync']} {d.get('flags', '')} {d['rate']}".replace("  ", " ")
         style = "-" if d["rate"] == "100mbit" else "--"
