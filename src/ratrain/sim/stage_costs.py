@@ -6,7 +6,8 @@ sim/cost_model.py turns them into each op's duration."""
 from __future__ import annotations
 
 from ratrain.schedule.ir import Action, Op
-from ratrain.schedule.unit_major import FIRST, HOLD, LATER
+from ratrain.schedule.unit_major import HOLD
+from ratrain.sim.fold_costs import fold_s, summed_runs, unit_norm_s
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
 from ratrain.sim.stage_setup import StageSetup
@@ -38,7 +39,7 @@ class StageCosts:
         # device, and the run's last where others did before it
         self.runs_on_device = (setup.state_home == "host" and self.host_link is not None
                                and setup.grad_lifetime == "step")
-        self._summed = summed_runs(setup.fold_roles or {})
+        self.summed = summed_runs(setup.fold_roles or {})
 
     # -- compute ------------------------------------------------------------------------------
 
@@ -91,59 +92,11 @@ class StageCosts:
                 attention / self.attention_rate)
 
     def _fold(self, u: int, mb: int | None) -> float:
-        """Folding a view's gradient into fp32 after a backward: read both, write one. Into
-        host-homed state on a GPU, the step's first fold costs the compute timeline nothing:
-        the gradient is cast on the device and copied into the zero accumulation on a stream
-        of its own (UnitState.fold_grads); and a backward with more of its unit's to come in
-        its run (unit_major.HOLD) adds its gradient to the run's fp32 sum on the device
-        instead, which the run's last folds (runtime/run_grads.py). mb None: the step's mean,
-        over groups of `micro_batch_group` (m / g folds a unit, the first a copy)."""
-        if u not in self.s.view_units:
-            return 0.0
-        add = 12 * self.s.params(u) / self.state_bandwidth
-        if u in self.s.host_norms and self._last_fold_added(u, mb):
-            # the step's last fold's add is done by SN on the host update thread (the
-            # runtime's fold adds lazily, when something next reads the accumulation)
-            return self._fold_without_last_add(u, mb, add)
-        if not self.runs_on_device:
-            return add
-        on_device = (8 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
-        if mb is None:
-            m, g = self.s.n_micro, self.s.micro_batch_group
-            return (add * (m // g - 1) + (on_device * m if g > 1 else 0.0)) / m
-        roles = self.s.fold_roles
-        role = roles.get((u, mb)) if roles else (FIRST if mb == 0 else LATER)
-        if role == HOLD:
-            return on_device
-        return ({FIRST: 0.0}.get(role, add)
-                + (on_device if (u, mb) in self._summed else 0.0))
-
-    def _last_fold_added(self, u: int, mb: int | None) -> bool:
-        """Whether the step's last fold of unit u is an add on the host (not the copy into the
-        zero accumulation), and `mb` is that fold (mb None: the step's mean has one). Only
-        across a host link is a fold's add left for later (UnitState.fold_grads)."""
-        if not self.runs_on_device:
-            return False
-        roles = self.s.fold_roles
-        if roles:
-            folds = [(b, r) for (v, b), r in roles.items() if v == u and r != HOLD]
-            last_mb, role = folds[-1]
-            return role == LATER and (mb is None or mb == last_mb)
-        runs = self.s.n_micro // self.s.micro_batch_group
-        return runs > 1 and (mb is None or mb == self.s.n_micro - 1)
-
-    def _fold_without_last_add(self, u: int, mb: int | None, add: float) -> float:
-        on_device = (8 + self.s.shape.elt) * self.s.params(u) / self.bandwidth
-        if mb is not None:
-            return on_device if (u, mb) in self._summed else 0.0
-        m, g = self.s.n_micro, self.s.micro_batch_group
-        return (add * (m // g - 2) + (on_device * m if g > 1 else 0.0)) / m
+        return fold_s(self, u, mb)
 
     def unit_norm(self, u: int) -> float:
         """SN u: the add of the unit's last fold where it is one, then its squared norm."""
-        add = 12 * self.s.params(u) / self.state_bandwidth if self._last_fold_added(u, None) \
-            else 0.0
-        return add + 4 * self.update_params(u) / self.state_bandwidth
+        return unit_norm_s(self, u)
 
     def update_params(self, u: int) -> int:
         """Parameters unit u's update touches, and whose gradient its norm reads: all N, or
@@ -331,14 +284,3 @@ class StageCosts:
         if kind == "head":  # views of the step's one int64 tensor of targets, like the inputs
             out.append((("targets",) if shared else (tag, u, mb, "targets"), self.tokens_bytes()))
         return out
-
-
-def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:
-    """The folds that end a run in which earlier backwards of the unit held (`roles` in
-    program order, as fold_roles gives them)."""
-    out, last = set(), {}
-    for key, role in roles.items():
-        if role != HOLD and last.get(key[0]) == HOLD:
-            out.add(key)
-        last[key[0]] = role
-    return out

@@ -1,0 +1,77 @@
+"""Folding a view's gradient into the state's fp32 accumulation, priced on a StageCosts
+(sim/stage_costs.py): where each fold's add runs (the walker, the device, the host update
+thread's SN) under the plan's runs of backwards (schedule/unit_major.fold_roles)."""
+
+from __future__ import annotations
+
+from ratrain.schedule.unit_major import FIRST, HOLD, LATER
+
+
+def fold_s(c, u: int, mb: int | None) -> float:
+    """Folding a view's gradient into fp32 after a backward: read both, write one. Into
+    host-homed state on a GPU, the step's first fold costs the compute timeline nothing:
+    the gradient is cast on the device and copied into the zero accumulation on a stream
+    of its own (UnitState.fold_grads); and a backward with more of its unit's to come in
+    its run (unit_major.HOLD) adds its gradient to the run's fp32 sum on the device
+    instead, which the run's last folds (runtime/run_grads.py). mb None: the step's mean,
+    over groups of `micro_batch_group` (m / g folds a unit, the first a copy)."""
+    if u not in c.s.view_units:
+        return 0.0
+    add = 12 * c.s.params(u) / c.state_bandwidth
+    if u in c.s.host_norms and last_fold_added(c, u, mb):
+        # the step's last fold's add is done by SN on the host update thread (the
+        # runtime's fold adds lazily, when something next reads the accumulation)
+        return _fold_without_last_add(c, u, mb, add)
+    if not c.runs_on_device:
+        return add
+    on_device = (8 + c.s.shape.elt) * c.s.params(u) / c.bandwidth
+    if mb is None:
+        m, g = c.s.n_micro, c.s.micro_batch_group
+        return (add * (m // g - 1) + (on_device * m if g > 1 else 0.0)) / m
+    roles = c.s.fold_roles
+    role = roles.get((u, mb)) if roles else (FIRST if mb == 0 else LATER)
+    if role == HOLD:
+        return on_device
+    return ({FIRST: 0.0}.get(role, add)
+            + (on_device if (u, mb) in c.summed else 0.0))
+
+
+def last_fold_added(c, u: int, mb: int | None) -> bool:
+    """Whether the step's last fold of unit u is an add on the host (not the copy into the
+    zero accumulation), and `mb` is that fold (mb None: the step's mean has one). Only
+    across a host link is a fold's add left for later (UnitState.fold_grads)."""
+    if not c.runs_on_device:
+        return False
+    roles = c.s.fold_roles
+    if roles:
+        folds = [(b, r) for (v, b), r in roles.items() if v == u and r != HOLD]
+        last_mb, role = folds[-1]
+        return role == LATER and (mb is None or mb == last_mb)
+    runs = c.s.n_micro // c.s.micro_batch_group
+    return runs > 1 and (mb is None or mb == c.s.n_micro - 1)
+
+
+def _fold_without_last_add(c, u: int, mb: int | None, add: float) -> float:
+    on_device = (8 + c.s.shape.elt) * c.s.params(u) / c.bandwidth
+    if mb is not None:
+        return on_device if (u, mb) in c.summed else 0.0
+    m, g = c.s.n_micro, c.s.micro_batch_group
+    return (add * (m // g - 2) + (on_device * m if g > 1 else 0.0)) / m
+
+
+def unit_norm_s(c, u: int) -> float:
+    """SN u: the add of the unit's last fold where it is one, then its squared norm."""
+    add = 12 * c.s.params(u) / c.state_bandwidth if last_fold_added(c, u, None) \
+        else 0.0
+    return add + 4 * c.update_params(u) / c.state_bandwidth
+
+
+def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:
+    """The folds that end a run in which earlier backwards of the unit held (`roles` in
+    program order, as fold_roles gives them)."""
+    out, last = set(), {}
+    for key, role in roles.items():
+        if role != HOLD and last.get(key[0]) == HOLD:
+            out.add(key)
+        last[key[0]] = role
+    return out
