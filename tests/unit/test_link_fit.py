@@ -11,6 +11,7 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.setup import Machine, run_plan
 from ratrain.sim.link_fit import fit, measured_profile
 from ratrain.sim.profile import load_profile
+from ratrain.setup.links import MeasuredLinks, low_comm_hint
 from ratrain.training import link_profile
 
 SIZES = [1 << 16, 1 << 20, 1 << 22]
@@ -65,14 +66,30 @@ def test_the_schedule_is_chosen_on_the_measured_links_and_the_hint_follows_them(
     cfg = _cfg()
     plan = run_plan(cfg, Machine(world=2), profile=slow, say=said.append)
     assert "on cpu-local + measured links" in said[0]
-    hint = link_profile.low_comm_hint(cfg, plan, slow)
+    hint = low_comm_hint(cfg, plan, slow)
     assert hint.startswith("low-communication mode (not switched on): ")
     assert "--sync diloco:" in hint and "never chosen for you" in hint
     assert cfg.parallel.sync == "step"  # offered, not switched on
     fast = load_profile("cpu-local")
     cfg = _cfg()
-    assert link_profile.low_comm_hint(cfg, run_plan(cfg, Machine(world=2), profile=fast),
-                                      fast) is None
+    assert low_comm_hint(cfg, run_plan(cfg, Machine(world=2), profile=fast), fast) is None
+
+
+def test_the_setup_stage_chooses_on_the_links_its_machine_measured():
+    """run_plan with a Machine that carries measured links (what training/prepare.py hands it
+    across nodes): it says the figures, chooses on them and gives the hint, as on the profile
+    built from them directly."""
+    links = MeasuredLinks(1, tuple(SIZES), (tuple(ring_times(2)),), (), 0.25)
+    said: list[str] = []
+    cfg = _cfg()
+    plan = run_plan(cfg, Machine(world=2, links=links), say=said.append)
+    assert said[0].startswith("links measured at the start (0.2 s, no --profile given)")
+    assert any(line.startswith("low-communication mode (not switched on): ") for line in said)
+    slow, _ = measured_profile(load_profile("cpu-local"), RankGrid(1, 2, "pp-dp"), 1, SIZES,
+                               [ring_times(2)], [])
+    again = _cfg()
+    assert run_plan(again, Machine(world=2), profile=slow).to_dict() == plan.to_dict()
+    assert cfg.parallel.sync == "step"
 
 
 @pytest.mark.parametrize("env, changes, probes", [

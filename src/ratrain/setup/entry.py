@@ -19,6 +19,7 @@ from ratrain.errors import UserError
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.setup.choice import Choice, choose, default_profile
+from ratrain.setup.links import MeasuredLinks, low_comm_hint, measured_profile
 from ratrain.setup.plan_file import load_plan
 from ratrain.setup.rule import check_runnable, has_views, update_for
 
@@ -39,6 +40,9 @@ class Machine:
     """A GPU's name: the preset --schedule auto simulates on when the run names no profile."""
     memory_bytes: int | None = None
     """What a stage may hold, for --schedule auto (None: the profile's device memory)."""
+    links: MeasuredLinks | None = None
+    """A multi-node run's links, measured at its start: --schedule auto simulates on them
+    (setup/links.py)."""
 
     @classmethod
     def of_profile(cls, profile) -> Machine:
@@ -59,10 +63,20 @@ def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | 
         plan = load_plan(cfg, plan_data)
         _check(cfg, machine, **{name: getattr(plan, name) for name in _PLAN_CHOICES})
         return plan
+    if profile is None and machine.links is not None:
+        profile, words = measured_profile(cfg, machine.links, default_profile(
+            (machine.device_name or "GPU") if machine.host_is_separate else None))
+        if say:
+            say(words)
     choice = _choose_schedule(cfg, machine, profile)
     if say and choice and choice.candidates:
         say(choice.why)
-    return _flags_plan(cfg, machine)
+    plan = _flags_plan(cfg, machine)
+    if say and machine.links is not None:
+        hint = low_comm_hint(cfg, plan, profile)
+        if hint:
+            say(hint)
+    return plan
 
 
 _PLAN_CHOICES = ("n_layers", "pp", "dp", "schedule", "policy", "clip", "state_home",

@@ -19,14 +19,18 @@ from ratrain.training import link_profile
 
 
 def this_machine(cfg: RunConfig) -> Machine:
-    """Where cfg runs: a GPU (NCCL) or not, the processes torchrun started, and on a GPU its
-    name and memory (what --schedule auto simulates on and weighs against)."""
+    """Where cfg runs: a GPU (NCCL) or not, the processes torchrun started, on a GPU its name
+    and memory (what --schedule auto simulates on and weighs against), and across nodes, where
+    the schedule is auto and no profile says what the links are, the links measured now."""
+    links = None
+    if link_profile.wants_probe(cfg):  # collective: every rank of the run measures
+        links = link_profile.measure(cfg)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
     if pick_backend(cfg.parallel.backend) != "nccl":
-        return Machine(world=world)
+        return Machine(world=world, links=links)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return Machine(host_is_separate=True, world=world, device_name=props.name,
-                   memory_bytes=props.total_memory)
+                   memory_bytes=props.total_memory, links=links)
 
 
 def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = False) -> PipelinePlan:
@@ -36,16 +40,7 @@ def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = Fa
     if progress and int(os.environ.get("RANK", 0)) == 0:
         def say(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
-    machine, profile = this_machine(cfg), None
-    if link_profile.wants_probe(cfg):  # across nodes, --schedule auto weighs the links there are
-        profile = link_profile.probed_profile(
-            cfg, (machine.device_name or "GPU") if machine.host_is_separate else None, say)
-    plan = run_plan(cfg, machine, plan_data=plan_data, profile=profile, say=say)
-    if profile is not None and say:
-        hint = link_profile.low_comm_hint(cfg, plan, profile)
-        if hint:
-            say(hint)
-    return plan
+    return run_plan(cfg, this_machine(cfg), plan_data=plan_data, say=say)
 
 
 def is_distributed(cfg: RunConfig) -> bool:
