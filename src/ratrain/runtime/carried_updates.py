@@ -28,8 +28,6 @@ class HostUpdates:
         """Start unit `unit`'s update with this step's learning rate and coefficients."""
         if state.update_grad is None:  # no parameters: nothing to update
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratrain-update")
         state.finish_fold()
         ready = None
         if state.home.type == "cpu" and any(_on_gpu(t) for t in (grad_factor, found_inf)):
@@ -39,16 +37,14 @@ class HostUpdates:
                                       for t in (grad_factor, found_inf))
             ready = torch.cuda.Event()
             ready.record()
-        self._pending[unit] = self._pool.submit(_update, state, lr, grad_factor, found_inf,
-                                                ready)
+        self._pending[unit] = self._thread().submit(_update, state, lr, grad_factor,
+                                                    found_inf, ready)
         self._record[unit] = state
 
     def start_norm(self, unit: int, state) -> None:
         """Start finishing unit `unit`'s gradient (its last fold's add) and taking its squared
         norm (SN): the same computation N would make, on this thread."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratrain-update")
-        self._norms[unit] = self._pool.submit(state.sq_norm)
+        self._norms[unit] = self._thread().submit(state.sq_norm)
 
     def wait_norm(self, unit: int):
         """Unit `unit`'s squared norm (WSN), None for a unit without parameters."""
@@ -63,15 +59,15 @@ class HostUpdates:
 
     def finish(self) -> None:
         """Every update started has completed: before anything outside the programs reads the
-        masters (evaluation, a checkpoint, the end of the run)."""
+        masters (evaluation, a checkpoint; at the end of the run, the interpreter joins the
+        thread)."""
         for unit in list(self._pending):
             self.wait(unit)
 
-    def close(self) -> None:
-        self.finish()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratrain-update")
+        return self._pool
 
 
 def _on_gpu(t) -> bool:
