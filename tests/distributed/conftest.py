@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,15 +53,22 @@ def reference(corpus, tmp_path_factory):
     choice must compute the same run."""
     cfg = micro_config(*corpus, steps=STEPS)
     run_dir = tmp_path_factory.mktemp("reference")
-    # One thread, as every rank runs: a many-core machine's default splits the matmuls
-    # differently and moves the final weights by 2e-5 (seen on 16 cores).
+    with one_thread():
+        rank_main(cfg, str(run_dir), False, False, False)
+    return cfg, run_dir
+
+
+@contextmanager
+def one_thread():
+    """Torch on one thread, as every rank runs, for a run in the test's own process: a
+    many-core machine's default splits the matmuls differently and moves the final weights by
+    2e-5 (seen on 16 cores)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rank_main(cfg, str(run_dir), False, False, False)
+        yield
     finally:
         torch.set_num_threads(threads)
-    return cfg, run_dir
 
 
 def final_units(run_dir, n_units):

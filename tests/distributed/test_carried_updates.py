@@ -18,7 +18,7 @@ from ratrain.schedule.plan import build_plan
 from ratrain.training.metrics import read_metrics
 from ratrain.training.run import rank_main
 
-from .conftest import micro_config
+from .conftest import micro_config, one_thread
 
 pytestmark = pytest.mark.dist
 
@@ -34,12 +34,8 @@ def _run(corpus, run_dir, pp, dp, update, clip):
     cfg.train.eval_every = 5
     args = (cfg, str(run_dir), False, False, False)
     if pp * dp == 1:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             rank_main(*args)
-        finally:
-            torch.set_num_threads(threads)
     else:
         launch_local(pp * dp, rank_main, args, error_dir=run_dir / "errors")
     ckpt = checkpoint.latest(run_dir)
@@ -83,12 +79,8 @@ def test_host_folds_and_norms_on_the_update_thread_change_nothing(group, corpus,
         run_dir.mkdir()
         (run_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
         cfg.parallel.state_home, cfg.parallel.plan_file = "host", str(run_dir / "plan.json")
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             rank_main(cfg, str(run_dir), False, False, False)
-        finally:
-            torch.set_num_threads(threads)
     rows, ref = (read_metrics(runs[u] / "metrics.jsonl") for u in ("carried", "inline"))
     assert [r["loss"] for r in rows] == [r["loss"] for r in ref]
     assert [r["grad_norm"] for r in rows] == [r["grad_norm"] for r in ref]

@@ -16,7 +16,7 @@ from ratrain.training.diloco_reference import run_reference
 from ratrain.training.metrics import read_metrics
 from ratrain.training.run import rank_main, train
 
-from .conftest import micro_config, rel
+from .conftest import micro_config, one_thread, rel
 
 pytestmark = pytest.mark.dist
 
@@ -31,12 +31,8 @@ def _config(corpus, pp, dp, sync, steps=STEPS):
 
 
 def _single_thread_reference(cfg):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every rank runs: the same matmul splits
-    try:
+    with one_thread():
         return run_reference(cfg)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("pp, dp, sync", [

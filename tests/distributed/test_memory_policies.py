@@ -20,7 +20,7 @@ from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
 from ratrain.training.run import rank_main
 
-from .conftest import STEPS, assert_final_weights_match, micro_config
+from .conftest import STEPS, assert_final_weights_match, micro_config, one_thread
 
 pytestmark = pytest.mark.dist
 
@@ -63,12 +63,8 @@ def test_memory_choices_match_single_process(case, corpus, reference, tmp_path):
     run_dir = tmp_path / "run"
     args = (cfg, str(run_dir), False, False, False)
     if pp * dp == 1:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             rank_main(*args)
-        finally:
-            torch.set_num_threads(threads)
     else:
         launch_local(pp * dp, rank_main, args, error_dir=run_dir / "errors")
 

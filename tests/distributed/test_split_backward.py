@@ -18,7 +18,7 @@ from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
 from ratrain.training.run import rank_main
 
-from .conftest import assert_final_weights_match, micro_config
+from .conftest import assert_final_weights_match, micro_config, one_thread
 
 pytestmark = pytest.mark.dist
 
@@ -43,12 +43,8 @@ def _id(case) -> str:
 
 
 def _single_process(cfg, run_dir):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every rank runs
-    try:
+    with one_thread():
         rank_main(cfg, str(run_dir), False, False, False)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

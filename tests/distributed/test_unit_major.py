@@ -23,7 +23,7 @@ from ratrain.schedule.plan import build_plan
 from ratrain.training.metrics import read_metrics
 from ratrain.training.run import rank_main
 
-from .conftest import STEPS, assert_final_weights_match, micro_config
+from .conftest import STEPS, assert_final_weights_match, micro_config, one_thread
 
 pytestmark = pytest.mark.dist
 
@@ -50,12 +50,8 @@ def _run(cfg, run_dir, pp: int, group: int, activation, window, home) -> None:
     if pp > 1:
         launch_local(pp, rank_main, args, error_dir=run_dir / "errors")
         return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         rank_main(*args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _assert_same_run(run_dir, ref_dir, n_units) -> None:
