@@ -52,6 +52,8 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
         # the steady state: each step waits for what the one before it carried over
         for _ in range(_CARRY_PASSES):
             carried = sim.carried_over()
+            if all(t <= 0 for t in carried.values()):
+                break  # done within the step: the next step starts as this one did
             sim = _Simulation(plan, costs, profile, node_of, weight, carried)
             sim.run()
             if _close(sim.carried_over(), carried):
