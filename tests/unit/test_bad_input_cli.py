@@ -14,30 +14,14 @@ import pytest
 import yaml
 
 from ratrain import checkpoint
-from ratrain.data.corpus import stdlib_files
 
-from .cli_runner import run_cli
+from .cli_runner import run_cli, small_config
 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-
-
-def _small_config(tmp_path: Path, **train) -> Path:
-    """A model and corpus small enough that a few steps in this process take a second."""
-    data = tmp_path / "text"
-    data.mkdir(exist_ok=True)
-    shutil.copy(next(f for f in stdlib_files() if f.name == "textwrap.py"), data)
-    cfg = {"model": {"name": "small", "vocab_size": 257, "dim": 32, "n_layers": 2, "n_heads": 2,
-                     "ffn_dim": 64, "max_seq_len": 64},
-           "data": {"path": str(data)},
-           "train": {"seq_len": 16, "global_batch": 4, "micro_batch_size": 2, "steps": 2,
-                     "eval_batches": 0, "checkpoint_every": 1, **train}}
-    path = tmp_path / "small.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def _children() -> list[int]:
@@ -64,7 +48,7 @@ def _refused(monkeypatch, capsys, needle: str, *args: str) -> str:
 
 
 def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(_small_config(tmp_path)),
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),
                            "--run-dir", name, "--no-progress")
     assert code == 0, err
     return tmp_path / name
@@ -90,7 +74,7 @@ def test_a_world_size_that_does_not_fit_pp_x_dp(tmp_path):
     # In a process of its own: under torchrun the CLI ends its process with os._exit.
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
     proc = subprocess.run([sys.executable, "-m", "ratrain.cli", "train", "--config",
-                           str(_small_config(tmp_path)), "--pp", "3", "--global-batch", "12",
+                           str(small_config(tmp_path)), "--pp", "3", "--global-batch", "12",
                            "--run-dir", "run", "--no-progress"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -105,7 +89,7 @@ def test_a_plan_file_that_does_not_fit_the_flags_or_the_model(monkeypatch, capsy
     _refused(monkeypatch, capsys, "does not fit this run: dp=1 (run has 2)",
              "train", "--plan", "p.json", "--pp", "2", "--dp", "2", "--global-batch", "16", "--no-progress")
     _refused(monkeypatch, capsys, "n_layers=4 (run has 2)",
-             "train", "--plan", "p.json", "--config", str(_small_config(tmp_path)), "--no-progress")
+             "train", "--plan", "p.json", "--config", str(small_config(tmp_path)), "--no-progress")
     assert not (tmp_path / "runs").exists()
 
 
@@ -147,7 +131,7 @@ def test_a_damaged_checkpoint_and_none_to_fall_back_to(monkeypatch, capsys, tmp_
 
 
 def test_a_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(monkeypatch, capsys, tmp_path):
-    cfg = _small_config(tmp_path, lr=1e5, warmup_steps=0, steps=30)
+    cfg = small_config(tmp_path, lr=1e5, warmup_steps=0, steps=30)
     line = _refused(monkeypatch, capsys, "lower the learning rate",
                     "train", "--config", str(cfg), "--run-dir", "run", "--no-progress")
     step = int(line.split(" at step ")[1].split(";")[0])
@@ -158,9 +142,9 @@ def test_a_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(
 def test_resume_auto_refuses_another_run_in_the_same_directory(monkeypatch, capsys, tmp_path):
     run = _trained_run(monkeypatch, capsys, tmp_path)
     _refused(monkeypatch, capsys, "was started with train.lr = 0.003, this run has 0.01",
-             "train", "--config", str(_small_config(tmp_path)), "--lr", "0.01", "--run-dir", str(run),
+             "train", "--config", str(small_config(tmp_path)), "--lr", "0.01", "--run-dir", str(run),
              "--resume", "auto", "--steps", "4", "--no-progress")
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(_small_config(tmp_path)),
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),
                            "--run-dir", str(run), "--resume", "auto", "--steps", "3", "--no-progress")
     assert code == 0, err
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -11,15 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ratrain import checkpoint
 from ratrain.config import RunConfig
-from ratrain.data.corpus import stdlib_files
 from ratrain.errors import UserError
 from ratrain.training.metrics import read_metrics
 
-from .cli_runner import run_cli
+from .cli_runner import run_cli, small_config
 
 
 @pytest.fixture(autouse=True)
@@ -29,18 +27,8 @@ def _in_tmp(tmp_path, monkeypatch):
 
 
 def _config(tmp_path: Path, **train) -> Path:
-    """A model small enough that a few steps in this process take a second."""
-    data = tmp_path / "text"
-    data.mkdir(exist_ok=True)
-    shutil.copy(next(f for f in stdlib_files() if f.name == "textwrap.py"), data)
-    cfg = {"model": {"name": "small", "vocab_size": 257, "dim": 32, "n_layers": 2, "n_heads": 2,
-                     "ffn_dim": 64, "max_seq_len": 64},
-           "data": {"path": str(data)},
-           "train": {"seq_len": 16, "global_batch": 4, "micro_batch_size": 2, "steps": 4,
-                     "eval_batches": 0, "checkpoint_every": 2, **train}}
-    path = tmp_path / "small.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    """small_config with 4 steps, a checkpoint every 2."""
+    return small_config(tmp_path, **{"steps": 4, "checkpoint_every": 2, **train})
 
 
 def _train(monkeypatch, capsys, *args: str) -> tuple[int, str]:
