@@ -5,28 +5,17 @@ training runs; one real planner search of a size that takes a fraction of a seco
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from .bench_loader import load_bench
 
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-scaling = _load("scaling")
-correctness = _load("correctness")
-fsdp = _load("fsdp")
-grad_lifetime = _load("grad_lifetime")
-sim_breakdown = _load("sim_breakdown")
+scaling = load_bench("scaling")
+correctness = load_bench("correctness")
+fsdp = load_bench("fsdp")
+grad_lifetime = load_bench("grad_lifetime")
+sim_breakdown = load_bench("sim_breakdown")
 
 
 def _row(study, devices, policy, tps):

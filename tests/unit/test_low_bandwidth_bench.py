@@ -3,23 +3,10 @@ step's bytes from the veth counter samples, and the table's ratio and loss gap."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from .bench_loader import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("low_bandwidth")
-report = _load("low_bandwidth_report")
+bench = load_bench("low_bandwidth")
+report = load_bench("low_bandwidth_report")
 
 
 def test_each_step_gets_the_bytes_sent_until_its_row_appeared():
