@@ -39,8 +39,8 @@ def measure(cfg: RunConfig) -> MeasuredLinks:
     from ratrain.runtime.link_probe import probe
     from ratrain.runtime.process_groups import join_world
 
-    p = cfg.parallel
+    p, nodes = cfg.parallel, nodes_of(cfg)
     _, device = join_world(p.backend, p.comm_timeout_s)
     found = probe(RankGrid(p.pp, p.dp, p.rank_order), device)
-    return MeasuredLinks(nodes_of(cfg), tuple(found.sizes), tuple(map(tuple, found.rings)),
+    return MeasuredLinks(nodes, tuple(found.sizes), tuple(map(tuple, found.rings)),
                          tuple(map(tuple, found.hops)), found.seconds)

@@ -28,7 +28,7 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import is_distributed, plan_here, prepare
-from ratrain.training.run_dir import check_run_dir, checkpoints_of, new_run_dir, resume_point
+from ratrain.training.run_dir import open_run_dir
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
@@ -43,10 +43,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     Raises Interrupted when Ctrl-C stopped the run."""
     plan = prepare(cfg, progress, plan_data)
     plan_dict = plan.to_dict() if plan else None
-    check_run_dir(run_dir or Path("runs"), cfg, resume)
-    ckpt = resume_point(Path(run_dir), cfg) if resume else None
-    run_dir = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    opened = open_run_dir(run_dir, cfg, resume)
+    run_dir, ckpt = opened.path, opened.resume_from
     world = cfg.parallel.pp * cfg.parallel.dp
     summary_path = run_dir / "summary.json"
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
@@ -65,9 +63,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
                                    checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
     finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
         if not under_torchrun():  # the other ranks may still be writing theirs)
-            checkpoint.remove_partials(checkpoints_of(run_dir, cfg))
+            checkpoint.remove_partials(opened.checkpoints)
     if stopped and not summary_path.exists():
-        saved = checkpoint.latest(checkpoints_of(run_dir, cfg))
+        saved = checkpoint.latest(opened.checkpoints)
         raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
                           f"saved checkpoint {saved} (continue with --resume {run_dir})")
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():

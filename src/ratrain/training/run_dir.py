@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 
@@ -14,6 +15,27 @@ from ratrain import checkpoint
 from ratrain.config import ModelConfig, RunConfig
 from ratrain.errors import UserError
 from ratrain.models.params import count_params
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """A checked run directory: where the run writes, where its checkpoints go, and the
+    checkpoint it resumes from (None for a new run)."""
+
+    path: Path
+    checkpoints: Path | checkpoint.Elsewhere
+    resume_from: Path | None
+
+
+def open_run_dir(run_dir: str | Path | None, cfg: RunConfig, resume: bool = False) -> RunDirectory:
+    """The run directory `run_dir` (a fresh one under runs/ when None), once it and the
+    checkpoint directory are checked (check_run_dir) and, with `resume`, the checkpoint to go on
+    from is found (resume_point). Nothing is made until every check has passed."""
+    check_run_dir(Path(run_dir) if run_dir else Path("runs"), cfg, resume)
+    ckpt = resume_point(Path(run_dir), cfg) if resume else None
+    path = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
+    path.mkdir(parents=True, exist_ok=True)
+    return RunDirectory(path, checkpoints_of(path, cfg), ckpt)
 
 
 def new_run_dir(base: str | Path, model_name: str) -> Path:
@@ -56,6 +78,7 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
     existing = _writable(run_dir, "run directory")
     if not saves_checkpoints(cfg):
         return
+    need = checkpoint_bytes(cfg.model)
     where, name = run_dir, run_dir
     if cfg.train.checkpoint_dir:
         where, name = _writable(cfg.train.checkpoint_dir, "checkpoint directory"), cfg.train.checkpoint_dir
@@ -65,7 +88,7 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
                             "continue that run with --resume RUN, or choose another directory")
     else:
         where = existing
-    free, need = shutil.disk_usage(where).free, checkpoint_bytes(cfg.model)
+    free = shutil.disk_usage(where).free
     if free < need:
         raise UserError(f"not enough disk space for {name}: {free / 2**20:.1f} MiB free, a "
                         f"checkpoint of {cfg.model.name} takes about {need / 2**20:.1f} MiB "
@@ -91,8 +114,9 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
     skips and why; a UserError if there is none, if it is of another model, or (unless
     `done_ok`) if the run already reached cfg.train.steps."""
-    ckpt, skipped = checkpoint.scan(checkpoints_of(run_dir, cfg))
-    where = checkpoint.root(checkpoints_of(run_dir, cfg))
+    checkpoints = checkpoints_of(run_dir, cfg)
+    ckpt, skipped = checkpoint.scan(checkpoints)
+    where = checkpoint.root(checkpoints)
     if ckpt is None:
         if skipped:
             raise checkpoint.CheckpointDamaged(f"no checkpoint in {where} verifies: " + "; ".join(
@@ -103,7 +127,8 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
                   file=sys.stderr)
     meta = checkpoint.load_meta(ckpt)
-    saved = RunConfig.from_dict(meta["config"]).model
+    known = {f.name for f in fields(ModelConfig)}
+    saved = ModelConfig(**{k: v for k, v in meta["config"]["model"].items() if k in known})
     if saved != cfg.model:
         diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
                          for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
