@@ -15,6 +15,9 @@ same processes and process group (gloo, one thread per rank), interleaved in rou
 
 and on request:
 
+* auto (`--auto`): the engine with the plan `ratrain train`'s default flags make: policy ratrain,
+  `--schedule auto` (in two-node mode on the links the probe measures at the start; rank 0 says
+  what it chose and why, and the result keeps the plan).
 * zbh1-PLACEMENT (`--split bubble,grouped`, one each): the ratrain row's engine with schedule
   zbh1 (every backward split into input and weight gradients) and that weight-gradient placement
   (`parallel.weight_grad`), policy ratrain, traced alike.
@@ -57,7 +60,7 @@ namespace (needs root). Without it, the ranks run locally over loopback.
 
     python bench/schedules.py [--configs 1x2,2x2:pp-dp,2x2:dp-pp] [--link 200mbit]
         [--model tiny] [--seq-len 256] [--global-batch 16] [--micro-batch-size B] [--clip 1.0]
-        [--steps 3] [--rounds 12] [--warmup 1] [--split bubble,grouped] [--peer-zb]
+        [--steps 3] [--rounds 12] [--warmup 1] [--auto] [--split bubble,grouped] [--peer-zb]
         [--out bench/results/schedules.json]
 """
 
@@ -83,7 +86,7 @@ import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 from torch import nn
 
-from ratrain.config import DataConfig, ParallelConfig, RunConfig, TrainConfig
+from ratrain.config import AUTO_SCHEDULE, DataConfig, ParallelConfig, RunConfig, TrainConfig
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import load_tokens
 from ratrain.errors import UserError
@@ -133,6 +136,8 @@ def implementations(args, layout: Layout) -> tuple[list[dict], dict[str, str]]:
     """The layout's implementations in round order, and those skipped with why."""
     impls = [engine("ratrain", f"ratrain (policy {args.ratrain_policy})", args.ratrain_policy),
              engine("baseline", "ratrain baseline", "baseline")]
+    if args.auto:
+        impls.append(engine("auto", "ratrain defaults (--schedule auto)", "ratrain", AUTO_SCHEDULE))
     impls += [engine(f"zbh1-{w}", f"ratrain zbh1, weight grads {w}", "ratrain", "zbh1", w)
               for w in args.split]
     if layout.pp == 1:
@@ -165,7 +170,7 @@ def make_config(args, layout: Layout, impl: dict) -> RunConfig:
             eval_batches=0,
             seed=args.seed,
         ),
-        # the schedule given, never `auto`: each row is the schedule it names
+        # the schedule each row names; `auto` only in the row of that name
         parallel=ParallelConfig(pp=layout.pp, dp=layout.dp, policy=impl["policy"],
                                 schedule=impl["schedule"], weight_grad=impl["weight_grad"],
                                 backend="gloo", threads_per_rank=1, rank_order=layout.order),
@@ -262,7 +267,8 @@ def _bench(spec: dict) -> None:
 
     keep = max(opts["steps"], opts["warmup"], 1)
     tracers = {impl: Tracer(keep_steps=keep) for impl in cfgs}
-    engines = {impl: PipelineEngine(cfg, plan_here(cfg), groups, tracers[impl])
+    engines = {impl: PipelineEngine(cfg, plan_here(cfg, progress=cfg.parallel.schedule == AUTO_SCHEDULE),
+                                    groups, tracers[impl])
                for impl, cfg in cfgs.items()}
     peers, skipped = _make_peers(spec, base, engines["baseline"].plan.stage_units[groups.stage],
                                  groups)
@@ -388,6 +394,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="DDP bucket_cap_mb of the peer (default 25, DDP's own default)")
     ap.add_argument("--ratrain-policy", choices=("ratrain", "baseline"), default="ratrain",
                     help="policy of the 'ratrain' row (baseline: an A/A run of the harness)")
+    ap.add_argument("--auto", action="store_true",
+                    help="one more implementation, auto: policy ratrain with --schedule auto, the "
+                         "plan of ratrain train's default flags")
     ap.add_argument("--split", type=_placements, default=[], metavar="PLACEMENTS",
                     help=f"comma-separated weight-gradient placements ({', '.join(WEIGHT_GRADS)}, {CAPPED}): "
                          f"one more implementation zbh1-PLACEMENT each, policy ratrain with "
