@@ -14,6 +14,8 @@ import threading
 
 import torch
 
+from ratrain.runtime.host_arena import HostArena
+
 FOLD_CHUNK = 1 << 20  # elements add_to_fp32 converts at a time: a 4 MB scratch that stays in cache
 CAST_CHUNK = 1 << 24  # elements a copy across devices and dtypes stages at a time (64 MB fp32)
 
@@ -29,10 +31,18 @@ class CopyEngine:
         self._staging: dict = {}  # _cast_on_device's device buffer, one per stream
 
     def host_empty(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A host buffer shaped like `like`: pinned when a GPU will copy to or from it
-        asynchronously (pageable memory would make those copies synchronous)."""
+        """A short-lived host buffer shaped like `like`: pinned when a GPU will copy to or from
+        it asynchronously (pageable memory would make those copies synchronous). Pinned through
+        torch's caching host allocator, which rounds it up to a power of two but hands the same
+        block out again to the next buffer of its size: right for what comes back every step,
+        wrong for what lives for the run (host_arena)."""
         return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu",
                            pin_memory=self.stream is not None)
+
+    def host_arena(self, nbytes: int) -> HostArena:
+        """A host block of `nbytes` to carve long-lived tensors from: page-locked as it is
+        when a GPU will copy to or from it."""
+        return HostArena(nbytes, pinned=self.stream is not None)
 
     def add_to_fp32(self, acc: torch.Tensor, low: torch.Tensor) -> None:
         """acc += low on the host, `low` a bf16/fp16 copy of a gradient: chunk by chunk through
