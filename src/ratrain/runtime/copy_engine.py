@@ -30,13 +30,13 @@ class CopyEngine:
         self._scratch = threading.local()
         self._staging: dict = {}  # _cast_on_device's device buffer, one per stream
 
-    def host_empty(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def host_empty(self, like: torch.Tensor) -> torch.Tensor:
         """A short-lived host buffer shaped like `like`: pinned when a GPU will copy to or from
         it asynchronously (pageable memory would make those copies synchronous). Pinned through
         torch's caching host allocator, which rounds it up to a power of two but hands the same
         block out again to the next buffer of its size: right for what comes back every step,
         wrong for what lives for the run (host_arena)."""
-        return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu",
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu",
                            pin_memory=self.stream is not None)
 
     def host_arena(self, nbytes: int) -> HostArena:

@@ -96,7 +96,9 @@ class SavedActivations:
         return [t for t in self.tensors if t is not None]
 
     def offload(self, copies: CopyEngine) -> None:
-        """Start copying to host buffers; the device memory is freed once the copies ran."""
+        """Start copying to host buffers; the device memory is freed once the copies ran.
+        The buffers live until the backward and come back with the same sizes every step: the
+        caching host allocator's (CopyEngine.host_empty), which reuses them, not an arena."""
         self.tensors = self._move(copies, lambda data: copies.host_empty(data))
 
     def reload(self, copies: CopyEngine, device: torch.device) -> None:

@@ -26,8 +26,9 @@ reads, not as the UnitState that holds the layout.
 Replicated: the masters are one fp32 tensor per parameter in the home tier (the module's own
 parameters where there is no view); the gradient accumulation is one flat fp32 buffer of which
 every master's `.grad` is a view, so the sync is a single all-reduce of it in place (no copy in or
-out) and the update reads it where it is. The view is one compute-dtype tensor per parameter,
-copied from its master by the copy engine.
+out) and the update reads it where it is. On the host, masters and gradient are carved from one
+block of the unit's exact size (runtime/host_arena.py). The view is one compute-dtype tensor per
+parameter, copied from its master by the copy engine.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ratrain.runtime.host_arena import carved_nbytes
 
 if TYPE_CHECKING:
     from ratrain.runtime.unit_buffers import UnitBuffers
@@ -114,16 +117,16 @@ class Replicated(StateLayout):
 
     def build(self, state: UnitBuffers, new_optimizer: NewOptimizer) -> None:
         params = state.params
-        if state.view_dtype is not None and params:
-            state.masters = [nn.Parameter(self._home_copy(state, p)) for p in params]
+        viewed = state.view_dtype is not None and bool(params)
+        new = self._home_tensors(state, viewed) if params else None
+        if viewed:
+            state.masters = [nn.Parameter(new(p.shape).copy_(p.detach())) for p in params]
             state.empty_view()
         else:
             state.masters = params
         state.optimizer = new_optimizer(state.masters)
         if params:
-            pinned = state.home.type == "cpu" and state.copies.stream is not None
-            state.grad = torch.zeros(state.numel, dtype=torch.float32, device=state.home,
-                                     pin_memory=pinned)
+            state.grad = new([state.numel]).zero_()
             for m, g in zip(state.masters, state.param_slices(state.grad)):
                 m.grad = g
         state.update_grad = state.grad  # all-reduced in place
@@ -131,11 +134,16 @@ class Replicated(StateLayout):
         state.ledger.hold(("gradients", state), "gradients", [state.grad])
 
     @staticmethod
-    def _home_copy(state: UnitBuffers, p: nn.Parameter) -> torch.Tensor:
-        master = (state.copies.host_empty(p, torch.float32) if state.home.type == "cpu"
-                  else torch.empty(p.shape, dtype=torch.float32, device=state.home))
-        master.copy_(p.detach())
-        return master
+    def _home_tensors(state: UnitBuffers, viewed: bool) -> Callable[[list[int]], torch.Tensor]:
+        """What makes the unit's fp32 tensors in its home, in order: each master (where there
+        is a view), then the flat gradient. On the host they live for the run with sizes known
+        now: one block of their exact size (runtime/host_arena.py; pinned per tensor, each
+        would be rounded up to a power of two)."""
+        if state.home.type != "cpu":
+            return lambda shape: torch.empty(shape, dtype=torch.float32, device=state.home)
+        sizes = [4 * n for n in state.sizes] if viewed else []
+        arena = state.copies.host_arena(carved_nbytes([*sizes, 4 * state.numel]))
+        return lambda shape: arena.take(shape, torch.float32)
 
     # -- the view: a copy of each master (into the buffer a resident view keeps) --------------
 

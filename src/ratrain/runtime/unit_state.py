@@ -147,6 +147,8 @@ class UnitState(UnitBuffers):
                 if into_zero:
                     done = self.copies.copy(acc, g, gradient=True)
                 else:
+                    # lives until the next fold reads it: a block of the caching
+                    # allocator's, handed out again every step, not an arena's
                     host = self.copies.host_empty(g)
                     done = self.copies.copy(host, g, gradient=True)
                     staged.append((acc, host))
