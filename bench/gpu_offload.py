@@ -109,7 +109,8 @@ def ratrain_commands(args, config_path: Path, work: Path) -> list[list[str]]:
         return [["ratrain", "train", *common, "--state-home", "host", "--activation", "recompute",
                  "--view-window", "1", "--dtype", args.dtype, *ratrain_tail(args, work)]]
     plan = work / "plan.json"
-    return [["ratrain", "plan", *common, "--profile", args.plan_profile, "--devices", "1",
+    profile = str(Path(args.plan_profile).resolve()) if Path(args.plan_profile).is_file() else args.plan_profile
+    return [["ratrain", "plan", *common, "--profile", profile, "--devices", "1",
              "--memory-budget", args.memory_budget, "--out", str(plan)],
             ["ratrain", "train", *common, "--plan", str(plan), *ratrain_tail(args, work)]]
 
