@@ -13,6 +13,9 @@ the counterpart of ratrain's end-of-step `E` action, so every rank knows the ste
   the replicas, gradient sync on the last micro-batch only (ratrain's default gradient lifetime
   `step`: accumulated, reduce-scattered once), each micro-batch loss x 1/n_micro, then
   `clip_grad_norm_`; the learning rate is the caller's (bench/fsdp.py passes ratrain's schedule).
+  bench/gpu_offload.py adds fully_shard's policies (CPU offload, mixed precision), activation
+  checkpointing per decoder block, and gradient sync on every micro-batch (with CPU offload an
+  unsynced gradient stays unsharded on the GPU, a whole fp32 model's worth over the step).
 * `PipelinePeer` (pp >= 1): `torch.distributed.pipelining`'s `PipelineStage` (static shapes) +
   `Schedule1F1B(loss_fn=lm_loss)` (default scale_grads=True: gradients / n_micro). With dp > 1
   the replicas' gradients are averaged either by wrapping the stage module in DDP over the
@@ -45,7 +48,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from ratrain.config import RunConfig, TrainConfig
-from ratrain.models.llama import build_units, lm_loss
+from ratrain.models.llama import DecoderBlock, build_units, lm_loss
 
 
 def machine() -> dict:
@@ -109,24 +112,35 @@ class DDPPeer:
 class FSDP2Peer:
     """pp = 1: FSDP2 over the replicas, AdamW on the sharded (DTensor) parameters."""
 
-    def __init__(self, cfg: RunConfig, groups, clip: float):
+    def __init__(self, cfg: RunConfig, groups, clip: float, *, checkpoint_blocks: bool = False,
+                 sync_every_micro_batch: bool = False, **fsdp_kwargs):
+        """`fsdp_kwargs`: more arguments of every fully_shard (offload_policy, mp_policy)."""
         # Imported here so that a torch without FSDP2 fails this peer only, with its own error.
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
         self.groups = groups
         self.clip = clip
-        self.module = nn.Sequential(*build_units(cfg.model, cfg.train.seed))
+        self.sync_every = sync_every_micro_batch
+        units = build_units(cfg.model, cfg.train.seed)
+        if checkpoint_blocks:  # inside fully_shard, as torchtitan applies it
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                checkpoint_wrapper)
+            units = [checkpoint_wrapper(u) if isinstance(u, DecoderBlock) else u for u in units]
+        self.module = nn.Sequential(*units)
         mesh = DeviceMesh.from_group(groups.replicas, groups.device.type)
         # One FSDP group per unit, as ratrain shards and gathers per unit (and torchtitan wraps
         # per block); the root holds nothing after that and only drives the hooks.
         for unit in self.module:
-            fully_shard(unit, mesh=mesh)
-        fully_shard(self.module, mesh=mesh)
+            fully_shard(unit, mesh=mesh, **fsdp_kwargs)
+        fully_shard(self.module, mesh=mesh, **fsdp_kwargs)
         self.params = list(self.module.parameters())
         self.optimizer = adamw(self.params, cfg.train)  # p.dim() of a DTensor is the full tensor's
+        extra = "".join(f", {v}" for v in fsdp_kwargs.values())
         self.description = (f"torch FSDP2 fully_shard per unit and on the model over {groups.grid.dp} "
-                            f"replicas (gradient sync on the last micro-batch only), "
+                            f"replicas{extra} (gradient sync on "
+                            f"{'every' if self.sync_every else 'the last'} micro-batch"
+                            f"{'; activation checkpointing per decoder block' if checkpoint_blocks else ''}), "
                             f"clip_grad_norm_ {'(max norm %g)' % clip if clip > 0 else 'off'}, AdamW")
 
     def train_step(self, batches, lr: float) -> float:
@@ -135,7 +149,7 @@ class FSDP2Peer:
         return _accumulated_step(self, batches, self.module, self._syncing)
 
     def _syncing(self, last: bool):
-        self.module.set_requires_gradient_sync(last)
+        self.module.set_requires_gradient_sync(last or self.sync_every)
         return nullcontext()
 
 
@@ -154,7 +168,8 @@ def _accumulated_step(peer, batches, model, syncing) -> float:
         nn.utils.clip_grad_norm_(peer.params, peer.clip)
     peer.optimizer.step()
     peer.optimizer.zero_grad(set_to_none=True)
-    return _reduce_loss(torch.stack([torch.stack(losses).sum(), torch.tensor(float(n))]),
+    count = torch.tensor(float(n), device=losses[0].device)  # the losses' device: a GPU's too
+    return _reduce_loss(torch.stack([torch.stack(losses).sum(), count]),
                         peer.groups)
 
 

@@ -11,7 +11,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export RATRAIN_CACHE=${RATRAIN_CACHE:-/tmp/ratrain_cache}
 BLOCKS=${BLOCKS:-4}
-SECTIONS=${SECTIONS:-"tests cli 7b learn profile"}  # which of the checks below run (7b_host: that run alone)
+# which of the checks below run (7b_host: that run alone; offload, offload32: not by default)
+SECTIONS=${SECTIONS:-"tests cli 7b learn profile"}
 LOG=$OUT/log.txt
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
@@ -92,4 +93,20 @@ for flags in "--state-home host --activation recompute --view-window 1" "--state
     --profile "$OUT/gpu_profile.yaml" $flags >> "$OUT/simulate.txt" 2>&1
 done
 fi
+# ratrain against FSDP2 with CPU offload (bench/gpu_offload.py), both under a 20 GB allocator
+# cap, 4096 tokens, bf16. offload: llama2-7b's first 8 blocks, global batch 16, 6 steps (~3 min:
+# each peer micro-batch size that does not fit costs a process and a model build). offload32:
+# all 32 blocks, global batch $OFFLOAD_BATCH (16; 1 too), ratrain on the plan `ratrain plan`
+# finds under 20 GB on this repository's H200 profile; ~108 GB of host state per row, ~6-9 min.
+offload() {  # name, timeout, flags
+  local name=$1 limit=$2; shift 2
+  SECONDS=0
+  timeout "$limit" $PY bench/gpu_offload.py --out "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1
+  echo "== $name rc=$? in ${SECONDS}s" >> "$LOG"; tail -30 "$OUT/$name.txt" >> "$LOG"
+}
+wants offload && offload gpu_offload_8blocks 300 --layers 8 --steps 6 --peer-micro-batch-sizes 8,4,2,1
+B=${OFFLOAD_BATCH:-16}
+wants offload32 && offload "gpu_offload_32blocks_b$B" 580 --steps 4 --global-batch "$B" \
+  --plan-profile bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml \
+  --peer-micro-batch-sizes "$( ((B >= 4)) && echo 4,2,1 || echo 1)"
 ls -la "$OUT" >> "$LOG"

@@ -1,0 +1,69 @@
+"""bench/gpu_offload.py: ratrain against the FSDP2 CPU-offload peer, end to end on a small
+model (CPU: the peer without pinning; CUDA: the real setting, skipped without a GPU), and the
+peer's micro-batch search on made-up runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from .bench_loader import load_bench
+
+gpu_offload = load_bench("gpu_offload")
+
+SMALL = ["--model", "tiny", "--layers", "1", "--seq-len", "32", "--global-batch", "2",
+         "--steps", "2", "--peer-micro-batch-sizes", "2,1",
+         # no schedule simulation and no matmul timing at ratrain's start: seconds on 2 cores
+         "--ratrain-flags", "--schedule 1f1b --profile cpu-local"]
+
+
+def test_both_rows_train_the_same_weights_on_the_same_batches_on_cpu(tmp_path):
+    out = tmp_path / "r.json"
+    assert gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    ratrain, peer = result["rows"]["ratrain"], result["rows"]["fsdp2-offload"]
+    assert len(ratrain["losses"]) == len(peer["losses"]) == 2
+    assert ratrain["tokens_per_s"] > 0 and peer["tokens_per_s"] > 0
+    assert ratrain["peak_host_bytes"] > 0 and peer["peak_host_bytes"] > 0
+    # fp32, the same weights and tokens: only the micro-batches differ (ratrain 2 x 1, the
+    # peer 1 x 2), so the sums' order; measured 8e-8 at step 1
+    assert result["losses"]["max_rel_diff"] < 1e-5 and result["losses"]["within_tolerance"]
+    assert peer["micro_batch_size"] == 2 and not peer["pinned"]
+    assert "CPUOffloadPolicy(pin_memory=False)" in peer["description"]
+    assert result["peer_tried"] == [{"micro_batch_size": 2, "outcome": "fits"}]
+    assert "--state-home host" in ratrain["commands"][-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_gpu_rows_run_under_the_memory_cap(tmp_path):
+    out = tmp_path / "r.json"
+    assert gpu_offload.main([*SMALL, "--device", "cuda", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    ratrain, peer = result["rows"]["ratrain"], result["rows"]["fsdp2-offload"]
+    assert peer["pinned"] and ratrain["memory_cap"]
+    assert 0 < peer["peak_cuda_bytes"] <= 20e9 and 0 < ratrain["peak_cuda_bytes"] <= 20e9
+    assert result["losses"]["within_tolerance"], result["losses"]
+
+
+def test_the_peer_takes_the_largest_micro_batch_that_runs_every_step():
+    runs = {8: {"oom": "step 0: CUDA out of memory"}, 4: {"losses": [1.0]}, 2: {"losses": [1.0]}}
+    asked = []
+
+    def run_at(size):
+        asked.append(size)
+        return runs[size]
+
+    chosen, tried = gpu_offload.choose_peer([2, 8, 4], run_at)
+    assert chosen is runs[4] and asked == [8, 4]
+    assert tried == [{"micro_batch_size": 8, "outcome": "OOM at step 0: CUDA out of memory"},
+                     {"micro_batch_size": 4, "outcome": "fits"}]
+    chosen, tried = gpu_offload.choose_peer([1], lambda s: {"error": "peer exit 1: boom"})
+    assert chosen is None and tried[0]["outcome"] == "peer exit 1: boom"
+
+
+def test_the_loss_check_uses_the_dtype_tolerance():
+    c = gpu_offload.compare_losses([2.0, 1.01], [2.0, 1.0], "bfloat16")
+    assert c["at_step"] == 2 and abs(c["max_rel_diff"] - 0.01) < 1e-12 and c["within_tolerance"]
+    assert not gpu_offload.compare_losses([2.0, 1.01], [2.0, 1.0], "float32")["within_tolerance"]
