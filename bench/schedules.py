@@ -67,6 +67,7 @@ namespace (needs root). Without it, the ranks run locally over loopback.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import gc
 import json
@@ -113,6 +114,7 @@ SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
 DEFAULT_OUT = SCRIPT.parent / "results" / "schedules.json"
 DEFAULT_CONFIGS = "1x2,2x2:pp-dp,2x2:dp-pp"
+START_LINES = ("links measured", "schedule ", "low-communication")  # setup's lines on auto
 
 
 def engine(name: str, label: str, policy: str, schedule: str = "1f1b",
@@ -460,7 +462,9 @@ def _main(args, argv) -> int:
     cfgs = {x: {d["name"]: make_config(args, x, d) for d in impls[x][0] if d["kind"] == "engine"}
             for x in layouts}
     for cfg in (cfg for per in cfgs.values() for cfg in per.values()):
-        plan_here(cfg)  # too few micro-batches for the stages etc.: a UserError, before launching
+        # too few micro-batches for the stages etc.: a UserError, before launching; on a copy,
+        # since an auto schedule is chosen into the config it plans (on this process's links)
+        plan_here(copy.deepcopy(cfg))
     # SIGTERM ends the run like Ctrl-C, through the finally blocks that remove the namespaces.
     signal.signal(signal.SIGTERM, _interrupt)
     with TwoNodes(args.link) if rate_bps else nullcontext() as net:  # no link here: one line, exit 2
@@ -517,11 +521,16 @@ def _run(args, argv, layouts: list[Layout], impls: dict, cfgs: dict, rate_bps: f
             else:
                 launch_local(x.world, rank_main, (spec,), error_dir=work / "errors", threads=1)
             raw = json.loads((work / "rank0.json").read_text())
+            # what rank 0 said of the auto row's choice (two-node mode: in node A's log)
+            said = [line for line in (work / "node0.log").read_text().splitlines()
+                    if any(key in line for key in START_LINES)] if rate_bps else []
+            for line in said:
+                print(line)
             res = {"layout": {**dataclasses.asdict(x), "key": x.key, "name": x.name},
                    "n_micro": cfg.n_micro, "micro_batch_size": cfg.train.micro_batch_size,
                    "tokens_per_step": t.global_batch * t.seq_len,
                    "peer": raw["peer"], "wall_s": time.perf_counter() - t0,
-                   **analyse(x, raw, cfg, rate_bps), **raw}
+                   "start_lines": said, **analyse(x, raw, cfg, rate_bps), **raw}
             for d in raw["implementations"]:
                 if d["kind"] == "peer":
                     print(f"{d['name']}: {d['description']}")
