@@ -49,7 +49,8 @@ from ratrain.training.metrics import read_metrics
 from ratrain.models.presets import get_preset
 from ratrain.runtime.optim import lr_at
 from ratrain.schedule.grid import RankGrid
-from ratrain.runtime.launch import RankFailed, launch_local
+from ratrain.errors import RankFailed
+from ratrain.runtime.launch import launch_local
 from ratrain.runtime.process_groups import init_groups
 from ratrain.data.replica import make_data
 

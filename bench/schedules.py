@@ -95,7 +95,8 @@ from ratrain.models.llama import build_units, lm_loss
 from ratrain.models.presets import get_preset
 from ratrain.runtime.engine import PipelineEngine
 from ratrain.schedule.grid import RankGrid
-from ratrain.runtime.launch import RankFailed, exit_without_teardown, launch_local, record_failure
+from ratrain.errors import RankFailed
+from ratrain.runtime.launch import exit_without_teardown, launch_local, record_failure
 from ratrain.runtime.process_groups import init_groups
 from ratrain.schedule.plan import SPLIT_SCHEDULES
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement

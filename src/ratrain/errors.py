@@ -1,4 +1,5 @@
-"""Errors that mean the user asked for something we cannot do (CLI exit code 2)."""
+"""What ends a run early, each with its CLI exit code: the user's mistake (2), a stop asked
+for (130), a rank that failed, a run that could not go on (1)."""
 
 
 class UserError(Exception):
@@ -7,6 +8,20 @@ class UserError(Exception):
     The CLI prints the message as one line on stderr and exits with code 2; anything else
     that escapes is an internal failure (exit code 1).
     """
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped the run (CLI exit code 130)."""
+
+
+class RankFailed(Exception):
+    """A rank of a run failed; `user_error`: because of the user's input (CLI exit code 2,
+    else 1)."""
+
+    def __init__(self, rank: int, message: str, user_error: bool = False):
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank = rank
+        self.user_error = user_error
 
 
 class RunFailure(RuntimeError):

@@ -11,24 +11,24 @@ import click
 
 from ratrain.cli import plan_cmd, report_cmd, simulate_cmd, tools_cmd, train_cmd  # noqa: F401  (they register their commands)
 from ratrain.cli.group import cli
-from ratrain.errors import RunFailure, UserError
+from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
 
 __all__ = ["cli", "main"]
 
 
 def main() -> None:
-    from ratrain.runtime.launch import exit_without_teardown, under_torchrun
+    from ratrain.runtime.torchrun_env import under_torchrun
 
     code = _run()
-    if under_torchrun():
+    if under_torchrun():  # torch is loaded there: its teardown is what this skips
+        from ratrain.runtime.launch import exit_without_teardown
+
         exit_without_teardown(code)
     sys.exit(code)
 
 
 def _run() -> int:
     """Run the command line; map what a user can cause to one line on stderr and an exit code."""
-    from ratrain.runtime.launch import Interrupted, RankFailed
-
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

@@ -45,7 +45,7 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
 
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
     ends the run after --comm-timeout; Ctrl-C stops every rank. See docs/reliability.md."""
-    from ratrain.runtime.launch import under_torchrun
+    from ratrain.runtime.torchrun_env import under_torchrun
     from ratrain.training.run import train as run_training
 
     if resume_dir == "auto":

@@ -30,29 +30,14 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from ratrain.errors import RunFailure, UserError
+from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
+from ratrain.runtime.torchrun_env import under_torchrun
 
 STOP_GRACE_S = 3.0  # how long a rank gets to go on SIGTERM before SIGKILL
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
 _stop_requested = False
 
-
-class Interrupted(Exception):
-    """Ctrl-C stopped the run (CLI exit code 130)."""
-
-
-class RankFailed(Exception):
-    def __init__(self, rank: int, message: str, user_error: bool = False):
-        super().__init__(f"rank {rank} failed: {message}")
-        self.rank = rank
-        self.user_error = user_error
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-    )
 
 
 def _free_port() -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
-from ratrain.runtime.launch import under_torchrun
+from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.schedule.grid import RankGrid
 from ratrain.setup.links import MeasuredLinks
 

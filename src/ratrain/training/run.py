@@ -21,7 +21,9 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
-from ratrain.runtime.launch import Interrupted, ask_to_stop_on_sigint, launch_local, under_torchrun
+from ratrain.errors import Interrupted
+from ratrain.runtime.launch import ask_to_stop_on_sigint, launch_local
+from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
