@@ -118,5 +118,6 @@ def advice(low: LowComm, tokens_per_step: int) -> str:
             f"tokens/s predicted against {tokens_per_step / low.step_s:,.0f} "
             f"({low.step_s / best.mean_step_s:.2f}x), {best.bytes_per_period / 1e6:.3g} MB per "
             f"replica every {best.every} steps. It changes the ALGORITHM (DiLoCo: each replica "
-            f"steps alone between outer syncs; the loss per token is not the synchronous run's), "
-            f"so it is never chosen for you")
+            f"steps alone between outer syncs; the loss per token is not the synchronous run's; "
+            f"over a few thousand steps, average with --outer-lr 1 --outer-momentum 0: "
+            f"docs/low_bandwidth.md), so it is never chosen for you")
