@@ -46,7 +46,6 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
     ends the run after --comm-timeout; Ctrl-C stops every rank. See docs/reliability.md."""
     from ratrain.runtime.torchrun_env import under_torchrun
-    from ratrain.training.run import train as run_training
 
     if resume_dir == "auto":
         if not run_dir:
@@ -73,6 +72,9 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
     elif under_torchrun():
         raise UserError("under torchrun, pass --run-dir: every rank must write to the same "
                         "directory (on a filesystem all nodes share)")
+    cfg.validate()  # a value out of range gets its line before torch loads (2.7 s)
+    from ratrain.training.run import train as run_training
+
     summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace,
                            plan_data=plan_data)
     if not summary:  # a torchrun rank other than 0
