@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -127,8 +127,7 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
                   file=sys.stderr)
     meta = checkpoint.load_meta(ckpt)
-    known = {f.name for f in fields(ModelConfig)}
-    saved = ModelConfig(**{k: v for k, v in meta["config"]["model"].items() if k in known})
+    saved = RunConfig.from_dict(meta["config"]).model
     if saved != cfg.model:
         diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
                          for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
