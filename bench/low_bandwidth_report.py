@@ -88,18 +88,19 @@ def plots(results: list[dict], path: Path) -> None:
             continue
         if d["steps"] < 600 and d["rate"] == "100mbit" or d["steps"] < 150:
             continue  # the short throughput pairs: their cosine is another run's
+        kind = d["sync"] + d.get("flags", "")
         name = f"{d['sync']} {d.get('flags', '')} {d['rate']}".replace("  ", " ")
         style = "-" if d["rate"] == "100mbit" else "--"
         tokens = [d["tokens_per_step"] * (i + 1) / 1e6 for i in range(len(d["loss"]))]
         if d["rate"] == "100mbit":
             axes[0].plot(tokens, _smooth(d["loss"]), style, label=name, lw=1.2,
-                         color=color[d["sync"] + d.get("flags", "")])
+                         color=color[kind])
         n = len(d["wall_at_step"])
         axes[1].plot(d["wall_at_step"], _smooth(d["loss"])[:n], style, label=name, lw=1.2,
-                     color=color[d["sync"] + d.get("flags", "")])
+                     color=color[kind])
         if d["rate"] == "100mbit" and d["sync"] in ("diloco:50", "diloco:50:2"):
             axes[2].plot(range(2, n + 1), [b / 1e6 for b in d["bytes_at_step"][1:]], lw=0.8,
-                         label=name, color=color[d["sync"] + d.get("flags", "")])
+                         label=name, color=color[kind])
     axes[0].set(xlabel="tokens (millions)", ylabel="training loss (mean of 25 steps)",
                 title="loss against tokens, 100 Mbit/s")
     axes[1].set(xlabel="wall time since launch (s)", ylabel="training loss (mean of 25 steps)",

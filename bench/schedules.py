@@ -524,7 +524,7 @@ def _run(args, argv, layouts: list[Layout], impls: dict, cfgs: dict, rate_bps: f
             raw = json.loads((work / "rank0.json").read_text())
             # what rank 0 said of the auto row's choice (two-node mode: in node A's log)
             said = [line for line in (work / "node0.log").read_text().splitlines()
-                    if any(key in line for key in START_LINES)] if rate_bps else []
+                    if line.startswith(START_LINES)] if rate_bps else []
             for line in said:
                 print(line)
             res = {"layout": {**dataclasses.asdict(x), "key": x.key, "name": x.name},

@@ -11,7 +11,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-
 # The files that keep one worker busy for minutes go first: handed out last, they left the other
 # worker idle at the end (2026-11-27: the default run's 5 minutes ran alone for the last ~2).
 # scripts/test.sh passes --no-loadscope-reorder, so xdist hands files out in this order; a
