@@ -56,7 +56,7 @@ from ratrain.data.replica import make_data
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from peers import FSDP2Peer, machine, summary  # noqa: E402
+from peers import FSDP2Peer, machine, summary, tokens_per_s  # noqa: E402
 
 REFERENCE = "ratrain-sharded"
 # name -> flags added to the reference's command; a variant of ratrain is one line here, e.g.
@@ -183,11 +183,6 @@ def run_ratrain(args, dp: int, flags: list[str], config_path: Path, work: Path) 
             "rss_growth_bytes_per_rank": last.get("rss_growth_bytes_per_rank")}
 
 
-def tokens_per_s(run: dict, tokens_per_step: int) -> float:
-    times = run["step_times_s"][1:]
-    return tokens_per_step * len(times) / sum(times)
-
-
 def max_rel_diff(losses: list[float], reference: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
 
@@ -196,12 +191,12 @@ def summarize(runs: list[dict], reference: list[dict] | None, tokens_per_step: i
     """A row's rounds -> its medians, and its losses against the reference row's (both
     deterministic: the first round's stand for all, `losses_repeat` says whether they did)."""
     growth = [max(r["rss_growth_bytes_per_rank"]) for r in runs if r["rss_growth_bytes_per_rank"]]
-    rates = [tokens_per_s(r, tokens_per_step) for r in runs]
+    rates = [tokens_per_s(r["step_times_s"], tokens_per_step) for r in runs]
     # Round i of every row ran back to back, so their ratio cancels the machine's drift.
     paired = reference and len(reference) == len(runs)
     return {
         "tokens_per_s": summary(rates),
-        "vs_ratrain": (statistics.median(a / tokens_per_s(b, tokens_per_step)
+        "vs_ratrain": (statistics.median(a / tokens_per_s(b["step_times_s"], tokens_per_step)
                                          for a, b in zip(rates, reference)) if paired else None),
         "peak_rss_mib": statistics.median(max(r["peak_rss_bytes_per_rank"]) for r in runs) / MIB,
         "rss_growth_mib": statistics.median(growth) / MIB if growth else None,
@@ -294,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"dp={dp} round {r + 1}: {name} FAILED: {e}", file=sys.stderr, flush=True)
                         continue
                     runs[name].append(run)
-                    print(f"dp={dp} round {r + 1}: {name} {tokens_per_s(run, tokens_per_step):.0f} "
+                    print(f"dp={dp} round {r + 1}: {name} {tokens_per_s(run['step_times_s'], tokens_per_step):.0f} "
                           f"tokens/s", file=sys.stderr, flush=True)
             reference = runs.get(REFERENCE) or None
             result["layouts"][str(dp)] = {

@@ -192,10 +192,11 @@ def compare_losses(ours: list[float], peer: list[float], dtype: str) -> dict:
 
 
 def summarize(rows: dict, tokens_per_step: int, flops_per_token: float, peak_flops) -> None:
+    from peers import tokens_per_s
+
     for row in rows.values():
         if "step_times_s" in row:
-            timed = row["step_times_s"][1:]  # the first step warms up
-            row["tokens_per_s"] = tokens_per_step * len(timed) / sum(timed)
+            row["tokens_per_s"] = tokens_per_s(row["step_times_s"], tokens_per_step)
             row["mfu"] = flops_per_token * row["tokens_per_s"] / peak_flops if peak_flops else None
 
 

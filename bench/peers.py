@@ -63,6 +63,12 @@ def machine() -> dict:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
+def tokens_per_s(step_times_s: list[float], tokens_per_step: int) -> float:
+    """A run's rate over its steps after the first (which pays for warm-up allocations)."""
+    timed = step_times_s[1:]
+    return tokens_per_step * len(timed) / sum(timed)
+
+
 def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
