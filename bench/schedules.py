@@ -69,294 +69,35 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import gc
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
-import traceback
-from collections import defaultdict
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.distributed.pipelining as pipelining
-from torch import nn
-
-from ratrain.config import AUTO_SCHEDULE, DataConfig, ParallelConfig, RunConfig, TrainConfig
 from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import load_tokens
-from ratrain.errors import UserError
-from ratrain.models.llama import build_units, lm_loss
-from ratrain.models.presets import get_preset
-from ratrain.runtime.engine import PipelineEngine
-from ratrain.schedule.grid import RankGrid
-from ratrain.errors import RankFailed
-from ratrain.runtime.launch import exit_without_teardown, launch_local, record_failure
-from ratrain.runtime.process_groups import init_groups
-from ratrain.schedule.plan import SPLIT_SCHEDULES
+from ratrain.errors import RankFailed, UserError
+from ratrain.runtime.launch import launch_local
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement
-from ratrain.runtime.trace import Tracer
-from ratrain.data.replica import make_data
 from ratrain.training.prepare import plan_here
 
-from peers import DDPPeer, PipelinePeer, machine
+from peers import machine
+from schedules_implementations import PEER_ZB, ZERO_BUBBLE, implementations, make_config
 from schedules_layout import ORDERS, Layout, parse_layouts
 from schedules_report import analyse, print_layout, print_overview
+from schedules_worker import rank_main, worker_main
 from two_nodes import LinkUnavailable, TwoNodes, parse_rate
 
-PEER_ZB = "peer-zb"
-ZERO_BUBBLE = "ScheduleInterleavedZeroBubble"  # torch's, with one stage per rank
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
 DEFAULT_OUT = SCRIPT.parent / "results" / "schedules.json"
 DEFAULT_CONFIGS = "1x2,2x2:pp-dp,2x2:dp-pp"
 START_LINES = ("links measured", "schedule ", "low-communication")  # setup's lines on auto
-
-
-def engine(name: str, label: str, policy: str, schedule: str = "1f1b",
-           weight_grad: str | None = None) -> dict:
-    """A ratrain PipelineEngine implementation, as the result records it."""
-    return {"name": name, "label": label, "kind": "engine", "policy": policy,
-            "schedule": schedule, "weight_grad": weight_grad,
-            "split_backward": schedule in SPLIT_SCHEDULES}
-
-
-def peer(name: str, schedule: str | None, sync: str, layout: Layout) -> dict:
-    """A torch implementation: `schedule` a class of torch.distributed.pipelining (None: DDP at
-    pp = 1), `sync` how its replicas average gradients (bench/peers.py)."""
-    with_sync = {"ddp": " + DDP", "allreduce": " + all_reduce"}[sync] if layout.dp > 1 else ""
-    what = f"{schedule}{with_sync}" if schedule else "DDP"
-    return {"name": name, "label": f"{name}: torch {what}", "kind": "peer", "schedule": schedule,
-            "sync": sync, "split_backward": schedule == ZERO_BUBBLE}
-
-
-def implementations(args, layout: Layout) -> tuple[list[dict], dict[str, str]]:
-    """The layout's implementations in round order, and those skipped with why."""
-    impls = [engine("ratrain", f"ratrain (policy {args.ratrain_policy})", args.ratrain_policy),
-             engine("baseline", "ratrain baseline", "baseline")]
-    if args.auto:
-        impls.append(engine("auto", "ratrain defaults (--schedule auto)", "ratrain", AUTO_SCHEDULE))
-    impls += [engine(f"zbh1-{w}", f"ratrain zbh1, weight grads {w}", "ratrain", "zbh1", w)
-              for w in args.split]
-    if layout.pp == 1:
-        impls.append(peer("peer", None, "ddp", layout))
-        return impls, {PEER_ZB: "pp=1: no pipeline to schedule"} if args.peer_zb else {}
-    impls.append(peer("peer", "Schedule1F1B", args.peer_sync, layout))
-    if args.peer_zb:
-        # all_reduce whatever --peer-sync says: DDP misses the split weight backward (peers.py)
-        impls.append(peer(PEER_ZB, ZERO_BUBBLE, "allreduce", layout))
-    return impls, {}
-
-
-def make_config(args, layout: Layout, impl: dict) -> RunConfig:
-    """The config of an engine implementation (`engine`)."""
-    model = get_preset(args.model)
-    if args.layers:
-        model.n_layers = args.layers
-        model.name = f"{args.model}-{args.layers}L"
-    cfg = RunConfig(
-        model=model,
-        data=DataConfig(),  # byte-tokenized standard library
-        train=TrainConfig(
-            seq_len=args.seq_len,
-            # default: pp micro-batches per replica, the fewest that fill the pipeline (a unit's
-            # gradient is final after the last one's backward, so fewer hide more of the sync)
-            micro_batch_size=args.micro_batch_size or max(1, args.global_batch // layout.world),
-            global_batch=args.global_batch,
-            steps=args.warmup + args.steps * args.rounds,
-            grad_clip=args.clip,
-            eval_batches=0,
-            seed=args.seed,
-        ),
-        # the schedule each row names; `auto` only in the row of that name
-        parallel=ParallelConfig(pp=layout.pp, dp=layout.dp, policy=impl["policy"],
-                                schedule=impl["schedule"], weight_grad=impl["weight_grad"],
-                                backend="gloo", threads_per_rank=1, rank_order=layout.order),
-    )
-    cfg.validate()
-    return cfg
-
-
-def make_grid(layout: Layout) -> RankGrid:
-    return RankGrid(layout.pp, layout.dp, order=layout.order)
-
-
-# --- per rank -----------------------------------------------------------------------------------
-
-
-def _step_categories(events, steps: range) -> list[dict[str, float]]:
-    """Per traced step of `steps`: seconds inside each action category (F, B, U, WGS, ...)."""
-    per: dict[int, dict[str, float]] = {}
-    for step, name, t0, t1 in events:
-        if step in steps:
-            d = per.setdefault(step, defaultdict(float))
-            d[name.rstrip("0123456789.")] += (t1 - t0) / 1e6
-    return [dict(per[s]) for s in sorted(per)]
-
-
-def _compute_alone(cfg: RunConfig, units: range, groups, batch, reps: int = 5) -> float:
-    """Seconds of forward + backward of one micro-batch through this stage's units (fresh copies,
-    one thread), each rank in turn while the others wait at a barrier: the compute time of a
-    stage when nothing else shares the cores. The minimum of `reps` timings after one warm-up."""
-    module = nn.Sequential(*build_units(cfg.model, cfg.train.seed, list(units)))
-    x, y = batch
-    last = groups.stage == groups.grid.pp - 1
-    if groups.stage > 0:
-        g = torch.Generator().manual_seed(groups.rank)
-        x = torch.randn(*x.shape, cfg.model.dim, generator=g).requires_grad_()
-
-    def once() -> float:
-        t0 = time.perf_counter()
-        out = module(x)
-        if last:
-            lm_loss(out, y).backward()
-        else:
-            out.backward(torch.ones_like(out))
-        return time.perf_counter() - t0
-
-    best = float("inf")
-    for turn in range(groups.grid.world_size):
-        dist.barrier()
-        if turn == groups.rank:
-            once()
-            best = min(once() for _ in range(reps))
-    dist.barrier()
-    return best
-
-
-def rank_main(spec: dict) -> None:
-    _bench(spec)
-    # Tear down once every rank is done with the groups and they are gone (as ratrain's
-    # training loop does).
-    dist.barrier()
-    gc.collect()
-    dist.destroy_process_group()
-
-
-def _make_peer(impl: dict, cfg: RunConfig, units: range, groups, opts: dict):
-    clip = cfg.train.grad_clip
-    if impl["schedule"] is None:
-        return DDPPeer(cfg, groups, clip, opts["bucket_mb"])
-    return PipelinePeer(cfg, units, groups, clip, impl["sync"], opts["bucket_mb"],
-                        getattr(pipelining, impl["schedule"]))
-
-
-def _make_peers(spec: dict, cfg: RunConfig, units: range, groups) -> tuple[dict, dict[str, str]]:
-    """The spec's peers that torch accepts for this layout, and every skipped implementation
-    (the spec's and those torch refuses) with why."""
-    peers, skipped = {}, dict(spec["skipped"])
-    for impl in (d for d in spec["impls"] if d["kind"] == "peer"):
-        try:
-            peers[impl["name"]] = _make_peer(impl, cfg, units, groups, spec["opts"])
-        except ValueError as e:  # alike on every rank: it depends on pp and n_micro only
-            skipped[impl["name"]] = f"torch's {impl['schedule']} refuses this layout: {e}"
-    return peers, skipped
-
-
-def _bench(spec: dict) -> None:
-    layout = Layout(**spec["layout"])
-    opts = spec["opts"]
-    cfgs = {impl: RunConfig.from_dict(d) for impl, d in spec["cfgs"].items()}
-    base = cfgs["baseline"]
-    t = base.train
-    groups = init_groups(make_grid(layout), "gloo")
-    is_main = groups.rank == 0
-    loader, _ = make_data(base, load_tokenizer(base.data.tokenizer), layout.dp, groups.replica)
-
-    keep = max(opts["steps"], opts["warmup"], 1)
-    tracers = {impl: Tracer(keep_steps=keep) for impl in cfgs}
-    engines = {impl: PipelineEngine(cfg, plan_here(cfg, progress=cfg.parallel.schedule == AUTO_SCHEDULE),
-                                    groups, tracers[impl])
-               for impl, cfg in cfgs.items()}
-    peers, skipped = _make_peers(spec, base, engines["baseline"].plan.stage_units[groups.stage],
-                                 groups)
-    steps_fn = {**{impl: (lambda b, s, e=e: e.train_step(b, t.lr, s).loss)
-                   for impl, e in engines.items()},
-                **{impl: (lambda b, s, p=p: p.train_step(b)) for impl, p in peers.items()}}
-    run = [{**d, "description": peers[d["name"]].description} if d["name"] in peers else d
-           for d in spec["impls"] if d["name"] in steps_fn]
-    impls = [d["name"] for d in run]
-    next_step = dict.fromkeys(impls, 0)
-    tokens_per_step = t.global_batch * t.seq_len
-    traced: dict[str, list[dict[str, float]]] = {impl: [] for impl in engines}
-
-    def phase(impl: str, n: int, timed: bool):
-        dist.barrier()
-        if impl in tracers:
-            tracers[impl].reset_origin()
-        first = next_step[impl]
-        times, losses = [], []
-        for _ in range(n):
-            step = next_step[impl]
-            next_step[impl] += 1
-            batches = loader.step_batches(step)
-            t0 = time.perf_counter()
-            loss = steps_fn[impl](batches, step)
-            times.append(time.perf_counter() - t0)
-            losses.append(loss)
-        dist.barrier()
-        if timed and impl in tracers:
-            traced[impl] += _step_categories(tracers[impl].events(), range(first, first + n))
-        return times, losses
-
-    warm = {}
-    for impl in impls:
-        times, losses = phase(impl, opts["warmup"], timed=False)
-        warm[impl] = {"step_times_s": times, "losses": losses}
-
-    rounds = []
-    for r in range(opts["rounds"]):
-        order = impls if r % 2 == 0 else impls[::-1]
-        row = {"round": r + 1, "order": list(order)}
-        for impl in order:
-            times, losses = phase(impl, opts["steps"], timed=True)
-            row[impl] = {"tokens_per_s": tokens_per_step * len(times) / sum(times),
-                         "step_times_s": times, "losses": losses}
-        if is_main:
-            print(f"  round {r + 1}/{opts['rounds']}: "
-                  + ", ".join(f"{impl} {row[impl]['tokens_per_s']:.0f}" for impl in impls)
-                  + " tok/s", flush=True)
-        rounds.append(row)
-
-    alone = _compute_alone(base, engines["baseline"].stage.units, groups, loader.step_batches(0)[0])
-    mine = {"rank": groups.rank, "stage": groups.stage, "replica": groups.replica,
-            "n_params": sum(p.numel() for p in engines["baseline"].stage.master_params()),
-            "cores": len(os.sched_getaffinity(0)),
-            "compute_alone_per_micro_batch_s": alone, "trace_per_step_s": traced}
-    ranks = [None] * layout.world
-    dist.all_gather_object(ranks, mine)
-    if is_main:
-        Path(spec["result_path"]).write_text(json.dumps({
-            "rounds": rounds,
-            "warmup": warm,
-            "ranks": ranks,
-            "implementations": run,
-            "skipped": skipped,
-            "peer": peers["peer"].description,
-            "plans": {impl: e.plan.to_dict() for impl, e in engines.items()},
-        }))
-
-
-def worker_main(spec_path: str) -> None:
-    """One rank started by torchrun (two-node mode)."""
-    torch.set_num_threads(1)
-    spec = json.loads(Path(spec_path).read_text())
-    code = 0
-    try:
-        rank_main(spec)
-    except BaseException as e:  # noqa: BLE001 - reported to the driver, then exit 1
-        record_failure(Path(spec["error_dir"]), int(os.environ.get("RANK", -1)), e)
-        traceback.print_exc()
-        code = 1
-    exit_without_teardown(code)
-
-
-# --- driver -------------------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,8 +1,8 @@
 """The analysis half of bench/schedules.py: the lower bound of a layout's step time (1F1B's), the
 summaries and within-round ratios of the implementations a run had, and the tables printed.
 
-An implementation is the dict bench/schedules.py records: name, label, kind ("engine": a ratrain
-PipelineEngine, or "peer": torch), split_backward, and its schedule settings."""
+An implementation is the dict bench/schedules_implementations.py describes and the result
+records."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def lower_bound(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | Non
     weight gradients, so its step can be shorter than the pipeline term.
 
     compute = max(pipeline, cpu), from t[s], the forward + backward time of one micro-batch on
-    stage s measured alone (bench/schedules.py's `_compute_alone`; the fastest of the stage's replicas, which all do
-    the same work):
+    stage s measured alone (bench/schedules_worker.py's `_compute_alone`; the fastest of the
+    stage's replicas, which all do the same work):
       pipeline: sum_s t[s] + (n_micro - 1) * max_s t[s]: one micro-batch must pass every stage
                 and back, and the slowest stage must do all n_micro (= (n_micro + pp - 1) * t for
                 equal stages: 1F1B's bubble);
