@@ -174,6 +174,7 @@ class ParallelConfig:
     activation: str = "keep"  # decoder blocks' policy: keep, recompute or offload; or one per stage, comma-separated
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
+    device_units: int = 0  # with state_home host: the first K units of each stage keep their state on the device
     shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
     grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (schedule/plan_rules.GRAD_LIFETIMES)
     shard_group: int | None = None  # hybrid sharding: shard over groups of this many replicas, replicate across
@@ -216,6 +217,8 @@ class ParallelConfig:
                             "give one, or one per stage")
         if self.micro_batch_group is not None and self.micro_batch_group < 1:
             raise UserError(f"--micro-batch-group must be >= 1, got {self.micro_batch_group}")
+        if self.device_units < 0:
+            raise UserError(f"--device-units must be >= 0, got {self.device_units}")
         if self.view_window < 0:
             raise UserError(f"--view-window must be >= 0, got {self.view_window}")
         if self.grad_lifetime not in GRAD_LIFETIMES:

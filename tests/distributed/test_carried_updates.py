@@ -12,6 +12,7 @@ import torch
 
 from ratrain import checkpoint
 from ratrain.runtime.launch import launch_local
+from ratrain.runtime.stage import Stage
 from ratrain.runtime.unit_state import UnitState
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.plan import build_plan
@@ -61,6 +62,20 @@ def test_carried_updates_compute_the_inline_run(pp, dp, clip, corpus, tmp_path):
             assert torch.equal(units[u]["weights"][name], w), (u, name)
 
 
+def _host_run(corpus, run_dir, group: int, update: str, device_units=()):
+    """A single-process run of a host-homed plan (recompute, window 1); (run dir, plan)."""
+    cfg = micro_config(*corpus, steps=STEPS)
+    plan = build_plan(cfg.model.n_layers, 1, 1, cfg.n_micro, activation="recompute",
+                      view_window=1, state_home="host", micro_batch_group=group,
+                      update=update, device_units=device_units)
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
+    cfg.parallel.state_home, cfg.parallel.plan_file = "host", str(run_dir / "plan.json")
+    with one_thread():
+        rank_main(cfg, str(run_dir), False, False, False)
+    return run_dir, plan
+
+
 @pytest.mark.parametrize("group", [1, 2])
 def test_host_folds_and_norms_on_the_update_thread_change_nothing(group, corpus, tmp_path,
                                                                    monkeypatch):
@@ -70,18 +85,39 @@ def test_host_folds_and_norms_on_the_update_thread_change_nothing(group, corpus,
     monkeypatch.setattr(UnitState, "_host_homed_on_gpu", property(lambda self: True))
     runs = {}
     for update in ("inline", "carried"):
-        cfg = micro_config(*corpus, steps=STEPS)
-        plan = build_plan(cfg.model.n_layers, 1, 1, cfg.n_micro, activation="recompute",
-                          view_window=1, state_home="host", micro_batch_group=group,
-                          update=update)
+        runs[update], plan = _host_run(corpus, tmp_path / update, group=group, update=update)
         assert (Action(Op.START_NORM, 1) in plan.programs[0]) == (update == "carried")
-        run_dir = runs[update] = tmp_path / update
-        run_dir.mkdir()
-        (run_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
-        cfg.parallel.state_home, cfg.parallel.plan_file = "host", str(run_dir / "plan.json")
-        with one_thread():
-            rank_main(cfg, str(run_dir), False, False, False)
     rows, ref = (read_metrics(runs[u] / "metrics.jsonl") for u in ("carried", "inline"))
     assert [r["loss"] for r in rows] == [r["loss"] for r in ref]
     assert [r["grad_norm"] for r in rows] == [r["grad_norm"] for r in ref]
     assert ref[-1]["loss"] < ref[0]["loss"] - 0.5
+
+
+def test_units_kept_on_the_device_compute_the_all_host_run(corpus, tmp_path, monkeypatch):
+    """--device-units on the GPU's fold path (the other units' state across a host link, run
+    here on the CPU): the device units fold, measure and update inline where they are, the
+    rest on the update thread; the run is the all-host inline run's."""
+    on_device: set[int] = set()
+    build = Stage.__init__
+
+    def spy(self, *args, **kw):
+        build(self, *args, **kw)
+        on_device.update(id(self.state[u]) for u in kw.get("device_units", ()))
+
+    monkeypatch.setattr(Stage, "__init__", spy)
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu",
+                        property(lambda self: id(self) not in on_device))
+    runs = {"mixed": _host_run(corpus, tmp_path / "mixed", group=2, update="carried",
+                               device_units=(0, 2))[0],
+            "host": _host_run(corpus, tmp_path / "host", group=2, update="inline")[0]}
+    assert len(on_device) == 2
+    rows, ref = (read_metrics(runs[n] / "metrics.jsonl") for n in ("mixed", "host"))
+    for row, want in zip(rows, ref):
+        assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
+        assert row["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+    assert ref[-1]["loss"] < ref[0]["loss"] - 0.5
+    units = {n: checkpoint.load_units(checkpoint.latest(runs[n]), range(6), torch.device("cpu"))
+             for n in runs}
+    for u, state in units["host"].items():
+        for name, w in state["weights"].items():
+            torch.testing.assert_close(units["mixed"][u]["weights"][name], w, rtol=1e-5, atol=1e-6)

@@ -105,6 +105,22 @@ def test_views_offload_and_host_masters_match_a_plain_fp32_run():
         assert abs(a - b) / a < 1e-5, (a, b)
 
 
+@pytest.mark.parametrize("group, device_units", [(1, ()), (2, ()), (2, (0, 2))])
+def test_carried_updates_groups_and_device_units_match_a_plain_fp32_run(group, device_units):
+    """Host AdamW on the update thread (SU/WU, SN), unit-major groups (a run's fp32 sum held on
+    the device, folded once), some units' state kept on the device (--device-units): the
+    same run as the plain engine on the GPU."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = _cfg("float32")
+    plain = LocalEngine(cfg, torch.device("cuda"), build_units(cfg.model, 0))
+    lifecycle = _executor(cfg, "recompute", 1, "host", update="carried",
+                          micro_batch_group=group, device_units=device_units)
+    for u, state in lifecycle.stage.state.items():
+        assert all(m.is_cuda == (u in device_units) for m in state.masters), u
+    for a, b in zip(_losses(plain, cfg), _losses(lifecycle, cfg)):
+        assert abs(a - b) / a < 1e-5, (a, b)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_views_match_a_plain_run_of_the_same_dtype(dtype):
     """bf16/fp16 views, offload and host masters against resident views on the device (the plain

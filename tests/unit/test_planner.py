@@ -15,6 +15,7 @@ from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
 from ratrain.planner import account, search
 from ratrain.planner.budget import parse_bytes
+from ratrain.planner.device_units import keep_on_device
 from ratrain.planner.partition import Partition
 from ratrain.planner.bounds import lower_bound
 from ratrain.planner.stage_cost import StageChoice, _fits, estimate
@@ -150,7 +151,10 @@ def test_the_search_shards_where_that_is_fastest_as_simulating_every_plan_does(p
                 and c.layout.lifecycle.grad_lifetime == "step"]
         assert all(c.layout.dp == 2 for c in step) and step  # over 4, "step" does not fit
     found = search.search(request)
+    # the search's best, then as many of its units' state on the device as fit (device_units)
+    fastest = keep_on_device(request, fastest)
     assert found.best[0].step_time == pytest.approx(fastest.step_time, rel=1e-9)
+    assert found.best[0].device_units == fastest.device_units
     assert found.best[0].layout.lifecycle == life
     assert found.best[0].plan.shard_state == life.shard_state
     assert found.best[0].plan.grad_lifetime == life.grad_lifetime

@@ -64,6 +64,7 @@ _CONFIG_OPTIONS = [
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
     click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, or --state-home host on a GPU).  [default: 0]"),
     click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
+    click.option("--device-units", type=int, help="With --state-home host: the first K units of each stage (the embedding and blocks, in order) keep their fp32 masters, gradients and AdamW state on the compute device, updated there; the rest live on the host. Costs 16 bytes a parameter of device memory per unit, saves that unit's host-link traffic and host update. `ratrain plan --memory-budget` picks K where the budget allows.  [default: 0]"),
     click.option("--shard-state/--no-shard-state", default=None, help="Each data-parallel replica holds 1/dp of every unit's fp32 masters and AdamW state (ZeRO-style): gradients are reduce-scattered, each replica updates its slice, and the compute views are all-gathered. Needs --dp >= 2 and --state-home device.  [default: off]"),
     click.option("--grad-lifetime", type=click.Choice(GRAD_LIFETIMES), help="With --shard-state, how long each unit's full-size fp32 gradient lives: step (accumulated over the step, reduce-scattered once), transient (the same sync, but the buffer exists only from the unit's first backward to its reduce-scatter's end), micro-batch (each micro-batch's gradient reduce-scattered right after its backward: 1/dp of the memory, m times the traffic).  [default: step]"),
     click.option("--shard-group", type=int, help="With --shard-state, hybrid sharding: shard each unit's state within groups of this many neighbouring replicas (a node's) and replicate it across the groups, so only a shard's gradient crosses between them (an all-reduce per unit). Must divide --dp into at least two groups.  [default: shard over all --dp replicas]"),
@@ -86,7 +87,8 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
            "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel",
            "shard_group": "parallel", "sync": "parallel", "outer_lr": "train",
-           "outer_momentum": "train", "outer_mix": "train", "update": "parallel"}
+           "outer_momentum": "train", "outer_mix": "train", "update": "parallel",
+           "device_units": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 
 

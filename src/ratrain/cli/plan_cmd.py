@@ -62,8 +62,10 @@ def _show(cfg, out, as_json) -> None:
                + (f" (gradient lifetime {pipeline_plan.grad_lifetime})"
                   if pipeline_plan.grad_lifetime != "step" else "")
                if pipeline_plan.shard_state else "")
+    on_device = (f" (units {', '.join(map(str, pipeline_plan.device_units))} on the device)"
+                 if pipeline_plan.device_units else "")
     click.echo(f"activations per unit: {activation}; views: {views}; "
-               f"state home: {pipeline_plan.state_home}{sharded}")
+               f"state home: {pipeline_plan.state_home}{on_device}{sharded}")
     click.echo(format_table(pipeline_plan.programs))
 
 
@@ -184,9 +186,19 @@ def _rows(found) -> list[list]:
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     L.lifecycle.label(), in_runs([str(b - a) for a, b, _ in c.partition]),
+                     _state_label(c), in_runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])
     return rows
+
+
+def _state_label(c) -> str:
+    """The lifecycle's label, with how many units the plan keeps on the device (host-homed)."""
+    label = c.layout.lifecycle.label()
+    n = len(c.device_units)
+    if not n:
+        return label
+    home, rest = label.split(" / ", 1)
+    return f"{home}, {n} unit{'s' if n > 1 else ''} on device / {rest}"
 
 
 def in_runs(choices: list[str]) -> str:

@@ -24,6 +24,7 @@ class Candidate:
     stage_bytes: list[float] = field(default_factory=list)  # simulated device peak + overhead
     host_bytes: list[float] = field(default_factory=list)  # simulated host-tier peak
     refined: bool = False  # `bound` is `refine`'s
+    device_units: tuple[int, ...] = ()  # host-homed: units kept on the device (device_units.py)
 
     @property
     def step_time(self) -> float:
@@ -63,7 +64,8 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       micro_batch_group=layout.lifecycle.micro_batch_group,
                       update=update_for("auto", layout.lifecycle.state_home,
                                         layout.lifecycle.shard_state,
-                                        request.profile.device.host_link is not None))
+                                        request.profile.device.host_link is not None),
+                      device_units=candidate.device_units)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:

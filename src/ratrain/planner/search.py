@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
 from ratrain.planner.candidate import Candidate, evaluate
+from ratrain.planner.device_units import keep_on_device
 from ratrain.planner.layouts import Layout, PlanRequest, layouts
 from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.unit_table import UnitTable
@@ -275,5 +276,7 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
         best.append(candidate)
         best.sort(key=lambda c: c.step_time)
         del best[request.top if not exhaustive else len(best):]
+    best[:request.top] = sorted((keep_on_device(request, c) for c in best[:request.top]),
+                                key=lambda c: c.step_time)
     return SearchResult(request, best, len(all_layouts), simulated, over,
                         time.perf_counter() - started, complete)

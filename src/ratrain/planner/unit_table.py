@@ -74,7 +74,7 @@ class UnitTable:
         # over one group of all of them), and its run's fp32 sum on the device meanwhile
         every = StageCosts(dataclasses.replace(setup, micro_batch_group=n_micro))
         self._weight_grouped = [every.backward_weight(u) + o for u in units]
-        self._run_grad = [4 * setup.params(u) if views and c.runs_on_device else 0
+        self._run_grad = [4 * setup.params(u) if views and c.runs_on_device(u) else 0
                           for u in units]
         self._seeds = [sum(n for _, n in c.storages("wgrad_seeds", Action(Op.BACKWARD_INPUT, u, 0)))
                        for u in units]

@@ -121,7 +121,8 @@ class PipelineEngine(_UnitStateMixin):
                  if plan.shard_state else None)
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],
                            groups.device if groups else device,
-                           modules, view_units=view_units, state_home=plan.state_home, shard=shard)
+                           modules, view_units=view_units, state_home=plan.state_home, shard=shard,
+                           device_units=plan.device_units)
         if plan.weight_grad is not None and self.stage.device.type == "cpu":
             allocator.keep_freed_memory()
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)

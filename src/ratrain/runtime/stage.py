@@ -36,7 +36,8 @@ class Stage:
 
     `view_units` compute with a view of their masters (the program prefetches and releases it);
     the others compute with the masters themselves, fp32 on the compute device. `state_home`
-    places the masters, gradients and optimizer state: "device" or "host" (the CPU). With
+    places the masters, gradients and optimizer state: "device" or "host" (the CPU), except
+    the `device_units`' (PipelinePlan.device_units), which stay on the device. With
     `shard`, every unit's state is sharded over the stage's replicas (runtime/sharded_layout.py;
     it lives on the device). One unit-state class serves both (runtime/unit_state.py).
     Compute in a lower precision runs under autocast, so the ops autocast keeps in fp32 stay
@@ -45,7 +46,7 @@ class Stage:
 
     def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None, *,
                  view_units=(), state_home: str = "device", ledger: MemoryLedger | None = None,
-                 shard: ShardOver | None = None):
+                 shard: ShardOver | None = None, device_units=()):
         self.cfg = cfg
         self.units = units
         self.device = device
@@ -71,7 +72,8 @@ class Stage:
                 layout, view_dtype = (Sharded(shard.group, shard.replica, shard.replicas,
                                             shard.grad_lifetime, shard.cross), self.dtype)
             else:
-                layout, view_dtype = Replicated(home), self.dtype if viewed else None
+                layout = Replicated(device if u in device_units else home)
+                view_dtype = self.dtype if viewed else None
             # A viewed unit's masters are copied to their home straight from the host-built
             # module, so its fp32 weights never pass through the device (the whole stage's would
             # otherwise be the device's peak before the first step); its parameters are then

@@ -69,6 +69,12 @@ def partition_units(
     return stages
 
 
+def first_units(stage_units: list[range], k: int) -> tuple[int, ...]:
+    """The first k units of each stage (all of a stage's where it has fewer): the units a
+    plan keeps on the device under `--device-units k` (PipelinePlan.device_units)."""
+    return tuple(u for units in stage_units for u in units[:k])
+
+
 def _forward(units: range, m: int) -> Program:
     return [Action(Op.FORWARD, u, m) for u in units]
 

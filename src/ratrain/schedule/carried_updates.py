@@ -20,6 +20,9 @@ at the same place (every unit after WN) are ordered by the unit's first use in t
 so the thread finishes the one needed first first. Where WU goes: right before the program's
 first action on the unit (its view's P, or its first forward). The math is U's: the same
 update with the same learning rate and clipping coefficient, only later in time.
+
+Units whose state stays on the compute device (`inline`: PipelinePlan.device_units) keep U:
+their update is the device's fast work, in its place on the walker.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from ratrain.schedule.ops import Op
 _READS_MASTERS = (Op.PREFETCH, Op.FORWARD)
 
 
-def carry_updates(programs: list[Program], stage_units: list[range]) -> list[Program]:
-    """Replace every `U u` by a carried `SU u` and its `WU u` (module docstring)."""
-    return [_carry(p, s, len(programs), units)
+def carry_updates(programs: list[Program], stage_units: list[range],
+                  inline=frozenset()) -> list[Program]:
+    """Replace every `U u` but those of the `inline` units by a carried `SU u` and its `WU u`
+    (module docstring)."""
+    return [_carry(p, s, len(programs), units, inline)
             for s, (p, units) in enumerate(zip(programs, stage_units))]
 
 
-def _carry(program: Program, stage: int, stages: int, units: range) -> Program:
-    updated = [a.unit for a in program if a.op is Op.UPDATE]
+def _carry(program: Program, stage: int, stages: int, units: range, inline) -> Program:
+    updated = [a.unit for a in program if a.op is Op.UPDATE and a.unit not in inline]
     if not updated:
         return program
     first_use: dict[int, int] = {}
@@ -50,7 +55,7 @@ def _carry(program: Program, stage: int, stages: int, units: range) -> Program:
     missing = [u for u in updated if u not in first_use]
     if missing:
         raise ScheduleError(f"stage {stage}: units {missing} are updated but never read")
-    rest = [a for a in program if a.op is not Op.UPDATE]
+    rest = [a for a in program if not (a.op is Op.UPDATE and a.unit in updated)]
     ctx = RankContext.of(rest, stage, stages, units)
     after: dict[int, list[int]] = {}  # step in `rest` -> units whose SU goes right after it
     for u in updated:

@@ -121,6 +121,12 @@ def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
     return None
 
 
+def check_outer(sync: str, dp: int, policy: str, shard_state: bool, n_units: int) -> None:
+    reason = outer_refusal(sync, dp, policy, shard_state, n_units)
+    if reason:
+        raise ScheduleConfigError(reason)
+
+
 def add_outer_sync(programs: list[Program], units: frozenset[int],
                    streaming: bool) -> list[Program]:
     """The outer sync of `units` added to a step's programs (see the module docstring for where

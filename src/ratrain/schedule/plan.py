@@ -20,7 +20,8 @@ from ratrain.schedule.ir import Op, Program, format_program, parse_program
 from ratrain.schedule.carried_updates import carry_updates
 from ratrain.schedule.plan_lifecycle import check_lifecycle
 from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
-                                         check_hybrid, check_sharding, micro_batch_refusal)
+                                         check_device_units, check_hybrid, check_sharding,
+                                         micro_batch_refusal)
 from ratrain.schedule.policies import POLICIES
 from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
                                          unit_major)
@@ -99,6 +100,9 @@ class PipelinePlan:
     """"inline": each unit's optimizer update runs on the walker (U). "carried": it starts on
     the host update thread as soon as what it reads is final (SU) and the next step waits for
     it before it reads the unit's masters (WU): schedule/carried_updates.py."""
+    device_units: tuple[int, ...] = ()
+    """With state_home "host": the units whose masters, gradients and AdamW state stay on the
+    compute device (where the budget allows: ProTrain's idea), updated there inline (U)."""
 
     @property
     def n_layers(self) -> int:
@@ -123,7 +127,7 @@ class PipelinePlan:
             raise ScheduleError(f"weight_grad {self.weight_grad!r} does not fit schedule "
                                 f"{self.schedule!r} (a split schedule takes one of "
                                 f"{', '.join(WEIGHT_GRADS)} or {CAPPED}; the others none)")
-        check_outer(self.sync, self.dp, self.policy, self.shard_state, self.stage_units[-1].stop)
+        outer_sync.check_outer(self.sync, self.dp, self.policy, self.shard_state, self.stage_units[-1].stop)
         for programs in [self.programs, *outer_sync.every_variant(self)]:
             validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp)
         check_group(self.micro_batch_group, self.n_micro, self.pp, self.schedule)
@@ -165,6 +169,7 @@ class PipelinePlan:
                if self.micro_batch_group != 1 else {}),
             **({"sync": self.sync} if self.sync != outer_sync.EVERY_STEP else {}),
             **({"update": self.update} if self.update != "inline" else {}),
+            **({"device_units": list(self.device_units)} if self.device_units else {}),
         }
 
     @classmethod
@@ -196,6 +201,7 @@ class PipelinePlan:
             micro_batch_group=d.get("micro_batch_group", 1),
             sync=d.get("sync", outer_sync.EVERY_STEP),
             update=d.get("update", "inline"),
+            device_units=tuple(d.get("device_units", ())),
         )
 
 
@@ -221,6 +227,7 @@ def build_plan(
     micro_batch_group: int = 1,
     sync: str = outer_sync.EVERY_STEP,
     update: str = "inline",
+    device_units=(),
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -235,7 +242,7 @@ def build_plan(
     PipelinePlan.
     `micro_batch_group` g > 1 runs 1F1B over groups of g micro-batches, each group unit by
     unit (schedule/unit_major.py).
-    `update`: "inline" or "carried" (PipelinePlan.update).
+    `update`: "inline" or "carried" (PipelinePlan.update); `device_units`: PipelinePlan's.
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -256,7 +263,9 @@ def build_plan(
     check_choice("update", update, UPDATES)
     check_carried_update(update, shard_state, sync)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
-    check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
+    outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
+    device_units = tuple(sorted(device_units))
+    check_device_units(device_units, state_home, stage_units[-1].stop, sync)
     sync_dp = dp if sync == outer_sync.EVERY_STEP else 1  # diloco: no per-step gradient sync
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)
@@ -275,21 +284,15 @@ def build_plan(
                                 clip, view_window, grad_lifetime, shard_group)
     programs = post_group_receives(programs, micro_batch_group)
     if update == "carried":
-        programs = carry_updates(programs, stage_units)
+        programs = carry_updates(programs, stage_units, frozenset(device_units))
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
                         grad_lifetime, shard_group, sync, micro_batch_group,
-                        update)
+                        update, device_units)
     if check:
         for variant in [programs, *outer_sync.every_variant(plan)]:
             validate(variant, stage_units, n_micro, sync_dp)
     return plan
-
-
-def check_outer(sync: str, dp: int, policy: str, shard_state: bool, n_units: int) -> None:
-    reason = outer_sync.outer_refusal(sync, dp, policy, shard_state, n_units)
-    if reason:
-        raise ScheduleConfigError(reason)
 
 
 def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:

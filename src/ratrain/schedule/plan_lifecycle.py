@@ -6,8 +6,8 @@ from __future__ import annotations
 from ratrain.schedule.activation_choice import check_choice
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ops import Op
-from ratrain.schedule.plan_rules import (UPDATES, check_carried_update, check_hybrid,
-                                         check_sharding)
+from ratrain.schedule.plan_rules import (UPDATES, check_carried_update, check_device_units,
+                                         check_hybrid, check_sharding)
 
 
 def check_lifecycle(plan) -> None:
@@ -21,6 +21,11 @@ def check_lifecycle(plan) -> None:
         raise ScheduleError(f"update {plan.update!r}, but the programs "
                             f"{'do' if carried else 'do not'} carry the updates (SU/WU)")
     check_carried_update(plan.update, plan.shard_state, plan.sync)
+    check_device_units(plan.device_units, plan.state_home, plan.stage_units[-1].stop, plan.sync)
+    inline = {a.unit for program in plan.programs for a in program if a.op is Op.UPDATE}
+    if carried and inline != set(plan.device_units):
+        raise ScheduleError(f"carried updates, but the programs update units {sorted(inline)} "
+                            f"inline, not the device units {list(plan.device_units)}")
     crossed = any(a.op is Op.CROSS_SYNC for program in plan.programs for a in program)
     if crossed != (plan.shard_group is not None):
         raise ScheduleError(f"shard_group {plan.shard_group}, but the programs "

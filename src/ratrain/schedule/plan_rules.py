@@ -103,3 +103,27 @@ def check_carried_update(update: str, shard_state: bool, sync: str = "step") -> 
     reason = carried_update_refusal(update, shard_state, sync)
     if reason:
         raise ScheduleConfigError(reason)
+
+
+def device_units_refusal(device_units, state_home: str, n_units: int,
+                         sync: str = "step") -> str | None:
+    """Units whose state stays on the compute device while the rest lives on the host
+    (schedule/plan.PipelinePlan.device_units): only beside host-homed state, real units, and
+    not with --sync diloco (its outer state lives in the home tier, one per run)."""
+    if not device_units:
+        return None
+    if state_home != "host":
+        return (f"--device-units keeps some units' state on the device while the others live "
+                f"on the host; with --state-home {state_home} every unit's is there already")
+    outside = sorted(u for u in device_units if not 0 <= u < n_units)
+    if outside:
+        return f"device units {outside} are not units of the model (0 to {n_units - 1})"
+    if sync != "step":
+        return "--device-units and --sync diloco do not go together yet"
+    return None
+
+
+def check_device_units(device_units, state_home: str, n_units: int, sync: str = "step") -> None:
+    reason = device_units_refusal(device_units, state_home, n_units, sync)
+    if reason:
+        raise ScheduleConfigError(reason)

@@ -16,6 +16,7 @@ from typing import Callable
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
+from ratrain.schedule.builders import first_units, partition_units
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.setup.choice import Choice, choose, default_profile
@@ -125,7 +126,9 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             view_window=choices["view_window"], state_home=p.state_home,
             shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
             shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1,
-            update=choices["update"])
+            update=choices["update"],
+            device_units=first_units(partition_units(choices["n_layers"], p.pp, p.partition),
+                                     p.device_units))
     except ScheduleError as e:
         raise UserError(str(e)) from None
 

@@ -17,12 +17,12 @@ def fold_s(c, u: int, mb: int | None) -> float:
     over groups of `micro_batch_group` (m / g folds a unit, the first a copy)."""
     if u not in c.s.view_units:
         return 0.0
-    add = 12 * c.s.params(u) / c.state_bandwidth
+    add = 12 * c.s.params(u) / c.state_bandwidth(u)
     if u in c.s.host_norms and last_fold_added(c, u, mb):
         # the step's last fold's add is done by SN on the host update thread (the
         # runtime's fold adds lazily, when something next reads the accumulation)
         return _fold_without_last_add(c, u, mb, add)
-    if not c.runs_on_device:
+    if not c.runs_on_device(u):
         return add
     on_device = (8 + c.s.shape.elt) * c.s.params(u) / c.bandwidth
     if mb is None:
@@ -40,7 +40,7 @@ def last_fold_added(c, u: int, mb: int | None) -> bool:
     """Whether the step's last fold of unit u is an add on the host (not the copy into the
     zero accumulation), and `mb` is that fold (mb None: the step's mean has one). Only
     across a host link is a fold's add left for later (UnitState.fold_grads)."""
-    if not c.runs_on_device:
+    if not c.runs_on_device(u):
         return False
     roles = c.s.fold_roles
     if roles:
@@ -61,9 +61,9 @@ def _fold_without_last_add(c, u: int, mb: int | None, add: float) -> float:
 
 def unit_norm_s(c, u: int) -> float:
     """SN u: the add of the unit's last fold where it is one, then its squared norm."""
-    add = 12 * c.s.params(u) / c.state_bandwidth if last_fold_added(c, u, None) \
+    add = 12 * c.s.params(u) / c.state_bandwidth(u) if last_fold_added(c, u, None) \
         else 0.0
-    return add + 4 * c.update_params(u) / c.state_bandwidth
+    return add + 4 * c.update_params(u) / c.state_bandwidth(u)
 
 
 def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:

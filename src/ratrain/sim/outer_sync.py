@@ -28,7 +28,7 @@ def outer_sync_time(c, u: int) -> float:
 
 
 def outer_step_time(c, u: int) -> float:
-    return OUTER_STEP_BYTES_PER_PARAM * c.s.params(u) / c.state_bandwidth
+    return OUTER_STEP_BYTES_PER_PARAM * c.s.params(u) / c.state_bandwidth(u)
 
 
 def outer_state_owners(c, u: int) -> list[tuple[tuple, str, tuple, int]]:

@@ -41,6 +41,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             shard_group=plan.shard_group, sync=plan.sync,
             fold_roles=fold_roles(program), micro_batch_group=plan.micro_batch_group,
             host_norms=frozenset(a.unit for a in program if a.op is Op.START_NORM),
+            device_units=frozenset(plan.device_units).intersection(units),
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups

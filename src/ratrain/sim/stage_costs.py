@@ -28,18 +28,24 @@ class StageCosts:
                                        setup.dtype)
         self.bandwidth = p.device.memory_bandwidth
         self.host_link = p.device.host_link
-        # where the state's own elementwise work (fold, norm, update) runs: host-homed state
-        # behind a host link is updated by the CPU
-        self.state_bandwidth = (p.device.host_memory_bandwidth or self.bandwidth
-                                if setup.state_home == "host" and self.host_link is not None
-                                else self.bandwidth)
+        self._host_bandwidth = p.device.host_memory_bandwidth or self.bandwidth
         self.overhead = p.device.action_overhead_s
         self._act_bytes = uc.output_bytes(setup.shape, "block")
-        # a run's folds (unit_major.fold_roles): the backwards that add to a run's sum on the
-        # device, and the run's last where others did before it
-        self.runs_on_device = (setup.state_home == "host" and self.host_link is not None
-                               and setup.grad_lifetime == "step")
         self.summed = summed_runs(setup.fold_roles or {})
+
+    def across_link(self, u: int) -> bool:
+        """Unit u's state lives on a host apart from the compute device (behind a host link)."""
+        return self.host_link is not None and self.s.state_on_host(u)
+
+    def state_bandwidth(self, u: int) -> float:
+        """Where unit u's state's own elementwise work (fold, norm, update) runs: host-homed
+        state behind a host link is updated by the CPU."""
+        return self._host_bandwidth if self.across_link(u) else self.bandwidth
+
+    def runs_on_device(self, u: int) -> bool:
+        """A run's folds of unit u (unit_major.fold_roles) add to a run's sum on the device,
+        the run's last folding it across the link."""
+        return self.across_link(u) and self.s.grad_lifetime == "step"
 
     # -- compute ------------------------------------------------------------------------------
 
@@ -106,12 +112,16 @@ class StageCosts:
 
     def update(self, u: int) -> float:
         scale = 8 if self.s.clip else 0  # the gradient multiplied by the clip/unscale factor
-        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.state_bandwidth
+        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.state_bandwidth(u)
 
     def norm_local(self) -> float:
         """N's own read of the gradients: of the units no SN measured already."""
-        return 4 * sum(self.update_params(u) for u in self.s.units
-                       if u not in self.s.host_norms) / self.state_bandwidth
+        read: dict[float, int] = {}  # bandwidth -> bytes read at it
+        for u in self.s.units:
+            if u not in self.s.host_norms:
+                bandwidth = self.state_bandwidth(u)
+                read[bandwidth] = read.get(bandwidth, 0) + 4 * self.update_params(u)
+        return sum(n / bandwidth for bandwidth, n in read.items())
 
     def norm_replicas(self) -> float:
         """Sharded: the squared norm summed over the replicas first (a blocking all-reduce of
@@ -164,7 +174,7 @@ class StageCosts:
             return self.copy_time(self.view_bytes(u))
         n = self.s.params(u)
         cast = (4 + self.s.shape.elt) * n / self.bandwidth
-        if self.s.state_home == "host":  # fp32 views are the masters' bytes: nothing to cast
+        if self.s.state_on_host(u):  # fp32 views are the masters' bytes: nothing to cast
             return self.host_link.time(4 * n) + (cast if self.s.shape.elt != 4 else 0.0)
         return cast
 
@@ -247,7 +257,7 @@ class StageCosts:
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
         if name == "grad_run":
-            held = self.runs_on_device and u in self.s.view_units and \
+            held = self.runs_on_device(u) and u in self.s.view_units and \
                 (self.s.fold_roles or {}).get((u, mb)) == HOLD
             return [(("rungrad", u), 4 * self.s.params(u))] if held else []
         if name == "grad_full":

@@ -25,8 +25,12 @@ class StageMemory:
                            {"offloaded"} | ({"masters", "gradients", "optimizer"}
                                             if costs.s.state_home == "host" else set()))
         self.ledger = Ledger()
+        # the state of the units kept on the device: held for the run, in the host kinds
+        self.device_state = 0
         for owner, kind, key, nbytes in costs.state_owners():
             self.ledger.hold_storage(owner, kind, key, nbytes)
+            if kind in self.host_kinds and owner[1] in costs.s.device_units:
+                self.device_state += nbytes
         if resident_views:
             for u in costs.s.view_units:
                 self.ledger.hold_storage(("views", u), "views", ("view", u), costs.view_bytes(u))
@@ -48,6 +52,6 @@ class StageMemory:
         ledger, timeline = self.ledger, self.timeline
         timeline.memory.append((now, ledger.total))
         timeline.peak, timeline.at_peak = ledger.peak, dict(ledger.at_peak)
-        on_host = sum(ledger.bytes[k] for k in self.host_kinds)
+        on_host = sum(ledger.bytes[k] for k in self.host_kinds) - self.device_state
         timeline.device_peak = max(timeline.device_peak, ledger.total - on_host)
         timeline.host_peak = max(timeline.host_peak, on_host)

@@ -48,6 +48,8 @@ class StageSetup:
     # units whose gradient the host update thread finishes and measures (SN: carried updates
     # with the global norm), so the walker's fold and norm leave them out
     host_norms: frozenset[int] = frozenset()
+    # with state_home "host": the units whose state stays on the device (PipelinePlan's)
+    device_units: frozenset[int] = frozenset()
 
     @cached_property
     def shape(self) -> uc.UnitShape:
@@ -58,6 +60,10 @@ class StageSetup:
 
     def params(self, u: int) -> int:
         return uc.param_count(self.model, u)
+
+    def state_on_host(self, u: int) -> bool:
+        """Whether unit u's masters, gradients and AdamW state live on the host."""
+        return self.state_home == "host" and u not in self.device_units
 
     @property
     def shard_replicas(self) -> int:

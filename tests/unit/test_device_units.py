@@ -1,0 +1,145 @@
+"""State partly on the device (PipelinePlan.device_units, --device-units): the programs keep
+those units' updates inline, the plan field and its refusals, the simulator's tiers and times,
+and the planner's refinement under a budget."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ratrain.config import RunConfig
+from ratrain.models.presets import get_preset
+from ratrain.planner.candidate import evaluate
+from ratrain.planner.device_units import STATE_BYTES_PER_PARAM, keep_on_device
+from ratrain.planner.layouts import PlanRequest
+from ratrain.planner.search import search
+from ratrain.runtime.unit_state import UnitState
+from ratrain.schedule.builders import first_units, partition_units
+from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
+from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.sim import unit_costs as uc
+from ratrain.sim.profile import load_profile
+from ratrain.sim.simulator import simulate
+from ratrain.sim.stage_costs import UPDATE_BYTES_PER_PARAM
+
+from .cli_runner import run_cli
+from .executor_ledger import assert_simulated_ledger_is, executor_ledger, small_model
+
+GPU = "bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml"
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_device_units_keep_their_update_inline_and_the_rest_carry_theirs(clip):
+    stage_units = partition_units(4, 2)
+    device = first_units(stage_units, 2)
+    assert device == (0, 1, 3, 4)
+    plan = build_plan(4, 2, 1, 4, clip=clip, view_window=1, state_home="host",
+                      update="carried", device_units=device)
+    for program, units in zip(plan.programs, plan.stage_units):
+        for u in units:
+            inline = Action(Op.UPDATE, u) in program
+            assert inline == (u in device)
+            assert (Action(Op.START_UPDATE, u) in program) == (u not in device)
+            assert (Action(Op.START_NORM, u) in program) == (clip and u not in device)
+    again = PipelinePlan.from_dict(plan.to_dict())
+    again.validate()
+    assert again.device_units == device
+    assert "device_units" not in build_plan(4, 2, 1, 4, view_window=1, state_home="host").to_dict()
+
+
+def test_a_plan_whose_programs_disagree_with_its_device_units_is_refused():
+    plan = build_plan(4, 1, 1, 2, view_window=1, state_home="host", update="carried",
+                      device_units=(0,))
+    plan.device_units = (0, 1)
+    with pytest.raises(ScheduleError, match=r"update units \[0\] inline, not the device units"):
+        plan.validate()
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"state_home": "device"}, "with --state-home device every unit's is there already"),
+    ({"state_home": "host", "device_units": (0, 9)}, r"device units \[9\] are not units"),
+    ({"state_home": "host", "dp": 2, "sync": "diloco:4"}, "--sync diloco do not go together"),
+])
+def test_device_units_refuse_what_they_cannot_mean(kw, message):
+    args = {"device_units": (0,), "view_window": 1, "dp": 1, **kw}
+    with pytest.raises(ScheduleConfigError, match=message):
+        build_plan(4, 1, args.pop("dp"), 2, **args)
+
+
+def _simulated(model, profile, device_units):
+    plan = build_plan(model.n_layers, 1, 1, 4, activation="recompute", view_window=1,
+                      state_home="host", update="carried", device_units=device_units)
+    return simulate(plan, model, profile, micro_batch_size=1, seq_len=4096, dtype="bfloat16")
+
+
+def test_the_simulator_moves_a_device_units_state_off_the_host_and_its_update_onto_the_device():
+    model = get_preset("llama2-7b")
+    profile = load_profile(GPU)
+    host, mixed = _simulated(model, profile, ()), _simulated(model, profile, (0, 1))
+    state = STATE_BYTES_PER_PARAM * sum(uc.param_count(model, u) for u in (0, 1))
+    a, b = host.ranks[0], mixed.ranks[0]
+    assert a.host_peak - b.host_peak == pytest.approx(state, abs=100)  # + AdamW's step counts
+    assert b.device_peak - a.device_peak == pytest.approx(state, rel=0.02)
+    assert mixed.step_time < host.step_time
+
+    device_update = next(end - start for x, start, end in b.actions
+                         if x.op is Op.UPDATE and x.unit == 1)
+    host_update = (UPDATE_BYTES_PER_PARAM + 8) * uc.param_count(model, 1) / \
+        profile.device.host_memory_bandwidth
+    assert device_update < 0.2 * host_update  # the same AdamW, at the device's bandwidth
+
+
+def _request(budget):
+    return PlanRequest(model=get_preset("llama2-7b"), profile=load_profile(GPU), devices=1,
+                       global_batch=16, seq_len=4096, dtype="bfloat16", budget=budget, top=2)
+
+
+def test_the_planner_keeps_units_on_the_device_where_the_budget_has_room():
+    """7B on the H200 profile: at 40 GB the best plans keep their first units on the device
+    and are predicted faster than the same plans without; every plan still fits."""
+    request = _request(40e9)
+    found = search(request)
+    best = found.best[0]
+    assert best.device_units and best.device_units == tuple(range(len(best.device_units)))
+    assert max(best.stage_bytes) <= request.limit
+    assert best.plan.device_units == best.device_units
+    without = dataclasses.replace(best, device_units=())
+    assert best.step_time < evaluate(request, without).step_time
+
+
+def test_a_plan_without_room_is_left_as_it_is():
+    request = _request(40e9)
+    found = search(request)
+    full = dataclasses.replace(found.best[0], device_units=())
+    full = evaluate(request, full)
+    tight = dataclasses.replace(request, budget=max(full.stage_bytes) / (1 - request.margin) + 1e6)
+    assert keep_on_device(tight, full) is full
+
+
+def test_device_units_without_host_state_is_one_line(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--device-units", "2", "--steps", "1")
+    assert code == 2 and "every unit's is there already" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_executors_ledger_is_the_simulators_with_device_units(monkeypatch):
+    """The host units on the GPU's fold path (run here on the CPU), the device units on the
+    device's: each run's fp32 sum is held on the device for the host units only, and the
+    simulator holds the same bytes at the same actions; it counts the device units' state on
+    the device."""
+    on_device: set[int] = set()
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu",
+                        property(lambda self: id(self) not in on_device))
+    cfg = RunConfig(model=small_model())
+    cfg.train.seq_len, cfg.train.global_batch, cfg.train.micro_batch_size = 64, 8, 2
+    plan = build_plan(2, 1, 1, 4, activation="recompute", view_window=1, state_home="host",
+                      micro_batch_group=2, update="carried", device_units=(0, 1))
+    held: set = set()
+    measured = executor_ledger(cfg, plan, held, lambda engine: on_device.update(
+        id(engine.stage.state[u]) for u in plan.device_units))
+    assert held == {("rungrad", u) for u in (2, 3)}
+    rank = assert_simulated_ledger_is(measured, plan, cfg)
+    state = STATE_BYTES_PER_PARAM * sum(uc.param_count(cfg.model, u) for u in (0, 1))
+    assert rank.device_peak >= state
