@@ -21,6 +21,9 @@ and on request:
 * zbh1-PLACEMENT (`--split bubble,grouped`, one each): the ratrain row's engine with schedule
   zbh1 (every backward split into input and weight gradients) and that weight-gradient placement
   (`parallel.weight_grad`), policy ratrain, traced alike.
+* 1f1b-gG (`--groups 2,4`, one each): the ratrain row's engine in unit-major groups of G
+  micro-batches (`parallel.micro_batch_group`): each unit's gradient final after its group's
+  backwards, not the last micro-batch's.
 * peer-zb (`--peer-zb`, pp > 1 only; at pp = 1 skipped with a line): torch's
   `ScheduleInterleavedZeroBubble` with one stage per rank (the same non-interleaved layout as the
   peer), replicas averaged by one all_reduce after the schedule whatever `--peer-sync` says (DDP
@@ -60,7 +63,7 @@ namespace (needs root). Without it, the ranks run locally over loopback.
 
     python bench/schedules.py [--configs 1x2,2x2:pp-dp,2x2:dp-pp] [--link 200mbit]
         [--model tiny] [--seq-len 256] [--global-batch 16] [--micro-batch-size B] [--clip 1.0]
-        [--steps 3] [--rounds 12] [--warmup 1] [--auto] [--split bubble,grouped] [--peer-zb]
+        [--steps 3] [--rounds 12] [--warmup 1] [--auto] [--split bubble,grouped] [--groups 2] [--peer-zb]
         [--out bench/results/schedules.json]
 """
 
@@ -145,12 +148,25 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"comma-separated weight-gradient placements ({', '.join(WEIGHT_GRADS)}, {CAPPED}): "
                          f"one more implementation zbh1-PLACEMENT each, policy ratrain with "
                          f"schedule zbh1 (default: none)")
+    ap.add_argument("--groups", type=_groups, default=[], metavar="G[,G]",
+                    help="one more implementation 1f1b-gG each: policy ratrain, 1F1B in "
+                         "unit-major groups of G micro-batches (--micro-batch-group G)")
     ap.add_argument("--peer-zb", action="store_true",
                     help=f"pp > 1: one more peer, {PEER_ZB}: torch's {ZERO_BUBBLE} with one stage "
                          f"per rank, replicas averaged by all_reduce")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)  # a rank under torchrun
     return ap
+
+
+def _groups(text: str) -> list[int]:
+    try:
+        out = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected group sizes such as 2,4") from None
+    if any(g < 2 for g in out) or len(set(out)) < len(out):
+        raise argparse.ArgumentTypeError(f"{text!r}: give each group size (>= 2) once")
+    return out
 
 
 def _placements(text: str) -> list[str]:
@@ -296,7 +312,7 @@ def _run(args, argv, layouts: list[Layout], impls: dict, cfgs: dict, rate_bps: f
                      "grad_clip": t.grad_clip, "lr": t.lr, "seed": t.seed, "backend": "gloo",
                      "threads_per_rank": 1, "steps_per_round": args.steps, "rounds": args.rounds,
                      "warmup": args.warmup, "ratrain_policy": args.ratrain_policy,
-                     "split": args.split, "peer_zb": args.peer_zb,
+                     "split": args.split, "groups": args.groups, "peer_zb": args.peer_zb,
                      "peer_sync": args.peer_sync, "ddp_bucket_mb": args.ddp_bucket_mb,
                      "link": args.link, "link_bits_per_s": rate_bps,
                      "timing": "perf_counter around each train step on rank 0",

@@ -15,10 +15,11 @@ ZERO_BUBBLE = "ScheduleInterleavedZeroBubble"  # torch's, with one stage per ran
 
 
 def engine(name: str, label: str, policy: str, schedule: str = "1f1b",
-           weight_grad: str | None = None) -> dict:
-    """A ratrain PipelineEngine implementation, as the result records it."""
+           weight_grad: str | None = None, group: int | None = None) -> dict:
+    """A ratrain PipelineEngine implementation, as the result records it (`group`: its
+    unit-major micro-batch group; None: 1, or auto's choice)."""
     return {"name": name, "label": label, "kind": "engine", "policy": policy,
-            "schedule": schedule, "weight_grad": weight_grad,
+            "schedule": schedule, "weight_grad": weight_grad, "group": group,
             "split_backward": schedule in SPLIT_SCHEDULES}
 
 
@@ -39,6 +40,8 @@ def implementations(args, layout: Layout) -> tuple[list[dict], dict[str, str]]:
         impls.append(engine("auto", "ratrain defaults (--schedule auto)", "ratrain", AUTO_SCHEDULE))
     impls += [engine(f"zbh1-{w}", f"ratrain zbh1, weight grads {w}", "ratrain", "zbh1", w)
               for w in args.split]
+    impls += [engine(f"1f1b-g{g}", f"ratrain 1f1b in groups of {g}", "ratrain", group=g)
+              for g in args.groups]
     if layout.pp == 1:
         impls.append(peer("peer", None, "ddp", layout))
         return impls, {PEER_ZB: "pp=1: no pipeline to schedule"} if args.peer_zb else {}
@@ -72,6 +75,7 @@ def make_config(args, layout: Layout, impl: dict) -> RunConfig:
         # the schedule each row names; `auto` only in the row of that name
         parallel=ParallelConfig(pp=layout.pp, dp=layout.dp, policy=impl["policy"],
                                 schedule=impl["schedule"], weight_grad=impl["weight_grad"],
+                                micro_batch_group=impl.get("group"),
                                 backend="gloo", threads_per_rank=1, rank_order=layout.order),
     )
     cfg.validate()

@@ -85,11 +85,12 @@ def lower_bound(layout: Layout, raw: dict, cfg: RunConfig, rate_bps: float | Non
 def ratio_pairs(impls: list[dict]) -> list[tuple[str, str]]:
     """The within-round ratios a / b: ratrain against baseline and every peer; every split-backward
     engine against ratrain (1F1B), baseline and every split-backward peer (its like); the auto
-    row (the default flags' plan) against baseline and ratrain."""
+    row (the default flags' plan) and every unit-major row against baseline and ratrain."""
     peers = [d["name"] for d in impls if d["kind"] == "peer"]
     split = {kind: [d["name"] for d in impls if d["kind"] == kind and d["split_backward"]]
              for kind in ("engine", "peer")}
-    auto = [("auto", b) for b in ("baseline", "ratrain") if any(d["name"] == "auto" for d in impls)]
+    auto = [(a, b) for a in ["auto", *(d["name"] for d in impls if d.get("group"))]
+            for b in ("baseline", "ratrain") if any(d["name"] == a for d in impls)]
     return ([("ratrain", b) for b in ("baseline", *peers)] + auto
             + [(a, b) for a in split["engine"] for b in ("ratrain", "baseline", *split["peer"])])
 
