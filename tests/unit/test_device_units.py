@@ -60,6 +60,7 @@ def test_a_plan_whose_programs_disagree_with_its_device_units_is_refused():
 @pytest.mark.parametrize("kw, message", [
     ({"state_home": "device"}, "with --state-home device every unit's is there already"),
     ({"state_home": "host", "device_units": (0, 9)}, r"device units \[9\] are not units"),
+    ({"state_home": "host", "device_units": ("0",)}, r"must be unit indices \(integers\)"),
     ({"state_home": "host", "dp": 2, "sync": "diloco:4"}, "--sync diloco do not go together"),
 ])
 def test_device_units_refuse_what_they_cannot_mean(kw, message):

@@ -127,7 +127,8 @@ class PipelinePlan:
             raise ScheduleError(f"weight_grad {self.weight_grad!r} does not fit schedule "
                                 f"{self.schedule!r} (a split schedule takes one of "
                                 f"{', '.join(WEIGHT_GRADS)} or {CAPPED}; the others none)")
-        outer_sync.check_outer(self.sync, self.dp, self.policy, self.shard_state, self.stage_units[-1].stop)
+        outer_sync.check_outer(self.sync, self.dp, self.policy, self.shard_state,
+                               self.stage_units[-1].stop)
         for programs in [self.programs, *outer_sync.every_variant(self)]:
             validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp)
         check_group(self.micro_batch_group, self.n_micro, self.pp, self.schedule)

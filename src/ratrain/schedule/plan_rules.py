@@ -115,6 +115,8 @@ def device_units_refusal(device_units, state_home: str, n_units: int,
     if state_home != "host":
         return (f"--device-units keeps some units' state on the device while the others live "
                 f"on the host; with --state-home {state_home} every unit's is there already")
+    if not all(isinstance(u, int) and not isinstance(u, bool) for u in device_units):
+        return f"device units must be unit indices (integers), got {list(device_units)}"
     outside = sorted(u for u in device_units if not 0 <= u < n_units)
     if outside:
         return f"device units {outside} are not units of the model (0 to {n_units - 1})"
