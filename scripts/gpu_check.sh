@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export RATRAIN_CACHE=${RATRAIN_CACHE:-/tmp/ratrain_cache}
 BLOCKS=${BLOCKS:-4}
-# which of the checks below run (7b_host: that run alone; offload, offload32: not by default)
+# which of the checks below run (7b_host: that run alone; device, offload, offload32: not by default)
 SECTIONS=${SECTIONS:-"tests cli 7b learn profile"}
 LOG=$OUT/log.txt
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -67,6 +67,16 @@ run llama7b_device_fp16 /tmp 150 --config /tmp/llama7b_blocks.yaml --state-home 
   --dtype float16
 cat /tmp/llama7b_host/metrics.jsonl /tmp/llama7b_device/metrics.jsonl \
   /tmp/llama7b_device_fp16/metrics.jsonl > "$OUT/metrics_7b.jsonl" 2>/dev/null
+fi
+
+# State partly on the device (--device-units): the host-homed run above, 4 sequences a step in
+# groups of 4, with no unit and with the first 2 (the embedding and a block, ~5.3 GB more on
+# the device) keeping their state on the GPU. Not by default.
+if wants device; then
+for k in 0 2; do
+  run "llama7b_host_du$k" "$OUT" 200 --config /tmp/llama7b_blocks.yaml --state-home host \
+    --activation recompute --view-window 1 --global-batch 4 --micro-batch-group 4 --device-units $k
+done
 fi
 
 # Does a 7B-wide model learn on the GPU? The same blocks on the device, 40 steps with warmup
