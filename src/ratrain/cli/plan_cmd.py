@@ -62,10 +62,8 @@ def _show(cfg, out, as_json) -> None:
                + (f" (gradient lifetime {pipeline_plan.grad_lifetime})"
                   if pipeline_plan.grad_lifetime != "step" else "")
                if pipeline_plan.shard_state else "")
-    on_device = (f" (units {', '.join(map(str, pipeline_plan.device_units))} on the device)"
-                 if pipeline_plan.device_units else "")
     click.echo(f"activations per unit: {activation}; views: {views}; "
-               f"state home: {pipeline_plan.state_home}{on_device}{sharded}")
+               f"state home: {pipeline_plan.state_home}{pipeline_plan.on_device_text}{sharded}")
     click.echo(format_table(pipeline_plan.programs))
 
 
@@ -79,7 +77,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     from ratrain.sim.simulator import simulate
 
     for flag in ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
-                 "partition", "rank_order", "shard_state", "shard_group"):
+                 "partition", "rank_order", "shard_state", "shard_group", "device_units"):
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")

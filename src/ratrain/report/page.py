@@ -47,8 +47,7 @@ def run_table(run, sim, timeline_step: tuple[float, float | None] | None) -> lis
         rows.append(("plan", f"{made}; units per stage "
                              f"{', '.join(str(len(r)) for r in plan.stage_units)}; activations "
                              f"{', '.join(activation)}; state on {plan.state_home}"
-                             + (f" (units {', '.join(map(str, plan.device_units))} on the device)"
-                                if plan.device_units else "")
+                             + plan.on_device_text
                              + (f", sharded{f' in groups of {plan.shard_group}' if plan.shard_group else ''}"
                                 f" (gradient lifetime {plan.grad_lifetime})"
                                 if plan.shard_state else "")

@@ -21,7 +21,8 @@ from ratrain.runtime.loss_scale import DynamicLossScale
 from ratrain.runtime.stage import ShardOver, Stage
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.outer_sync import parse_sync, step_programs
-from ratrain.schedule.plan import PipelinePlan, build_eval_programs
+from ratrain.schedule.eval_programs import build_eval_programs
+from ratrain.schedule.plan import PipelinePlan
 from ratrain.runtime.outer_sync import OuterStates
 
 

@@ -7,7 +7,8 @@
     view_passes  add parameter views
     policies     which passes each policy runs, in which order
     checks       completeness, matching, dependencies and a deadlock-proving dry run
-    plan         PipelinePlan and build_plan / build_eval_programs
+    plan         PipelinePlan and build_plan
+    eval_programs  build_eval_programs
 """
 
 from ratrain.schedule.builders import forward_only, gpipe, one_f_one_b, partition_units
@@ -15,7 +16,8 @@ from ratrain.schedule.checks import format_table, validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Action, Program, format_program, parse_program
 from ratrain.schedule.ops import SPECS, WAIT_OF, Op, OpSpec
-from ratrain.schedule.plan import PipelinePlan, build_eval_programs, build_plan
+from ratrain.schedule.eval_programs import build_eval_programs
+from ratrain.schedule.plan import PipelinePlan, build_plan
 
 __all__ = [
     "SPECS", "WAIT_OF", "Action", "Op", "OpSpec", "PipelinePlan", "Program", "ScheduleConfigError", "ScheduleError",

@@ -1,6 +1,6 @@
 """Passes: pure functions that take the programs of all stages and return new ones with actions
 added. A builder's compute-only programs go through them in this order (policies.py composes
-them into policies, plan.py's build_eval_programs into eval):
+them into policies, eval_programs.py's build_eval_programs into eval):
 
     baseline:  add_activation_policy -> add_p2p -> add_grad_sync -> add_update -> add_views
     ratrain:   add_activation_policy -> add_p2p -> add_unit_grad_sync -> add_unit_update

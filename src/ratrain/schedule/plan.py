@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ratrain.schedule import builders, outer_sync, passes
+from ratrain.schedule import builders, outer_sync
 from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
                                                 check_baseline, check_choice,
                                                 resolve_activation)
@@ -25,7 +25,6 @@ from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_
 from ratrain.schedule.policies import POLICIES
 from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
                                          unit_major)
-from ratrain.schedule.view_passes import add_views
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement, place_weight_grads
 
 SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
@@ -103,6 +102,13 @@ class PipelinePlan:
     device_units: tuple[int, ...] = ()
     """With state_home "host": the units whose masters, gradients and AdamW state stay on the
     compute device (where the budget allows: ProTrain's idea), updated there inline (U)."""
+
+    @property
+    def on_device_text(self) -> str:
+        """" (units 0, 1 on the device)" where the plan keeps some units' state there, else ""."""
+        n = self.device_units
+        return (f" (unit{'s' if len(n) > 1 else ''} {', '.join(map(str, n))} on the device)"
+                if n else "")
 
     @property
     def n_layers(self) -> int:
@@ -308,17 +314,3 @@ def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
     weight_grad = weight_grad or "bubble"
     parse_placement(weight_grad)
     return weight_grad
-
-
-def build_eval_programs(stage_units: list[range], n_micro: int,
-                        view_window: int | None = None) -> list[Program]:
-    """Evaluation programs: every forward with its activation transfers, then E (which reduces
-    the loss over the stages), with parameter views as in training (`view_window`): evaluation
-    runs after an update, so its views are made from the fresh masters. Checked before they are
-    returned."""
-    programs = passes.add_step_end(
-        passes.add_p2p(builders.forward_only(stage_units, n_micro), stage_units)
-    )
-    programs = add_views(programs, stage_units, view_window)
-    validate(programs, stage_units, n_micro, dp=1, forward_only=True)
-    return programs
