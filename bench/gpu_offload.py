@@ -145,7 +145,8 @@ def run_ratrain(args, config_path: Path, work: Path) -> dict:
             "peak_host_bytes": rss, "peak_flops": summary.get("peak_flops"),
             "peak_flops_source": summary.get("peak_flops_source"),
             "plan": {k: plan.get(k) for k in ("schedule", "n_micro", "micro_batch_group", "update",
-                                              "activation", "view_window", "state_home")}}
+                                              "activation", "view_window", "state_home",
+                                              "device_units")}}
 
 
 # --- the FSDP2 CPU-offload peer ---------------------------------------------------------------
