@@ -49,6 +49,14 @@ def test_device_units_keep_their_update_inline_and_the_rest_carry_theirs(clip):
     assert "device_units" not in build_plan(4, 2, 1, 4, view_window=1, state_home="host").to_dict()
 
 
+def test_a_plan_with_every_unit_on_the_device_carries_nothing_and_says_so():
+    plan = build_plan(2, 1, 1, 2, view_window=1, state_home="host", update="carried",
+                      device_units=range(4))
+    assert plan.update == "inline"
+    assert not any(a.op is Op.START_UPDATE for a in plan.programs[0])
+    PipelinePlan.from_dict(plan.to_dict()).validate()
+
+
 def test_a_plan_whose_programs_disagree_with_its_device_units_is_refused():
     plan = build_plan(4, 1, 1, 2, view_window=1, state_home="host", update="carried",
                       device_units=(0,))

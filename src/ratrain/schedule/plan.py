@@ -292,6 +292,8 @@ def build_plan(
     programs = post_group_receives(programs, micro_batch_group)
     if update == "carried":
         programs = carry_updates(programs, stage_units, frozenset(device_units))
+        if not any(a.op is Op.START_UPDATE for program in programs for a in program):
+            update = "inline"  # every unit on the device: nothing left to carry
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
                         grad_lifetime, shard_group, sync, micro_batch_group,
