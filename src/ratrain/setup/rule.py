@@ -48,6 +48,10 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if tie_embeddings and pp > 1:
         return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
                 "(pipelined tied embeddings are not supported yet)")
+    if tie_embeddings and view_window not in (None, 0):
+        return (f"tied embeddings: the head computes with the embedding's view, which "
+                f"--view-window {view_window} releases after the embedding's forward; use "
+                f"--view-window 0 (views resident)")
     reason = (sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
               or hybrid_refusal(shard_group, shard_state, dp, policy)
               or outer_refusal(sync, dp, policy, shard_state, n_units)
