@@ -100,17 +100,18 @@ def test_the_simulator_moves_a_device_units_state_off_the_host_and_its_update_on
     assert device_update < 0.2 * host_update  # the same AdamW, at the device's bandwidth
 
 
-def _request(budget):
-    return PlanRequest(model=get_preset("llama2-7b"), profile=load_profile(GPU), devices=1,
-                       global_batch=16, seq_len=4096, dtype="bfloat16", budget=budget, top=2)
+@pytest.fixture(scope="module")
+def found_40gb():
+    """7B on the H200 profile, batch 16 of 4096 tokens, under 40 GB: the search's two best."""
+    return search(PlanRequest(model=get_preset("llama2-7b"), profile=load_profile(GPU),
+                              devices=1, global_batch=16, seq_len=4096, dtype="bfloat16",
+                              budget=40e9, top=2))
 
 
-def test_the_planner_keeps_units_on_the_device_where_the_budget_has_room():
-    """7B on the H200 profile: at 40 GB the best plans keep their first units on the device
-    and are predicted faster than the same plans without; every plan still fits."""
-    request = _request(40e9)
-    found = search(request)
-    best = found.best[0]
+def test_the_planner_keeps_units_on_the_device_where_the_budget_has_room(found_40gb):
+    """At 40 GB the best plans keep their first units on the device and are predicted faster
+    than the same plans without; every plan still fits."""
+    request, best = found_40gb.request, found_40gb.best[0]
     assert best.device_units and best.device_units == tuple(range(len(best.device_units)))
     assert max(best.stage_bytes) <= request.limit
     assert best.plan.device_units == best.device_units
@@ -118,11 +119,9 @@ def test_the_planner_keeps_units_on_the_device_where_the_budget_has_room():
     assert best.step_time < evaluate(request, without).step_time
 
 
-def test_a_plan_without_room_is_left_as_it_is():
-    request = _request(40e9)
-    found = search(request)
-    full = dataclasses.replace(found.best[0], device_units=())
-    full = evaluate(request, full)
+def test_a_plan_without_room_is_left_as_it_is(found_40gb):
+    request = found_40gb.request
+    full = evaluate(request, dataclasses.replace(found_40gb.best[0], device_units=()))
     tight = dataclasses.replace(request, budget=max(full.stage_bytes) / (1 - request.margin) + 1e6)
     assert keep_on_device(tight, full) is full
 

@@ -184,19 +184,9 @@ def _rows(found) -> list[list]:
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     _state_label(c), in_runs([str(b - a) for a, b, _ in c.partition]),
+                     L.lifecycle.label(len(c.device_units)), in_runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])
     return rows
-
-
-def _state_label(c) -> str:
-    """The lifecycle's label, with how many units the plan keeps on the device (host-homed)."""
-    label = c.layout.lifecycle.label()
-    n = len(c.device_units)
-    if not n:
-        return label
-    home, rest = label.split(" / ", 1)
-    return f"{home}, {n} unit{'s' if n > 1 else ''} on device / {rest}"
 
 
 def in_runs(choices: list[str]) -> str:

@@ -21,10 +21,11 @@ class Lifecycle:
     shard_group: int | None = None  # hybrid sharding: replicas per shard group (a node's)
     micro_batch_group: int = 1  # unit-major groups of micro-batches (schedule/unit_major.py)
 
-    def label(self) -> str:
+    def label(self, on_device: int = 0) -> str:
         """The state home and views as the plan table shows them: "device, sharded / window 1",
         "device, sharded, grad transient / window 1" (a lifetime shorter than the step),
-        "device, sharded in 4s / resident" (hybrid: within groups of 4 replicas)."""
+        "device, sharded in 4s / resident" (hybrid: within groups of 4 replicas), "host, 2
+        units on device / window 1" (`on_device`: a plan's device units, planner/device_units.py)."""
         views = ("-" if self.view_window is None
                  else "resident" if self.view_window == 0 else f"window {self.view_window}")
         sharded = ""
@@ -32,4 +33,6 @@ class Lifecycle:
             sharded = (", sharded" + (f" in {self.shard_group}s" if self.shard_group else "")
                        + (f", grad {self.grad_lifetime}" if self.grad_lifetime != "step" else ""))
         grouped = f", groups of {self.micro_batch_group}" if self.micro_batch_group > 1 else ""
-        return f"{self.state_home}{sharded} / {views}{grouped}"
+        units = (f", {on_device} unit{'s' if on_device > 1 else ''} on device" if on_device
+                 else "")
+        return f"{self.state_home}{units}{sharded} / {views}{grouped}"

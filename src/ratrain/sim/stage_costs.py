@@ -116,7 +116,9 @@ class StageCosts:
 
     def norm_local(self) -> float:
         """N's own read of the gradients: of the units no SN measured already."""
-        read: dict[float, int] = {}  # bandwidth -> bytes read at it
+        # bytes summed per tier, one division each: a plan without device units is priced to
+        # the bit as when every unit read at one bandwidth
+        read: dict[float, int] = {}
         for u in self.s.units:
             if u not in self.s.host_norms:
                 bandwidth = self.state_bandwidth(u)
