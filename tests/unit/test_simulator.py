@@ -252,8 +252,9 @@ def test_a_gpus_views_and_state_work_are_priced_where_they_run(home, host_bw):
     from masters on the device a view is a cast there ((4 + 2) N at memory bandwidth), from
     host-homed masters their 4 N fp32 bytes over the link and then that cast (the copy engine
     casts on the device: torch's copy_ across devices and dtypes converted on the host). A
-    host-homed state's update (36 N with clipping), norm (4 N) and gradient fold (12 N, in the
-    backward) run at the host's bandwidth where the profile has one (measured on 2026-11-26:
+    host-homed state's update (32 N with clipping: the fused AdamW scales as it reads and
+    writes the gradient back; 36 N on the device, scaled first), norm (4 N) and gradient
+    fold (12 N, in the backward) run at the host's bandwidth where the profile has one (measured on 2026-11-26:
     an H200's host updated 20x slower than its device), else at the device's; its first fold
     of the step is a copy into the zero accumulation, off the compute timeline."""
     bw, host_link = 1e9, Link(1e7, 1e-5)
@@ -271,7 +272,8 @@ def test_a_gpus_views_and_state_work_are_priced_where_they_run(home, host_bw):
         n = sum(sizes)
         view = (host_link.time(4 * n) if home == "host" else 0.0) + 6 * n / bw
         assert spans[f"P{u}"] == pytest.approx(view, rel=1e-12)
-        assert actions[f"U{u}"] == pytest.approx(36 * n / state_bw, rel=1e-12)
+        update = 32 if home == "host" else 36
+        assert actions[f"U{u}"] == pytest.approx(update * n / state_bw, rel=1e-12)
         fold = 12 * n / state_bw
         assert actions[f"B{u}.0"] == pytest.approx(0.0 if home == "host" else fold, rel=1e-12)
         assert actions[f"B{u}.1"] == pytest.approx(fold, rel=1e-12)

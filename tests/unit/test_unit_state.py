@@ -191,3 +191,40 @@ def test_the_host_homed_norm_is_as_accurate_as_fp64_over_chunks_and_ragged_tails
     assert got.dtype == torch.float32 and got.shape == ()
     assert float(got) == pytest.approx(exact, rel=1e-7)
     assert float(host_norm.host_sq_norm([torch.zeros(0)])) == 0.0
+
+
+def test_the_host_update_for_a_gpu_scales_in_adamw_and_zeroes_lazily(monkeypatch):
+    """Where the host updates for a GPU (run here on the CPU), the clip factor is the fused
+    AdamW's grad_scale and the update leaves the accumulation unzeroed for the next fold to
+    overwrite: the same masters as the plain path's product and zeroing, to the bit where the
+    factor is 1, also for a parameter that gets no gradient in the next step (its last
+    gradient must not come back), and to the last bits where the clip bites."""
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu",
+                        property(lambda self: getattr(self, "for_gpu", False)))
+    cfg = RunConfig(model=get_preset("tiny"))
+    states = {}
+    for lean in (False, True):
+        block = build_units(cfg.model, 0, [1])[0]
+        state = UnitState(list(block.parameters()), lambda ps: make_optimizer(ps, cfg.train),
+                          view_dtype=torch.bfloat16)
+        state.for_gpu = lean
+        states[lean] = (block, state)
+    x = torch.randn(2, 8, 256, generator=torch.Generator().manual_seed(0)).bfloat16()
+    for step, factor in enumerate((1.0, 1.0, 0.3)):
+        for block, state in states.values():
+            state.prefetch()
+            state.wait_view()
+            block(x).square().mean().backward()
+            if step == 1:
+                state.params[0].grad = None  # unused this step
+            state.fold_grads()
+            state.update(torch.tensor(factor))
+            state.release_view()
+        plain, lean = (states[k][1] for k in (False, True))
+        assert float(plain.grad.abs().sum()) == 0.0 < float(lean.grad.abs().sum())  # not zeroed
+        for a, b in zip(plain.masters, lean.masters):
+            if factor == 1.0:
+                assert torch.equal(a, b), step
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    assert float(lean.sq_norm()) == 0.0  # read before any fold: the stale sum is zeroed first

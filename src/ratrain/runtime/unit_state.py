@@ -11,7 +11,9 @@ into their gradients.
 
 The gradients accumulate in one flat fp32 buffer (`grad`, the parameters in order); the update
 reads `update_grad` (the same buffer where the sync reduces it in place), scales it, takes the
-AdamW step and zeroes both.
+AdamW step and zeroes both. Where the host updates for a GPU, the scaling is the fused AdamW's
+own and the zeroing is left to the next step's first fold, which overwrites the buffer (see
+step_masters).
 
 One class serves every way of keeping the state over the data-parallel replicas; what differs
 between them is the state's layout object (runtime/state_layout.py: the replicated one, and the
@@ -32,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ratrain.runtime.copy_engine import CopyEngine
+from ratrain.runtime.host_fold import HostFold
 from ratrain.runtime.host_norm import host_sq_norm
 from ratrain.runtime.memory_ledger import MemoryLedger
 from ratrain.runtime.run_grads import gradients_to_fold
@@ -62,8 +65,7 @@ class UnitState(UnitBuffers):
                          ledger=ledger, device=device)
         self.layout.build(self, new_optimizer)
         self._sync = None  # the gradient sync in flight (GS, GX, or one micro-batch's RS)
-        self._folding = None  # (event, [(accumulator, pinned copy of a view's gradient)])
-        self._grad_zero = True  # nothing folded into the accumulation since it was zeroed
+        self._host_fold = HostFold(self.copies)  # used where the state is across a host link
         self.run_grad: torch.Tensor | None = None  # a run's gradient sum (run_grads.py)
 
     @property
@@ -112,22 +114,21 @@ class UnitState(UnitBuffers):
         """Computes on a GPU, with the state in (pinned) host memory."""
         return self.copies.stream is not None and self.home.type == "cpu"
 
+    @property
+    def _zeroes_lazily(self) -> bool:
+        """The update leaves the accumulation as it is and marks it stale: the next step's
+        first fold overwrites it (a host-homed GPU unit, synced in place, living for the step)."""
+        return (self._host_homed_on_gpu and self.update_grad is self.grad
+                and self.layout.grad_lifetime == "step")
+
     def fold_grads(self, role: str | None = None) -> None:
         """After a backward: add the view's gradients, in fp32, to the accumulation.
 
         `role` (schedule/unit_major.fold_roles): where the accumulation lives across a host
         link, a backward with more of its unit's to come in its run (HOLD) adds its gradient
         to the run's fp32 sum on the device instead, and the run's last folds that sum
-        (runtime/run_grads.py): one fold per run, not per backward.
-
-        From a GPU view to a host accumulation the gradients leave on the copy stream and the
-        host touches them only when something next reads the accumulation (the next fold of
-        this unit, the sync, the norm, the update): by then the copy is long done, so the
-        compute stream never waits for it. The step's first fold of the unit finds the
-        accumulation zero: the gradients are cast to fp32 on the device and copied straight
-        into it, with no work for the host (on the H200's host, adding a 4-block llama2-7b's
-        bf16 gradients took ~300 ms a step, 2026-11-26). Later folds land in pinned buffers in
-        their own dtype and are added on the host."""
+        (runtime/run_grads.py): one fold per run, not per backward. Across the link the
+        gradients travel as runtime/host_fold.py says, off the compute stream."""
         if not self.has_view:
             return
         if not self._host_homed_on_gpu:
@@ -137,23 +138,9 @@ class UnitState(UnitBuffers):
                     p.grad = None
             return
         grads = gradients_to_fold(self, role)
-        if grads is None:
-            return
-        self.finish_fold()
-        into_zero = self._grad_zero and self.layout.grad_lifetime == "step"
-        staged, done = [], None
-        for g, acc in zip(grads, self._accumulation_slices()):
-            if g is not None:
-                if into_zero:
-                    done = self.copies.copy(acc, g, gradient=True)
-                else:
-                    # lives until the next fold reads it: a block of the caching
-                    # allocator's, handed out again every step, not an arena's
-                    host = self.copies.host_empty(g)
-                    done = self.copies.copy(host, g, gradient=True)
-                    staged.append((acc, host))
-        self._grad_zero = False
-        self._folding = (done, staged)
+        if grads is not None:
+            self._host_fold.fold(grads, self._accumulation_slices(),
+                                 overwrite=self.layout.grad_lifetime == "step")
 
     def run_grad_storage(self) -> list[torch.Tensor]:
         """The run's fp32 gradient sum while a run holds one (the `grad_run` storage)."""
@@ -162,14 +149,7 @@ class UnitState(UnitBuffers):
     def finish_fold(self) -> None:
         """Wait for the last fold's copies and add them (a carried update's start does it in
         the walker's thread, before the update thread reads the gradient)."""
-        if self._folding is None:
-            return
-        done, staged = self._folding
-        self._folding = None
-        if done is not None:
-            done.synchronize()
-        for acc, host in staged:
-            self.copies.add_to_fp32(acc, host)
+        self._host_fold.finish()
 
     # -- sync, norm, update -------------------------------------------------------------------
 
@@ -180,7 +160,7 @@ class UnitState(UnitBuffers):
     def start_sync(self, group=None) -> dist.Work | None:
         """Start summing the gradients over the data-parallel replicas (`group`; a sharded
         layout uses its own). Nothing may touch them until wait_sync."""
-        self.finish_fold()
+        self._host_fold.settle(self.grad)
         self._sync = self.layout.start_sync(self, group)
         return self._sync
 
@@ -224,7 +204,7 @@ class UnitState(UnitBuffers):
         coefficient away from the reference's."""
         if self.update_grad is None:
             return None
-        self.finish_fold()
+        self._host_fold.settle(self.grad)
         if not self.masters:
             return torch.zeros((), device=self.home)
         if self._host_homed_on_gpu:
@@ -244,7 +224,6 @@ class UnitState(UnitBuffers):
         GradScaler sets it), so on a GPU the host does not wait for the norm."""
         if self.update_grad is None:  # no parameters
             return
-        self.finish_fold()
         self.step_masters(grad_factor, found_inf)
         self.record_optimizer()
 
@@ -252,17 +231,29 @@ class UnitState(UnitBuffers):
                      found_inf: torch.Tensor | None = None) -> None:
         """update's arithmetic, which a host update thread may run (a carried update, SU): it
         touches only this unit's masters, gradients and optimizer state. The fold must have
-        finished (finish_fold) in the walker's thread."""
+        finished (finish_fold) in the walker's thread.
+
+        Where the host updates for a GPU, its update thread sets the step (the next step's
+        forward waits for it), so it makes one pass over the state, not three: the fused AdamW
+        divides the gradient by 1 / grad_factor as it reads it (GradScaler's `grad_scale`) and
+        the zeroing is lazy (_zeroes_lazily). On 50M fp32 parameters on 2 cores (2026-11-27)
+        a step took 30 ms, the separate scaling 4-8 ms more and the zeroing 6-8 ms. Dividing by
+        the reciprocal can differ from clip_grad_norm_'s product in the last bit where the
+        clip bites (a factor of 1 divides exactly); no CPU-only run takes this path."""
         if found_inf is not None:
             found_inf = _at(found_inf, self.home)
+        self._host_fold.settle(self.grad)
         if self.optimizer is not None:
-            if grad_factor is not None:
+            scale = None
+            if grad_factor is not None and self._host_homed_on_gpu:
+                scale = torch.as_tensor(_at(grad_factor, self.home), dtype=torch.float32).reciprocal()
+            elif grad_factor is not None:
                 self.update_grad.mul_(_at(grad_factor, self.home))
-            self.optimizer.found_inf = found_inf
+            self.optimizer.grad_scale, self.optimizer.found_inf = scale, found_inf
             try:
                 self.optimizer.step()
             finally:
-                self.optimizer.found_inf = None
+                self.optimizer.grad_scale = self.optimizer.found_inf = None
         self.layout.updated(self, found_inf)
         self.zero_grad()
 
@@ -274,12 +265,12 @@ class UnitState(UnitBuffers):
                 if torch.is_tensor(t)])
 
     def zero_grad(self) -> None:
-        self.finish_fold()
-        if self.grad is not None:
+        lazily = self._zeroes_lazily and self.grad is not None
+        self._host_fold.zeroed(lazily)
+        if self.grad is not None and not lazily:
             self.grad.zero_()
         if self.update_grad is not None and self.update_grad is not self.grad:
             self.update_grad.zero_()
-        self._grad_zero = True
 
     # -- checkpoints: whole units, in the unsharded format ------------------------------------
 

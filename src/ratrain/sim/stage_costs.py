@@ -111,7 +111,10 @@ class StageCosts:
         return shard.size if shard else self.s.params(u)
 
     def update(self, u: int) -> float:
-        scale = 8 if self.s.clip else 0  # the gradient multiplied by the clip/unscale factor
+        """U u: the fused AdamW, and with clipping the gradient scaled first (read and write
+        it) or, where the host updates for a GPU, by the AdamW as it reads it (it writes the
+        scaled gradient back: 4 bytes; runtime/unit_state.step_masters)."""
+        scale = (4 if self.across_link(u) else 8) if self.s.clip else 0
         return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.state_bandwidth(u)
 
     def norm_local(self) -> float:
