@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ratrain.config import AUTO_SCHEDULE, DataConfig, ParallelConfig, RunConfig, TrainConfig
 from ratrain.models.presets import get_preset
-from ratrain.schedule.plan import SPLIT_SCHEDULES
+from ratrain.schedule.plan_rules import SPLIT_SCHEDULES
 
 from schedules_layout import Layout
 

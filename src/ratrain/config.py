@@ -17,8 +17,8 @@ import yaml
 
 from ratrain.errors import UserError
 from ratrain.plain_data import parse_error, shown, typed_dataclass, unknown_keys
-from ratrain.schedule.plan_rules import GRAD_LIFETIMES, UPDATES
-from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, SPLIT_SCHEDULES, STATE_HOMES
+from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SPLIT_SCHEDULES, UPDATES
+from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
 from ratrain.schedule.outer_sync import EVERY_STEP, parse_sync
 

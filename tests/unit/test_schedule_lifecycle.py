@@ -11,7 +11,7 @@ from ratrain.schedule import (
     Action, Op, PipelinePlan, ScheduleConfigError, ScheduleError, build_eval_programs,
     build_plan, format_program, parse_program, partition_units, validate,
 )
-from ratrain.schedule.checks import check_views
+from ratrain.schedule.view_checks import check_views
 from ratrain.schedule.passes import add_activation_policy
 from ratrain.schedule.view_passes import add_views
 

@@ -210,6 +210,10 @@ class Head(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self._tied[0].embed_tokens.weight if self._tied else self.lm_head.weight
 
+    def borrowed_parameters(self) -> list[nn.Parameter]:
+        """What it computes with that another unit owns: tied, the embedding's weight."""
+        return [self.output_weight()] if self._tied else []
+
     def init_weights(self, gen: torch.Generator) -> None:
         self.norm.weight.fill_(1.0)
         if self._tied is None:
@@ -220,6 +224,12 @@ class Head(nn.Module):
         if self.norm_head:  # Baichuan2 NormHead: unit-length rows
             w = F.normalize(w, dim=-1)
         return F.linear(self.norm(h), w)
+
+
+def parameters_read(unit: nn.Module) -> list[nn.Parameter]:
+    """The parameters a unit's forward reads: its own, and those it borrows (a tied head)."""
+    borrowed = unit.borrowed_parameters() if isinstance(unit, Head) else []
+    return [*unit.parameters(), *borrowed]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,7 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       check=False, shard_state=layout.lifecycle.shard_state,
                       schedule=layout.schedule, weight_grad=layout.weight_grad,
                       grad_lifetime=layout.lifecycle.grad_lifetime,
+                      tie_embeddings=request.model.tie_embeddings,
                       shard_group=layout.lifecycle.shard_group,
                       micro_batch_group=layout.lifecycle.micro_batch_group,
                       update=update_for("auto", layout.lifecycle.state_home,

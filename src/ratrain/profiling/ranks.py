@@ -25,7 +25,7 @@ from ratrain.runtime.engine import PipelineEngine
 from ratrain.schedule.grid import RankGrid
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.stage import DTYPES
-from ratrain.schedule.plan import SPLIT_SCHEDULES
+from ratrain.schedule.plan_rules import SPLIT_SCHEDULES
 from ratrain.runtime.trace import Tracer
 from ratrain.training.prepare import plan_here
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.models.llama import lm_loss
+from ratrain.models.llama import lm_loss, parameters_read
 from ratrain.runtime import split_backward
 from ratrain.runtime.saved_activations import SavedActivations
 from ratrain.runtime.step_state import StepState
@@ -44,7 +44,7 @@ def _apply_saving(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> tuple[
     """Forward with autograd; what it saves is held in st.saved[(u, mb)] and returned."""
     if x.is_floating_point():
         x.requires_grad_()
-    params = list(ex.stage.modules[u].parameters())
+    params = parameters_read(ex.stage.modules[u])  # not saved as activations: in a view
     saved = st.saved[(u, mb)] = SavedActivations(params, {x.untyped_storage().data_ptr()})
     with saved.hooks():
         y = _apply(ex, st, u, mb, x)

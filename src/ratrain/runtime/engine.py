@@ -170,7 +170,8 @@ class PipelineEngine(_UnitStateMixin):
         if n not in self._eval_programs:
             # A replica with no validation share still joins the loss reduction at step end.
             self._eval_programs[n] = (
-                build_eval_programs(self.plan.stage_units, n, window)[self.stage_index]
+                build_eval_programs(self.plan.stage_units, n, window,
+                                    self.plan.shared_views)[self.stage_index]
                 if n else [Action(Op.STEP_END)])
         if not self.plan.shard_state:
             return self.executor.eval_step(self._eval_programs[n], batches)

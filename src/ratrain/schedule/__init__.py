@@ -7,6 +7,7 @@
     view_passes  add parameter views
     policies     which passes each policy runs, in which order
     checks       completeness, matching, dependencies and a deadlock-proving dry run
+    view_checks  the views' lifetimes, and a weight two units share (a tied head's)
     plan         PipelinePlan and build_plan
     eval_programs  build_eval_programs
 """

@@ -16,8 +16,9 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.needs import NEEDS, RankContext
 from ratrain.schedule.table import fail, format_table
+from ratrain.schedule.view_checks import check_shared_gradients, check_views
 from ratrain.schedule.ops import (
-    CARRIED, COMPUTE_OPS, SPECS, WAIT_OF, Op, exchanged_unit, peer_offset,
+    CARRIED, SPECS, WAIT_OF, Op, exchanged_unit, peer_offset,
 )
 
 
@@ -29,16 +30,19 @@ def validate(
     dp: int,
     *,
     forward_only: bool = False,
+    shared: dict[int, int] | None = None,
 ) -> None:
     """Run every check; raise ScheduleError at the first failure. `forward_only` checks
-    evaluation programs (F, activation transfers, parameter views and E only)."""
+    evaluation programs (F, activation transfers, parameter views and E only); `shared`: unit
+    -> the other unit whose view its compute reads too (check_views)."""
     check_layout(programs, stage_units)
     check_completeness(programs, stage_units, n_micro, dp, forward_only=forward_only)
     check_communication(programs, stage_units)
     check_waits(programs)
     check_carried(programs)
     check_dependencies(programs, stage_units)
-    check_views(programs)
+    check_views(programs, shared)
+    check_shared_gradients(programs, shared)
     dry_run(programs)
 
 
@@ -265,45 +269,3 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
                           {s: i})
                 fail(programs, f"rank {s}: {a} at step {i} comes before {name} (step {at}), "
                                 f"which it needs", {s: i})
-
-
-def check_views(programs: list[Program]) -> None:
-    """Parameter views, per rank and unit. A view is pending from `P u` to `WP u`, then live
-    until `X u`. Where a program prefetches a unit's view at all, every F, R and B of that unit
-    runs while it is live; P only when the view is neither pending nor live, WP only when it is
-    pending, X only when it is live; no view is left pending at the end. A view may stay live
-    at the end (resident views). Units never prefetched compute on their masters."""
-    for s, program in enumerate(programs):
-        viewed = {a.unit for a in program if a.op is Op.PREFETCH}
-        # unit -> (state, step it began): "pending", "live" or "released"; absent: never made
-        state: dict[int, tuple[str, int]] = {}
-        for i, a in enumerate(program):
-            current = state.get(a.unit, ("absent", -1))
-            if a.op in COMPUTE_OPS and a.unit in viewed and current[0] != "live":
-                why = f"{a} needs unit {a.unit}'s view live"
-            elif a.op is Op.PREFETCH and current[0] in ("pending", "live"):
-                why = f"{a} prefetches unit {a.unit}'s view again"
-            elif a.op is Op.WAIT_PREFETCH and current[0] != "pending":
-                why = f"{a} waits for unit {a.unit}'s view"
-            elif a.op is Op.RELEASE and current[0] != "live":
-                why = f"{a} releases unit {a.unit}'s view"
-            else:
-                why = ""
-            if why:
-                fail(programs, f"rank {s}: {why}, but it is {_view_state(a.unit, *current)}",
-                      {s: i})
-            if SPECS[a.op].view:
-                state[a.unit] = (SPECS[a.op].view, i)
-        for u, (current, since) in state.items():
-            if current == "pending":
-                fail(programs, f"rank {s}: unit {u}'s view is prefetched but never waited "
-                                f"(no WP{u} after it)", {s: since})
-
-
-def _view_state(u: int, state: str, since: int) -> str:
-    return {
-        "absent": "not prefetched before it",
-        "pending": f"only pending (P{u} at step {since}, not waited)",
-        "live": f"live (since step {since})",
-        "released": f"released (X{u} at step {since})",
-    }[state]

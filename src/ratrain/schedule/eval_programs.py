@@ -10,14 +10,15 @@ from ratrain.schedule.view_passes import add_views
 
 
 def build_eval_programs(stage_units: list[range], n_micro: int,
-                        view_window: int | None = None) -> list[Program]:
+                        view_window: int | None = None,
+                        shared: dict[int, int] | None = None) -> list[Program]:
     """Evaluation programs: every forward with its activation transfers, then E (which reduces
     the loss over the stages), with parameter views as in training (`view_window`): evaluation
-    runs after an update, so its views are made from the fresh masters. Checked before they are
-    returned."""
+    runs after an update, so its views are made from the fresh masters; `shared`: the plan's
+    (PipelinePlan.shared_views). Checked before they are returned."""
     programs = passes.add_step_end(
         passes.add_p2p(builders.forward_only(stage_units, n_micro), stage_units)
     )
-    programs = add_views(programs, stage_units, view_window)
-    validate(programs, stage_units, n_micro, dp=1, forward_only=True)
+    programs = add_views(programs, stage_units, view_window, shared)
+    validate(programs, stage_units, n_micro, dp=1, forward_only=True, shared=shared)
     return programs

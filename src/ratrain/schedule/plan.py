@@ -19,9 +19,10 @@ from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
 from ratrain.schedule.carried_updates import carry_updates
 from ratrain.schedule.plan_lifecycle import check_lifecycle
-from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
-                                         check_device_units, check_hybrid, check_sharding,
-                                         micro_batch_refusal)
+from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, SPLIT_SCHEDULES, UPDATES,
+                                         check_carried_update, check_device_units, check_hybrid,
+                                         check_sharding, micro_batch_refusal, shared_views,
+                                         weight_grad_of)
 from ratrain.schedule.policies import POLICIES
 from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
                                          unit_major)
@@ -32,8 +33,6 @@ SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
     "gpipe": builders.gpipe,
     "zbh1": builders.zbh1,
 }
-SPLIT_SCHEDULES = ("zbh1",)
-"""Schedules whose backward is split into BI and BW; they take a weight-gradient placement."""
 STATE_HOMES = ("device", "host")
 RANK_ORDERS = ("pp-dp", "dp-pp")
 
@@ -102,6 +101,9 @@ class PipelinePlan:
     device_units: tuple[int, ...] = ()
     """With state_home "host": the units whose masters, gradients and AdamW state stay on the
     compute device (where the budget allows: ProTrain's idea), updated there inline (U)."""
+    tie_embeddings: bool = False
+    """The head computes with the embedding's weight: with a view window, the embedding's view
+    lives from its first use to the head's last (view_passes.add_views' `shared`)."""
 
     @property
     def on_device_text(self) -> str:
@@ -136,7 +138,8 @@ class PipelinePlan:
         outer_sync.check_outer(self.sync, self.dp, self.policy, self.shard_state,
                                self.stage_units[-1].stop)
         for programs in [self.programs, *outer_sync.every_variant(self)]:
-            validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp)
+            validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp,
+                     shared=self.shared_views)
         check_group(self.micro_batch_group, self.n_micro, self.pp, self.schedule)
         wrong = self.micro_batch_group > 1 and check_order(
             self.programs, self.stage_units, self.n_micro, self.micro_batch_group)
@@ -147,6 +150,11 @@ class PipelinePlan:
             raise ScheduleError(f"the plan's activation {self.activation} is not what its "
                                 f"programs do: {done}")
         check_lifecycle(self)
+
+    @property
+    def shared_views(self) -> dict[int, int]:
+        """Unit -> the other unit whose view it computes with (plan_rules.shared_views)."""
+        return shared_views(self.stage_units, self.tie_embeddings)
 
     @property
     def grad_sync_dp(self) -> int:
@@ -177,6 +185,7 @@ class PipelinePlan:
             **({"sync": self.sync} if self.sync != outer_sync.EVERY_STEP else {}),
             **({"update": self.update} if self.update != "inline" else {}),
             **({"device_units": list(self.device_units)} if self.device_units else {}),
+            **({"tie_embeddings": True} if self.tie_embeddings else {}),
         }
 
     @classmethod
@@ -209,6 +218,7 @@ class PipelinePlan:
             sync=d.get("sync", outer_sync.EVERY_STEP),
             update=d.get("update", "inline"),
             device_units=tuple(d.get("device_units", ())),
+            tie_embeddings=d.get("tie_embeddings", False),
         )
 
 
@@ -235,6 +245,7 @@ def build_plan(
     sync: str = outer_sync.EVERY_STEP,
     update: str = "inline",
     device_units=(),
+    tie_embeddings: bool = False,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -249,7 +260,8 @@ def build_plan(
     PipelinePlan.
     `micro_batch_group` g > 1 runs 1F1B over groups of g micro-batches, each group unit by
     unit (schedule/unit_major.py).
-    `update`: "inline" or "carried" (PipelinePlan.update); `device_units`: PipelinePlan's.
+    `update`: "inline" or "carried" (PipelinePlan.update); `device_units`, `tie_embeddings`:
+    PipelinePlan's.
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -270,6 +282,7 @@ def build_plan(
     check_choice("update", update, UPDATES)
     check_carried_update(update, shard_state, sync)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
+    shared = shared_views(stage_units, tie_embeddings)
     outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
     device_units = tuple(sorted(device_units))
     check_device_units(device_units, state_home, stage_units[-1].stop, sync)
@@ -288,7 +301,7 @@ def build_plan(
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
     programs = POLICIES[policy](programs, stage_units, sync_dp, by_unit(stage_units, resolved),
-                                clip, view_window, grad_lifetime, shard_group)
+                                clip, view_window, grad_lifetime, shard_group, shared)
     programs = post_group_receives(programs, micro_batch_group)
     if update == "carried":
         programs = carry_updates(programs, stage_units, frozenset(device_units))
@@ -297,22 +310,8 @@ def build_plan(
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
                         grad_lifetime, shard_group, sync, micro_batch_group,
-                        update, device_units)
+                        update, device_units, tie_embeddings)
     if check:
         for variant in [programs, *outer_sync.every_variant(plan)]:
-            validate(variant, stage_units, n_micro, sync_dp)
+            validate(variant, stage_units, n_micro, sync_dp, shared=shared)
     return plan
-
-
-def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
-    """The placement of a split schedule's BWs ("bubble" unless chosen); None for the others,
-    which refuse one."""
-    if schedule not in SPLIT_SCHEDULES:
-        if weight_grad is not None:
-            raise ScheduleConfigError(
-                f"a weight-gradient placement ({weight_grad!r}) needs a schedule that splits the "
-                f"backward ({', '.join(SPLIT_SCHEDULES)}); {schedule!r} runs whole backwards")
-        return None
-    weight_grad = weight_grad or "bubble"
-    parse_placement(weight_grad)
-    return weight_grad

@@ -6,8 +6,11 @@ of what can run (setup/rule.py) applies them to a run's request."""
 from __future__ import annotations
 
 from ratrain.schedule.errors import ScheduleConfigError
+from ratrain.schedule.weight_grads import parse_placement
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
+SPLIT_SCHEDULES = ("zbh1",)
+"""Schedules whose backward is split into BI and BW; they take a weight-gradient placement."""
 GRAD_LIFETIMES = ("step", "transient", "micro-batch")
 """How long a unit's full-size fp32 gradient lives (schedule/plan.PipelinePlan.grad_lifetime)."""
 
@@ -129,3 +132,32 @@ def check_device_units(device_units, state_home: str, n_units: int, sync: str = 
     reason = device_units_refusal(device_units, state_home, n_units, sync)
     if reason:
         raise ScheduleConfigError(reason)
+
+
+def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
+    """The placement of a split schedule's BWs ("bubble" unless chosen); None for the others,
+    which refuse one."""
+    if schedule not in SPLIT_SCHEDULES:
+        if weight_grad is not None:
+            raise ScheduleConfigError(
+                f"a weight-gradient placement ({weight_grad!r}) needs a schedule that splits the "
+                f"backward ({', '.join(SPLIT_SCHEDULES)}); {schedule!r} runs whole backwards")
+        return None
+    weight_grad = weight_grad or "bubble"
+    parse_placement(weight_grad)
+    return weight_grad
+
+
+TIED_PP_REFUSAL = ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
+                   "(pipelined tied embeddings are not supported yet)")
+
+
+def shared_views(stage_units: list[range], tie_embeddings: bool) -> dict[int, int]:
+    """Unit -> the other unit whose view its compute reads too: a tied head reads the
+    embedding's weight ({head: 0}); raises where the two are on different stages."""
+    if not tie_embeddings:
+        return {}
+    head = stage_units[-1].stop - 1
+    if not any(0 in units and head in units for units in stage_units):
+        raise ScheduleConfigError(TIED_PP_REFUSAL)
+    return {head: 0}

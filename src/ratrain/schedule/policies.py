@@ -21,19 +21,21 @@ def _compute_and_p2p(programs: list[Program], stage_units: list[range],
 
 def _baseline(programs: list[Program], stage_units: list[range], dp: int,
               activation: dict[int, str], clip: bool, view_window: int | None,
-              grad_lifetime: str = "step", shard_group: int | None = None) -> list[Program]:
+              grad_lifetime: str = "step", shard_group: int | None = None,
+              shared: dict[int, int] | None = None) -> list[Program]:
     """GPU-style: one activation policy for every decoder block (build_plan refuses per-stage
     choices); every gradient synchronized after the pipeline flush; one optimizer step at the
     end (after the global norm when `clip`); parameter views resident (window None or 0)."""
     programs = _compute_and_p2p(programs, stage_units, activation)
     programs = grad_passes.add_grad_sync(programs, stage_units, dp)
     programs = grad_passes.add_update(programs, stage_units, clip)
-    return add_views(programs, stage_units, view_window)
+    return add_views(programs, stage_units, view_window, shared)
 
 
 def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
              activation: dict[int, str], clip: bool, view_window: int | None,
-             grad_lifetime: str = "step", shard_group: int | None = None) -> list[Program]:
+             grad_lifetime: str = "step", shard_group: int | None = None,
+             shared: dict[int, int] | None = None) -> list[Program]:
     """The training-state lifecycle, per unit and per stage: each unit recovers its
     activations as chosen for it (keep, recompute, or offload and reload); each unit's gradient
     sync starts right after its last backward and is waited as late as possible; each unit is
@@ -42,7 +44,8 @@ def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
     released after it (view_window K >= 1), or resident. A gradient lifetime shorter than the
     step waits for each sync after one more compute action (it frees the full-size gradient);
     "micro-batch" reduces each micro-batch's gradient right after its backward. Hybrid
-    sharding (`shard_group`) sums each shard across the groups after its last sync."""
+    sharding (`shard_group`) sums each shard across the groups after its last sync. `shared`:
+    the views a unit computes with besides its own (a tied head's: the embedding's)."""
     programs = _compute_and_p2p(programs, stage_units, activation)
     if grad_lifetime == "micro-batch":
         programs = grad_passes.add_micro_batch_grad_sync(programs, dp)
@@ -53,7 +56,7 @@ def _ratrain(programs: list[Program], stage_units: list[range], dp: int,
     programs = grad_passes.add_unit_update(programs, stage_units, dp, clip)
     if shard_group is not None:
         programs = grad_passes.add_cross_sync(programs)
-    return add_views(programs, stage_units, view_window)
+    return add_views(programs, stage_units, view_window, shared)
 
 
 POLICIES = {"ratrain": _ratrain, "baseline": _baseline}

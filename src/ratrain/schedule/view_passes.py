@@ -11,7 +11,7 @@ from ratrain.schedule.passes import after_compute, insert_at
 
 
 def add_views(programs: list[Program], stage_units: list[range],
-              window: int | None) -> list[Program]:
+              window: int | None, shared: dict[int, int] | None = None) -> list[Program]:
     """Parameter views: when each unit's compute view is prefetched (`P u`, `WP u`) from its
     master and released (`X u`). Runs last, on finished programs (E present); it never moves
     what is already placed.
@@ -22,13 +22,15 @@ def add_views(programs: list[Program], stage_units: list[range],
       flight together; never released. U made last step's views stale, so every step prefetches
       them again (into the buffer kept from the previous step).
     * window K >= 1: see _windowed_views. At most K + 1 views are live on the stage at any
-      point, and all are released before the step's updates.
+      point, and all are released before the step's updates. `shared` (unit -> the other unit
+      whose view its compute reads too: a tied head, the embedding's) keeps that view from the
+      first run that reads it to the last, one view more.
     """
     if window is None:
         return [list(program) for program in programs]
     if window == 0:
         return [_resident_views(program, units) for program, units in zip(programs, stage_units)]
-    return [_windowed_views(program, window) for program in programs]
+    return [_windowed_views(program, window, shared or {}) for program in programs]
 
 
 def _resident_views(program: Program, units: range) -> Program:
@@ -71,7 +73,7 @@ def _view_lifetimes(units: list[int], k: int) -> tuple[list[bool], list[bool]]:
     return fresh, release
 
 
-def _windowed_views(program: Program, k: int) -> Program:
+def _windowed_views(program: Program, k: int, shared: dict[int, int]) -> Program:
     """Views within a window of k runs (see _runs): run r's view is live from before its first
     compute action to after its last.
 
@@ -85,20 +87,38 @@ def _windowed_views(program: Program, k: int) -> Program:
     come before a WP there; so at most k + 1 views are live (run r's and those prefetched for
     runs r + 1 .. r + k), and every view is released after its unit's last run, before the
     updates. "After" a compute action means after the starts it triggers (see after_compute).
+
+    A view another unit computes with too (`shared`) is live from the first run that reads it
+    to the last, as if they were one run: prefetched k runs ahead of the first, released after
+    the last.
     """
     runs = _runs(program)
-    fresh, release = _view_lifetimes([u for u, _, _ in runs], k)
+    units = [u for u, _, _ in runs]
+    fresh, release = _view_lifetimes(units, k)
+    held: dict[int, tuple[int, int]] = {}  # a shared view's unit -> (first, last) reading run
+    for v in set(shared.values()):
+        reading = [r for r, u in enumerate(units) if v in (u, shared.get(u))]
+        if reading:
+            held[v] = (reading[0], reading[-1])
 
     def after(r: int) -> int:
         return 0 if r < 0 else after_compute(program, runs[r][2])
 
-    at: dict[int, list[Action]] = {}
-    for r, (u, _, _) in enumerate(runs):
-        if fresh[r]:
-            at.setdefault(after(r - k - 1), []).append(Action(Op.PREFETCH, u))
-        if release[r]:
-            at.setdefault(after(r), []).append(Action(Op.RELEASE, u))
+    # (point, X before P before WP, run): the order of what shares a point, as above
+    placed: list[tuple[int, int, int, Action]] = []
     for r, (u, first, _) in enumerate(runs):
+        if u in held:
+            continue
         if fresh[r]:
-            at.setdefault(first, []).append(Action(Op.WAIT_PREFETCH, u))
+            placed += [(after(r - k - 1), 1, r, Action(Op.PREFETCH, u)),
+                       (first, 2, r, Action(Op.WAIT_PREFETCH, u))]
+        if release[r]:
+            placed.append((after(r), 0, r, Action(Op.RELEASE, u)))
+    for v, (first, last) in held.items():
+        placed += [(after(first - k - 1), 1, first, Action(Op.PREFETCH, v)),
+                   (runs[first][1], 2, first, Action(Op.WAIT_PREFETCH, v)),
+                   (after(last), 0, last, Action(Op.RELEASE, v))]
+    at: dict[int, list[Action]] = {}
+    for point, _, _, action in sorted(placed, key=lambda p: p[:3]):
+        at.setdefault(point, []).append(action)
     return insert_at(program, at)

@@ -126,7 +126,7 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             view_window=choices["view_window"], state_home=p.state_home,
             shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
             shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1,
-            update=choices["update"],
+            update=choices["update"], tie_embeddings=cfg.model.tie_embeddings,
             device_units=first_units(partition_units(choices["n_layers"], p.pp, p.partition),
                                      p.device_units))
     except ScheduleError as e:

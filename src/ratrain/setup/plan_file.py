@@ -8,7 +8,8 @@ from pathlib import Path
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.errors import ScheduleError
-from ratrain.schedule.plan import PipelinePlan, weight_grad_of
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.schedule.plan_rules import weight_grad_of
 
 
 def read_plan_file(path: str | Path) -> dict:
@@ -47,6 +48,8 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
             "schedule": cfg.parallel.schedule,
             "micro_batch_group": cfg.parallel.micro_batch_group or plan.micro_batch_group,
             "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
+    if plan.view_window:  # a window releases views: a tied head needs the embedding's kept
+        want["tie_embeddings"] = cfg.model.tie_embeddings
     have = {k: getattr(plan, k) for k in want}
     if have != want:
         diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])

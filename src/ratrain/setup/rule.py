@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
-from ratrain.schedule.plan_rules import (carried_update_refusal, hybrid_refusal,
-                                         micro_batch_refusal, sharding_refusal)
+from ratrain.schedule.plan_rules import (TIED_PP_REFUSAL, carried_update_refusal,
+                                         hybrid_refusal, micro_batch_refusal, sharding_refusal)
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
@@ -46,12 +46,7 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if reason:
         return reason
     if tie_embeddings and pp > 1:
-        return ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
-                "(pipelined tied embeddings are not supported yet)")
-    if tie_embeddings and view_window not in (None, 0):
-        return (f"tied embeddings: the head computes with the embedding's view, which "
-                f"--view-window {view_window} releases after the embedding's forward; use "
-                f"--view-window 0 (views resident)")
+        return TIED_PP_REFUSAL
     reason = (sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
               or hybrid_refusal(shard_group, shard_state, dp, policy)
               or outer_refusal(sync, dp, policy, shard_state, n_units)

@@ -71,7 +71,8 @@ def diloco_plan(plan: PipelinePlan, sync: str) -> PipelinePlan:
                       clip=plan.clip, rank_order=plan.rank_order, view_window=plan.view_window,
                       state_home=plan.state_home, unit_activation=plan.unit_activation,
                       check=False, weight_grad=plan.weight_grad, grad_lifetime=plan.grad_lifetime,
-                      micro_batch_group=plan.micro_batch_group, sync=sync, update="inline")
+                      micro_batch_group=plan.micro_batch_group, sync=sync, update="inline",
+                      tie_embeddings=plan.tie_embeddings)
 
 
 def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step_s: float,
