@@ -51,10 +51,12 @@ class StageMemory:
 
     def record(self, a: Action) -> int | None:
         """Apply action `a`'s memory effects: the bytes held after them, None if unchanged."""
+        effects = SPECS[a.op].memory
+        if not effects:  # most waits and collectives
+            return None
         before = self.ledger.total
         costs = self.costs
-        apply_effects(self.ledger, SPECS[a.op].memory, a.unit, a.mb,
-                      lambda name: costs.storages(name, a))
+        apply_effects(self.ledger, effects, a.unit, a.mb, lambda name: costs.storages(name, a))
         if self.ledger.total == before:
             return None
         self.note()
@@ -63,7 +65,8 @@ class StageMemory:
     def note(self) -> None:
         ledger = self.ledger
         self.peak, self.at_peak = ledger.peak, ledger.at_peak  # the ledger replaces, never edits it
-        on_host = sum(ledger.bytes[k] for k in self.host_kinds) - self.device_state
+        on_host = (sum(ledger.bytes[k] for k in self.host_kinds) - self.device_state
+                   if self.host_kinds else 0)  # none apart on a CPU, where it is read most
         self.device_peak = max(self.device_peak, ledger.total - on_host)
         self.host_peak = max(self.host_peak, on_host)
 
