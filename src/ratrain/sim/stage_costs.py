@@ -32,6 +32,8 @@ class StageCosts:
         self.overhead = p.device.action_overhead_s
         self._act_bytes = uc.output_bytes(setup.shape, "block")
         self.summed = summed_runs(setup.fold_roles or {})
+        # a unit's compute times depend on its kind alone, and are read at each micro-batch
+        self._times: dict[tuple, object] = {}
 
     def across_link(self, u: int) -> bool:
         """Unit u's state lives on a host apart from the compute device (behind a host link)."""
@@ -50,7 +52,16 @@ class StageCosts:
     # -- compute ------------------------------------------------------------------------------
 
     def forward(self, u: int, with_grad: bool = True) -> float:
-        kind = self.s.kind(u)
+        return self._per_kind(self._forward, u, with_grad)
+
+    def _per_kind(self, price, u: int, *args):
+        """`price`(kind, *args) of unit u's kind, priced once."""
+        key = (price, self.s.kind(u), *args)
+        if key not in self._times:
+            self._times[key] = price(key[1], *args)
+        return self._times[key]
+
+    def _forward(self, kind: str, with_grad: bool) -> float:
         if self.measured is not None:
             times = getattr(self.measured, kind)
             if not with_grad and kind == "block" and self.measured.block_forward_no_grad_s:
@@ -72,16 +83,21 @@ class StageCosts:
         return self._split(u)[1] + self._fold(u, mb)
 
     def _split(self, u: int) -> tuple[float, float]:
-        kind = self.s.kind(u)
+        return self._per_kind(self._split_s, u)
+
+    def _split_s(self, kind: str) -> tuple[float, float]:
         times = getattr(self.measured, kind) if self.measured is not None else None
         if times is not None and times.backward_input_s is not None:
             return times.backward_input_s, times.backward_weight_s
-        return uc.split_backward_s(kind, *self._backward_parts(u))
+        return uc.split_backward_s(kind, *self._backward_s(kind))
 
     def _backward_parts(self, u: int) -> tuple[float, float]:
         """Seconds of unit u's backward in its matrix products (and the rest), and in
         attention's core: a measured backward shared out by FLOPs, else priced."""
-        kind, shape = self.s.kind(u), self.s.shape
+        return self._per_kind(self._backward_s, u)
+
+    def _backward_s(self, kind: str) -> tuple[float, float]:
+        shape = self.s.shape
         if self.measured is not None:
             whole = getattr(self.measured, kind).backward_s
             attention = whole * uc.attention_flops(shape, kind) / uc.forward_flops(shape, kind) \
