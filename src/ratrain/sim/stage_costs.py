@@ -56,7 +56,7 @@ class StageCosts:
 
     def _per_kind(self, price, u: int, *args):
         """`price`(kind, *args) of unit u's kind, priced once."""
-        key = (price, self.s.kind(u), *args)
+        key = (price.__name__, self.s.kind(u), *args)  # the method itself would hold self
         if key not in self._times:
             self._times[key] = price(key[1], *args)
         return self._times[key]
