@@ -238,8 +238,26 @@ class StageCosts:
         """A storage name of the op registry's memory effects (schedule/ops.py), for action
         `a`, as (storage key, bytes): what the executor binds to real tensors."""
         u, mb = a.unit, a.mb
+        # the most read first: a plan's simulation reads thousands
+        if name == "input":
+            return [self.input_storage(u, mb)]
+        if name == "output":
+            (_, *at), nbytes = self.output_storage(u, mb)
+            # R's output is a new tensor: where the forward's is still the next unit's input
+            # (a split backward frees that unit's activations only at its BW), both are held.
+            return [(("recomputed" if a.op is Op.RECOMPUTE else "out", *at), nbytes)]
+        if name == "grad_full":
+            shard = self.s.shard(u)
+            live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
+            return [(("gradfull", u), 4 * shard.padded)] if live else []
         if name == "kept":
             return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
+        if name == "grad_run":
+            held = self.runs_on_device(u) and u in self.s.view_units and \
+                (self.s.fold_roles or {}).get((u, mb)) == HOLD
+            return [(("rungrad", u), 4 * self.s.params(u))] if held else []
+        if name == "input_grad":
+            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
         if name == "saved":
             return self.saved_storages(u, mb)
         if name == "outer_delta":
@@ -253,19 +271,10 @@ class StageCosts:
                 return self.saved_storages(u, mb, self._saved_tag(u))
             return [((self._saved_tag(u), u, mb, "wgrad"),
                      uc.wgrad_saved_bytes(self.s.shape, self.s.kind(u)))]
-        if name == "input":
-            return [self.input_storage(u, mb)]
-        if name == "output":
-            (_, *at), nbytes = self.output_storage(u, mb)
-            # R's output is a new tensor: where the forward's is still the next unit's input
-            # (a split backward frees that unit's activations only at its BW), both are held.
-            return [(("recomputed" if a.op is Op.RECOMPUTE else "out", *at), nbytes)]
         if name == "received":
             return [(("out", u, mb), self.act_bytes())]
         if name == "output_grad":
             return [(("grad", u, mb), self.act_bytes())]
-        if name == "input_grad":
-            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
         if name == "wgrad_seeds":  # the output gradient (not the head's: a loss), and the rest
             out = [] if self.s.kind(u) == "head" else [(("grad", u, mb), self.act_bytes())]
             if u == 0:  # its BW is its whole backward: from its output
@@ -274,14 +283,6 @@ class StageCosts:
                           for i, n in enumerate(uc.wgrad_seed_bytes(self.s.shape, self.s.kind(u)))]
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
-        if name == "grad_run":
-            held = self.runs_on_device(u) and u in self.s.view_units and \
-                (self.s.fold_roles or {}).get((u, mb)) == HOLD
-            return [(("rungrad", u), 4 * self.s.params(u))] if held else []
-        if name == "grad_full":
-            shard = self.s.shard(u)
-            live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
-            return [(("gradfull", u), 4 * shard.padded)] if live else []
         raise KeyError(f"no size for storage {name!r} of {a}")
 
     def tokens_bytes(self) -> int:
@@ -291,7 +292,7 @@ class StageCosts:
     def input_storage(self, u: int, mb: int) -> tuple[tuple, int]:
         if u == 0:
             return ("tokens",), self.tokens_bytes()
-        return ("out", u - 1, mb), uc.output_bytes(self.s.shape, "block")
+        return ("out", u - 1, mb), self._act_bytes
 
     def output_storage(self, u: int, mb: int) -> tuple[tuple, int]:
         return ("out", u, mb), uc.output_bytes(self.s.shape, self.s.kind(u))
