@@ -10,7 +10,6 @@ stage's first unit takes it as input), until every owner has let go.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable
 
 from ratrain.schedule.ops import Effect, Release, owner_key
@@ -29,33 +28,40 @@ class Ledger:
         self.total = 0
         self.peak = 0
         self.at_peak: dict[str, int] = dict(self.bytes)
-        self._size: dict[Hashable, tuple[str, int]] = {}  # storage -> (kind, bytes)
-        self._holders: dict[Hashable, set[Hashable]] = defaultdict(set)
-        self._owned: dict[Hashable, set[Hashable]] = defaultdict(set)
+        # storage -> [kind, bytes, its holders]; owner -> the storages it holds (each once).
+        # One entry per storage: the simulator's ledger walks thousands of plans.
+        self._storages: dict[Hashable, list] = {}
+        self._owned: dict[Hashable, list[Hashable]] = {}
 
     def hold_storage(self, owner: Hashable, kind: str, storage: Hashable, nbytes: int) -> None:
         """`owner` keeps `storage` (of `nbytes`) alive."""
-        if owner in self._holders[storage]:
+        entry = self._storages.get(storage)
+        if entry is None:
+            self._storages[storage] = [kind, nbytes, {owner}]
+        elif owner in entry[2]:
             return
-        if self._holders[storage]:
-            old, nbytes = self._size[storage]
+        else:  # counted once, at its size, under the kind of its latest holder
+            old, nbytes = entry[0], entry[1]
             self.bytes[old] -= nbytes
             self.total -= nbytes
-        self._size[storage] = (kind, nbytes)
+            entry[0] = kind
+            entry[2].add(owner)
         self.bytes[kind] += nbytes
         self.total += nbytes
-        self._holders[storage].add(owner)
-        self._owned[owner].add(storage)
+        owned = self._owned.get(owner)
+        if owned is None:
+            self._owned[owner] = [storage]
+        else:
+            owned.append(storage)
         self._note_peak()
 
     def release(self, owner: Hashable) -> None:
         """`owner` lets go of everything it registered."""
         for storage in self._owned.pop(owner, ()):
-            holders = self._holders[storage]
+            kind, size, holders = self._storages[storage]
             holders.discard(owner)
             if not holders:
-                del self._holders[storage]
-                kind, size = self._size.pop(storage)
+                del self._storages[storage]
                 self.bytes[kind] -= size
                 self.total -= size
 

@@ -24,10 +24,12 @@ class SharedCores:
         self.node_of, self.weight = node_of, weight
         self._now, self._at = now, at
         self.jobs: dict[int, list] = {}  # job -> [node, remaining work, weight, done]
-        # per node, the weight of its running jobs and of its communication in flight: the
-        # planner simulates thousands of plans, and a rate is read at every event
+        # per node, the weight of its running jobs and of its communication in flight, and
+        # the rate they make, updated as they change: the planner simulates thousands of
+        # plans, and the rates are read at every event
         self._computing: dict[int, int] = {n: 0 for n in set(node_of)}
         self._occupied: dict[int, int] = dict(self._computing)
+        self._rates: dict[int, float] = {n: 1.0 for n in self._computing}
         self._ids = itertools.count()
         self._version = 0
         self._settled = 0.0
@@ -38,6 +40,7 @@ class SharedCores:
         node, weight = self.node_of[s], self.weight[s]
         self.jobs[next(self._ids)] = [node, seconds, weight, done]
         self._computing[node] += weight
+        self._rates[node] = self._rate(node)
         self._reschedule()
 
     def occupy(self, s: int, start: float, end: float) -> None:
@@ -50,11 +53,13 @@ class SharedCores:
         def arrive() -> None:
             self._settle()
             self._occupied[node] += weight
+            self._rates[node] = self._rate(node)
             self._reschedule()
 
         def leave() -> None:
             self._settle()
             self._occupied[node] -= weight
+            self._rates[node] = self._rate(node)
             self._reschedule()
 
         self._at(start, arrive)
@@ -76,7 +81,7 @@ class SharedCores:
         now = self._now()
         elapsed = now - self._settled
         if elapsed > 0 and self.jobs:
-            rates = {n: self._rate(n) for n in self._computing}
+            rates = self._rates
             for job in self.jobs.values():
                 job[1] -= elapsed * rates[job[0]]
         self._settled = now
@@ -87,10 +92,15 @@ class SharedCores:
         self._version += 1
         if not self.jobs:
             return
-        rates = {n: self._rate(n) for n in self._computing}
-        job_id, job = min(self.jobs.items(), key=lambda kv: kv[1][1] / rates[kv[1][0]])
+        rates = self._rates
+        first = None
+        for job_id, job in self.jobs.items():  # the first of the soonest, as min() takes
+            left = job[1] / rates[job[0]]
+            if first is None or left < soonest:
+                first, soonest = job_id, left
+        job = self.jobs[first]
         finish = self._now() + max(job[1], 0.0) / rates[job[0]]
-        self._at(finish, self._job_done, job_id, self._version)
+        self._at(finish, self._job_done, first, self._version)
 
     def _job_done(self, job_id: int, version: int) -> None:
         if version != self._version:
@@ -98,5 +108,6 @@ class SharedCores:
         self._settle()
         node, _, weight, done = self.jobs.pop(job_id)
         self._computing[node] -= weight
+        self._rates[node] = self._rate(node)
         self._reschedule()
         done()

@@ -32,7 +32,7 @@ from ratrain.sim.placement import stage_setups
 from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.result import RankTimeline, SimResult
 from ratrain.sim.shared_cores import SharedCores
-from ratrain.sim.stage_memory import StageMemory
+from ratrain.sim.stage_memory import MemoryClock, StageMemory
 from ratrain.sim.transfers import InFlight, Transfers
 
 
@@ -46,7 +46,10 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
     weight = [sum(1 for r in grid.replica_ranks(s) if r // profile.devices_per_node == node_of[s])
               for s in range(plan.pp)]
     costs = [StageCosts(s) for s in setups]
-    sim = _Simulation(plan, costs, profile, node_of, weight)
+    # resident views (window 0) stay allocated between steps
+    memory = [StageMemory(c, program, plan.view_window == 0, c.host_link is None)
+              for c, program in zip(costs, plan.programs)]
+    sim = _Simulation(plan, costs, memory, profile, node_of, weight)
     sim.run()
     if any(a.op in CARRIED for program in plan.programs for a in program):
         # the steady state: each step waits for what the one before it carried over
@@ -54,7 +57,7 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
             carried = sim.carried_over()
             if all(t <= 0 for t in carried.values()):
                 break  # done within the step: the next step starts as this one did
-            sim = _Simulation(plan, costs, profile, node_of, weight, carried)
+            sim = _Simulation(plan, costs, memory, profile, node_of, weight, carried)
             sim.run()
             if _close(sim.carried_over(), carried):
                 break
@@ -71,8 +74,8 @@ def _close(a: dict, b: dict) -> bool:
 
 
 class _Simulation(Transfers):
-    def __init__(self, plan: PipelinePlan, costs: list[StageCosts], profile: HardwareProfile,
-                 node_of: list[int], weight: list[int],
+    def __init__(self, plan: PipelinePlan, costs: list[StageCosts], memory: list[StageMemory],
+                 profile: HardwareProfile, node_of: list[int], weight: list[int],
                  carried: dict[tuple[int, int], float] | None = None):
         """`carried`: (stage, unit) -> when the previous step's carried update of the unit
         completes, in this step's time (carried_over)."""
@@ -99,9 +102,7 @@ class _Simulation(Transfers):
                           for s in range(n)]  # the host update thread, busy with the last step's
         self.posted: dict[tuple, list] = {}  # p2p key -> [(stage, op, issued)] of both sides
         self.gathering: dict[Op, dict[int, tuple[InFlight, float]]] = {Op.GRAD_NORM: {}, Op.STEP_END: {}}
-        # resident views (window 0) stay allocated between steps
-        self.memory = [StageMemory(c, t, plan.view_window == 0, synchronous)
-                       for c, t, synchronous in zip(costs, self.timelines, self.synchronous_copies)]
+        self.memory = [MemoryClock(m, t) for m, t in zip(memory, self.timelines)]
 
     # -- the event loop -----------------------------------------------------------------------
 
@@ -179,7 +180,7 @@ class _Simulation(Transfers):
                     self._occupy(op.start, op.done, s)
                 else:
                     self._post(s, a, op, cost.duration(c, a))
-            self.memory[s].record(a, self.now)
+            self.memory[s].record(self.now)
             self.timelines[s].actions.append((a, start, start + c.overhead))
             if c.overhead:
                 self._at(start + c.overhead, self._advance, s)
@@ -206,7 +207,7 @@ class _Simulation(Transfers):
 
     def _finish_wait(self, s: int, a: Action, since: float) -> bool:
         """The wait `a` returns now; True when the walker is busy for its overhead."""
-        self.memory[s].record(a, self.now)
+        self.memory[s].record(self.now)
         overhead = self.costs[s].overhead
         self.timelines[s].actions.append((a, since, self.now + overhead))
         self.pc[s] += 1
@@ -242,7 +243,7 @@ class _Simulation(Transfers):
                 op.done = self.now
             self.timelines[s].compute += self.now - start
             self.timelines[s].actions.append((a, start, self.now))
-            self.memory[s].record(a, self.now)
+            self.memory[s].record(self.now)
             if then is not None:
                 then()
             else:

@@ -32,6 +32,8 @@ class StageCosts:
         self.overhead = p.device.action_overhead_s
         self._act_bytes = uc.output_bytes(setup.shape, "block")
         self.summed = summed_runs(setup.fold_roles or {})
+        # a unit's compute times depend on its kind alone, and are read at each micro-batch
+        self._times: dict[tuple, object] = {}
 
     def across_link(self, u: int) -> bool:
         """Unit u's state lives on a host apart from the compute device (behind a host link)."""
@@ -50,7 +52,16 @@ class StageCosts:
     # -- compute ------------------------------------------------------------------------------
 
     def forward(self, u: int, with_grad: bool = True) -> float:
-        kind = self.s.kind(u)
+        return self._per_kind(self._forward, u, with_grad)
+
+    def _per_kind(self, price, u: int, *args):
+        """`price`(kind, *args) of unit u's kind, priced once."""
+        key = (price.__name__, self.s.kind(u), *args)  # the method itself would hold self
+        if key not in self._times:
+            self._times[key] = price(key[1], *args)
+        return self._times[key]
+
+    def _forward(self, kind: str, with_grad: bool) -> float:
         if self.measured is not None:
             times = getattr(self.measured, kind)
             if not with_grad and kind == "block" and self.measured.block_forward_no_grad_s:
@@ -72,16 +83,21 @@ class StageCosts:
         return self._split(u)[1] + self._fold(u, mb)
 
     def _split(self, u: int) -> tuple[float, float]:
-        kind = self.s.kind(u)
+        return self._per_kind(self._split_s, u)
+
+    def _split_s(self, kind: str) -> tuple[float, float]:
         times = getattr(self.measured, kind) if self.measured is not None else None
         if times is not None and times.backward_input_s is not None:
             return times.backward_input_s, times.backward_weight_s
-        return uc.split_backward_s(kind, *self._backward_parts(u))
+        return uc.split_backward_s(kind, *self._backward_s(kind))
 
     def _backward_parts(self, u: int) -> tuple[float, float]:
         """Seconds of unit u's backward in its matrix products (and the rest), and in
         attention's core: a measured backward shared out by FLOPs, else priced."""
-        kind, shape = self.s.kind(u), self.s.shape
+        return self._per_kind(self._backward_s, u)
+
+    def _backward_s(self, kind: str) -> tuple[float, float]:
+        shape = self.s.shape
         if self.measured is not None:
             whole = getattr(self.measured, kind).backward_s
             attention = whole * uc.attention_flops(shape, kind) / uc.forward_flops(shape, kind) \
@@ -225,8 +241,26 @@ class StageCosts:
         """A storage name of the op registry's memory effects (schedule/ops.py), for action
         `a`, as (storage key, bytes): what the executor binds to real tensors."""
         u, mb = a.unit, a.mb
+        # the most read first: a plan's simulation reads thousands
+        if name == "input":
+            return [self.input_storage(u, mb)]
+        if name == "output":
+            (_, *at), nbytes = self.output_storage(u, mb)
+            # R's output is a new tensor: where the forward's is still the next unit's input
+            # (a split backward frees that unit's activations only at its BW), both are held.
+            return [(("recomputed" if a.op is Op.RECOMPUTE else "out", *at), nbytes)]
+        if name == "grad_full":
+            shard = self.s.shard(u)
+            live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
+            return [(("gradfull", u), 4 * shard.padded)] if live else []
         if name == "kept":
             return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
+        if name == "grad_run":
+            held = self.runs_on_device(u) and u in self.s.view_units and \
+                (self.s.fold_roles or {}).get((u, mb)) == HOLD
+            return [(("rungrad", u), 4 * self.s.params(u))] if held else []
+        if name == "input_grad":
+            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
         if name == "saved":
             return self.saved_storages(u, mb)
         if name == "outer_delta":
@@ -240,19 +274,10 @@ class StageCosts:
                 return self.saved_storages(u, mb, self._saved_tag(u))
             return [((self._saved_tag(u), u, mb, "wgrad"),
                      uc.wgrad_saved_bytes(self.s.shape, self.s.kind(u)))]
-        if name == "input":
-            return [self.input_storage(u, mb)]
-        if name == "output":
-            (_, *at), nbytes = self.output_storage(u, mb)
-            # R's output is a new tensor: where the forward's is still the next unit's input
-            # (a split backward frees that unit's activations only at its BW), both are held.
-            return [(("recomputed" if a.op is Op.RECOMPUTE else "out", *at), nbytes)]
         if name == "received":
             return [(("out", u, mb), self.act_bytes())]
         if name == "output_grad":
             return [(("grad", u, mb), self.act_bytes())]
-        if name == "input_grad":
-            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
         if name == "wgrad_seeds":  # the output gradient (not the head's: a loss), and the rest
             out = [] if self.s.kind(u) == "head" else [(("grad", u, mb), self.act_bytes())]
             if u == 0:  # its BW is its whole backward: from its output
@@ -261,14 +286,6 @@ class StageCosts:
                           for i, n in enumerate(uc.wgrad_seed_bytes(self.s.shape, self.s.kind(u)))]
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
-        if name == "grad_run":
-            held = self.runs_on_device(u) and u in self.s.view_units and \
-                (self.s.fold_roles or {}).get((u, mb)) == HOLD
-            return [(("rungrad", u), 4 * self.s.params(u))] if held else []
-        if name == "grad_full":
-            shard = self.s.shard(u)
-            live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
-            return [(("gradfull", u), 4 * shard.padded)] if live else []
         raise KeyError(f"no size for storage {name!r} of {a}")
 
     def tokens_bytes(self) -> int:
@@ -278,7 +295,7 @@ class StageCosts:
     def input_storage(self, u: int, mb: int) -> tuple[tuple, int]:
         if u == 0:
             return ("tokens",), self.tokens_bytes()
-        return ("out", u - 1, mb), uc.output_bytes(self.s.shape, "block")
+        return ("out", u - 1, mb), self._act_bytes
 
     def output_storage(self, u: int, mb: int) -> tuple[tuple, int]:
         return ("out", u, mb), uc.output_bytes(self.s.shape, self.s.kind(u))

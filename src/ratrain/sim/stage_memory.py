@@ -3,7 +3,13 @@ a stage keeps from one step to the next, to which each action the stage runs app
 registry's memory effects, sized by the cost model's storages (as the executor's ledger applies
 them to real tensors); and what of it lives in a host tier apart from the device. Each change
 is noted on the stage's timeline: bytes over time, the peak by kind, the device and host
-peaks."""
+peaks.
+
+A stage's walker returns from its actions one after the other in program order, and each
+action's effects apply when it returns: the ledger goes through the same states whatever the
+timing. So the program is walked once (StageMemory), before any simulated step, and a step's
+simulation only stamps each change with its time (MemoryClock): the planner simulates
+thousands of plans, and several steps of those whose updates carry over."""
 
 from __future__ import annotations
 
@@ -15,11 +21,11 @@ from ratrain.sim.result import RankTimeline
 
 
 class StageMemory:
-    def __init__(self, costs: StageCosts, timeline: RankTimeline, resident_views: bool,
+    def __init__(self, costs: StageCosts, program: list[Action], resident_views: bool,
                  synchronous_copies: bool):
         """`resident_views`: the plan's views stay allocated between steps (view window 0);
         `synchronous_copies`: the device has no host link (a CPU: no host tier apart)."""
-        self.costs, self.timeline = costs, timeline
+        self.costs = costs
         # What lives in the host tier, where it is not the device's own memory (a GPU's host).
         self.host_kinds = (set() if synchronous_copies else
                            {"offloaded"} | ({"masters", "gradients", "optimizer"}
@@ -35,23 +41,52 @@ class StageMemory:
             for u in costs.s.view_units:
                 self.ledger.hold_storage(("views", u), "views", ("view", u), costs.view_bytes(u))
         self.ledger.reset_peak()
-        self.note(0.0)
+        self.device_peak = self.host_peak = 0
+        self.note()
+        self.at_start = self.ledger.total
         at_start = self.ledger.bytes
-        timeline.held_before_training = at_start["masters"] + at_start["gradients"]
+        self.held_before_training = at_start["masters"] + at_start["gradients"]
+        self.changes = [self.record(a) for a in program]
+        self.at_peak = dict(self.at_peak)
 
-    def record(self, a: Action, now: float) -> None:
-        """Apply action `a`'s memory effects at time `now`."""
+    def record(self, a: Action) -> int | None:
+        """Apply action `a`'s memory effects: the bytes held after them, None if unchanged."""
+        effects = SPECS[a.op].memory
+        if not effects:  # most waits and collectives
+            return None
         before = self.ledger.total
         costs = self.costs
-        apply_effects(self.ledger, SPECS[a.op].memory, a.unit, a.mb,
-                      lambda name: costs.storages(name, a))
-        if self.ledger.total != before:
-            self.note(now)
+        apply_effects(self.ledger, effects, a.unit, a.mb, lambda name: costs.storages(name, a))
+        if self.ledger.total == before:
+            return None
+        self.note()
+        return self.ledger.total
 
-    def note(self, now: float) -> None:
-        ledger, timeline = self.ledger, self.timeline
-        timeline.memory.append((now, ledger.total))
-        timeline.peak, timeline.at_peak = ledger.peak, dict(ledger.at_peak)
-        on_host = sum(ledger.bytes[k] for k in self.host_kinds) - self.device_state
-        timeline.device_peak = max(timeline.device_peak, ledger.total - on_host)
-        timeline.host_peak = max(timeline.host_peak, on_host)
+    def note(self) -> None:
+        ledger = self.ledger
+        self.peak, self.at_peak = ledger.peak, ledger.at_peak  # the ledger replaces, never edits it
+        on_host = (sum(ledger.bytes[k] for k in self.host_kinds) - self.device_state
+                   if self.host_kinds else 0)  # none apart on a CPU, where it is read most
+        self.device_peak = max(self.device_peak, ledger.total - on_host)
+        self.host_peak = max(self.host_peak, on_host)
+
+
+class MemoryClock:
+    """One simulated step's view of a StageMemory: it stamps each change of the bytes held with
+    the time its action returns, on the stage's timeline."""
+
+    __slots__ = ("changes", "memory", "next")
+
+    def __init__(self, memory: StageMemory, timeline: RankTimeline):
+        timeline.memory.append((0.0, memory.at_start))
+        timeline.peak, timeline.at_peak = memory.peak, dict(memory.at_peak)
+        timeline.device_peak, timeline.host_peak = memory.device_peak, memory.host_peak
+        timeline.held_before_training = memory.held_before_training
+        self.changes, self.memory, self.next = memory.changes, timeline.memory, 0
+
+    def record(self, now: float) -> None:
+        """The stage's next action returns at `now`."""
+        total = self.changes[self.next]
+        self.next += 1
+        if total is not None:
+            self.memory.append((now, total))

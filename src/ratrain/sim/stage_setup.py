@@ -77,4 +77,12 @@ class StageSetup:
 
     def shard(self, u: int) -> uc.Shard | None:
         """Replica 0's shard of unit u's state; None where the state is not sharded."""
-        return uc.shard(self.model, u, self.shard_replicas) if self.shard_state else None
+        if not self.shard_state:
+            return None
+        if u not in self._shards:  # read by most of a sharded unit's costs and sizes
+            self._shards[u] = uc.shard(self.model, u, self.shard_replicas)
+        return self._shards[u]
+
+    @cached_property
+    def _shards(self) -> dict[int, uc.Shard]:
+        return {}

@@ -97,7 +97,7 @@ class Transfers:
         a, since = self.step_end.pop(s)
         timeline = self.timelines[s]
         timeline.exposed += op.done - op.start
-        self.memory[s].record(a, self.now)
+        self.memory[s].record(self.now)
         timeline.actions.append((a, since, self.now))
         timeline.end = self.now
         self._advance(s)
