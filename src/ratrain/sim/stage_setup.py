@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ratrain.config import ModelConfig
+from ratrain.models.params import unit_param_counts
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link
 from ratrain.sim.profile import HardwareProfile
@@ -59,7 +60,12 @@ class StageSetup:
         return uc.unit_kind(self.model, u)
 
     def params(self, u: int) -> int:
-        return uc.param_count(self.model, u)
+        return self._param_counts[u]
+
+    @cached_property
+    def _param_counts(self) -> list[int]:
+        """Each unit's parameters: read for most of the stage's actions, priced once."""
+        return unit_param_counts(self.model)
 
     def state_on_host(self, u: int) -> bool:
         """Whether unit u's masters, gradients and AdamW state live on the host."""
