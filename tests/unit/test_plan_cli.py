@@ -194,3 +194,19 @@ def test_a_shorter_gradient_lifetime_in_the_table_the_plan_file_and_the_run(monk
     assert world == 2 and ranks_plan["grad_lifetime"] == lifetime
     assert ranks_plan["programs"] == plan["programs"]
     assert f"grad_lifetime: {lifetime}" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_one_sequence_a_step_needs_no_micro_batch_flag(monkeypatch, capsys):
+    """`--global-batch 1` (or one sequence per replica): the default micro-batch of 2 shrinks
+    to the replica's share, for a plan of the flags and for a search, which picks its own;
+    a --micro-batch-size that does not divide the batch is still refused."""
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--global-batch", "1")
+    assert code == 0 and "n_micro=1" in out
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--global-batch", "4", "--dp", "4")
+    assert code == 0 and "dp=4" in out and "n_micro=1" in out
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--profile", "cpu-local", "--devices",
+                           "1", "--global-batch", "1", "--json")
+    assert code == 0 and json.loads(out)["plans"][0]["micro_batch_size"] == 1
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--global-batch", "1",
+                           "--micro-batch-size", "2")
+    assert code == 2 and "global_batch 1 is not a multiple of micro_batch_size 2" in err

@@ -51,7 +51,7 @@ _CONFIG_OPTIONS = [
     click.option("--seed", type=int),
     click.option("--seq-len", type=int),
     click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp)."),
-    click.option("--micro-batch-size", type=int),
+    click.option("--micro-batch-size", type=int, help="Sequences per micro-batch.  [default: 2, or a replica's share of the global batch where that is smaller; a search picks its own]"),
     click.option("--lr", type=float, help="Peak learning rate."),
     click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the parameter views and activations; masters stay fp32 (float16 with dynamic loss scaling).  [default: float32]"),
     click.option("--pp", type=int, help="Pipeline stages."),
@@ -124,7 +124,19 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
             cfg.parallel.partition = [int(x) for x in opts["partition"].split(",")]
         except ValueError:
             raise UserError(f"--partition must be comma-separated integers, got {opts['partition']!r}") from None
+    _fit_micro_batch(cfg, opts)
     return cfg
+
+
+def _fit_micro_batch(cfg: RunConfig, opts: dict) -> None:
+    """A micro-batch holds at most a replica's share of the global batch: where no
+    --micro-batch-size says otherwise, `--global-batch 1` trains one sequence a step rather
+    than being refused for the default micro-batch of 2."""
+    t, dp = cfg.train, cfg.parallel.dp
+    if (opts.get("micro_batch_size") is None and isinstance(t.global_batch, int)
+            and isinstance(dp, int) and dp >= 1 and t.global_batch % dp == 0
+            and 1 <= t.global_batch // dp < t.micro_batch_size):
+        t.micro_batch_size = t.global_batch // dp
 
 
 def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:

@@ -81,6 +81,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")
+    if not opts.get("micro_batch_size"):  # the search picks it; 1 divides any batch
+        cfg.train.micro_batch_size = 1
     cfg.validate()
     lifetime = opts.get("grad_lifetime")
     if lifetime not in (None, "step") and cfg.parallel.policy != "ratrain":
