@@ -47,7 +47,7 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
               for s in range(plan.pp)]
     costs = [StageCosts(s) for s in setups]
     # resident views (window 0) stay allocated between steps
-    memory = [StageMemory(c, program, plan.view_window == 0, c.host_link is None)
+    memory = [StageMemory(c, program, plan.view_window == 0)
               for c, program in zip(costs, plan.programs)]
     sim = _Simulation(plan, costs, memory, profile, node_of, weight)
     sim.run()

@@ -21,13 +21,12 @@ from ratrain.sim.result import RankTimeline
 
 
 class StageMemory:
-    def __init__(self, costs: StageCosts, program: list[Action], resident_views: bool,
-                 synchronous_copies: bool):
-        """`resident_views`: the plan's views stay allocated between steps (view window 0);
-        `synchronous_copies`: the device has no host link (a CPU: no host tier apart)."""
+    def __init__(self, costs: StageCosts, program: list[Action], resident_views: bool):
+        """`resident_views`: the plan's views stay allocated between steps (view window 0)."""
         self.costs = costs
-        # What lives in the host tier, where it is not the device's own memory (a GPU's host).
-        self.host_kinds = (set() if synchronous_copies else
+        # What lives in the host tier, where it is not the device's own memory (a GPU's host;
+        # a device without a host link, a CPU, has no host tier apart).
+        self.host_kinds = (set() if costs.host_link is None else
                            {"offloaded"} | ({"masters", "gradients", "optimizer"}
                                             if costs.s.state_home == "host" else set()))
         self.ledger = Ledger()
