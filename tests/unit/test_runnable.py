@@ -55,7 +55,11 @@ def _small_file(tmp_path) -> str:
     (dict(pp=7), "pp=7 is more stages than the model has units (6"),
     (dict(global_batch=12, micro_batch_size=4), "global batch 12 does not split into dp=2"),
     (dict(global_batch=4), "n_micro=1 is fewer than pp=2 stages: 1F1B needs"),
-    (dict(tie_embeddings=True), "tied embeddings need the embedding and the head on one stage"),
+    (dict(tie_embeddings=True, shard_state=True, view_window=0),
+     "tied embeddings across pipeline stages sum the whole tied weight's gradient"),
+    (dict(tie_embeddings=True, sync="diloco:4"), "tied embeddings across pipeline stages and --sync"),
+    (dict(tie_embeddings=True, state_home="host", host_is_separate=True, dp=1, global_batch=8),
+     "tied embeddings across pipeline stages with --state-home host on GPUs"),
     (dict(shard_state=True, dp=1, global_batch=8, view_window=0), "--dp 1 has none to split over"),
     (dict(shard_state=True, state_home="host", view_window=0), "cannot be combined with --state-home host"),
     (dict(shard_state=True), "sharded state needs compute views"),
@@ -82,6 +86,7 @@ def test_what_can_run_is_not_refused():
     assert can(policy="baseline", view_window=0, dtype="float16")
     assert can(world=4)
     assert can(tie_embeddings=True, pp=1, dp=4, view_window=1, state_home="host")
+    assert can(tie_embeddings=True, view_window=1, state_home="host")  # across the 2 stages
 
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

@@ -133,11 +133,12 @@ def test_every_op_has_a_cost_and_its_kind_comes_from_the_registry():
     for table in (OPS, ops_for(True)):
         for op, cost in table.items():
             assert cost.kind in {"compute", "copy", "send", "recv", "sync", "norm", "wait", "step_end",
-                                 "free", "host"}
+                                 "free", "host", "pair"}
             assert callable(cost.duration), op
     kinds = {op: cost.kind for op, cost in OPS.items()}
     assert kinds[Op.FORWARD] == kinds[Op.UPDATE] == "compute"
     assert (kinds[Op.START_UPDATE], kinds[Op.WAIT_UPDATE]) == ("host", "wait")
+    assert (kinds[Op.TIED_SYNC], kinds[Op.WAIT_TIED_SYNC]) == ("pair", "wait")
     assert (kinds[Op.SEND_ACT], kinds[Op.RECV_GRAD]) == ("send", "recv")
     assert (kinds[Op.GRAD_SYNC], kinds[Op.GRAD_NORM], kinds[Op.STEP_END]) == ("sync", "norm", "step_end")
     assert (kinds[Op.PREFETCH], kinds[Op.RELEASE], kinds[Op.WAIT_PREFETCH]) == ("copy", "free", "wait")

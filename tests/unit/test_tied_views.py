@@ -82,12 +82,6 @@ def test_a_tied_plan_round_trips_and_an_untied_one_reads_as_before():
     assert "tie_embeddings" not in build_plan(2, 1, 1, 4, view_window=1).to_dict()
 
 
-def test_tied_embeddings_across_stages_are_refused():
-    with pytest.raises(ScheduleConfigError, match="tied embeddings need the embedding and the "
-                                                  "head on one stage"):
-        build_plan(2, 2, 1, 4, view_window=1, tie_embeddings=True)
-
-
 def test_a_plan_file_made_for_untied_embeddings_is_refused_for_a_tied_model(tmp_path):
     cfg = RunConfig(model=small_model())
     cfg.model.tie_embeddings = True

@@ -37,6 +37,13 @@ class Comm:
         return timed_comm.ranks_text(g.grid.pipeline_ranks(g.replica), g.rank)
 
 
+    def tied_peer(self) -> str:
+        """The other end of the replica's pipeline (tied embeddings across stages)."""
+        g = self.groups
+        other = g.grid.rank(g.grid.pp - 1 if g.stage == 0 else 0, g.replica)
+        return timed_comm.ranks_text([g.rank, other], g.rank)
+
+
 class GlooComm(Comm):
     def wait(self, work, when: str, action: str, peer: str) -> None:
         timed_comm.wait(work, self.timeout_s, when, action, peer)

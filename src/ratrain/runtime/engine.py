@@ -24,6 +24,7 @@ from ratrain.schedule.outer_sync import parse_sync, step_programs
 from ratrain.schedule.eval_programs import build_eval_programs
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.runtime.outer_sync import OuterStates
+from ratrain.runtime.tied_copy import shared_head, split_head
 
 
 class _UnitStateMixin:
@@ -35,18 +36,32 @@ class _UnitStateMixin:
     def unit_states(self):
         """(unit, its whole weights and optimizer state) for each unit of the stage, made one
         at a time as the caller iterates: with sharded state each is a gather that every
-        replica of the stage must join, in the same order."""
+        replica of the stage must join, in the same order. A head with its own copy of a tied
+        embedding leaves the copy out (runtime/tied_copy.py)."""
         outer = self.outer.units if self.outer else {}
         for u in self.stage.modules:
-            yield u, {"weights": self.stage.weights(u),
-                      "optim": self.stage.state[u].optimizer_state(),
-                      **({"outer": outer[u].state_dict()} if u in outer else {})}
+            state = {"weights": self.stage.weights(u),
+                     "optim": self.stage.state[u].optimizer_state(),
+                     **({"outer": outer[u].state_dict()} if u in outer else {})}
+            unit = self.stage.state[u]
+            if unit.tied_copy:
+                state = shared_head(state, unit.optimizer, unit.masters[unit.tied])
+            yield u, state
+
+    def checkpoint_units(self) -> list[int]:
+        """The units whose files resuming reads: the stage's, and the embedding's where the
+        stage's head makes its copy of a tied embedding from them."""
+        copies = any(s.tied_copy for s in self.stage.state.values())
+        return [*([0] if copies else []), *self.stage.units]
 
     def load_unit_states(self, states: dict[int, dict]) -> None:
-        for u, state in states.items():
+        for u in self.stage.units:
+            state, unit = states[u], self.stage.state[u]
+            if unit.tied_copy:
+                state = split_head(state, states[0], unit.optimizer, unit.masters[unit.tied])
             self.stage.load_weights(u, state["weights"])
             if state["optim"] is not None:
-                self.stage.state[u].load_optimizer_state(state["optim"])
+                unit.load_optimizer_state(state["optim"])
             if self.outer and u in self.outer.units:  # a synchronous run's has none: start afresh
                 self.outer.units[u].load_state_dict(state.get("outer") or self.outer.units[u].fresh())
 

@@ -41,6 +41,8 @@ HANDLERS = {
     Op.WAIT_PREFETCH: lifecycle.wait_prefetch,
     Op.RELEASE: lifecycle.release,
     Op.STEP_END: lifecycle.step_end,
+    Op.TIED_SYNC: lifecycle.tied_sync,
+    Op.WAIT_TIED_SYNC: lifecycle.wait_tied_sync,
     Op.OUTER_SYNC: outer_sync.start,
     Op.WAIT_OUTER_SYNC: outer_sync.wait,
 }

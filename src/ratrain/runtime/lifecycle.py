@@ -1,7 +1,7 @@
 """The lifecycle actions of a unit's training state and activations: views (P, WP, X),
-gradient sync (GS, WGS; one micro-batch's: RS, WRS), the global norm (N, WN), the update (U;
-carried: SU, WU), activation offload (O, L,
-WL), and the step's end (E).
+gradient sync (GS, WGS; one micro-batch's: RS, WRS; a weight tied across stages: TS, WTS), the
+global norm (N, WN), the update (U; carried: SU, WU), activation offload (O, L, WL), and the
+step's end (E).
 
 Values the step computes on the device (loss sums, the gradient norm, the clip coefficient,
 float16's overflow flag) stay device tensors until E, which reads them in one transfer: on
@@ -102,6 +102,19 @@ def cross_sync(ex, st: StepState, a: Action):
 
 def wait_cross_sync(ex, st: StepState, a: Action) -> None:
     _waited(ex, st, a).wait_cross_sync()
+
+
+def tied_sync(ex, st: StepState, a: Action):
+    """Tied embeddings across stages: this copy's gradient summed with the other's, in place."""
+    work = dist.all_reduce(ex.stage.state[a.unit].tied_grad(), group=ex.groups.tied,
+                           async_op=True)
+    st.pending[a] = (work, None)
+    return work
+
+
+def wait_tied_sync(ex, st: StepState, a: Action) -> None:
+    work, _ = st.pending.pop(Action(Op.TIED_SYNC, a.unit))
+    ex.comm.wait(work, st.when, str(a), ex.comm.tied_peer())
 
 
 def grad_norm(ex, st: StepState, a: Action):

@@ -36,6 +36,9 @@ class Groups:
     shard_group: dist.ProcessGroup | None = None
     cross_group: dist.ProcessGroup | None = None
     shard_size: int | None = None
+    # Tied embeddings across stages: the replica's first and last stage, which hold a copy each
+    # of the tied weight (schedule/tied_sync.py); None on the other stages and without the tie.
+    tied: dist.ProcessGroup | None = None
 
     @property
     def shard(self) -> dist.ProcessGroup:
@@ -105,14 +108,15 @@ def join_world(backend: str = "auto", timeout_s: float = 300.0) -> tuple[str, to
 
 
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
-                shard_group: int | None = None) -> Groups:
+                shard_group: int | None = None, tied: bool = False) -> Groups:
     """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
     local launcher or by torchrun) and create every pipeline and replica group. `timeout_s`
     bounds joining and every collective the backend times itself.
 
     new_group is collective over the whole world, so every rank creates every group in the same
     order and keeps its own. `shard_group`: hybrid sharding's group size (groups of that many
-    neighbouring replicas of each stage, and the groups across them).
+    neighbouring replicas of each stage, and the groups across them). `tied`: tied embeddings
+    cross the stages (each replica's first and last stage get a group of their own).
     """
     world = int(os.environ["WORLD_SIZE"])
     if world != grid.world_size:
@@ -138,6 +142,12 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
                 groups.act_to_next, groups.grad_from_next = act, grad
             if r == replica and s + 1 == stage:
                 groups.act_from_prev, groups.grad_to_prev = act, grad
+    if tied and grid.pp > 1:
+        for r in range(grid.dp):
+            ends = [grid.rank(0, r), grid.rank(grid.pp - 1, r)]
+            g = dist.new_group(ends)
+            if r == replica and stage in (0, grid.pp - 1):
+                groups.tied = g
     if shard_group:
         groups.shard_size = shard_group
         for s in range(grid.pp):

@@ -82,6 +82,20 @@ class Stage:
                                       copies=self.copies, ledger=self.ledger, device=device)
             self.modules[u] = m.to(device)
         self.sharded = shard is not None
+        self._mark_tied(cfg)
+
+    def _mark_tied(self, cfg: RunConfig) -> None:
+        """Tied embeddings with the embedding and the head on different stages: the weight each
+        holds a copy of (schedule/tied_sync.py)."""
+        head = cfg.model.n_units - 1
+        if not cfg.model.tie_embeddings or (0 in self.units) == (head in self.units):
+            return
+        if 0 in self.units:
+            self.state[0].tied = 0
+            return
+        state = self.state[head]
+        state.tied = [id(p) for p in state.params].index(id(self.modules[head].lm_head.weight))
+        state.tied_copy = True
 
     def autocast(self):
         """Lower-precision compute under autocast; a no-op for fp32."""

@@ -49,6 +49,11 @@ class UnitBuffers:
         self.grad: torch.Tensor | None = None  # the accumulation, fp32, the parameters in order
         self.update_grad: torch.Tensor | None = None  # what the update reads, once synced
         self.view: torch.Tensor | None = None  # the flat view buffer, where the layout makes one
+        # Tied embeddings across stages (schedule/tied_sync.py): the parameter whose gradient TS
+        # sums with the other stage's copy, and whether it is the copy (the head's, left out of
+        # the global norm, which counts the weight once).
+        self.tied: int | None = None
+        self.tied_copy = False
 
     def param_slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's region of a flat tensor (the parameters in order), shaped like it."""

@@ -185,6 +185,11 @@ class UnitState(UnitBuffers):
     def wait_cross_sync(self) -> None:
         self._wait()
 
+    def tied_grad(self) -> torch.Tensor:
+        """The tied parameter's region of the accumulation, for TS to sum in place."""
+        self._host_fold.settle(self.grad)
+        return self.param_slices(self.grad)[self.tied]
+
     def _wait(self, then: Callable[[UnitState], None] | None = None) -> None:
         """The wait of whichever sync is in flight (GS, RS or GX: one at a time), then what
         the layout does once it has completed (`then`)."""
@@ -205,11 +210,12 @@ class UnitState(UnitBuffers):
         if self.update_grad is None:
             return None
         self._host_fold.settle(self.grad)
-        if not self.masters:
+        masters = [m for i, m in enumerate(self.masters) if not (self.tied_copy and i == self.tied)]
+        if not masters:
             return torch.zeros((), device=self.home)
         if self._host_homed_on_gpu:
-            return host_sq_norm([m.grad for m in self.masters])
-        norms = torch.stack([torch.linalg.vector_norm(m.grad) for m in self.masters])
+            return host_sq_norm([m.grad for m in masters])
+        norms = torch.stack([torch.linalg.vector_norm(m.grad) for m in masters])
         return (norms * norms).sum()
 
     def update(self, grad_factor: torch.Tensor | float | None = None,

@@ -5,6 +5,7 @@
     passes       add pipeline communication and activation recovery
     grad_passes  add grad sync, its waits and the updates
     view_passes  add parameter views
+    tied_sync    tied embeddings across stages: the sum of the two copies' gradients (TS, WTS)
     policies     which passes each policy runs, in which order
     checks       completeness, matching, dependencies and a deadlock-proving dry run
     view_checks  the views' lifetimes, and a weight two units share (a tied head's)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ratrain.schedule.ir import Action, Program
-from ratrain.schedule.ops import SPECS, Op, peer_offset
+from ratrain.schedule.ops import SPECS, Op, Peer, peer_offset
 from ratrain.schedule.table import fail
 
 def _peer_start(a: Action) -> tuple[int, Action] | None:
@@ -28,8 +28,20 @@ def _collective_start(a: Action) -> Action | None:
     return Action(start) if start is not None and SPECS[start].pipeline_collective else None
 
 
+def _tied_start(a: Action, rank: int, p: int) -> tuple[int, Op] | None:
+    """For the wait of the tied weight's sum (WTS): the other end of the pipeline, which must
+    have started its own TS (on its own unit) before the sum completes."""
+    start = SPECS[a.op].waits
+    if start is None or Peer.TIED not in SPECS[start].peers:
+        return None
+    return (p - 1 if rank == 0 else 0), start
+
+
 def _blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
              started: list[set[Action]]) -> bool:
+    if tied := _tied_start(a, rank, p):
+        other, start = tied
+        return not any(s.op is start for s in started[other])
     if peer := _peer_start(a):
         offset, start = peer
         return start not in started[rank + offset]
@@ -40,6 +52,8 @@ def _blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
 
 def _why_blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
                  started: list[set[Action]]) -> str:
+    if tied := _tied_start(a, rank, p):
+        return f"rank {rank} waits {a} (rank {tied[0]} has not started its {tied[1].value})"
     if peer := _peer_start(a):
         offset, start = peer
         return f"rank {rank} waits {a} (rank {rank + offset} has not started {start})"
@@ -55,7 +69,8 @@ def dry_run(programs: list[Program]) -> None:
     (SA, SG, RA, RG, GS, O, L, P), X and compute never block; WL and WP complete (local
     copies); WRA/WRG complete once the peer has started the matching send; WSA/WSG once the
     peer has started the matching receive (rendezvous, which also holds for NCCL); WGS
-    completes (DP replicas run the same program); WN completes once every pipeline rank has
+    completes (DP replicas run the same program); WTS once the other end of the pipeline has
+    started its TS; WN completes once every pipeline rank has
     started N; E is a collective over all pipeline stages: a rank passes it only when every
     rank has reached it. Raises ScheduleError naming every blocked rank if no rank can make
     progress.

@@ -25,7 +25,7 @@ class RankContext:
     units: range
     pos: dict[Action, int]  # first step of each action
     last_backward: dict[int, int]  # unit -> step of its last B or BW (its gradient is final)
-    last_sync: int  # step of the stage's last WGS, WRS or WGX (-1: none)
+    last_sync: int  # step of the stage's last WGS, WRS, WGX or WTS (-1: none)
     split: set[int]  # units whose backward is split (BI, BW)
     weight_grads: dict[int, list[int]]  # unit -> micro-batches of its B or BW, in program order
     last_reduce: dict[int, int]  # unit -> step of its last WRS (gradient lifetime "micro-batch")
@@ -44,7 +44,7 @@ class RankContext:
             if a.op is Op.WAIT_GRAD_REDUCE:
                 last_reduce[a.unit] = i
         last_sync = max([pos.get(Action(op, u), -1) for u in units
-                         for op in (Op.WAIT_GRAD_SYNC, Op.WAIT_CROSS_SYNC)]
+                         for op in (Op.WAIT_GRAD_SYNC, Op.WAIT_CROSS_SYNC, Op.WAIT_TIED_SYNC)]
                         + list(last_reduce.values()))
         split = {a.unit for a in pos if a.op is Op.BACKWARD_WEIGHT}
         return cls(stage, stages, units, pos, last_backward, last_sync, split, weight_grads,
@@ -143,6 +143,13 @@ def _cross_sync(a: Action, ctx: RankContext) -> list[Need]:
     return [Action(Op.WAIT_GRAD_SYNC, a.unit)]
 
 
+def _tied_sync(a: Action, ctx: RankContext) -> list[Need]:
+    """The unit's own gradient, final and summed over the replicas (its WGS, where it has
+    one)."""
+    synced = Action(Op.WAIT_GRAD_SYNC, a.unit)
+    return [ctx.every_backward(a.unit)] + ([synced] if ctx.runs(synced) else [])
+
+
 def _update(a: Action, ctx: RankContext) -> list[Need]:
     """The global norm if the program reduces one; its synced gradient, else every backward."""
     needs: list[Need] = []
@@ -150,6 +157,8 @@ def _update(a: Action, ctx: RankContext) -> list[Need]:
         needs.append(Action(Op.WAIT_GRAD_NORM))
     if ctx.runs(Action(Op.CROSS_SYNC, a.unit)):
         needs.append(Action(Op.WAIT_CROSS_SYNC, a.unit))
+    if ctx.runs(Action(Op.TIED_SYNC, a.unit)):
+        needs.append(Action(Op.WAIT_TIED_SYNC, a.unit))
     if ctx.runs(Action(Op.WAIT_GRAD_SYNC, a.unit)):
         needs.append(Action(Op.WAIT_GRAD_SYNC, a.unit))
     elif a.unit in ctx.last_reduce:
@@ -205,6 +214,8 @@ NEEDS: dict[Op, Rule] = {
     # writes them, so it goes after the unit's update (schedule/outer_sync.py places both)
     Op.OUTER_SYNC: _nothing,
     Op.WAIT_OUTER_SYNC: lambda a, ctx: [Action(Op.UPDATE, a.unit)],
+    Op.TIED_SYNC: _tied_sync,
+    Op.WAIT_TIED_SYNC: _nothing,
 }
 
 if set(NEEDS) != set(Op):

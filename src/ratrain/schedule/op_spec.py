@@ -45,6 +45,8 @@ class Op(str, Enum):
     STEP_END = "E"
     OUTER_SYNC = "OS"
     WAIT_OUTER_SYNC = "WOS"
+    TIED_SYNC = "TS"
+    WAIT_TIED_SYNC = "WTS"
 
 
 class OpClass(str, Enum):
@@ -61,6 +63,7 @@ class Peer(str, Enum):
     NEXT = "next"  # the next stage
     REPLICAS = "replicas"  # the stage's data-parallel replicas
     PIPELINE = "pipeline"  # the replica's pipeline stages
+    TIED = "tied"  # the replica's other stage holding a copy of a tied weight (first <-> last)
 
 
 @dataclass(frozen=True)

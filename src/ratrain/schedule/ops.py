@@ -156,6 +156,11 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "over the data-parallel replicas.", OpClass.COLLECTIVE, mb=False,
            waited_by=Op.WAIT_OUTER_SYNC, peers=(Peer.REPLICAS,),
            memory=(Hold("outer", "buffers", ("outer_delta",)),)),
+    OpSpec(Op.TIED_SYNC, "Tied embeddings across stages: start summing the tied weight's "
+           "gradient (the embedding's on the first stage, the head's copy of it on the last) "
+           "over the replica's two stages that hold it, in place; after the unit's replica "
+           "sync, so each copy's gradient is then the whole model's.", OpClass.COLLECTIVE,
+           mb=False, waited_by=Op.WAIT_TIED_SYNC, peers=(Peer.TIED,)),
     OpSpec(Op.STEP_END, "End of the step: reduce the step's loss over every stage and replica "
            "(blocking), read the step's device values once, reset per-step state.",
            OpClass.COLLECTIVE, unit=False, mb=False, peers=(Peer.PIPELINE, Peer.REPLICAS),
@@ -181,6 +186,8 @@ SPECS.update({spec.op: spec for spec in (
     _wait(Op.OUTER_SYNC, "Wait for that sum; take the outer Nesterov step on the unit's outer "
           "parameters with the mean delta and merge the result into the local parameters "
           "(schedule/outer_sync.py says how).", memory=(Release("outer"),)),
+    _wait(Op.TIED_SYNC, "Wait for that sum; both copies of the tied weight then have the same "
+          "gradient, so their identical updates keep them equal."),
     _wait(Op.START_UPDATE, "Wait for the previous step's update of unit u (none before the "
           "first step); its masters are then current and a view may be made from them."),
     _wait(Op.START_NORM, "Wait for that unit's squared norm (before N sums them)."),

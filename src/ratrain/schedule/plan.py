@@ -24,6 +24,7 @@ from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, SPLIT_SCHEDULES, UPDATE
                                          check_sharding, micro_batch_refusal, shared_views,
                                          weight_grad_of)
 from ratrain.schedule.policies import POLICIES
+from ratrain.schedule.tied_sync import add_tied_sync, check_tied, tied_ends
 from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
                                          unit_major)
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement, place_weight_grads
@@ -102,8 +103,9 @@ class PipelinePlan:
     """With state_home "host": the units whose masters, gradients and AdamW state stay on the
     compute device (where the budget allows: ProTrain's idea), updated there inline (U)."""
     tie_embeddings: bool = False
-    """The head computes with the embedding's weight: with a view window, the embedding's view
-    lives from its first use to the head's last (view_passes.add_views' `shared`)."""
+    """The head computes with the embedding's weight: on one stage, with a view window, the
+    embedding's view lives from its first use to the head's last (view_passes.add_views'
+    `shared`); across stages the head keeps a copy, summed by TS (schedule/tied_sync.py)."""
 
     @property
     def on_device_text(self) -> str:
@@ -157,6 +159,11 @@ class PipelinePlan:
         return shared_views(self.stage_units, self.tie_embeddings)
 
     @property
+    def tied_ends(self) -> dict[int, int]:
+        """Stage -> its copy of a weight tied across stages (tied_sync.tied_ends)."""
+        return tied_ends(self.stage_units, self.tie_embeddings)
+
+    @property
     def grad_sync_dp(self) -> int:
         """The replicas a step's gradients are summed over: 1 where they are not (diloco)."""
         return self.dp if self.sync == outer_sync.EVERY_STEP else 1
@@ -198,15 +205,9 @@ class PipelinePlan:
         if isinstance(activation, str):
             activation = resolve_activation(activation, None, stage_units)
         return cls(
-            pp=d["pp"],
-            dp=d["dp"],
-            n_micro=d["n_micro"],
-            stage_units=stage_units,
+            pp=d["pp"], dp=d["dp"], n_micro=d["n_micro"], stage_units=stage_units,
             programs=[parse_program(text) for text in d["programs"]],
-            policy=d["policy"],
-            schedule=d["schedule"],
-            activation=activation,
-            clip=d["clip"],
+            policy=d["policy"], schedule=d["schedule"], activation=activation, clip=d["clip"],
             rank_order=d.get("rank_order", "pp-dp"),
             view_window=d.get("view_window"),
             state_home=d.get("state_home", "device"),
@@ -283,6 +284,7 @@ def build_plan(
     check_carried_update(update, shard_state, sync)
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     shared = shared_views(stage_units, tie_embeddings)
+    check_tied(tie_embeddings, pp, shard_state, sync)
     outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
     device_units = tuple(sorted(device_units))
     check_device_units(device_units, state_home, stage_units[-1].stop, sync)
@@ -302,6 +304,7 @@ def build_plan(
         programs = place_weight_grads(programs, weight_grad)
     programs = POLICIES[policy](programs, stage_units, sync_dp, by_unit(stage_units, resolved),
                                 clip, view_window, grad_lifetime, shard_group, shared)
+    programs = add_tied_sync(programs, stage_units, tie_embeddings)
     programs = post_group_receives(programs, micro_batch_group)
     if update == "carried":
         programs = carry_updates(programs, stage_units, frozenset(device_units))

@@ -1,5 +1,6 @@
-"""A plan's lifecycle fields (sharding, hybrid groups, gradient lifetime, carried updates)
-against what its programs do: PipelinePlan.validate's last checks, for a plan read from a file."""
+"""A plan's lifecycle fields (sharding, hybrid groups, gradient lifetime, carried updates, tied
+embeddings across stages) against what its programs do: PipelinePlan.validate's last checks, for
+a plan read from a file."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ops import Op
 from ratrain.schedule.plan_rules import (UPDATES, check_carried_update, check_device_units,
                                          check_hybrid, check_sharding)
+from ratrain.schedule.tied_sync import check_tied, tied_ends
 
 
 def check_lifecycle(plan) -> None:
@@ -26,6 +28,13 @@ def check_lifecycle(plan) -> None:
     if carried and inline != set(plan.device_units):
         raise ScheduleError(f"carried updates, but the programs update units {sorted(inline)} "
                             f"inline, not the device units {list(plan.device_units)}")
+    check_tied(plan.tie_embeddings, plan.pp, plan.shard_state, plan.sync)
+    tied = {s for s, program in enumerate(plan.programs)
+            if any(a.op is Op.TIED_SYNC for a in program)}
+    if tied != set(tied_ends(plan.stage_units, plan.tie_embeddings)):
+        raise ScheduleError(f"tie_embeddings {plan.tie_embeddings} over {plan.pp} stages, but "
+                            f"the programs of stages {sorted(tied)} sum a tied weight's "
+                            f"gradient (TS)")
     crossed = any(a.op is Op.CROSS_SYNC for program in plan.programs for a in program)
     if crossed != (plan.shard_group is not None):
         raise ScheduleError(f"shard_group {plan.shard_group}, but the programs "

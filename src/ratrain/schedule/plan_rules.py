@@ -148,16 +148,11 @@ def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
     return weight_grad
 
 
-TIED_PP_REFUSAL = ("tied embeddings need the embedding and the head on one stage; use --pp 1 "
-                   "(pipelined tied embeddings are not supported yet)")
-
-
 def shared_views(stage_units: list[range], tie_embeddings: bool) -> dict[int, int]:
-    """Unit -> the other unit whose view its compute reads too: a tied head reads the
-    embedding's weight ({head: 0}); raises where the two are on different stages."""
-    if not tie_embeddings:
-        return {}
+    """Unit -> the other unit whose view its compute reads too: a tied head on the embedding's
+    stage reads the embedding's weight ({head: 0}). A tied head on another stage computes with
+    its own copy (schedule/tied_sync.py): nothing shared."""
     head = stage_units[-1].stop - 1
-    if not any(0 in units and head in units for units in stage_units):
-        raise ScheduleConfigError(TIED_PP_REFUSAL)
-    return {head: 0}
+    if tie_embeddings and any(0 in units and head in units for units in stage_units):
+        return {head: 0}
+    return {}

@@ -48,7 +48,9 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
             "schedule": cfg.parallel.schedule,
             "micro_batch_group": cfg.parallel.micro_batch_group or plan.micro_batch_group,
             "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
-    if plan.view_window:  # a window releases views: a tied head needs the embedding's kept
+    # a window releases views (a tied head needs the embedding's kept); across stages the
+    # programs sum the tied weight's gradient (TS)
+    if plan.view_window or cfg.parallel.pp > 1:
         want["tie_embeddings"] = cfg.model.tie_embeddings
     have = {k: getattr(plan, k) for k in want}
     if have != want:

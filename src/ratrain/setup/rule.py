@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
-from ratrain.schedule.plan_rules import (TIED_PP_REFUSAL, carried_update_refusal,
-                                         hybrid_refusal, micro_batch_refusal, sharding_refusal)
+from ratrain.schedule.plan_rules import (carried_update_refusal, hybrid_refusal,
+                                         micro_batch_refusal, sharding_refusal)
+from ratrain.schedule.tied_sync import tied_refusal
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
             schedule: str = "1f1b", policy: str = "ratrain", dtype: str = "float32",
@@ -45,9 +46,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     reason = micro_batch_refusal(global_batch // (dp * micro_batch_size), pp, schedule)
     if reason:
         return reason
-    if tie_embeddings and pp > 1:
-        return TIED_PP_REFUSAL
-    reason = (sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
+    reason = (tied_refusal(tie_embeddings, pp, shard_state, sync)
+              or sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
               or hybrid_refusal(shard_group, shard_state, dp, policy)
               or outer_refusal(sync, dp, policy, shard_state, n_units)
               or carried_update_refusal(update, shard_state, sync))
@@ -58,6 +58,11 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     if state_home == "host" and dp > 1 and host_is_separate and not host_collectives:
         return ("--state-home host with --dp > 1 on GPUs needs the gradient sync on the host, "
                 "which NCCL cannot do; use --state-home device")
+    if state_home == "host" and tie_embeddings and pp > 1 and host_is_separate \
+            and not host_collectives:
+        return ("tied embeddings across pipeline stages with --state-home host on GPUs sum the "
+                "tied weight's gradient where it lives, on the host, which NCCL cannot do; use "
+                "--state-home device, or --pp 1")
     if policy == "baseline" and view_window not in (None, 0):  # (a damaged plan's too)
         return (f"baseline keeps parameter views resident (view_window None or 0), got "
                 f"view_window={view_window}; --view-window needs --policy ratrain")

@@ -10,8 +10,10 @@ resource the action uses:
     copy        started on the copy engine; a later wait (WP, WL) waits for it
     send, recv  one side of a point-to-point transfer (SA/RA, SG/RG), matched with the peer
     sync        the data-parallel all-reduce of one unit (GS), over the stage's replicas
+    pair        the sum of a weight tied across stages (TS): an all-reduce of its fp32 gradient
+                between the first and the last stage, once both have issued it
     norm        the all-reduce of the squared norm over the pipeline (N)
-    wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WN, WP, WL)
+    wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WTS, WN, WP, WL)
     step_end    the loss reduction: blocks until every stage reached it (E)
     host        started on the rank's host update thread (SU, SN); SU's wait (WU) is in the next
                 step's program. On a machine whose ranks share their cores with the compute (a
@@ -59,7 +61,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ratrain.schedule.ir import Action
-from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, peer_offset
+from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, Peer, peer_offset
 from ratrain.sim.links import ring
 from ratrain.sim.outer_sync import outer_step_time, outer_sync_time
 from ratrain.sim.stage_costs import (  # noqa: F401  (the cost model's vocabulary, re-exported)
@@ -89,6 +91,11 @@ def _saved_copy(c: StageCosts, a: Action) -> float:
 def _p2p_time(c: StageCosts, a: Action) -> float:
     link = c.s.p2p_next if peer_offset(a.op) > 0 else c.s.p2p_prev
     return link.time(c.act_bytes())
+
+
+def _tied_sync_time(c: StageCosts, a: Action) -> float:
+    """TS: the tied weight's fp32 gradient all-reduced by the two stages holding a copy."""
+    return ring(c.s.tied, 4 * c.s.model.vocab_size * c.s.model.dim, 2)
 
 
 DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
@@ -125,6 +132,8 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.WAIT_PREFETCH: _zero,
     Op.RELEASE: _zero,
     Op.STEP_END: lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp),
+    Op.TIED_SYNC: _tied_sync_time,
+    Op.WAIT_TIED_SYNC: _zero,
     Op.OUTER_SYNC: lambda c, a: outer_sync_time(c, a.unit),
     Op.WAIT_OUTER_SYNC: lambda c, a: outer_step_time(c, a.unit),
 }
@@ -141,6 +150,8 @@ def kind_of(spec: OpSpec) -> str:
     if spec.cls is OpClass.P2P:
         return "send" if spec.sends else "recv"
     if spec.cls is OpClass.COLLECTIVE:
+        if Peer.TIED in spec.peers:
+            return "pair"
         if not spec.pipeline_collective:
             return "sync"
         return "norm" if spec.starts else "step_end"

@@ -5,6 +5,8 @@ with it; the planner bounds layouts with the same links."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 from ratrain.schedule.grid import RankGrid
@@ -27,6 +29,10 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
                         f"replicas fall on devices of different groups; every stage must be on one")
     hops, rings, pipeline = stage_links(plan.pp, plan.dp, plan.rank_order, profile)
     unit_activation = plan.unit_activation
+    tied = None
+    if plan.tied_ends:  # the head's copy is a weight of its own, as an untied model's head
+        model = replace(model, tie_embeddings=False)
+        tied = tied_link(plan.pp, plan.dp, plan.rank_order, profile)
     setups = []
     for s, (units, program) in enumerate(zip(plan.stage_units, plan.programs)):
         setups.append(StageSetup(
@@ -42,6 +48,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             fold_roles=fold_roles(program), micro_batch_group=plan.micro_batch_group,
             host_norms=frozenset(a.unit for a in program if a.op is Op.START_NORM),
             device_units=frozenset(plan.device_units).intersection(units),
+            tied=tied if s in plan.tied_ends else None,
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups
@@ -91,3 +98,11 @@ def stage_links(pp: int, dp: int, rank_order: str,
     hops = [link([grid.rank(s, 0), grid.rank(s + 1, 0)]).p2p for s in range(pp - 1)]
     rings = [link(grid.replica_ranks(s)).collective for s in range(pp)]
     return hops, rings, link(grid.pipeline_ranks(0)).collective
+
+
+def tied_link(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> Link:
+    """The ring of replica 0's first and last stage (tied embeddings across stages)."""
+    grid = RankGrid(pp, dp, rank_order)
+    ends = {grid.rank(0, 0) // profile.devices_per_node,
+            grid.rank(pp - 1, 0) // profile.devices_per_node}
+    return profile.link(len(ends) == 1).collective

@@ -162,7 +162,7 @@ class _Simulation(Transfers):
                 self._compute(s, a, c.norm_local() + c.overhead, then=reduce if not replicas
                               else lambda: self._over_replicas(s, replicas, reduce))
                 return
-            if kind in ("copy", "sync", "send", "recv", "host"):
+            if kind in ("copy", "sync", "send", "recv", "host", "pair"):
                 op = self.ops[s][(a.op, a.unit, a.mb)] = InFlight(a)
                 if kind == "host":
                     op.start = max(start, self.host_free[s])
@@ -178,6 +178,8 @@ class _Simulation(Transfers):
                     self.send_free[s] = self.recv_free[s] = op.done
                     self._at(op.done, self._complete, s, op)
                     self._occupy(op.start, op.done, s)
+                elif kind == "pair":
+                    self._pair(s, op, cost.duration(c, a))
                 else:
                     self._post(s, a, op, cost.duration(c, a))
             self.memory[s].record(self.now)

@@ -51,6 +51,8 @@ class StageSetup:
     host_norms: frozenset[int] = frozenset()
     # with state_home "host": the units whose state stays on the device (PipelinePlan's)
     device_units: frozenset[int] = frozenset()
+    # tied embeddings across stages: the ring of the replica's first and last stage (TS)
+    tied: Link | None = None
 
     @cached_property
     def shape(self) -> uc.UnitShape:

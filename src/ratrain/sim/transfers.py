@@ -49,6 +49,24 @@ class Transfers:
             self._at(end, self._complete, stage, side)
         self._occupy(start, end, src, dst)
 
+    def _pair(self, s: int, op: InFlight, seconds: float) -> None:
+        """One end's TS (tied embeddings across stages); the sum runs once both ends have
+        issued theirs and both ends' links are free."""
+        sides = self.posted.setdefault(("tied",), [])
+        sides.append((s, op, self.now))
+        if len(sides) < 2:
+            return
+        del self.posted[("tied",)]
+        (a, _, _), (b, _, _) = sides
+        start = max(self.now, self.send_free[a], self.recv_free[a], self.send_free[b],
+                    self.recv_free[b])
+        end = self.send_free[a] = self.recv_free[a] = self.send_free[b] = self.recv_free[b] = \
+            start + seconds
+        for stage, side, _ in sides:
+            side.start, side.done = start, end
+            self._at(end, self._complete, stage, side)
+        self._occupy(start, end, a, b)
+
     def _occupy(self, start: float, end: float, s: int, peer: int | None = None) -> None:
         """Communication within one node is work of its cores (sim/shared_cores.py): stage s's
         sync where all its replicas are on its node, or a transfer between s and `peer` on

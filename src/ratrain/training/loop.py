@@ -159,7 +159,7 @@ class Loop:
         """Weights, optimizer states, loss scale, loader position and random generators."""
         meta = checkpoint.load_meta(ckpt)
         self.engine.load_unit_states(
-            checkpoint.load_units(ckpt, self.engine.stage.units, self.engine.stage.device,
+            checkpoint.load_units(ckpt, self.engine.checkpoint_units(), self.engine.stage.device,
                                   self.groups.replica if self.groups else 0))
         if self.engine.loss_scale and "loss_scale" in meta:
             self.engine.loss_scale.load_state_dict(meta["loss_scale"])

@@ -93,7 +93,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
     if distributed:
         p = cfg.parallel
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
-                             plan.shard_group)
+                             plan.shard_group, bool(plan.tied_ends))
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
     else:

@@ -1,0 +1,62 @@
+"""Checkpoints of a head that keeps its own copy of a tied embedding (tied embeddings across
+pipeline stages: schedule/tied_sync.py).
+
+A checkpoint holds whole units in a form that does not depend on the pipeline layout, so a
+run resumes under any --pp. For a tied model that form is the one-stage model's: the weight
+once, under the embedding, with its AdamW state; the head without it. The head's stage saves
+its unit without the copy (`shared_head`) and, resuming, makes the copy from the embedding's
+files (`split_head`): both copies are equal, gradients and AdamW state included, at every
+step's end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+COPY_NAME = "lm_head.weight"  # the head's copy, in its unit's state dict
+EMBEDDING_NAME = "embed_tokens.weight"  # the tied weight, in the embedding's
+
+
+def _order(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters in the order its state_dict numbers them."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _place(optimizer: torch.optim.Optimizer, copy: torch.Tensor) -> int:
+    return [id(p) for p in _order(optimizer)].index(id(copy))
+
+
+def shared_head(state: dict, optimizer: torch.optim.Optimizer | None,
+                copy: torch.Tensor) -> dict:
+    """The head's unit state ({"weights", "optim"}) without the copy, as a head that reads the
+    embedding's weight has it."""
+    weights = {k: v for k, v in state["weights"].items() if k != COPY_NAME}
+    sd = state["optim"]
+    if sd is None or optimizer is None:
+        return {**state, "weights": weights}
+    k = _place(optimizer, copy)
+    renumber = {i: i - (i > k) for i in range(len(_order(optimizer))) if i != k}
+    groups = [{**g, "params": [renumber[i] for i in g["params"] if i != k]}
+              for g in sd["param_groups"]]
+    return {**state, "weights": weights,
+            "optim": {"state": {renumber[i]: v for i, v in sd["state"].items() if i != k},
+                      "param_groups": [g for g in groups if g["params"]]}}
+
+
+def split_head(head: dict, embedding: dict, optimizer: torch.optim.Optimizer | None,
+               copy: torch.Tensor) -> dict:
+    """The head's unit state with the copy made from the embedding's unit state (both as
+    checkpoints hold them): its weight, and its AdamW state where there is one."""
+    weights = {**head["weights"], COPY_NAME: embedding["weights"][EMBEDDING_NAME]}
+    if head["optim"] is None or optimizer is None:
+        return {**head, "weights": weights}
+    k = _place(optimizer, copy)
+    own = iter(range(len(_order(optimizer)) - 1))  # the head's own parameters, in order
+    state = {}
+    for i in range(len(_order(optimizer))):
+        source = (embedding["optim"] or {"state": {}})["state"].get(0) if i == k \
+            else head["optim"]["state"].get(next(own))
+        if source is not None:
+            state[i] = source
+    return {**head, "weights": weights,
+            "optim": {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}}
