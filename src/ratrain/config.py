@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import yaml
 
 from ratrain.errors import UserError
+from ratrain.model_config import ModelConfig, check_finite
 from ratrain.plain_data import parse_error, shown, typed_dataclass, unknown_keys
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SPLIT_SCHEDULES, UPDATES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, STATE_HOMES
@@ -27,58 +27,6 @@ MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
 
 AUTO_SCHEDULE = "auto"  # the schedule and BW placement chosen by simulation (setup/choice.py)
 AUTO_UPDATE = "auto"  # carried where the state's host is apart from the compute (setup/rule.py)
-
-
-@dataclass
-class ModelConfig:
-    """A dense LLaMA-family decoder. Field names follow the usual LLaMA reference code."""
-
-    name: str = "custom"
-    vocab_size: int = 512
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
-    n_kv_heads: int | None = None  # None: same as n_heads (plain multi-head attention)
-    ffn_dim: int = 688
-    max_seq_len: int = 2048
-    norm_eps: float = 1e-5
-    position: str = "rope"  # "rope" or "alibi"
-    rope_theta: float = 10000.0
-    qkv_bias: bool = False
-    tie_embeddings: bool = False
-    norm_head: bool = False  # Baichuan2: rows of the output head are L2-normalized
-
-    def __post_init__(self) -> None:
-        if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def n_units(self) -> int:
-        """Schedulable units: embedding, each decoder block, final norm + head."""
-        return self.n_layers + 2
-
-    def validate(self) -> None:
-        for name in ("norm_eps", "rope_theta"):
-            _check_finite(f"model.{name}", getattr(self, name))
-            if getattr(self, name) <= 0:
-                raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.position not in ("rope", "alibi"):
-            raise UserError(f"model.position must be 'rope' or 'alibi', got {self.position!r}")
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.dim % self.n_heads:
-            raise UserError(f"model.dim {self.dim} is not divisible by n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise UserError(
-                f"model.n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}"
-            )
-        if self.position == "rope" and self.head_dim % 2:
-            raise UserError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
 
 
 @dataclass
@@ -136,7 +84,7 @@ class TrainConfig:
         # a NaN passes every comparison below, an inf most: each is refused by name first
         for name in ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
                      "grad_clip", "outer_lr", "outer_momentum", "outer_mix"):
-            _check_finite(f"train.{name}", getattr(self, name))
+            check_finite(f"train.{name}", getattr(self, name))
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
                      "keep_checkpoints"):
             if getattr(self, name) <= 0:
@@ -305,11 +253,6 @@ class RunConfig:
         except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
             raise UserError(f"cannot parse config {path}: {parse_error(e)}") from None
         return cls.from_dict(d or {})
-
-
-def _check_finite(name: str, value: float | None) -> None:
-    if value is not None and not math.isfinite(value):
-        raise UserError(f"{name} must be a finite number, got {value}")
 
 
 def _build(factory, values: dict[str, Any], section: str):

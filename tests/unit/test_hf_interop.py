@@ -60,6 +60,10 @@ def small_cfg(**kw) -> ModelConfig:
 
 
 TOKENS = torch.randint(0, DIMS["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
+# Llama 3.1's RoPE scaling over a context of 32: of head_dim 16's wavelengths (6.3, 19.9, 62.8,
+# ...) the first is kept, the second blended, the rest slowed 8x
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
 
 
 @pytest.mark.parametrize(
@@ -67,8 +71,10 @@ TOKENS = torch.randint(0, DIMS["vocab_size"], (2, 24), generator=torch.Generator
     [
         (LlamaForCausalLM, LlamaConfig(**DIMS)),
         (Qwen2ForCausalLM, Qwen2Config(**DIMS, num_key_value_heads=2, rope_theta=1e6)),
+        (LlamaForCausalLM, LlamaConfig(**DIMS, num_key_value_heads=2, rope_scaling=LLAMA3,
+                                       tie_word_embeddings=True)),
     ],
-    ids=["llama", "qwen2"],
+    ids=["llama", "qwen2", "llama3.2"],
 )
 def test_hf_checkpoint_loads_with_equal_logits(tmp_path, hf_cls, hf_cfg):
     ref = hf_cls(hf_cfg).eval()
@@ -80,6 +86,12 @@ def test_hf_checkpoint_loads_with_equal_logits(tmp_path, hf_cls, hf_cfg):
     ours = LlamaModel(cfg, seed=5)
     load_hf_weights(ours, cfg, tmp_path)
     assert max_diff(ours_logits(ours, TOKENS), hf_logits(ref, TOKENS)) < TOL
+    if hf_cfg.tie_word_embeddings:  # Llama 3.2: the scaling read, and it matters here
+        assert (cfg.rope_factor, cfg.rope_original_max_len, cfg.tie_embeddings) == (8.0, 32, True)
+        unscaled = dataclasses.replace(cfg, rope_factor=1.0)
+        plain = LlamaModel(unscaled, seed=5)
+        load_hf_weights(plain, unscaled, tmp_path)
+        assert max_diff(ours_logits(plain, TOKENS), hf_logits(ref, TOKENS)) > 100 * TOL
 
 
 def test_sharded_checkpoint_loads_into_one_stage(tmp_path):
@@ -104,8 +116,9 @@ def test_sharded_checkpoint_loads_into_one_stage(tmp_path):
         (small_cfg(), "LlamaForCausalLM"),
         (small_cfg(n_kv_heads=2, rope_theta=1e6, qkv_bias=True), "Qwen2ForCausalLM"),
         (small_cfg(tie_embeddings=True), "LlamaForCausalLM"),
+        (small_cfg(rope_factor=8.0, rope_original_max_len=32), "LlamaForCausalLM"),
     ],
-    ids=["llama", "qwen2", "tied"],
+    ids=["llama", "qwen2", "tied", "llama3"],
 )
 def test_export_loads_in_transformers_with_equal_logits(tmp_path, cfg, arch):
     ours = LlamaModel(cfg, seed=3)
@@ -203,10 +216,10 @@ def test_config_errors_are_user_errors(tmp_path):
     )
     with pytest.raises(UserError, match=want):
         config_from_hf(gpt2)
-    scaling = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    scaling = {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5e5,
+               "original_max_position_embeddings": 32}
     write_config(tmp_path, **LlamaConfig(**DIMS, rope_scaling=scaling).to_dict())
-    with pytest.raises(UserError, match="RoPE scaling 'llama3'"):
+    with pytest.raises(UserError, match="RoPE scaling 'yarn'"):
         config_from_hf(tmp_path)
 
 

@@ -21,15 +21,18 @@ from ratrain.models import (
     state_bytes,
     unit_param_counts,
 )
-from ratrain.models.llama import alibi_bias, alibi_slopes, apply_rotary, rotary_table
+from ratrain.models.llama import alibi_bias, alibi_slopes
+from ratrain.models.rope import apply_rotary, rotary_table
 
 PUBLISHED = {
     "llama2-7b": 6_738_415_616,
     "baichuan2-13b": 13_896_668_160,
     "qwen2.5-32b": 32_763_876_352,
     "llama2-70b": 68_976_648_192,
+    "llama3.1-8b": 8_030_261_248,
+    "llama3.2-1b": 1_235_814_400,
 }
-TINY = ["tiny", "tiny-gqa", "tiny-alibi"]
+TINY = ["tiny", "tiny-gqa", "tiny-alibi", "tiny-llama3"]
 
 
 def small_cfg(**kw) -> ModelConfig:

@@ -179,3 +179,27 @@ def test_a_checkpoint_holds_the_head_as_one_stage_has_it():
     for i, state in split["optim"]["state"].items():
         for key, t in state.items():
             assert torch.equal(back["optim"]["state"][i][key], t), (i, key)
+
+
+def test_the_planner_sizes_the_heads_copy_where_the_tie_crosses_stages():
+    """Its unit tables, which bound and balance layouts, hold the head's copy at pp > 1 (as an
+    untied head's state) and not at pp 1; its best pipelined plan sums the tie."""
+    from ratrain.models.presets import get_preset
+    from ratrain.planner.layouts import Layout, PlanRequest
+    from ratrain.planner.lifecycle import Lifecycle
+    from ratrain.planner.search import UnitTables, search
+
+    model = get_preset("llama3.2-1b")
+    request = PlanRequest(model=model, profile=load_profile("h100-80g-ib"), devices=2,
+                          global_batch=8, seq_len=1024, dtype="bfloat16", top=1,
+                          pipeline_degrees=(2,))
+    life = Lifecycle("device", 0, "ratrain")
+    head = model.n_units - 1
+    tables = UnitTables(request)
+    split, one = (tables.table(Layout(pp, 3 - pp, 1, 8 // (3 - pp), "pp-dp", life, "mixed"), 0)
+                  for pp in (2, 1))
+    untied = UnitTables(dataclasses.replace(request, model=dataclasses.replace(
+        model, tie_embeddings=False))).table(Layout(2, 1, 1, 8, "pp-dp", life, "mixed"), 0)
+    assert split.state[head] == untied.state[head] > 100 * one.state[head]
+    best = search(request).best[0]
+    assert best.plan.pp == 2 and best.plan.tied_ends == {0: 0, 1: head}

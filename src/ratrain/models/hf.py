@@ -99,7 +99,7 @@ def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
             refuse("use_sliding_window")
         fields.update(
             max_seq_len=need("max_position_embeddings"),
-            rope_theta=_rope_theta(d, refuse),
+            **_rope(d, refuse),
             qkv_bias=arch == QWEN2,  # Qwen2 always biases q/k/v (and nothing else)
         )
     cfg = ModelConfig(**fields)
@@ -110,15 +110,22 @@ def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
     return cfg
 
 
-def _rope_theta(d: dict, refuse) -> float:
+def _rope(d: dict, refuse) -> dict:
+    """The RoPE fields of ModelConfig: theta, and Llama 3's scaling (rope_type "llama3")."""
     # transformers 5 nests RoPE settings under rope_parameters; older configs keep rope_theta
     # at top level and scaling under rope_scaling.
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
+    params = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ("default", "llama3"):
         refuse(f"RoPE scaling {kind!r}")
-    return float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    out = {"rope_theta": float(params.get("rope_theta", d.get("rope_theta", 10000.0)))}
+    if kind == "llama3":
+        out.update(rope_factor=float(params["factor"]),
+                   rope_low_freq_factor=float(params["low_freq_factor"]),
+                   rope_high_freq_factor=float(params["high_freq_factor"]),
+                   rope_original_max_len=int(params.get("original_max_position_embeddings")
+                                             or d["max_position_embeddings"]))
+    return out
 
 
 # --- weights ------------------------------------------------------------------------------------
@@ -242,6 +249,11 @@ def _hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict:
         "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    if cfg.rope_factor != 1.0:
+        d["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
+                             "low_freq_factor": cfg.rope_low_freq_factor,
+                             "high_freq_factor": cfg.rope_high_freq_factor,
+                             "original_max_position_embeddings": cfg.rope_original_max_len}
     if arch == LLAMA:
         d.update(attention_bias=False, mlp_bias=False)
     elif arch == QWEN2:

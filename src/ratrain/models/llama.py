@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ratrain.config import ModelConfig
+from ratrain.models.rope import apply_rotary, rotary_table, scaling_of
 
 INIT_STD = 0.02
 
@@ -39,27 +40,7 @@ class RMSNorm(nn.Module):
 
 
 # --- position encodings -------------------------------------------------------------------------
-# Tables are cached functions of their shape rather than buffers, so state dicts hold parameters
-# only and every block shares one table. inference_mode(False) keeps a table built during
-# evaluation usable when autograd later saves it for backward.
-
-
-@lru_cache(maxsize=32)
-def rotary_table(
-    seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape [seq_len, head_dim], Hugging Face's non-interleaved layout."""
-    with torch.inference_mode(False), torch.no_grad():
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        freqs = torch.arange(seq_len, dtype=torch.float)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1).to(device)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [..., T, head_dim]: pair i is (x[i], x[i + head_dim/2]) (rotate_half convention)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+# RoPE: models/rope.py. ALiBi's bias, like RoPE's table, is a cached function of its shape.
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -126,7 +107,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(n_rep, dim=1)
             v = v.repeat_interleave(n_rep, dim=1)
         if cfg.position == "rope":
-            cos, sin = rotary_table(T, cfg.head_dim, cfg.rope_theta, x.device, q.dtype)
+            cos, sin = rotary_table(T, cfg.head_dim, cfg.rope_theta, x.device, q.dtype,
+                                    scaling_of(cfg))
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
 from ratrain.planner.candidate import Candidate, evaluate
@@ -55,12 +55,16 @@ class UnitTables:
         return [self.table(layout, g) for g in layout.groups]
 
     def table(self, layout: Layout, group: int) -> UnitTable:
-        key = (layout.micro_batch_size, layout.n_micro, layout.dp, layout.lifecycle, group)
+        r = self.request
+        # tied embeddings across stages: the head keeps a copy, sized as an untied head
+        split_tie = r.model.tie_embeddings and layout.pp > 1
+        key = (layout.micro_batch_size, layout.n_micro, layout.dp, layout.lifecycle, group,
+               split_tie)
         if key not in self._cache:
-            r = self.request
             profile = r.profile.for_group(group)
+            model = replace(r.model, tie_embeddings=False) if split_tie else r.model
             self._cache[key] = UnitTable(
-                r.model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
+                model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
                 layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group), layout.dp)
         scheduled = (*key, layout.schedule, layout.weight_grad)
         if scheduled not in self._cache:
