@@ -155,3 +155,30 @@ def test_a_tied_checkpoint_resumes_under_another_pipeline(first_pp, then_pp, cor
     want, got = _losses(full), _losses(run)
     for step in range(5, STEPS + 1):
         assert abs(got[step][0] - want[step][0]) / want[step][0] < 1e-5, (step, got, want)
+
+
+def test_a_llama32_style_run_across_stages_exports_what_transformers_computes(corpus, tmp_path):
+    """Tied embeddings and Llama 3's RoPE scaling (within the sequence here), trained on two
+    stages and exported: transformers' own LlamaForCausalLM gives the logits ratrain's model
+    gives from the same checkpoint."""
+    from click.testing import CliRunner
+    from transformers import AutoModelForCausalLM
+
+    from ratrain.cli import cli
+    from ratrain.models import LlamaModel, config_from_hf, load_hf_weights
+
+    cfg = _tied(corpus, steps=2)
+    cfg.model.rope_factor, cfg.model.rope_original_max_len = 8.0, 16
+    cfg.parallel.pp = 2
+    train(cfg, tmp_path / "run", progress=False, trace=False)
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    hf_cfg = config_from_hf(tmp_path / "hf")
+    assert (hf_cfg.tie_embeddings, hf_cfg.rope_factor, hf_cfg.rope_original_max_len) == (True, 8.0, 16)
+    ours = LlamaModel(hf_cfg)
+    load_hf_weights(ours, hf_cfg, tmp_path / "hf")
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, cfg.train.seq_len),
+                           generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours.eval()(tokens) - ref(tokens).logits).abs().max() < 1e-4

@@ -15,7 +15,8 @@ MAY_IMPORT = {
     "plain_data": set(),
     "schedule": {"errors"},
     "checkpoint": {"errors"},
-    "config": {"errors", "plain_data", "schedule"},
+    "model_config": {"errors"},
+    "config": {"errors", "plain_data", "schedule", "model_config"},
     "models": {"errors", "config"},
     "data": {"errors", "config"},
     "sim": {"errors", "plain_data", "schedule", "config", "models"},
@@ -31,7 +32,7 @@ MAY_IMPORT = {
 }
 """What each package (or top-level module) may import of ratrain, besides itself."""
 
-PURE = ("schedule", "config", "sim", "setup", "planner")
+PURE = ("schedule", "model_config", "config", "sim", "setup", "planner")
 """Pure Python: no torch, no processes (the planner searches without them)."""
 
 

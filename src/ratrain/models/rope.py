@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 
-from ratrain.model_config import ModelConfig
+from ratrain.config import ModelConfig
 
 Llama3Scaling = tuple[float, float, float, int]
 """(factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
