@@ -124,10 +124,11 @@ def test_one_process_runs_a_split_schedule_in_the_executor():
 def test_bi_keeps_only_what_bw_reads_and_bw_still_equals_the_whole_backward(kind):
     """After BI, a unit's saved activations shrink to what the nodes BW runs saved (the
     simulator's wgrad_saved_bytes, to the byte); the rest is no longer referenced by anything;
-    BW then gives the whole backward's weight gradients bit for bit."""
+    BW then gives the whole backward's weight gradients bit for bit. (A head whose logits fit
+    one chunk: a chunked one is not split, runtime/compute.backward_input.)"""
     import weakref
 
-    from ratrain.models.llama import build_units, lm_loss
+    from ratrain.models.llama import build_units
     from ratrain.runtime import split_backward
     from ratrain.runtime.memory_ledger import tensor_storages
     from ratrain.sim import unit_costs as uc
@@ -141,8 +142,7 @@ def test_bi_keeps_only_what_bw_reads_and_bw_still_equals_the_whole_backward(kind
     targets = torch.randint(0, m.vocab_size, (2, 32), generator=g)
 
     def run(x):
-        y = module(x)
-        return lm_loss(y, targets) if kind == "head" else y
+        return module.loss(x, targets) if kind == "head" else module(x)
 
     x = x0.clone().requires_grad_()
     whole = run(x)

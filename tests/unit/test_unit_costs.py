@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ratrain.models.llama import build_units, lm_loss
+from ratrain.models.llama import build_units
+from ratrain.models import params
 from ratrain.models.params import unit_param_counts
 from ratrain.models.presets import get_preset
 from ratrain.sim import unit_costs as uc
@@ -24,15 +25,18 @@ def _saved_storages(unit, x, targets=None) -> dict[int, int]:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = unit(x)
-        if targets is not None:
-            y = lm_loss(y, targets)
+        y = unit(x) if targets is None else unit.loss(x, targets)
     return seen, y
 
 
-@pytest.mark.parametrize("preset,batch,seq", [("tiny", 2, 128), ("tiny-gqa", 3, 64),
-                                              ("tiny-alibi", 2, 96), ("small", 1, 256)])
-def test_saved_bytes_match_what_autograd_saves(preset, batch, seq):
+@pytest.mark.parametrize("preset,batch,seq,chunked", [
+    ("tiny", 2, 128, False), ("tiny-gqa", 3, 64, False), ("tiny-alibi", 2, 96, False),
+    ("small", 1, 256, False), ("tiny", 2, 128, True), ("tiny-alibi", 2, 96, True)])
+def test_saved_bytes_match_what_autograd_saves(preset, batch, seq, chunked, monkeypatch):
+    """chunked: the head's loss in chunks of 40 tokens (models/head_loss.py), which keeps no
+    logits (with NormHead too)."""
+    if chunked:
+        monkeypatch.setattr(params, "HEAD_CHUNK_ELEMENTS", 40 * 512)
     model = get_preset(preset)
     model.n_layers = 1
     embedding, block, head = build_units(model, 0)
@@ -44,6 +48,7 @@ def test_saved_bytes_match_what_autograd_saves(preset, batch, seq):
     saved, h = _saved_storages(block, h)
     assert sum(saved.values()) == uc.saved_bytes(shape, "block") + uc.table_bytes(shape, "block")
     saved, loss = _saved_storages(head, h, targets)
+    assert uc.head_chunks(shape) == chunked
     assert sum(saved.values()) == uc.saved_bytes(shape, "head") + targets.untyped_storage().nbytes()
     assert uc.output_bytes(shape, "block") == h.untyped_storage().nbytes()
 

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ratrain.config import ModelConfig
+from ratrain.models.head_loss import chunked_cross_entropy
+from ratrain.models.params import chunks
 from ratrain.models.rope import apply_rotary, rotary_table, scaling_of
 
 INIT_STD = 0.02
@@ -184,6 +186,7 @@ class Head(nn.Module):
     def __init__(self, cfg: ModelConfig, tied: Embedding | None = None):
         super().__init__()
         self.norm_head = cfg.norm_head
+        self._vocab = cfg.vocab_size
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self._tied = (tied,) if tied is not None else None
         if tied is None:
@@ -201,11 +204,19 @@ class Head(nn.Module):
         if self._tied is None:
             self.lm_head.weight.normal_(0.0, INIT_STD, generator=gen)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def _weight(self) -> torch.Tensor:
         w = self.output_weight()
-        if self.norm_head:  # Baichuan2 NormHead: unit-length rows
-            w = F.normalize(w, dim=-1)
-        return F.linear(self.norm(h), w)
+        return F.normalize(w, dim=-1) if self.norm_head else w  # Baichuan2 NormHead: unit rows
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(h), self._weight())
+
+    def loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """lm_loss of forward(h); where the logits exceed a chunk, without them in memory
+        (models/head_loss.py). What training computes."""
+        if not chunks(targets.numel(), self._vocab):
+            return lm_loss(self.forward(h), targets)
+        return chunked_cross_entropy(self.norm(h), self._weight(), targets)
 
 
 def parameters_read(unit: nn.Module) -> list[nn.Parameter]:

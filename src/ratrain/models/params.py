@@ -8,6 +8,22 @@ from ratrain.errors import UserError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+HEAD_CHUNK_ELEMENTS = 1 << 24
+"""Logits the head's chunked loss makes at once (tokens x vocabulary: 64 MiB of fp32), and the
+size past which a micro-batch's loss is chunked (models/head_loss.py)."""
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens in one chunk of the head's loss."""
+    return max(1, HEAD_CHUNK_ELEMENTS // vocab_size)
+
+
+def chunks(tokens: int, vocab_size: int) -> bool:
+    """Whether a micro-batch of `tokens` tokens takes the chunked loss: its logits exceed one
+    chunk. The runtime and the simulator both ask this."""
+    return tokens * vocab_size > HEAD_CHUNK_ELEMENTS
+
+
 def _block_params(cfg: ModelConfig) -> int:
     q_out = cfg.n_heads * cfg.head_dim
     kv_out = cfg.n_kv_heads * cfg.head_dim

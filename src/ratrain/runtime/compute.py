@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.models.llama import lm_loss, parameters_read
+from ratrain.models.params import chunks
+from ratrain.models.llama import parameters_read
 from ratrain.runtime import split_backward
 from ratrain.runtime.saved_activations import SavedActivations
 from ratrain.runtime.step_state import StepState
@@ -30,14 +31,13 @@ def _unit_input(ex, st: StepState, u: int, mb: int) -> torch.Tensor:
 
 def _apply(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> torch.Tensor:
     with ex.stage.autocast():
-        y = ex.stage.modules[u](x)
-        if u == ex.head:
-            target = st.batches[mb][1].to(ex.stage.device, non_blocking=True)
-            loss = lm_loss(y, target)
-            st.losses.append(loss.detach())
-            scale = ex.loss_scale.scale if ex.loss_scale and st.training else 1.0
-            return loss * (scale / (st.n_micro * ex.grad_replicas))
-    return y
+        if u != ex.head:
+            return ex.stage.modules[u](x)
+        target = st.batches[mb][1].to(ex.stage.device, non_blocking=True)
+        loss = ex.stage.modules[u].loss(x, target)
+        st.losses.append(loss.detach())
+        scale = ex.loss_scale.scale if ex.loss_scale and st.training else 1.0
+        return loss * (scale / (st.n_micro * ex.grad_replicas))
 
 
 def _apply_saving(ex, st: StepState, u: int, mb: int, x: torch.Tensor) -> tuple[torch.Tensor, list]:
@@ -94,12 +94,22 @@ def backward(ex, st: StepState, a: Action) -> None:
 def backward_input(ex, st: StepState, a: Action) -> None:
     """The gradient of the unit's input only; BW u.m finishes the unit's weight gradients.
     Unit 0 reads token ids: it has no input gradient, and its BW runs its whole backward from
-    the output gradient, which it keeps."""
+    the output gradient, which it keeps. A head whose loss makes its logits again for its
+    backward (models/head_loss.py) would make them in both halves: its BI runs the whole
+    backward and its BW only folds."""
     key = (a.unit, a.mb)
     y = st.act.pop(key)
     grad_y = None if a.unit == ex.head else st.grad.pop(key)
     x = st.inp[key]
     saved = st.saved[key]
+    if a.unit == ex.head and chunks(st.batches[a.mb][1].numel(), ex.stage.cfg.model.vocab_size):
+        # its loss makes the logits again once for both gradients: all of it here
+        y.backward()
+        st.grad[(a.unit - 1, a.mb)] = x.grad
+        st.wgrad[key] = None
+        saved.keep_only_for([])
+        st.bind(input=[x], input_grad=[x.grad], wgrad_seeds=[], wgrad_saved=[])
+        return
     if not x.requires_grad:
         st.wgrad[key] = (y, grad_y)
         st.bind(input=[x], wgrad_seeds=[y, grad_y], wgrad_saved=saved.tensors)
@@ -118,7 +128,7 @@ def backward_weight(ex, st: StepState, a: Action) -> None:
     if isinstance(kept, tuple):  # unit 0: its whole backward
         y, grad_y = kept
         y.backward(grad_y)
-    else:
+    elif kept is not None:  # (the head's BI ran its whole backward)
         split_backward.backward_weight(kept)
     state = ex.stage.state[a.unit]
     state.fold_grads(st.fold.get(key))

@@ -13,7 +13,6 @@ import torch
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.runtime.process_memory import peak_memory_bytes
-from ratrain.models.llama import lm_loss
 from ratrain.runtime.optim import set_lr
 from ratrain.runtime import allocator
 from ratrain.runtime.executor import Executor, StepResult
@@ -94,10 +93,11 @@ class LocalEngine(_UnitStateMixin):
 
     def _loss(self, x, y) -> torch.Tensor:
         h = x.to(self.stage.device)
+        *units, head = self.stage.units
         with self.stage.autocast():
-            for u in self.stage.units:
+            for u in units:
                 h = self.stage.modules[u](h)
-            return lm_loss(h, y.to(self.stage.device))
+            return self.stage.modules[head].loss(h, y.to(self.stage.device))
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
         self.stage.train(True)

@@ -87,9 +87,10 @@ class StageCosts:
 
     def _split_s(self, kind: str) -> tuple[float, float]:
         times = getattr(self.measured, kind) if self.measured is not None else None
-        if times is not None and times.backward_input_s is not None:
+        whole = kind == "head" and uc.head_chunks(self.s.shape)
+        if times is not None and times.backward_input_s is not None and not whole:
             return times.backward_input_s, times.backward_weight_s
-        return uc.split_backward_s(kind, *self._backward_s(kind))
+        return uc.split_backward_s(kind, *self._backward_s(kind), whole=whole)
 
     def _backward_parts(self, u: int) -> tuple[float, float]:
         """Seconds of unit u's backward in its matrix products (and the rest), and in

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
-from ratrain.models.params import DTYPE_BYTES, unit_param_counts
+from ratrain.models.params import DTYPE_BYTES, chunks, unit_param_counts
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,17 @@ def forward_flops(shape: UnitShape, kind: str) -> float:
     return linear + attention_flops(shape, kind)
 
 
+def head_chunks(shape: UnitShape) -> bool:
+    """Whether the head's loss runs in chunks, its logits made again in its backward
+    (models/head_loss.py: where a micro-batch's logits exceed one chunk)."""
+    return chunks(shape.tokens, shape.model.vocab_size)
+
+
 def backward_flops(shape: UnitShape, kind: str) -> float:
-    """Gradients of inputs and of weights: twice the forward's matrix products."""
-    return 2.0 * forward_flops(shape, kind)
+    """Gradients of inputs and of weights: twice the forward's matrix products; a chunked
+    head's loss makes its logits again first: three times."""
+    again = kind == "head" and head_chunks(shape)
+    return (3.0 if again else 2.0) * forward_flops(shape, kind)
 
 
 def moved_bytes(shape: UnitShape, kind: str) -> float:
@@ -133,9 +141,9 @@ def saved_bytes(shape: UnitShape, kind: str) -> int:
     if kind == "embedding":
         return 0  # the token ids, which are the input
     if kind == "head":
-        # RMSNorm: rstd, normed, weighted (the matmul's input); the loss: the log-softmax
-        # output (fp32) and its 4-byte normalizer.
-        out = 4 * t + 2 * t * d * e + 4 * t * m.vocab_size + 4
+        # RMSNorm: rstd, normed, weighted (the matmul's input); the plain loss: the
+        # log-softmax output (fp32) and its 4-byte normalizer; a chunked one keeps no logits
+        out = 4 * t + 2 * t * d * e + (0 if head_chunks(shape) else 4 * t * m.vocab_size + 4)
         if m.norm_head:  # F.normalize of the weight: the normalized copy and two row norms
             out += m.vocab_size * d * e + 2 * 4 * m.vocab_size
         return out
@@ -156,11 +164,14 @@ def wgrad_saved_bytes(shape: UnitShape, kind: str) -> int:
     RMSNorms' normed (their weight's product reads it) and weighted outputs (q, k, v and gate,
     up read them), attention's output (o_proj's input) and the MLP's product (down_proj's). The
     head: its norm's normed and weighted outputs, and a NormHead's normalized weight and row
-    norms. The embedding: all (its BW is its whole backward)."""
+    norms; a chunked head nothing (its BI runs its whole backward). The embedding: all (its BW
+    is its whole backward)."""
     m, t, e, d = shape.model, shape.tokens, shape.elt, shape.model.dim
     if kind == "embedding":
         return saved_bytes(shape, kind)
     if kind == "head":
+        if head_chunks(shape):
+            return 0
         out = 2 * t * d * e
         if m.norm_head:
             out += m.vocab_size * d * e + 2 * 4 * m.vocab_size
@@ -175,14 +186,19 @@ def table_bytes(shape: UnitShape, kind: str) -> int:
     return 2 * shape.seq_len * m.head_dim * shape.elt if kind == "block" and m.position == "rope" else 0
 
 
-def split_backward_s(kind: str, matmul_s: float, attention_s: float) -> tuple[float, float]:
+def split_backward_s(kind: str, matmul_s: float, attention_s: float,
+                     whole: bool = False) -> tuple[float, float]:
     """(BI, BW) seconds of a unit's backward whose matrix products (and what goes with them)
     take `matmul_s` and attention's core `attention_s`: each product's backward is one product
     for its input's gradient and one, as large, for its weight's; attention has no weights, so
     its backward is all BI; the embedding's is all weight (a scatter-add; its input is token
-    ids). The one place that prices the halves where a profile did not measure them."""
+    ids); a chunked head's is all BI (`whole`: its loss makes the logits again once for both
+    gradients, runtime/compute.backward_input). The one place that prices the halves where a
+    profile did not measure them."""
     if kind == "embedding":
         return 0.0, matmul_s + attention_s
+    if whole:
+        return matmul_s + attention_s, 0.0
     return matmul_s / 2 + attention_s, matmul_s / 2
 
 
@@ -202,9 +218,10 @@ def wgrad_seed_bytes(shape: UnitShape, kind: str) -> list[int]:
     output), of both RMSNorms' products and of gate and up, each its own storage, and of
     down_proj's output, which is the block's output gradient (not counted here: that storage
     is the one received or made by the next unit's BI). The head: its norm's product and the
-    logits. The embedding: only its output gradient (its BW is its whole backward)."""
+    logits; a chunked head none (its BI runs its whole backward). The embedding: only its
+    output gradient (its BW is its whole backward)."""
     m, t, e = shape.model, shape.tokens, shape.elt
-    if kind == "embedding":
+    if kind == "embedding" or (kind == "head" and head_chunks(shape)):
         return []
     if kind == "head":
         return [t * m.dim * e, t * m.vocab_size * e]
