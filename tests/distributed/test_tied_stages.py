@@ -182,3 +182,28 @@ def test_a_llama32_style_run_across_stages_exports_what_transformers_computes(co
                            generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (ours.eval()(tokens) - ref(tokens).logits).abs().max() < 1e-4
+
+
+def test_diloco_keeps_the_copies_one_weight(corpus, tmp_path):
+    """--sync diloco:2 on 2 stages x 2 replicas: both copies take the same outer step, so the
+    run is the single-process DiLoCo reference's (the tied model, one weight); resumed on one
+    stage from the step-4 checkpoint (its outer state saved in the one-stage form), it
+    continues that run."""
+    from ratrain.training.diloco_reference import run_reference
+
+    cfg = _tied(corpus)
+    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = 2, 2, "diloco:2"
+    cfg.train.eval_batches, cfg.train.checkpoint_every = 0, 4
+    full = tmp_path / "full"
+    train(cfg, full, progress=False, trace=False)
+    with one_thread():
+        ref = run_reference(cfg)
+    got = [r["loss"] for r in read_metrics(full / "metrics.jsonl")]
+    assert max(abs(a - b) / b for a, b in zip(got, ref.losses)) < 1e-5, (got, ref.losses)
+    run = tmp_path / "run"
+    shutil.copytree(full, run)
+    shutil.rmtree(checkpoint.checkpoint_dir(run, STEPS))
+    cfg.parallel.pp = 1
+    train(cfg, run, resume=True, progress=False, trace=False)
+    resumed = [r["loss"] for r in read_metrics(run / "metrics.jsonl")]
+    assert max(abs(a - b) / b for a, b in zip(resumed[4:], got[4:])) < 1e-5, (resumed, got)

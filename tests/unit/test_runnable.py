@@ -57,7 +57,7 @@ def _small_file(tmp_path) -> str:
     (dict(global_batch=4), "n_micro=1 is fewer than pp=2 stages: 1F1B needs"),
     (dict(tie_embeddings=True, shard_state=True, view_window=0),
      "tied embeddings across pipeline stages sum the whole tied weight's gradient"),
-    (dict(tie_embeddings=True, sync="diloco:4"), "tied embeddings across pipeline stages and --sync"),
+    (dict(tie_embeddings=True, sync="diloco:4:2"), "--sync diloco:4:2 cuts apart"),
     (dict(tie_embeddings=True, state_home="host", host_is_separate=True, dp=1, global_batch=8),
      "tied embeddings across pipeline stages with --state-home host on GPUs"),
     (dict(shard_state=True, dp=1, global_batch=8, view_window=0), "--dp 1 has none to split over"),

@@ -106,11 +106,27 @@ def test_a_deadlock_through_the_tied_sum_is_found():
 
 @pytest.mark.parametrize("change, needle", [
     (dict(shard_state=True, dp=2, view_window=1), "which --shard-state slices over the replicas"),
-    (dict(sync="diloco:4", dp=2), "--sync diloco:4 do not go together yet"),
+    (dict(sync="diloco:4:2", dp=2), r"--sync diloco:4:2 cuts apart .* use --sync diloco:4"),
 ])
 def test_what_tied_stages_do_not_run_with_is_refused(change, needle):
     with pytest.raises(ScheduleConfigError, match=needle):
         build_plan(3, change.pop("pp", 2), change.pop("dp"), 4, tie_embeddings=True, **change)
+
+
+@pytest.mark.parametrize("sync", ["diloco:2", "diloco:3:1"])
+def test_diloco_with_one_fragment_syncs_both_copies_in_the_same_step(sync):
+    """Every step's programs (with the outer sync where it is due) pass the checks and the
+    dry run, both ends updating their copy before its outer delta is taken."""
+    from ratrain.schedule.outer_sync import step_programs
+
+    plan = build_plan(3, 2, 2, 4, tie_embeddings=True, sync=sync, clip=False)
+    plan.validate()
+    synced = [s for s in range(6) if any(a.op is Op.OUTER_SYNC for p in step_programs(plan, s)
+                                         for a in p)]
+    assert synced
+    for s in synced:
+        first, last = step_programs(plan, s)
+        assert Action(Op.OUTER_SYNC, 0) in first and Action(Op.OUTER_SYNC, 4) in last
 
 
 def test_the_simulator_runs_the_sum_once_both_ends_issued_it_and_sizes_the_copy():
@@ -147,9 +163,11 @@ def test_the_stages_hold_the_state_the_simulator_counts():
 
 
 def test_a_checkpoint_holds_the_head_as_one_stage_has_it():
-    """shared_head drops the copy and its AdamW state; split_head makes them again from the
-    embedding's: the round trip gives back the head's state, and the one-stage head's state
-    has the shared form's structure."""
+    """shared_head drops the copy, its AdamW state and its part of the outer state (--sync
+    diloco); split_head makes them again from the embedding's: the round trip gives back the
+    head's state, and the one-stage head's state has the shared form's structure."""
+    from types import SimpleNamespace
+
     cfg = _tied_model()
     embedding, head = build_units(cfg, 0, [0])[0], build_units(cfg, 0, [cfg.n_units - 1])[0]
     train = RunConfig().train
@@ -161,17 +179,27 @@ def test_a_checkpoint_holds_the_head_as_one_stage_has_it():
     head.lm_head.weight.data.copy_(embedding.embed_tokens.weight)  # the copies are equal
     opts[1].state[head.lm_head.weight] = {k: v.clone() for k, v in
                                          opts[0].state[embedding.embed_tokens.weight].items()}
-    split = {"weights": head.state_dict(), "optim": opts[1].state_dict()}
-    shared = shared_head(split, opts[1], head.lm_head.weight)
+    d, n = cfg.dim, cfg.vocab_size * cfg.dim
+    unit = SimpleNamespace(optimizer=opts[1], masters=list(head.parameters()), tied=1,
+                           offsets=[0, d], sizes=[d, n])  # the head's UnitState, as it sees it
+    assert unit.masters[1] is head.lm_head.weight
+    outer = {k: torch.randn(d + n) for k in ("params", "momentum")}
+    outer = {k: torch.cat([v[:d], outer["params"][d:] if k == "params" else v[d:]])
+             for k, v in outer.items()}
+    split = {"weights": head.state_dict(), "optim": opts[1].state_dict(), "outer": outer}
+    shared = shared_head(split, unit)
     assert set(shared["weights"]) == {"norm.weight"}
+    assert all(torch.equal(shared["outer"][k], v[:d]) for k, v in outer.items())
     one_stage_head = build_units(cfg, 0)[-1]
     one_opt = make_optimizer([one_stage_head.norm.weight], train)
     one_stage_head.norm.weight.grad = torch.zeros_like(one_stage_head.norm.weight)
     one_opt.step()
     assert shared["optim"]["param_groups"][0]["params"] == [0]
     assert len(shared["optim"]["param_groups"]) == len(one_opt.state_dict()["param_groups"])
-    embedding_state = {"weights": embedding.state_dict(), "optim": opts[0].state_dict()}
-    back = split_head(shared, embedding_state, opts[1], head.lm_head.weight)
+    embedding_state = {"weights": embedding.state_dict(), "optim": opts[0].state_dict(),
+                       "outer": {k: v[d:].clone() for k, v in outer.items()}}
+    back = split_head(shared, embedding_state, unit)
+    assert all(torch.equal(back["outer"][k], v) for k, v in outer.items())
     assert back["weights"].keys() == split["weights"].keys()
     for name, t in split["weights"].items():
         assert torch.equal(back["weights"][name], t)

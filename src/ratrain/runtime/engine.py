@@ -44,7 +44,7 @@ class _UnitStateMixin:
                      **({"outer": outer[u].state_dict()} if u in outer else {})}
             unit = self.stage.state[u]
             if unit.tied_copy:
-                state = shared_head(state, unit.optimizer, unit.masters[unit.tied])
+                state = shared_head(state, unit)
             yield u, state
 
     def checkpoint_units(self) -> list[int]:
@@ -57,7 +57,7 @@ class _UnitStateMixin:
         for u in self.stage.units:
             state, unit = states[u], self.stage.state[u]
             if unit.tied_copy:
-                state = split_head(state, states[0], unit.optimizer, unit.masters[unit.tied])
+                state = split_head(state, states[0], unit)
             self.stage.load_weights(u, state["weights"])
             if state["optim"] is not None:
                 unit.load_optimizer_state(state["optim"])

@@ -5,8 +5,8 @@ A checkpoint holds whole units in a form that does not depend on the pipeline la
 run resumes under any --pp. For a tied model that form is the one-stage model's: the weight
 once, under the embedding, with its AdamW state; the head without it. The head's stage saves
 its unit without the copy (`shared_head`) and, resuming, makes the copy from the embedding's
-files (`split_head`): both copies are equal, gradients and AdamW state included, at every
-step's end.
+files (`split_head`): both copies are equal, gradients, AdamW state and --sync diloco's outer
+state included, at every step's end.
 """
 
 from __future__ import annotations
@@ -26,31 +26,45 @@ def _place(optimizer: torch.optim.Optimizer, copy: torch.Tensor) -> int:
     return [id(p) for p in _order(optimizer)].index(id(copy))
 
 
-def shared_head(state: dict, optimizer: torch.optim.Optimizer | None,
-                copy: torch.Tensor) -> dict:
-    """The head's unit state ({"weights", "optim"}) without the copy, as a head that reads the
-    embedding's weight has it."""
-    weights = {k: v for k, v in state["weights"].items() if k != COPY_NAME}
-    sd = state["optim"]
+def _outer_region(unit) -> slice:
+    """The copy's elements in the head's flat buffers (the outer state's)."""
+    return slice(unit.offsets[unit.tied], unit.offsets[unit.tied] + unit.sizes[unit.tied])
+
+
+def shared_head(state: dict, unit) -> dict:
+    """The head's unit state ({"weights", "optim"}, and "outer" under --sync diloco) without
+    the copy, as a head that reads the embedding's weight has it; `unit` its UnitState."""
+    out = {**state, "weights": {k: v for k, v in state["weights"].items() if k != COPY_NAME}}
+    if "outer" in state:
+        cut = _outer_region(unit)
+        out["outer"] = {k: torch.cat([v[:cut.start], v[cut.stop:]])
+                        for k, v in state["outer"].items()}
+    sd, optimizer = state["optim"], unit.optimizer
     if sd is None or optimizer is None:
-        return {**state, "weights": weights}
-    k = _place(optimizer, copy)
+        return out
+    k = _place(optimizer, unit.masters[unit.tied])
     renumber = {i: i - (i > k) for i in range(len(_order(optimizer))) if i != k}
     groups = [{**g, "params": [renumber[i] for i in g["params"] if i != k]}
               for g in sd["param_groups"]]
-    return {**state, "weights": weights,
-            "optim": {"state": {renumber[i]: v for i, v in sd["state"].items() if i != k},
-                      "param_groups": [g for g in groups if g["params"]]}}
+    out["optim"] = {"state": {renumber[i]: v for i, v in sd["state"].items() if i != k},
+                    "param_groups": [g for g in groups if g["params"]]}
+    return out
 
 
-def split_head(head: dict, embedding: dict, optimizer: torch.optim.Optimizer | None,
-               copy: torch.Tensor) -> dict:
+def split_head(head: dict, embedding: dict, unit) -> dict:
     """The head's unit state with the copy made from the embedding's unit state (both as
-    checkpoints hold them): its weight, and its AdamW state where there is one."""
-    weights = {**head["weights"], COPY_NAME: embedding["weights"][EMBEDDING_NAME]}
+    checkpoints hold them): its weight, its AdamW state and its outer state where there are
+    some; `unit` the head's UnitState."""
+    out = {**head, "weights": {**head["weights"],
+                               COPY_NAME: embedding["weights"][EMBEDDING_NAME]}}
+    if head.get("outer") and embedding.get("outer"):
+        at = _outer_region(unit).start
+        out["outer"] = {k: torch.cat([v[:at], embedding["outer"][k], v[at:]])
+                        for k, v in head["outer"].items()}
+    optimizer = unit.optimizer
     if head["optim"] is None or optimizer is None:
-        return {**head, "weights": weights}
-    k = _place(optimizer, copy)
+        return out
+    k = _place(optimizer, unit.masters[unit.tied])
     own = iter(range(len(_order(optimizer)) - 1))  # the head's own parameters, in order
     state = {}
     for i in range(len(_order(optimizer))):
@@ -58,5 +72,5 @@ def split_head(head: dict, embedding: dict, optimizer: torch.optim.Optimizer | N
             else head["optim"]["state"].get(next(own))
         if source is not None:
             state[i] = source
-    return {**head, "weights": weights,
-            "optim": {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}}
+    out["optim"] = {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
+    return out

@@ -11,7 +11,9 @@ its stage (the first stage's embedding is the last gradient of the step to be fi
 head's stage updates its other units meanwhile). Both copies then hold the whole model's
 gradient of the tied weight and take the same AdamW step from the same state: they stay equal,
 bit for bit. The global norm counts the weight once: the head's copy is left out of it
-(runtime/unit_state.py).
+(runtime/unit_state.py). Under --sync diloco:H both copies take the same outer step at the same
+step from the same outer state, so they stay equal too; streaming with several fragments would
+sync them at different steps and is refused.
 
 Megatron-LM does the same with its embedding group. Pure Python, no torch.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 from ratrain.schedule.errors import ScheduleConfigError
 from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.ops import WEIGHT_GRAD_OPS, Op
+from ratrain.schedule.outer_sync import parse_sync
 from ratrain.schedule.passes import after_compute, insert_at
 
 
@@ -41,9 +44,11 @@ def tied_refusal(tie_embeddings: bool, pp: int, shard_state: bool, sync: str) ->
         return ("tied embeddings across pipeline stages sum the whole tied weight's gradient "
                 "between the first and last stage, which --shard-state slices over the "
                 "replicas; drop --shard-state, or use --pp 1")
-    if sync != "step":
-        return (f"tied embeddings across pipeline stages and --sync {sync} do not go together "
-                f"yet (each copy would take its own outer step); use --pp 1")
+    outer = parse_sync(sync)
+    if outer is not None and (outer.fragments or 1) > 1:
+        return (f"tied embeddings across pipeline stages need the embedding and the head's copy "
+                f"of it in one fragment, which --sync {sync} cuts apart (each fragment syncs at "
+                f"its own step); use --sync diloco:{outer.every}, or --pp 1")
     return None
 
 
