@@ -16,7 +16,7 @@ from ratrain.runtime.optim import make_optimizer
 from ratrain.runtime.stage import Stage
 from ratrain.runtime.tied_copy import shared_head, split_head
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
-from ratrain.schedule.ir import Action, format_program, parse_program
+from ratrain.schedule.ir import Action, format_program
 from ratrain.schedule.ops import Op
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.cost_model import StageCosts

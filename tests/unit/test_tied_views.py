@@ -11,7 +11,7 @@ import pytest
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.checks import validate
-from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
+from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ir import format_program, parse_program
 from ratrain.schedule.ops import COMPUTE_OPS, Op
 from ratrain.schedule.plan import PipelinePlan, build_plan
