@@ -7,7 +7,7 @@ logits are most of its activations, as at Llama 3's 128,256 words. Each run repo
 executor's ledger peak by kind, the process's peak RSS over its size before the first step, and
 the median step time; the summary gives chunked / plain for each.
 
-    python bench/head_loss.py [--vocab 32000] [--dim 256] [--layers 2] [--seq-len 512]
+    python bench/head_loss.py [--vocab 32000] [--dim 256] [--layers 2] [--seq-len 1024]
         [--micro-batch-size 4] [--steps 4] [--rounds 2] [--out bench/results/head_loss.json]
 """
 
@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)

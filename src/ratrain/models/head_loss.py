@@ -8,8 +8,9 @@ backward, the fp32 log-softmax of every token: 4 V bytes a token, 2.1 GB for one
 (the head's normed hidden states, which the norm keeps anyway) and the backward makes each
 chunk's logits again: one more product of the head's size (2 V d flops a token: 0.7% of
 LLaMA-2-7B's training flops, 2.3% of Llama-3.1-8B's, 7% of Llama-3.2-1B's) for the memory of one
-chunk's logits at a time. The chunk's arithmetic is cross_entropy's (logits in the compute
-dtype, the softmax in fp32); the loss and the weight's gradient sum over chunks in fp32.
+chunk's logits at a time (and, per chunk, a pass over the weight's fp32 gradient to add the
+chunk's part). The chunk's arithmetic is cross_entropy's (logits in the compute dtype, the
+softmax in fp32); the loss and the weight's gradient sum over chunks in fp32.
 
 Where a micro-batch's logits fit in one chunk (`chunks` False: the CPU-sized presets) the head
 keeps the plain logits-then-cross-entropy, which recomputes nothing; the simulator prices the
@@ -54,7 +55,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             if dx is not None:
                 dx[i:i + chunk] = dlogits @ w
             if dw is not None:
-                dw += (dlogits.t() @ xc).float()
+                dw.add_(dlogits.t() @ xc)  # into fp32, without an fp32 copy of the product
         return dx, (None if dw is None else dw.to(w.dtype)), None, None
 
 

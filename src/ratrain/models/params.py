@@ -8,9 +8,11 @@ from ratrain.errors import UserError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-HEAD_CHUNK_ELEMENTS = 1 << 24
-"""Logits the head's chunked loss makes at once (tokens x vocabulary: 64 MiB of fp32), and the
-size past which a micro-batch's loss is chunked (models/head_loss.py)."""
+HEAD_CHUNK_ELEMENTS = 1 << 26
+"""Logits the head's chunked loss makes at once (tokens x vocabulary: 256 MiB of fp32), and the
+size past which a micro-batch's loss is chunked (models/head_loss.py). Each chunk's backward
+also adds its product into the weight's fp32 gradient, a pass over the weight: a chunk this
+large keeps those passes to a few percent of the head's time."""
 
 
 def chunk_tokens(vocab_size: int) -> int:

@@ -111,7 +111,9 @@ class StageCosts:
         of `kind`, each part at its own rate (ComputeRate.attention_efficiency)."""
         shape = self.s.shape
         attention = uc.attention_flops(shape, kind) * (2.0 if backward else 1.0)
-        return ((flops - attention) / self.rate + uc.moved_bytes(shape, kind) / self.bandwidth,
+        extra = uc.backward_moved_bytes(shape, kind) if backward else 0.0
+        moved = uc.moved_bytes(shape, kind) + extra
+        return ((flops - attention) / self.rate + moved / self.bandwidth,
                 attention / self.attention_rate)
 
     def _fold(self, u: int, mb: int | None) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
-from ratrain.models.params import DTYPE_BYTES, chunks, unit_param_counts
+from ratrain.models.params import DTYPE_BYTES, chunk_tokens, chunks, unit_param_counts
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,16 @@ def backward_flops(shape: UnitShape, kind: str) -> float:
 def moved_bytes(shape: UnitShape, kind: str) -> float:
     """Memory traffic of a unit whose cost is not its FLOPs (the embedding's gather/scatter)."""
     return 2.0 * shape.tokens * shape.model.dim * shape.elt if kind == "embedding" else 0.0
+
+
+def backward_moved_bytes(shape: UnitShape, kind: str) -> float:
+    """The backward's traffic beyond moved_bytes: a chunked head adds each chunk's weight
+    gradient (compute dtype, written and read) into the fp32 one (read and written)."""
+    if kind != "head" or not head_chunks(shape):
+        return 0.0
+    m = shape.model
+    n_chunks = -(-shape.tokens // chunk_tokens(m.vocab_size))
+    return n_chunks * (2 * shape.elt + 8) * m.vocab_size * m.dim
 
 
 def param_count(model: ModelConfig, unit: int) -> int:
