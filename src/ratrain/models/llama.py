@@ -211,10 +211,14 @@ class Head(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self.norm(h), self._weight())
 
+    def chunked(self, targets: torch.Tensor) -> bool:
+        """Whether loss() keeps no logits for `targets`: they exceed one chunk."""
+        return chunks(targets.numel(), self._vocab)
+
     def loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """lm_loss of forward(h); where the logits exceed a chunk, without them in memory
         (models/head_loss.py). What training computes."""
-        if not chunks(targets.numel(), self._vocab):
+        if not self.chunked(targets):
             return lm_loss(self.forward(h), targets)
         return chunked_cross_entropy(self.norm(h), self._weight(), targets)
 

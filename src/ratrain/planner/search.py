@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
 from ratrain.planner.candidate import Candidate, evaluate
@@ -27,7 +27,7 @@ from ratrain.planner.layouts import Layout, PlanRequest, layouts
 from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.unit_table import UnitTable
 from ratrain.sim.links import Link, ring
-from ratrain.sim.placement import hybrid_links, stage_links
+from ratrain.sim.placement import hybrid_links, stage_links, state_model
 
 
 @dataclass
@@ -56,13 +56,11 @@ class UnitTables:
 
     def table(self, layout: Layout, group: int) -> UnitTable:
         r = self.request
-        # tied embeddings across stages: the head keeps a copy, sized as an untied head
-        split_tie = r.model.tie_embeddings and layout.pp > 1
+        model = state_model(r.model, layout.pp)  # a tied head's copy at pp > 1
         key = (layout.micro_batch_size, layout.n_micro, layout.dp, layout.lifecycle, group,
-               split_tie)
+               model.tie_embeddings)
         if key not in self._cache:
             profile = r.profile.for_group(group)
-            model = replace(r.model, tie_embeddings=False) if split_tie else r.model
             self._cache[key] = UnitTable(
                 model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
                 layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group), layout.dp)

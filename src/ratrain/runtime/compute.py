@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.models.params import chunks
 from ratrain.models.llama import parameters_read
 from ratrain.runtime import split_backward
 from ratrain.runtime.saved_activations import SavedActivations
@@ -102,7 +101,7 @@ def backward_input(ex, st: StepState, a: Action) -> None:
     grad_y = None if a.unit == ex.head else st.grad.pop(key)
     x = st.inp[key]
     saved = st.saved[key]
-    if a.unit == ex.head and chunks(st.batches[a.mb][1].numel(), ex.stage.cfg.model.vocab_size):
+    if a.unit == ex.head and ex.stage.modules[a.unit].chunked(st.batches[a.mb][1]):
         # its loss makes the logits again once for both gradients: all of it here
         y.backward()
         st.grad[(a.unit - 1, a.mb)] = x.grad

@@ -17,13 +17,11 @@ COPY_NAME = "lm_head.weight"  # the head's copy, in its unit's state dict
 EMBEDDING_NAME = "embed_tokens.weight"  # the tied weight, in the embedding's
 
 
-def _order(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The optimizer's parameters in the order its state_dict numbers them."""
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _place(optimizer: torch.optim.Optimizer, copy: torch.Tensor) -> int:
-    return [id(p) for p in _order(optimizer)].index(id(copy))
+def _place(optimizer: torch.optim.Optimizer, copy: torch.Tensor) -> tuple[int, int]:
+    """(the copy's index, the parameter count) in the numbering of the optimizer's state_dict
+    (its groups' parameters in turn)."""
+    ids = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    return ids.index(id(copy)), len(ids)
 
 
 def _outer_region(unit) -> slice:
@@ -42,8 +40,8 @@ def shared_head(state: dict, unit) -> dict:
     sd, optimizer = state["optim"], unit.optimizer
     if sd is None or optimizer is None:
         return out
-    k = _place(optimizer, unit.masters[unit.tied])
-    renumber = {i: i - (i > k) for i in range(len(_order(optimizer))) if i != k}
+    k, n = _place(optimizer, unit.masters[unit.tied])
+    renumber = {i: i - (i > k) for i in range(n) if i != k}
     groups = [{**g, "params": [renumber[i] for i in g["params"] if i != k]}
               for g in sd["param_groups"]]
     out["optim"] = {"state": {renumber[i]: v for i, v in sd["state"].items() if i != k},
@@ -64,13 +62,9 @@ def split_head(head: dict, embedding: dict, unit) -> dict:
     optimizer = unit.optimizer
     if head["optim"] is None or optimizer is None:
         return out
-    k = _place(optimizer, unit.masters[unit.tied])
-    own = iter(range(len(_order(optimizer)) - 1))  # the head's own parameters, in order
-    state = {}
-    for i in range(len(_order(optimizer))):
-        source = (embedding["optim"] or {"state": {}})["state"].get(0) if i == k \
-            else head["optim"]["state"].get(next(own))
-        if source is not None:
-            state[i] = source
+    k, n = _place(optimizer, unit.masters[unit.tied])
+    sources = [head["optim"]["state"].get(j) for j in range(n - 1)]  # the head's own, in order
+    sources.insert(k, (embedding["optim"] or {"state": {}})["state"].get(0))
+    state = {i: source for i, source in enumerate(sources) if source is not None}
     out["optim"] = {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
     return out

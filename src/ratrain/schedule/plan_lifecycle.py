@@ -9,7 +9,7 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ops import Op
 from ratrain.schedule.plan_rules import (UPDATES, check_carried_update, check_device_units,
                                          check_hybrid, check_sharding)
-from ratrain.schedule.tied_sync import check_tied, tied_ends
+from ratrain.schedule.tied_sync import check_tied
 
 
 def check_lifecycle(plan) -> None:
@@ -31,7 +31,7 @@ def check_lifecycle(plan) -> None:
     check_tied(plan.tie_embeddings, plan.pp, plan.shard_state, plan.sync)
     tied = {s for s, program in enumerate(plan.programs)
             if any(a.op is Op.TIED_SYNC for a in program)}
-    if tied != set(tied_ends(plan.stage_units, plan.tie_embeddings)):
+    if tied != set(plan.tied_ends):
         raise ScheduleError(f"tie_embeddings {plan.tie_embeddings} over {plan.pp} stages, but "
                             f"the programs of stages {sorted(tied)} sum a tied weight's "
                             f"gradient (TS)")

@@ -29,10 +29,8 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
                         f"replicas fall on devices of different groups; every stage must be on one")
     hops, rings, pipeline = stage_links(plan.pp, plan.dp, plan.rank_order, profile)
     unit_activation = plan.unit_activation
-    tied = None
-    if plan.tied_ends:  # the head's copy is a weight of its own, as an untied model's head
-        model = replace(model, tie_embeddings=False)
-        tied = tied_link(plan.pp, plan.dp, plan.rank_order, profile)
+    model = state_model(model, plan.pp)
+    tied = tied_link(plan.pp, plan.dp, plan.rank_order, profile) if plan.tied_ends else None
     setups = []
     for s, (units, program) in enumerate(zip(plan.stage_units, plan.programs)):
         setups.append(StageSetup(
@@ -61,11 +59,8 @@ def hybrid_links(stage: int, pp: int, dp: int, rank_order: str, shard_group: int
     if shard_group is None:
         return {}
     ranks = RankGrid(pp, dp, rank_order).replica_ranks(stage)
-
-    def link(group):
-        return profile.link(len({r // profile.devices_per_node for r in group}) == 1).collective
-
-    return {"shard_ring": link(ranks[:shard_group]), "cross_ring": link(ranks[::shard_group])}
+    return {"shard_ring": _link(profile, ranks[:shard_group]).collective,
+            "cross_ring": _link(profile, ranks[::shard_group]).collective}
 
 
 def stage_groups(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> list[int] | None:
@@ -91,18 +86,25 @@ def stage_links(pp: int, dp: int, rank_order: str,
     per hop), each stage's replicas' ring, and one replica's pipeline ring (collectives); each
     the profile's intra-node link where its ranks share a node, else its inter-node one."""
     grid = RankGrid(pp, dp, rank_order)
-
-    def link(ranks):
-        return profile.link(len({r // profile.devices_per_node for r in ranks}) == 1)
-
-    hops = [link([grid.rank(s, 0), grid.rank(s + 1, 0)]).p2p for s in range(pp - 1)]
-    rings = [link(grid.replica_ranks(s)).collective for s in range(pp)]
-    return hops, rings, link(grid.pipeline_ranks(0)).collective
+    hops = [_link(profile, [grid.rank(s, 0), grid.rank(s + 1, 0)]).p2p for s in range(pp - 1)]
+    rings = [_link(profile, grid.replica_ranks(s)).collective for s in range(pp)]
+    return hops, rings, _link(profile, grid.pipeline_ranks(0)).collective
 
 
 def tied_link(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> Link:
     """The ring of replica 0's first and last stage (tied embeddings across stages)."""
     grid = RankGrid(pp, dp, rank_order)
-    ends = {grid.rank(0, 0) // profile.devices_per_node,
-            grid.rank(pp - 1, 0) // profile.devices_per_node}
-    return profile.link(len(ends) == 1).collective
+    return _link(profile, [grid.rank(0, 0), grid.rank(pp - 1, 0)]).collective
+
+
+def _link(profile: HardwareProfile, ranks):
+    """The profile's links among `ranks`: its intra-node ones where they share a node, else
+    its inter-node ones."""
+    return profile.link(len({r // profile.devices_per_node for r in ranks}) == 1)
+
+
+def state_model(model: ModelConfig, pp: int) -> ModelConfig:
+    """The model as a layout of `pp` stages holds its units' parameters: with tied embeddings
+    across stages the head keeps a copy of the weight (schedule/tied_sync.py), as an untied
+    head holds its own."""
+    return replace(model, tie_embeddings=False) if model.tie_embeddings and pp > 1 else model

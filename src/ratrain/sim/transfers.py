@@ -44,9 +44,7 @@ class Transfers:
         start = max(self.now, self.send_free[src], self.recv_free[dst])
         end = start + seconds
         self.send_free[src] = self.recv_free[dst] = end
-        for stage, side, _ in sides:
-            side.start, side.done = start, end
-            self._at(end, self._complete, stage, side)
+        self._run(sides, start, end)
         self._occupy(start, end, src, dst)
 
     def _pair(self, s: int, op: InFlight, seconds: float) -> None:
@@ -62,10 +60,14 @@ class Transfers:
                     self.recv_free[b])
         end = self.send_free[a] = self.recv_free[a] = self.send_free[b] = self.recv_free[b] = \
             start + seconds
+        self._run(sides, start, end)
+        self._occupy(start, end, a, b)
+
+    def _run(self, sides: list, start: float, end: float) -> None:
+        """Both sides of a transfer or a pair's collective run from `start` to `end`."""
         for stage, side, _ in sides:
             side.start, side.done = start, end
             self._at(end, self._complete, stage, side)
-        self._occupy(start, end, a, b)
 
     def _occupy(self, start: float, end: float, s: int, peer: int | None = None) -> None:
         """Communication within one node is work of its cores (sim/shared_cores.py): stage s's
