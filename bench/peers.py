@@ -59,8 +59,9 @@ def machine() -> dict:
                 model = line.split(":", 1)[1].strip()
     except OSError:
         pass
+    gpu = {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
     return {"nproc": os.cpu_count(), "cpu": model, "machine": platform.machine(),
-            "torch": torch.__version__, "python": platform.python_version()}
+            "torch": torch.__version__, "python": platform.python_version(), **gpu}
 
 
 def tokens_per_s(step_times_s: list[float], tokens_per_step: int) -> float:

@@ -11,7 +11,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export RATRAIN_CACHE=${RATRAIN_CACHE:-/tmp/ratrain_cache}
 BLOCKS=${BLOCKS:-4}
-# which of the checks below run (7b_host: that run alone; device, offload, offload32: not by default)
+# which of the checks below run (7b_host: that run alone; device, offload, offload32, ckpt: not
+# by default)
 SECTIONS=${SECTIONS:-"tests cli 7b learn profile"}
 LOG=$OUT/log.txt
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -34,9 +35,10 @@ import random; r = random.Random(0); w = 'the quick brown fox jumps over lazy do
 open('$text', 'w').write('\n'.join(' '.join(r.choice(w) for _ in range(12)) for _ in range(60000)))"
 
 run() {  # name, where to, timeout, flags: a run's summary to where/name.json, its stderr's tail to the log
+  # (no checkpoints: a 4-block run's is 13 GB, and the machine's disk is 64 GiB; ckpt measures them)
   local name=$1 to=$2 limit=$3; shift 3
   SECONDS=0
-  timeout "$limit" $PY -m ratrain.cli train --data "$text" --no-report --no-progress \
+  timeout "$limit" $PY -m ratrain.cli train --data "$text" --no-report --no-progress --no-checkpoints \
     --run-dir "/tmp/$name" --json "$@" > "$to/$name.json" 2> "/tmp/$name.err"
   echo "== $name rc=$? in ${SECONDS}s" >> "$LOG"; tail -8 "/tmp/$name.err" >> "$LOG"
   $PY -c "import json, sys; s = json.load(open(sys.argv[1])); print({k: s.get(k) for k in
@@ -119,4 +121,27 @@ B=${OFFLOAD_BATCH:-16}
 wants offload32 && offload "gpu_offload_32blocks_b$B" 580 --steps 4 --global-batch "$B" \
   --plan-profile bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml \
   --peer-micro-batch-sizes "$( ((B >= 4)) && echo 4,2,1 || echo 1)"
+# A checkpoint saved while training goes on, and resumed (bench/checkpoint_save.py): llama2-7b's
+# dimensions with as many blocks as two checkpoints of 12 bytes a parameter leave 10% of
+# $CKPT_DIR's disk free (the mid-run one stays until the end's is complete), host-homed state as
+# the 7B runs above, one micro-batch of 4 sequences of 4096 a step; one save at step $CKPT_EVERY in the background,
+# then the run resumed from it with its losses compared. Not by default; ~2-3 min.
+if wants ckpt; then
+CKPT_DIR=${CKPT_DIR:-/tmp}
+free=$(df -B1 --output=avail "$CKPT_DIR" | tail -1)
+ckpt_blocks=$(( (free * 9 / 10 / 24 - 262148096) / 202383360 ))
+ckpt_blocks=$(( ckpt_blocks > 32 ? 32 : ckpt_blocks ))
+echo "== ckpt: $free bytes free in $CKPT_DIR: $ckpt_blocks blocks" >> "$LOG"
+if (( ckpt_blocks >= 1 )); then
+sed -e "s/n_layers: $BLOCKS,/n_layers: $ckpt_blocks,/" -e "s/${BLOCKS}blocks/${ckpt_blocks}blocks/" \
+  /tmp/llama7b_blocks.yaml > /tmp/llama7b_ckpt.yaml
+SECONDS=0
+E=${CKPT_EVERY:-24}
+timeout 400 $PY bench/checkpoint_save.py --config /tmp/llama7b_ckpt.yaml --global-batch 4 \
+  --steps $((2 * E)) --every "$E" --rounds 1 --modes async --resume-check --dir "$CKPT_DIR" \
+  --train-args "--state-home host --activation recompute --view-window 1" \
+  --out "$OUT/checkpoint_save.json" > "$OUT/checkpoint_save.txt" 2>&1
+echo "== ckpt rc=$? in ${SECONDS}s" >> "$LOG"; tail -5 "$OUT/checkpoint_save.txt" >> "$LOG"
+fi
+fi
 ls -la "$OUT" >> "$LOG"
