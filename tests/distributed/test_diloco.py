@@ -1,14 +1,19 @@
 """Low-communication training (--sync diloco): multi-process gloo runs compute the run of the
 single-process reference (training/diloco_reference.py: the replicas in turn, plain LocalEngines,
-the outer step written apart), streaming on and off, pp in {1, 2}, dp in {2, 4}; and a resumed
-run continues exactly."""
+the outer step written apart), streaming on and off, pp in {1, 2}, dp in {2, 4}, state on the
+device and in host memory (its outer sync over a gloo group of its own, as on GPUs); and a
+resumed run continues exactly."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from ratrain import checkpoint
 from ratrain.runtime.launch import launch_local
@@ -23,9 +28,10 @@ pytestmark = pytest.mark.dist
 STEPS = 8
 
 
-def _config(corpus, pp, dp, sync, steps=STEPS):
+def _config(corpus, pp, dp, sync, steps=STEPS, state_home="device"):
     cfg = micro_config(*corpus, steps=steps)
     cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = pp, dp, sync
+    cfg.parallel.state_home = state_home
     cfg.train.eval_batches = 0  # each replica would evaluate its own local weights
     return cfg
 
@@ -35,13 +41,46 @@ def _single_thread_reference(cfg):
         return run_reference(cfg)
 
 
-@pytest.mark.parametrize("pp, dp, sync", [
-    (1, 2, "diloco:2"), (2, 2, "diloco:4:2"), (1, 4, "diloco:3:3"), (2, 4, "diloco:2"),
+def _recording_outer_groups(cfg, run_dir: str) -> None:
+    """rank_main, writing down for each outer all-reduce whether it went over the stage's gloo
+    group for host memory (Groups.host_replicas), not the replicas' group."""
+    from ratrain.runtime import outer_sync
+    from ratrain.training import run as run_module
+
+    made, seen = {}, []
+    real_init = run_module.init_groups
+
+    def init_groups(*args, **kwargs):
+        made["groups"] = real_init(*args, **kwargs)
+        return made["groups"]
+
+    class Dist:  # outer_sync's torch.distributed, its all-reduces written down
+        def __getattr__(self, name):
+            return getattr(dist, name)
+
+        def all_reduce(self, tensor, group=None, **kwargs):
+            g = made["groups"]
+            seen.append(group is g.host_replicas and group is not g.replicas
+                        and dist.get_backend(group) == "gloo")
+            return dist.all_reduce(tensor, group=group, **kwargs)
+
+    run_module.init_groups, outer_sync.dist = init_groups, Dist()
+    rank_main(cfg, run_dir, None, False, False)
+    Path(run_dir, f"outer_groups_{os.environ['RANK']}.json").write_text(json.dumps(seen))
+
+
+@pytest.mark.parametrize("pp, dp, sync, state_home", [
+    (1, 2, "diloco:2", "device"), (2, 2, "diloco:4:2", "device"), (1, 4, "diloco:3:3", "device"),
+    (2, 4, "diloco:2", "device"), (2, 2, "diloco:4:2", "host"),
 ])
-def test_diloco_matches_the_single_process_reference(pp, dp, sync, corpus, tmp_path):
-    cfg = _config(corpus, pp, dp, sync)
-    launch_local(pp * dp, rank_main, (cfg, str(tmp_path), None, False, False),
+def test_diloco_matches_the_single_process_reference(pp, dp, sync, state_home, corpus, tmp_path):
+    cfg = _config(corpus, pp, dp, sync, state_home=state_home)
+    launch_local(pp * dp, _recording_outer_groups, (cfg, str(tmp_path)),
                  error_dir=tmp_path / "errors")
+    for rank in range(pp * dp):
+        over_host_group = json.loads((tmp_path / f"outer_groups_{rank}.json").read_text())
+        assert len(over_host_group) >= 2  # (a unit per stage at least, synced twice)
+        assert set(over_host_group) == {state_home == "host"}, (rank, over_host_group)
     ref = _single_thread_reference(cfg)
 
     loss = torch.tensor([r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")],

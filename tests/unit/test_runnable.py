@@ -87,6 +87,11 @@ def test_what_can_run_is_not_refused():
     assert can(world=4)
     assert can(tie_embeddings=True, pp=1, dp=4, view_window=1, state_home="host")
     assert can(tie_embeddings=True, view_window=1, state_home="host")  # across the 2 stages
+    # host state over replicas on GPUs: DiLoCo's outer sync runs over gloo; the sum every step
+    # of a gradient in host memory is NCCL's, which cannot
+    for sync in ("diloco:4", "diloco:4:2:bf16"):
+        assert can(state_home="host", host_is_separate=True, sync=sync)
+    assert not can(state_home="host", host_is_separate=True, sync="step")
 
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

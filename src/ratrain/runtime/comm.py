@@ -26,6 +26,11 @@ class Comm:
     def wait(self, work, when: str, action: str, peer: str) -> None:
         raise NotImplementedError
 
+    def wait_host(self, work, when: str, action: str, peer: str) -> None:
+        """Wait for work of a gloo group on any backend (Groups.host_replicas): the host waits,
+        with the deadline, as gloo's work needs whatever the run's backend."""
+        timed_comm.wait(work, self.timeout_s, when, action, peer)
+
     def replica_peers(self) -> str:
         """The stage's other replicas, for a failed wait's message."""
         g = self.groups
@@ -45,8 +50,7 @@ class Comm:
 
 
 class GlooComm(Comm):
-    def wait(self, work, when: str, action: str, peer: str) -> None:
-        timed_comm.wait(work, self.timeout_s, when, action, peer)
+    wait = Comm.wait_host
 
 
 class NcclComm(Comm):

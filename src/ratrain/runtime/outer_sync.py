@@ -75,16 +75,19 @@ class OuterStates:
 
 
 def start(ex, st: StepState, a: Action):
-    """OS u: the unit's outer delta, summed over the stage's replicas in place."""
+    """OS u: the unit's outer delta, summed over the stage's replicas in place (a delta in
+    host memory over the stage's gloo group, Groups.outer_group)."""
     delta = ex.outer.units[a.unit].delta(ex.outer.delta_dtype)
-    work = dist.all_reduce(delta, group=ex.groups.replicas, async_op=True)
-    st.pending[a] = (work, delta)
+    group = ex.groups.outer_group(delta)
+    work = dist.all_reduce(delta, group=group, async_op=True)
+    st.pending[a] = (work, delta, group is ex.groups.host_replicas)
     st.bind(outer_delta=[delta])
     return work
 
 
 def wait(ex, st: StepState, a: Action) -> None:
     """WOS u: the sum waited for under the comm's deadline, then the outer step and merge."""
-    work, summed = st.pending.pop(Action(Op.OUTER_SYNC, a.unit))
-    ex.comm.wait(work, st.when, str(a), ex.comm.replica_peers())
+    work, summed, on_host = st.pending.pop(Action(Op.OUTER_SYNC, a.unit))
+    (ex.comm.wait_host if on_host else ex.comm.wait)(work, st.when, str(a),
+                                                     ex.comm.replica_peers())
     ex.outer.units[a.unit].step(summed, ex.dp, ex.outer.cfg, ex.outer.mix)

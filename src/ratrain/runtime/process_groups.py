@@ -39,6 +39,15 @@ class Groups:
     # Tied embeddings across stages: the replica's first and last stage, which hold a copy each
     # of the tied weight (schedule/tied_sync.py); None on the other stages and without the tie.
     tied: dist.ProcessGroup | None = None
+    # The stage's replicas over gloo, for DiLoCo's outer sync of state in host memory: NCCL
+    # reduces device memory only (made on every backend, so a CPU run takes the GPU's path).
+    host_replicas: dist.ProcessGroup | None = None
+
+    def outer_group(self, delta: torch.Tensor) -> dist.ProcessGroup:
+        """The group an outer delta is summed over: the host group for one in host memory."""
+        if self.host_replicas is not None and delta.device.type == "cpu":
+            return self.host_replicas
+        return self.replicas
 
     @property
     def shard(self) -> dist.ProcessGroup:
@@ -108,7 +117,8 @@ def join_world(backend: str = "auto", timeout_s: float = 300.0) -> tuple[str, to
 
 
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
-                shard_group: int | None = None, tied: bool = False) -> Groups:
+                shard_group: int | None = None, tied: bool = False,
+                host_outer_sync: bool = False) -> Groups:
     """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
     local launcher or by torchrun) and create every pipeline and replica group. `timeout_s`
     bounds joining and every collective the backend times itself.
@@ -117,6 +127,8 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
     order and keeps its own. `shard_group`: hybrid sharding's group size (groups of that many
     neighbouring replicas of each stage, and the groups across them). `tied`: tied embeddings
     cross the stages (each replica's first and last stage get a group of their own).
+    `host_outer_sync`: DiLoCo with state in host memory (each stage's replicas get a gloo group,
+    Groups.host_replicas).
     """
     world = int(os.environ["WORLD_SIZE"])
     if world != grid.world_size:
@@ -148,6 +160,11 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
             g = dist.new_group(ends)
             if r == replica and stage in (0, grid.pp - 1):
                 groups.tied = g
+    if host_outer_sync and grid.dp > 1:
+        for s in range(grid.pp):
+            g = dist.new_group(grid.replica_ranks(s), backend="gloo")
+            if s == stage:
+                groups.host_replicas = g
     if shard_group:
         groups.shard_size = shard_group
         for s in range(grid.pp):

@@ -30,7 +30,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     `host_is_separate`: the state's host tier is not the compute device's memory (a GPU).
     `host_collectives`: the devices' collectives can reduce buffers in the host tier (not so on
     GPUs: NCCL reduces device memory only; a profile says it in `host_collectives`); None:
-    not where the host is apart, as on this runtime's GPUs. `world`: the processes already started for the
+    not where the host is apart, as on this runtime's GPUs. Without them DiLoCo still runs: its
+    outer sync of host state goes over a gloo group (runtime Groups.host_replicas). `world`: the processes already started for the
     run (torchrun's WORLD_SIZE); None where the run starts its own.
     """
     n_units = n_layers + 2
@@ -55,9 +56,11 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
         return reason
     if host_collectives is None:
         host_collectives = not host_is_separate
-    if state_home == "host" and dp > 1 and host_is_separate and not host_collectives:
+    if state_home == "host" and dp > 1 and host_is_separate and not host_collectives \
+            and sync == EVERY_STEP:
         return ("--state-home host with --dp > 1 on GPUs needs the gradient sync on the host, "
-                "which NCCL cannot do; use --state-home device")
+                "which NCCL cannot do; use --state-home device, or --sync diloco:H (its outer "
+                "sync of host state runs over gloo)")
     if state_home == "host" and tie_embeddings and pp > 1 and host_is_separate \
             and not host_collectives:
         return ("tied embeddings across pipeline stages with --state-home host on GPUs sum the "

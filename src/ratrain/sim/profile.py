@@ -88,7 +88,8 @@ class Device:
     """Host<->device copies; None where the host memory is the device's memory (a CPU)."""
     host_collectives: bool = True
     """Whether the devices' collectives can reduce buffers in the host tier; False for GPUs,
-    whose NCCL reduces device memory only (host-resident state then cannot sync over dp)."""
+    whose NCCL reduces device memory only (host-resident state then cannot sum its gradients
+    over dp every step; DiLoCo's outer sync of it runs over gloo, priced on the same link)."""
     host_memory_bytes: float | None = None
     """Host-tier memory a device may fill (state kept on the host, offloaded activations):
     its share of its node's; None: not limited (or no host tier)."""

@@ -27,6 +27,7 @@ from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
+from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import is_distributed, plan_here, prepare
@@ -93,7 +94,8 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
     if distributed:
         p = cfg.parallel
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
-                             plan.shard_group, bool(plan.tied_ends))
+                             plan.shard_group, bool(plan.tied_ends),
+                             host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
     else:
