@@ -89,3 +89,63 @@ def test_plan_offers_nothing_over_a_fast_link(monkeypatch, capsys):
     code, stdout, _ = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--profile",
                               "cpu-local", "--devices", "2", "--global-batch", "4", "--pp", "1")
     assert code == 0 and "low-communication" not in stdout
+
+
+def gpu_nodes(mbit: float):
+    """h100-80g-ib with each GPU a node of its own, joined by `mbit` Mbit/s: its NCCL cannot sum
+    host memory (host_collectives false)."""
+    link = Link(mbit * 1e6 / 8, 1e-3)
+    return dataclasses.replace(load_profile("h100-80g-ib"), name=f"h100-nodes-{mbit:g}mbit",
+                               devices_per_node=1, inter_node=LinkClass(link, link))
+
+
+def _gpu_request(global_batch: int, mbit: float = 1000):
+    from ratrain.planner.layouts import PlanRequest
+    return PlanRequest(model=MODEL, profile=gpu_nodes(mbit), devices=2,
+                       global_batch=global_batch, seq_len=256, budget=40e6, top=3)
+
+
+def test_where_state_must_live_on_the_host_of_gpus_the_option_spans_replicas_with_it():
+    """Under 40 MB tiny's state lives in host memory, so every synchronous plan is one replica
+    (NCCL would have to sum host memory every step) and the second GPU idles; DiLoCo's outer
+    sync of host state runs over gloo, so the option is that layout on both GPUs, said to run
+    only with --sync diloco, and faster than plan 1."""
+    from ratrain.planner import low_comm as planner_low_comm
+    from ratrain.planner import search
+    from ratrain.setup import rule
+
+    found = search.search(_gpu_request(32))
+    assert all(c.layout.dp == 1 and c.layout.lifecycle.state_home == "host" for c in found.best)
+    o = planner_low_comm.offer(found)
+    lay = o.candidate.layout
+    assert o.rank is None and not o.synchronous
+    assert lay.dp == 2 and lay.lifecycle.state_home == "host"
+    tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
+    assert tokens / o.low.best.mean_step_s > found.best[0].result.tokens_per_s
+    setup = dict(n_layers=MODEL.n_layers, pp=lay.pp, dp=lay.dp, global_batch=32,
+                 micro_batch_size=lay.micro_batch_size, state_home="host",
+                 view_window=lay.lifecycle.view_window, host_is_separate=True,
+                 host_collectives=False)
+    assert rule.refusal(**setup, sync=o.low.best.sync) is None
+    assert "NCCL cannot do" in rule.refusal(**setup)
+    text = planner_low_comm.describe(o)
+    assert "which runs only with --sync diloco" in text and "synchronous plan" not in text
+    assert planner_low_comm.to_dict(o)["runs_synchronously"] is False
+
+
+def test_an_option_slower_than_plan_1_is_not_offered():
+    """At 8 sequences a step the same layout on two GPUs, with its outer sync over 100 Mbit/s,
+    would run slower than plan 1 on one: changing the algorithm would buy nothing."""
+    from ratrain.planner import low_comm as planner_low_comm
+    from ratrain.planner import search
+
+    request = _gpu_request(8, mbit=100)
+    found = search.search(request)
+    more = search.search(dataclasses.replace(request, min_dp=2, outer_sync=True))
+    low = low_comm.price(more.best[0].plan, MODEL, request.profile, more.best[0].step_time,
+                         micro_batch_size=more.best[0].layout.micro_batch_size, seq_len=256,
+                         dtype="float32")
+    assert low.worth_it and low.options  # an option there was, priced against its own sync
+    tokens = more.best[0].result.tokens_per_s * more.best[0].step_time
+    assert all(tokens / x.mean_step_s < found.best[0].result.tokens_per_s for x in low.options)
+    assert planner_low_comm.offer(found) is None

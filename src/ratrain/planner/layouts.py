@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
 from ratrain.planner.lifecycle import Lifecycle
+from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SCHEDULE_NAMES
 from ratrain.schedule.weight_grads import schedules
 from ratrain.setup import rule
@@ -20,6 +21,10 @@ from ratrain.sim.profile import HardwareProfile
 DEFAULT_MARGIN = 0.10
 """Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
 caching, communication libraries' buffers."""
+
+
+ANY_OUTER_SYNC = "diloco:1"
+"""An outer sync of one fragment, for the rule: what it refuses does not depend on the period."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class PlanRequest:
     grad_lifetimes: tuple[str, ...] | None = None
     time_limit_s: float = 60.0
     min_dp: int = 1  # only layouts of at least this many replicas (the low-communication option's)
+    # layouts as an outer sync would run them (the low-communication option's): with no gradient
+    # sum every step, state in host memory may span replicas where collectives cannot reach it
+    outer_sync: bool = False
 
     def device(self, group: int = 0):
         return self.profile.for_group(group).device
@@ -196,8 +204,9 @@ def grouped(life: Lifecycle, pp: int, n_micro: int) -> list[Lifecycle]:
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
             life: Lifecycle) -> str | None:
     """Why training would refuse this layout (setup/rule.refusal: the rule `ratrain train`
-    applies), or None."""
-    return rule.refusal(
+    applies; with `request.outer_sync`, under --sync diloco, whose rule is the same at every
+    period), or None."""
+    return rule.refusal(sync=ANY_OUTER_SYNC if request.outer_sync else EVERY_STEP,
         n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
         micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
         clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,

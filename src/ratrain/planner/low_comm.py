@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ratrain.planner import search
+from ratrain.planner import layouts, search
 from ratrain.planner.candidate import Candidate
 from ratrain.sim import low_comm
 from ratrain.sim.low_comm import LowComm
@@ -21,22 +21,30 @@ class Offer:
     candidate: Candidate
     low: LowComm
     best_tokens_per_s: float  # plan 1's
+    synchronous: bool = True  # False: its layout runs only with the outer sync (host state on GPUs)
 
 
 def offer(found: search.SearchResult) -> Offer | None:
     """The option for the first listed plan that --sync diloco can run and whose per-step sync
     is worth avoiding, with the periods whose outer state (8 bytes a parameter) still fits the
-    budget; None where there is none. Where no listed plan has two replicas (over a slow link
-    the fastest synchronous plan may leave devices idle), the fastest plan that has is searched
-    for and priced."""
+    budget and that beat plan 1 (else changing the algorithm buys nothing); None where there
+    is none. Where no listed plan has two replicas (over a slow link
+    the fastest synchronous plan may leave devices idle, and on GPUs whose state must live in
+    host memory no synchronous plan can have two), the fastest plan that has is searched for
+    among the layouts the outer sync can run, and priced."""
     if not found.best:
         return None
     first = found.best[0].result.tokens_per_s
     listed = [(rank, c) for rank, c in enumerate(found.best, 1) if c.layout.dp >= 2]
     if not listed and found.request.devices >= 2:
-        more = search.search(dataclasses.replace(found.request, min_dp=2))
+        more = search.search(dataclasses.replace(found.request, min_dp=2, outer_sync=True))
         listed = [(None, c) for c in more.best]
-    return _first(found.request, listed, first)
+    made = _first(found.request, listed, first)
+    if made is not None and made.rank is None:
+        lay = made.candidate.layout
+        made.synchronous = layouts.refusal(found.request, lay.pp, lay.dp, lay.micro_batch_size,
+                                           lay.lifecycle) is None
+    return made
 
 
 def _first(request, listed: list, first: float) -> Offer | None:
@@ -49,7 +57,8 @@ def _first(request, listed: list, first: float) -> Offer | None:
         if not low.worth_it:
             return None  # the fastest plan diloco could run hides its sync: nothing to offer
         devices = [request.device(g) for g in cand.layout.groups]
-        low.options = [o for o in low.options if all(
+        tokens = cand.result.tokens_per_s * cand.step_time
+        low.options = [o for o in low.options if tokens / o.mean_step_s > first and all(
             r.device_peak + d.process_overhead(r.ledger_growth) <= request.limit_of(g)
             and r.host_peak <= request.host_limit_of(g)
             for res in o.results
@@ -61,8 +70,15 @@ def _first(request, listed: list, first: float) -> Offer | None:
 def describe(o: Offer) -> str:
     r = o.candidate.layout
     tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
-    which = (f"plan {o.rank}" if o.rank else f"the fastest synchronous plan on {r.dp} replicas "
-             f"(not listed: plan 1 runs {o.best_tokens_per_s:,.0f} tokens/s)")
+    if o.rank:
+        which = f"plan {o.rank}"
+    elif o.synchronous:
+        which = (f"the fastest synchronous plan on {r.dp} replicas (not listed: plan 1 runs "
+                 f"{o.best_tokens_per_s:,.0f} tokens/s)")
+    else:
+        which = (f"the fastest plan on {r.dp} replicas, its state in host memory, which runs "
+                 f"only with --sync diloco (NCCL cannot sum host memory every step; not listed: "
+                 f"plan 1 runs {o.best_tokens_per_s:,.0f} tokens/s)")
     return (f"low-communication option (changes the algorithm; not a plan above): {which}, "
             f"pp {r.pp} x dp {r.dp}, {r.n_micro} x {r.micro_batch_size}: "
             + low_comm.advice(o.low, round(tokens)))
@@ -71,7 +87,8 @@ def describe(o: Offer) -> str:
 def to_dict(o: Offer) -> dict:
     best = o.low.best
     tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
-    return {"changes_algorithm": True, "of_plan": o.rank, "pp": o.candidate.layout.pp,
+    return {"changes_algorithm": True, "of_plan": o.rank, "runs_synchronously": o.synchronous,
+            "pp": o.candidate.layout.pp,
             "dp": o.candidate.layout.dp, "sync": best.sync,
             "every": best.every, "fragments": best.fragments, "hidden": best.hidden,
             "step_time_s": o.low.step_s, "inner_step_time_s": o.low.inner_s,
