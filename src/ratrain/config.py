@@ -129,7 +129,7 @@ class ParallelConfig:
     update: str = "auto"  # inline (U) or carried (SU/WU: schedule/carried_updates.py); auto: setup/rule.update_for
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
-    threads_per_rank: int = 1
+    threads_per_rank: int | None = None  # local ranks' CPU threads; None: training/run.threads_per_rank
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
     plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
     comm_timeout_s: float = 300.0  # longest wait for a peer before the run ends naming it
@@ -141,7 +141,7 @@ class ParallelConfig:
         if not 0 < self.comm_timeout_s <= MAX_COMM_TIMEOUT_S:  # also NaN; inf overflows timedelta
             raise UserError(f"parallel.comm_timeout_s must be in (0, {MAX_COMM_TIMEOUT_S}] seconds, "
                             f"got {self.comm_timeout_s}")
-        if self.threads_per_rank < 1:
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
             raise UserError(f"parallel.threads_per_rank must be >= 1, got {self.threads_per_rank}")
         if self.policy not in ("ratrain", "baseline"):
             raise UserError(f"unknown policy {self.policy!r}; available: ratrain, baseline")

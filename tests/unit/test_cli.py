@@ -187,3 +187,23 @@ def test_config_file_mistakes_are_named_with_their_path(monkeypatch, capsys, tmp
 def test_yaml_3e_3_is_read_as_a_number(tmp_path):
     (tmp_path / "run.yaml").write_text("train:\n  lr: 3e-3\n")  # YAML 1.1: a string
     assert RunConfig.load(tmp_path / "run.yaml").train.lr == 3e-3
+
+
+def test_local_ranks_take_one_thread_on_cpus_and_split_the_cores_on_gpus(monkeypatch):
+    """On GPUs a rank's CPU work is host state's (AdamW, folds, norms), which one core a rank
+    cannot keep up with; on CPUs the ranks' compute shares the cores. --threads decides."""
+    import torch
+
+    from ratrain.training.run import threads_per_rank
+
+    cfg = RunConfig()
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert threads_per_rank(cfg, 4) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert threads_per_rank(cfg, 4) == 4
+    assert threads_per_rank(cfg, 32) == 1
+    cfg.parallel.backend = "gloo"  # ranks on the CPU of a GPU machine
+    assert threads_per_rank(cfg, 4) == 1
+    cfg.parallel.threads_per_rank = 3
+    assert threads_per_rank(cfg, 4) == 3

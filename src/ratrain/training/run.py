@@ -24,7 +24,7 @@ from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.errors import Interrupted
 from ratrain.runtime.launch import ask_to_stop_on_sigint, launch_local
 from ratrain.runtime.torchrun_env import under_torchrun
-from ratrain.runtime.process_groups import init_groups
+from ratrain.runtime.process_groups import init_groups, pick_backend
 from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
@@ -59,10 +59,12 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     in_this_process = under_torchrun() or world == 1
     try:
         if in_this_process:
+            if under_torchrun() and cfg.parallel.threads_per_rank:  # (else OMP_NUM_THREADS's)
+                torch.set_num_threads(cfg.parallel.threads_per_rank)
             stopped = rank_main(*args)
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
-                                   threads=cfg.parallel.threads_per_rank,
+                                   threads=threads_per_rank(cfg, world),
                                    checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
     finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
         if not under_torchrun():  # the other ranks may still be writing theirs)
@@ -74,6 +76,18 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
+
+
+def threads_per_rank(cfg: RunConfig, world: int) -> int:
+    """CPU threads of each local rank: --threads, else one where the ranks compute on the CPU
+    (they share its cores), and the cores split among them where they compute on GPUs: their
+    CPU work is then host state's (AdamW, folds, norms), bound by memory bandwidth, which one
+    core a rank cannot reach."""
+    if cfg.parallel.threads_per_rank:
+        return cfg.parallel.threads_per_rank
+    if pick_backend(cfg.parallel.backend) != "nccl":
+        return 1
+    return max(1, (os.cpu_count() or 1) // world)
 
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
