@@ -140,3 +140,60 @@ def test_the_checkpoint_fields_round_trip_through_yaml_and_json(tmp_path):
     assert RunConfig().train.checkpoints and RunConfig().train.checkpoint_async  # the defaults
     with pytest.raises(UserError, match="must name a directory"):
         RunConfig.from_dict({"train": {"checkpoint_dir": "  "}}).validate()
+
+
+def _free(monkeypatch, mib: float) -> None:
+    monkeypatch.setattr("ratrain.training.run_dir.shutil.disk_usage",
+                        lambda path: shutil._ntuple_diskusage(1 << 40, 0, int(mib * 2**20)))
+
+
+def test_the_disk_check_counts_the_checkpoints_on_disk_at_once(monkeypatch):
+    """While one is written the newest --keep-checkpoints stay: the default run (300 steps, a
+    checkpoint every 100, keep 2) has three of 39.2 MiB on disk at its third save."""
+    from ratrain.training.run_dir import check_run_dir, checkpoints_at_once
+
+    cfg = RunConfig()  # the tiny preset: 3.4M parameters, 39.2 MiB a checkpoint
+    assert checkpoints_at_once(cfg) == 3
+    _free(monkeypatch, 100)
+    with pytest.raises(UserError, match=r"100.0 MiB free, a checkpoint of .* takes about 39.2 MiB "
+                       r"and this run needs room for 3 at once .*: 117.6 MiB \(--keep-checkpoints"):
+        check_run_dir(Path("run"), cfg)
+    cfg.train.keep_checkpoints = 1  # two at once
+    check_run_dir(Path("run"), cfg)
+    cfg.train.keep_checkpoints, cfg.train.checkpoint_every = 2, 200  # saves at 200 and 300
+    assert checkpoints_at_once(cfg) == 2
+    cfg.train.checkpoint_every = 0  # only at the end
+    assert checkpoints_at_once(cfg) == 1
+    cfg.train.checkpoint_every, cfg.train.steps = 100, 600
+    assert checkpoints_at_once(cfg, start=300, existing=2) == 1  # two there, a third at a time
+    assert checkpoints_at_once(cfg, start=500, existing=1) == 1  # only the end's to come
+    assert checkpoints_at_once(cfg, start=300, existing=0) == 3  # (moved away meanwhile)
+
+
+def test_a_diloco_checkpoint_holds_every_replicas_state_and_the_outer_state(monkeypatch):
+    from ratrain.training.run_dir import check_run_dir, checkpoint_bytes
+
+    cfg = RunConfig()
+    cfg.train.checkpoint_every = 0
+    one = checkpoint_bytes(cfg)
+    cfg.parallel.dp, cfg.parallel.sync = 4, "diloco:50"
+    assert checkpoint_bytes(cfg) == 4 * one + one * 8 // 12
+    _free(monkeypatch, 2 * one / 2**20)
+    with pytest.raises(UserError, match=r"every replica's weights and AdamW state, and the "
+                       r"outer state\) takes about 183.0 MiB \(--checkpoint-dir"):
+        check_run_dir(Path("run"), cfg)
+
+
+def test_a_resumed_run_counts_the_checkpoints_its_directory_holds(monkeypatch, capsys, tmp_path):
+    cfg = str(_config(tmp_path, keep_checkpoints=2))
+    code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run")
+    assert code == 0, err  # checkpoints at 2 and 4, 17.7 MiB each
+    size = RunConfig.load(tmp_path / "run" / "config.yaml")
+    from ratrain.training.run_dir import checkpoint_bytes
+
+    each = checkpoint_bytes(size) / 2**20
+    _free(monkeypatch, 1.5 * each)  # to step 8: one more at a time beside the two there
+    code, err = _train(monkeypatch, capsys, "--resume", "run", "--steps", "8")
+    assert code == 0, err
+    _free(monkeypatch, 0.5 * each)
+    _refused(monkeypatch, capsys, "not enough disk space", "--resume", "run", "--steps", "12")
