@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
+from ratrain.config import RunConfig
+from ratrain.data.corpus import stdlib_files
 from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
 from ratrain.sim import low_comm
@@ -19,6 +22,14 @@ from .cli_runner import run_cli
 
 MODEL = get_preset("tiny")
 SHAPE = {"micro_batch_size": 2, "seq_len": 256, "dtype": "float32"}
+
+
+def _text(tmp_path):
+    """A small corpus (a stdlib file) for the runs of these tests."""
+    data = tmp_path / "text"
+    data.mkdir(exist_ok=True)
+    shutil.copy(next(f for f in stdlib_files() if f.name == "textwrap.py"), data)
+    return data
 
 
 def two_nodes(mbit: float):
@@ -76,6 +87,25 @@ def test_plan_offers_it_beside_the_plans_marked_and_never_writes_it(monkeypatch,
     # over this link the fastest synchronous plan is one replica: the option says which it is of
     assert "not listed: plan 1 runs" in offer[0]
     assert "sync" not in json.loads(out.read_text())
+    # beside it, the option as a plan file of its own, which training runs as it is
+    offered = json.loads((tmp_path / "plan.diloco.json").read_text())
+    sync = offered["sync"]
+    assert sync.startswith("diloco:") and offered["run"]["parallel"]["sync"] == sync
+    assert offered["dp"] == 2 and offered["prediction"]["changes_algorithm"] is True
+    assert f"wrote {tmp_path / 'plan.diloco.json'}: the low-communication option" in stdout
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", "plan.diloco.json", "--steps",
+                           "2", "--data", str(_text(tmp_path)), "--no-progress", "--no-report",
+                           "--run-dir", "run")
+    assert code == 0, err
+    assert RunConfig.load(tmp_path / "run" / "config.yaml").parallel.sync == sync
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["sync"] == sync
+    # the synchronous plan with --sync: refused, not run as the plan says under another name
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(out), "--sync", sync,
+                           "--no-progress")
+    assert code == 2 and f"does not fit this run: sync=step (run has {sync})" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--sync", "diloco:5")
+    assert code == 2 and "--sync is not searched" in err, err
     code, stdout, _ = run_cli(monkeypatch, capsys, *args, "--json")
     summary = json.loads(stdout)
     option = summary["low_communication"]

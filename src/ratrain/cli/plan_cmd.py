@@ -11,6 +11,7 @@ from ratrain.cli.format import range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options
 from ratrain.errors import UserError
+from ratrain.schedule.outer_sync import EVERY_STEP
 
 
 @cli.command()
@@ -81,6 +82,10 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         if opts.get(flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
                             f"of a search (--profile/--devices/--memory-budget)")
+    if opts.get("sync") not in (None, EVERY_STEP):
+        raise UserError("--sync is not searched: the planner ranks synchronous plans and, where "
+                        "the link is too slow for a sync every step, offers --sync diloco below "
+                        "them (with --out FILE, written to FILE's .diloco.json); leave it out")
     if not opts.get("micro_batch_size"):  # the search picks it; 1 divides any batch
         cfg.train.micro_batch_size = 1
     cfg.validate()
@@ -133,6 +138,9 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,
         seq_len=t.seq_len, dtype=t.dtype).step_time)
     offer = low_comm.offer(found)  # a link too slow for per-step sync: what --sync diloco buys
+    offered = Path(out).with_suffix(".diloco.json") if out else None
+    if offered and offer:
+        offered.write_text(json.dumps(low_comm.plan_file_of(offer, cfg, request), indent=2))
     if as_json:
         summary = plan_file.summary(found)
         if edges:
@@ -140,6 +148,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
             summary["unstable_figures"] = unstable_figures(hw)
         if offer:
             summary["low_communication"] = low_comm.to_dict(offer)
+            if offered:
+                summary["low_communication"]["plan_file"] = str(offered)
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_heading(found))
@@ -152,6 +162,9 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         click.echo(low_comm.describe(offer))
     if out:
         click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
+    if out and offer:
+        click.echo(f"wrote {offered}: the low-communication option (it changes the algorithm): "
+                   f"`ratrain train --plan {offered}`")
 
 
 def _heading(found) -> str:

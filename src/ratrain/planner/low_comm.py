@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ratrain.planner import layouts, search
+from ratrain.planner import layouts, plan_file, search
 from ratrain.planner.candidate import Candidate
 from ratrain.sim import low_comm
 from ratrain.sim.low_comm import LowComm
@@ -82,6 +82,20 @@ def describe(o: Offer) -> str:
     return (f"low-communication option (changes the algorithm; not a plan above): {which}, "
             f"pp {r.pp} x dp {r.dp}, {r.n_micro} x {r.micro_batch_size}: "
             + low_comm.advice(o.low, round(tokens)))
+
+
+def plan_file_of(o: Offer, cfg, request) -> dict:
+    """What `ratrain plan --out FILE` writes beside FILE for the option (FILE's .diloco.json):
+    its plan with the outer sync of the best period, and the settings and prediction it is for;
+    `ratrain train --plan` runs it as it runs any plan file."""
+    best = o.low.best
+    data = plan_file.to_dict(dataclasses.replace(
+        o.candidate, plan=low_comm.diloco_plan(o.candidate.plan, best.sync)), cfg, request)
+    data["run"]["parallel"]["sync"] = best.sync
+    tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
+    data["prediction"].update(step_time_s=best.mean_step_s, tokens_per_s=tokens / best.mean_step_s,
+                              inner_step_time_s=o.low.inner_s, changes_algorithm=True)
+    return data
 
 
 def to_dict(o: Offer) -> dict:

@@ -9,12 +9,6 @@ from ratrain.config import RunConfig
 from ratrain.planner.candidate import Candidate
 from ratrain.planner.search import SearchResult
 
-RUN_KEYS = {"train": ("seq_len", "global_batch", "micro_batch_size", "dtype"),
-            "parallel": ("pp", "dp", "policy", "rank_order", "state_home", "view_window",
-                         "shard_state", "grad_lifetime", "shard_group", "schedule", "weight_grad",
-                         "micro_batch_group")}
-
-
 def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
     """The model and the training settings the plan is for, resolved: `ratrain train --plan`
     takes them where no flag says otherwise."""

@@ -45,7 +45,7 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
             "n_layers": cfg.model.n_layers, "rank_order": cfg.parallel.rank_order,
             "policy": cfg.parallel.policy, "shard_state": cfg.parallel.shard_state,
             "grad_lifetime": cfg.parallel.grad_lifetime, "shard_group": cfg.parallel.shard_group,
-            "schedule": cfg.parallel.schedule,
+            "schedule": cfg.parallel.schedule, "sync": cfg.parallel.sync,
             "micro_batch_group": cfg.parallel.micro_batch_group or plan.micro_batch_group,
             "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
     # a window releases views (a tied head needs the embedding's kept); across stages the
