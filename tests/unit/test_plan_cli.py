@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .cli_runner import run_cli
 
 SEARCH = ("plan", "--model", "tiny", "--profile", "cpu-local", "--devices", "2")
@@ -75,6 +77,23 @@ def test_a_planned_run_refuses_a_flag_it_was_not_made_for(monkeypatch, capsys, t
     code, _, stderr = run_cli(monkeypatch, capsys, "train", "--plan", str(out), "--model",
                               "tiny-gqa", "--run-dir", str(tmp_path / "run"))
     assert code == 2 and "was made for model tiny" in stderr
+
+
+@pytest.mark.parametrize("flag, needle", [
+    (("--activation", "recompute"), "chooses the activations unit by unit"),
+    (("--device-units", "1"), "keeps no unit's state on the device"),
+    (("--update", "carried"), "updates inline"),
+    (("--sync", "diloco:2"), "does not fit this run: sync=step (run has diloco:2)"),
+])
+def test_a_planned_run_refuses_a_flag_its_programs_decide(monkeypatch, capsys, tmp_path, flag,
+                                                          needle):
+    """Such a run used to go as the plan said while its config.yaml recorded the flag."""
+    out = tmp_path / "plan.json"
+    assert run_cli(monkeypatch, capsys, *SEARCH, "--out", str(out))[0] == 0
+    code, _, stderr = run_cli(monkeypatch, capsys, "train", "--plan", str(out), *flag,
+                              "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and needle in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_sharded_plan_says_so_in_the_table_the_json_and_the_plan_file(monkeypatch, capsys, tmp_path):

@@ -152,9 +152,28 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
         value = layout.get(key)
         if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
             setattr(cfg.parallel, key, value)  # else the plan's checks report the clash
+    _refuse_what_the_programs_hold(layout, plan_file, opts)
     if "run" in layout:
         _use_run_settings(cfg, layout["run"], plan_file, opts)
     return layout
+
+
+def _refuse_what_the_programs_hold(layout: dict, plan_file: str, opts: dict) -> None:
+    """Flags a plan's programs decide, which a run cannot change without another plan; once
+    they ran as the plan said while the run's config recorded the flag."""
+    du = opts.get("device_units")
+    given = {"activation": opts.get("activation") is not None,
+             "device_units": du is not None and (du != 0 or bool(layout.get("device_units"))),
+             "update": opts.get("update") not in (None, "auto", layout.get("update", "inline"))}
+    kept = ", ".join(map(str, layout.get("device_units") or []))
+    what = {"activation": "chooses the activations unit by unit",
+            "device_units": (f"keeps units {kept}" if kept else "keeps no unit's") +
+                            " state on the device",
+            "update": f"updates {layout.get('update', 'inline')}"}
+    for key, is_given in given.items():
+        if is_given:
+            raise UserError(f"--{key.replace('_', '-')} is the plan's: {plan_file} {what[key]}; "
+                            "leave the flag out or make a new plan")
 
 
 def _use_run_settings(cfg: RunConfig, run, plan_file: str, opts: dict) -> None:
