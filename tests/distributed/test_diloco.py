@@ -131,3 +131,40 @@ def test_diloco_resumes_exactly(corpus, tmp_path):
     assert sorted(got) == list(range(1, 7))
     for step in range(4, 7):  # the same plan: the same arithmetic
         assert got[step] == want[step], (step, got[step], want[step])
+
+
+def test_export_takes_the_outer_parameters_or_a_replicas_own(corpus, tmp_path, monkeypatch,
+                                                            capsys):
+    """Mid-period (diloco:3, 4 steps) the replicas' local weights differ; the model a DiLoCo
+    run exports is its outer parameters, a replica's own only when asked."""
+    from ratrain.models.hf import load_hf_weights
+    from ratrain.models.llama import build_units
+
+    from ..unit.cli_runner import run_cli
+
+    cfg = _config(corpus, 1, 2, "diloco:3", steps=4)
+    train(cfg, tmp_path / "run", progress=False, trace=False)
+    ckpt = checkpoint.latest(tmp_path / "run")
+
+    def exported(*flags) -> list:
+        out = tmp_path / f"hf{'_'.join(flags)}"
+        code, stdout, err = run_cli(monkeypatch, capsys, "export", str(tmp_path / "run"),
+                                    "--out", str(out), *flags)
+        assert code == 0, err
+        units = build_units(cfg.model, 123)
+        load_hf_weights(units, cfg.model, out)
+        return [torch.cat([p.detach().reshape(-1) for p in u.parameters()]) for u in units]
+
+    outer = [checkpoint.load_units(ckpt, [u], "cpu")[u]["outer"]["params"]
+             for u in range(cfg.model.n_units)]
+    assert all(torch.equal(a, b) for a, b in zip(exported(), outer))
+    names = [[n for n, _ in u.named_parameters()] for u in build_units(cfg.model, 0)]
+    for replica in (0, 1):
+        states = checkpoint.load_units(ckpt, range(cfg.model.n_units), "cpu", replica)
+        own = [torch.cat([states[u]["weights"][n].reshape(-1) for n in names[u]])
+               for u in range(cfg.model.n_units)]
+        assert all(torch.equal(a, b) for a, b in zip(exported("--replica", str(replica)), own))
+    assert not torch.equal(own[1], outer[1])  # (one step after the sync: apart)
+    code, _, err = run_cli(monkeypatch, capsys, "export", str(tmp_path / "run"), "--out",
+                           str(tmp_path / "x"), "--replica", "2")
+    assert code == 2 and "has replicas 0-1" in err

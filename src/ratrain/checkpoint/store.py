@@ -93,3 +93,16 @@ def read_unit(ckpt: Path, unit: int, files: dict, device: torch.device,
     if outer_file(unit) in files:  # --sync diloco's; `replica` (its own local state, or 0's)
         outer = torch.load(ckpt / outer_file(unit), map_location=device, weights_only=True)
     return {"weights": weights, "optim": optim, "outer": outer}
+
+
+def outer_weights(module: torch.nn.Module, state: dict) -> dict[str, torch.Tensor]:
+    """A unit's weights with its --sync diloco outer parameters in place of a replica's local
+    ones: the outer file holds them flat, in the order of the module's parameters."""
+    weights = dict(state["weights"])
+    flat, at = state["outer"]["params"], 0
+    for name, p in module.named_parameters():
+        weights[name] = flat[at:at + p.numel()].view_as(p).clone()
+        at += p.numel()
+    if at != flat.numel():
+        raise ValueError(f"the outer parameters hold {flat.numel()} values, the unit {at}")
+    return weights

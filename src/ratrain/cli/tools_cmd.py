@@ -10,6 +10,7 @@ import click
 from ratrain.cli.format import fmt_bytes, fmt_count, table
 from ratrain.cli.group import cli
 from ratrain.config import RunConfig
+from ratrain.errors import UserError
 
 
 @cli.command()
@@ -58,22 +59,38 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
 @cli.command()
 @click.argument("run_dir", type=click.Path())
 @click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
-def export(run_dir: str, out: str) -> None:
-    """Export a run's newest checkpoint that verifies as a Hugging Face model directory."""
+@click.option("--replica", type=int, help="--sync diloco runs: this replica's own weights instead of the outer parameters (the replicas' last outer sync).")
+def export(run_dir: str, out: str, replica: int | None) -> None:
+    """Export a run's newest checkpoint that verifies as a Hugging Face model directory; of a
+    --sync diloco run, its outer parameters (--replica R: that replica's own weights)."""
     import torch
 
     from ratrain import checkpoint
+    from ratrain.checkpoint.store import outer_weights
     from ratrain.models.hf import save_hf
     from ratrain.models.llama import build_units
+    from ratrain.schedule.outer_sync import EVERY_STEP
     from ratrain.training.run_dir import resume_point
 
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
+    diloco = cfg.parallel.sync != EVERY_STEP and cfg.parallel.dp > 1
+    if replica is not None and not (diloco and 0 <= replica < cfg.parallel.dp):
+        raise UserError(f"--replica {replica}: {run_dir} has " + (
+            f"replicas 0-{cfg.parallel.dp - 1}" if diloco else
+            "one set of weights (only --sync diloco's replicas keep their own)"))
     units = build_units(cfg.model, cfg.train.seed)
-    for u, state in checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu")).items():
-        units[u].load_state_dict(state["weights"])
+    states = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"),
+                                   replica or 0)
+    outer = diloco and replica is None
+    for u, state in states.items():
+        with_outer = outer and state["outer"] is not None
+        units[u].load_state_dict(outer_weights(units[u], state) if with_outer else state["weights"])
     save_hf(units, cfg.model, out)
-    click.echo(f"exported {ckpt.name} of {run_dir} to {out}")
+    what = (" (the outer parameters: the replicas' last outer sync; --replica R exports a "
+            "replica's own weights)" if outer else f" (replica {replica}'s own weights)"
+            if replica is not None else "")
+    click.echo(f"exported {ckpt.name} of {run_dir} to {out}{what}")
 
 
 @cli.command()
