@@ -207,3 +207,20 @@ def test_local_ranks_take_one_thread_on_cpus_and_split_the_cores_on_gpus(monkeyp
     assert threads_per_rank(cfg, 4) == 1
     cfg.parallel.threads_per_rank = 3
     assert threads_per_rank(cfg, 4) == 3
+
+
+def test_resuming_refuses_a_changed_setting_but_not_the_same_one_repeated(monkeypatch, capsys,
+                                                                         tmp_path):
+    """A job's command line, repeated with --resume, names the run's own settings again."""
+    (tmp_path / "run").mkdir()
+    RunConfig().save(tmp_path / "run" / "config.yaml")  # seq_len 256, micro-batches of 2
+    resume = ("train", "--resume", str(tmp_path / "run"), "--no-progress")
+    code, _, err = run_cli(monkeypatch, capsys, *resume, "--seq-len", "256",
+                           "--micro-batch-size", "2")
+    assert code == 2 and "cannot change" not in err and "no checkpoint" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, *resume, "--seq-len", "128",
+                           "--micro-batch-size", "2")
+    assert code == 2 and err.strip() == ("error: cannot change --seq-len (256 -> 128) when "
+                                         "resuming; start a new run instead"), err
+    code, _, err = run_cli(monkeypatch, capsys, *resume, "--model", "tiny")
+    assert code == 2 and "cannot change --model when resuming" in err, err

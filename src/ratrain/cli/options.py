@@ -101,13 +101,19 @@ def config_options(fn):
 def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
     """The run config: a resumed run's, a --config file's or the default, then the flags given."""
     if resume_dir:
-        given = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None]
-        if given:
-            names = ", ".join("--" + g.removesuffix("_file").replace("_", "-") for g in given)
-            raise UserError(f"cannot change {names} when resuming; start a new run instead")
         if not (Path(resume_dir) / "config.yaml").is_file():
             raise UserError(f"{resume_dir} is not a ratrain run directory (no config.yaml)")
         cfg = RunConfig.load(Path(resume_dir) / "config.yaml")
+        # a flag repeating the run's own value is no change (a job's command line, repeated)
+        saved = {k: getattr(getattr(cfg, _FIELDS[k]), _RENAMED.get(k, k)) for k in _FIXED_ON_RESUME
+                 if k in _FIELDS}
+        changed = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None and (
+            k not in saved or saved[k] != opts[k])]
+        if changed:
+            names = ", ".join("--" + k.removesuffix("_file").replace("_", "-")
+                              + (f" ({saved[k]} -> {opts[k]})" if k in saved else "")
+                              for k in changed)
+            raise UserError(f"cannot change {names} when resuming; start a new run instead")
     elif opts["config_file"]:
         cfg = RunConfig.load(opts["config_file"])
     else:
