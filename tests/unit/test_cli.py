@@ -46,6 +46,7 @@ def _tiny_text(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--model", "no-such-model"], "unknown model preset 'no-such-model'"),
+    (["--model", "no/such/dir"], "--model no/such/dir: no such directory (a Hugging Face model"),
     (["--data", "/no/such/path"], "data path not found"),
     (["--pp", "4", "--global-batch", "4", "--micro-batch-size", "2"], "fewer than pp=4"),
     (["--partition", "2,x"], "--partition"),

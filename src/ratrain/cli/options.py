@@ -16,7 +16,7 @@ from ratrain.schedule.weight_grads import parse_placement
 
 def resolve_model(spec: str, cfg: RunConfig) -> None:
     """A preset name, or a Hugging Face model directory (its weights become the starting point)."""
-    from ratrain.models.presets import get_preset
+    from ratrain.models.presets import PRESETS, get_preset
 
     path = Path(spec)
     if path.is_dir():
@@ -25,6 +25,11 @@ def resolve_model(spec: str, cfg: RunConfig) -> None:
         cfg.model = config_from_hf(path)
         if any(path.glob("*.safetensors")):
             cfg.train.init_from = str(path)
+    elif spec not in PRESETS and (path.exists() or "/" in spec):
+        raise UserError(f"--model {spec}: " + ("a file; a Hugging Face model is a directory "
+                        "(config.json and its safetensors)" if path.exists() else
+                        "no such directory (a Hugging Face model directory, or a preset: "
+                        "`ratrain models`)"))
     else:
         cfg.model = get_preset(spec)
 
