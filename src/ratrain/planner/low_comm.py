@@ -28,10 +28,10 @@ def offer(found: search.SearchResult) -> Offer | None:
     """The option for the first listed plan that --sync diloco can run and whose per-step sync
     is worth avoiding, with the periods whose outer state (8 bytes a parameter) still fits the
     budget and that beat plan 1 (else changing the algorithm buys nothing); None where there
-    is none. Where no listed plan has two replicas (over a slow link
-    the fastest synchronous plan may leave devices idle, and on GPUs whose state must live in
-    host memory no synchronous plan can have two), the fastest plan that has is searched for
-    among the layouts the outer sync can run, and priced."""
+    is none. Where no listed plan has two replicas (over a slow link the fastest synchronous
+    plan may leave devices idle, and on GPUs whose state must live in host memory no
+    synchronous plan can have two), the fastest plan that has is searched for among the
+    layouts the outer sync can run, and priced."""
     if not found.best:
         return None
     first = found.best[0].result.tokens_per_s

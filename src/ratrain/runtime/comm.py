@@ -27,8 +27,8 @@ class Comm:
         raise NotImplementedError
 
     def wait_host(self, work, when: str, action: str, peer: str) -> None:
-        """Wait for work of a gloo group on any backend (Groups.host_replicas): the host waits,
-        with the deadline, as gloo's work needs whatever the run's backend."""
+        """Wait for the work of a gloo group (Groups.host_replicas) whatever the run's backend:
+        on the host, under the deadline, as gloo's work is waited."""
         timed_comm.wait(work, self.timeout_s, when, action, peer)
 
     def replica_peers(self) -> str:
