@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ratrain import checkpoint
+from ratrain.models.llama import build_units
 from ratrain.runtime.launch import launch_local
 from ratrain.training.diloco_reference import run_reference
 from ratrain.training.metrics import read_metrics
@@ -138,7 +139,6 @@ def test_export_takes_the_outer_parameters_or_a_replicas_own(corpus, tmp_path, m
     """Mid-period (diloco:3, 4 steps) the replicas' local weights differ; the model a DiLoCo
     run exports is its outer parameters, a replica's own only when asked."""
     from ratrain.models.hf import load_hf_weights
-    from ratrain.models.llama import build_units
 
     from ..unit.cli_runner import run_cli
 
@@ -168,3 +168,38 @@ def test_export_takes_the_outer_parameters_or_a_replicas_own(corpus, tmp_path, m
     code, _, err = run_cli(monkeypatch, capsys, "export", str(tmp_path / "run"), "--out",
                            str(tmp_path / "x"), "--replica", "2")
     assert code == 2 and "has replicas 0-1" in err
+
+
+def test_a_synchronous_checkpoint_starts_diloco_from_its_weights(corpus, tmp_path):
+    """A synchronous run's checkpoint has no outer state: the DiLoCo run resumed from it starts
+    its outer parameters at the checkpoint's weights, with no momentum (it crashed on that
+    until 2026-11-27). Its first outer step (after 2 inner steps) is then W - lr (g + mu g),
+    g the replicas' mean of W - local; their local weights before it are those of the same
+    resume with no sync in reach (diloco:100)."""
+    cfg = _config(corpus, 1, 2, "step", steps=2)
+    train(cfg, tmp_path / "sync", progress=False, trace=False)
+    w = checkpoint.load_units(checkpoint.latest(tmp_path / "sync"), range(cfg.model.n_units),
+                              "cpu")
+    ends = {}
+    for sync in ("diloco:2", "diloco:100"):
+        run = tmp_path / sync.replace(":", "_")
+        shutil.copytree(tmp_path / "sync", run)
+        resumed = _config(corpus, 1, 2, sync, steps=4)
+        resumed.train.checkpoint_every = 0
+        train(resumed, run, resume=True, progress=False, trace=False)
+        ends[sync] = checkpoint.latest(run)
+    lr, mu = cfg.train.outer_lr, cfg.train.outer_momentum
+    units = build_units(cfg.model, 0)
+    for u in range(cfg.model.n_units):
+        order = [n for n, _ in units[u].named_parameters()]  # the outer state's order
+
+        def flat(weights: dict) -> torch.Tensor:
+            return torch.cat([weights[n].reshape(-1) for n in order])
+
+        start = flat(w[u]["weights"])
+        locals_ = [flat(checkpoint.load_units(ends["diloco:100"], [u], "cpu", r)[u]["weights"])
+                   for r in (0, 1)]
+        g = sum(start - x for x in locals_) / 2
+        got = checkpoint.load_units(ends["diloco:2"], [u], "cpu")[u]["outer"]["params"]
+        assert rel(got, start - lr * (g + mu * g)) < 1e-6, u
+        assert rel(got, start) > 1e-4, u  # it moved

@@ -29,9 +29,8 @@ class OuterUnit:
 
     def __init__(self, state: UnitState):
         self.state = state
-        with torch.no_grad():
-            self.params = torch.cat([m.detach().reshape(-1).float() for m in state.masters])
-        self.momentum = torch.zeros_like(self.params)
+        start = self.fresh()
+        self.params, self.momentum = start["params"], start["momentum"]
         state.ledger.hold(("outer", state), "optimizer", [self.params, self.momentum])
 
     def delta(self, dtype: torch.dtype) -> torch.Tensor:
@@ -53,6 +52,13 @@ class OuterUnit:
                 m.copy_(outer)
             else:
                 m.mul_(mix).add_(outer, alpha=1 - mix)
+
+    def fresh(self) -> dict:
+        """The outer state of a run that starts here (from a checkpoint of a synchronous run,
+        which has none): the masters as they are, no momentum."""
+        with torch.no_grad():
+            params = torch.cat([m.detach().reshape(-1).float() for m in self.state.masters])
+        return {"params": params, "momentum": torch.zeros_like(params)}
 
     def state_dict(self) -> dict:
         return {"params": self.params.detach().cpu().clone(),
