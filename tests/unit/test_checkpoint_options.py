@@ -197,3 +197,31 @@ def test_a_resumed_run_counts_the_checkpoints_its_directory_holds(monkeypatch, c
     assert code == 0, err
     _free(monkeypatch, 0.5 * each)
     _refused(monkeypatch, capsys, "not enough disk space", "--resume", "run", "--steps", "12")
+
+
+@pytest.mark.parametrize("stepped", [False, True])
+def test_a_resumed_run_that_fails_before_its_first_step_leaves_its_files_as_they_were(
+        monkeypatch, capsys, tmp_path, stepped):
+    """Its config, plan and the earlier part's summary: a failed attempt's settings never ran,
+    and the next attempt would take them up from config.yaml. One that trained a step before
+    failing keeps the settings it trained with."""
+    from ratrain.training import run as run_module
+
+    cfg = str(_config(tmp_path))
+    assert _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run")[0] == 0
+    before = {n: (tmp_path / "run" / n).read_bytes() for n in ("config.yaml", "summary.json")}
+
+    def fails(cfg, run_dir, *args):
+        if stepped:
+            with open(Path(run_dir) / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": 5, "loss": 1.0}) + "\n")
+        raise RuntimeError("a failure at the start")
+
+    monkeypatch.setattr(run_module, "rank_main", fails)
+    resumed = RunConfig.load(tmp_path / "run" / "config.yaml")
+    resumed.train.steps, resumed.train.eval_every = 6, 3
+    with pytest.raises(RuntimeError, match="a failure at the start"):
+        run_module.train(resumed, tmp_path / "run", resume=True, progress=False)
+    config = (tmp_path / "run" / "config.yaml").read_bytes()
+    assert (config == before["config.yaml"]) != stepped
+    assert (tmp_path / "run" / "summary.json").exists() != stepped

@@ -31,7 +31,7 @@ from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import is_distributed, plan_here, prepare
-from ratrain.training.run_dir import open_run_dir
+from ratrain.training.run_dir import kept_files, open_run_dir
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
@@ -50,6 +50,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     run_dir, ckpt = opened.path, opened.resume_from
     world = cfg.parallel.pp * cfg.parallel.dp
     summary_path = run_dir / "summary.json"
+    # a resumed run that fails before its first step leaves the directory's files as they were
+    kept = kept_files(run_dir) if ckpt and int(os.environ.get("RANK", 0)) == 0 else None
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
         summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
         cfg.save(run_dir / "config.yaml")
@@ -66,6 +68,10 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                                    threads=threads_per_rank(cfg, world),
                                    checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
+    except BaseException:
+        if kept is not None:
+            kept.restore_unless_stepped(checkpoint.load_meta(ckpt)["step"])
+        raise
     finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
         if not under_torchrun():  # the other ranks may still be writing theirs)
             checkpoint.remove_partials(opened.checkpoints)

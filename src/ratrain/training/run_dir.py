@@ -3,6 +3,7 @@ from."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -166,3 +167,31 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
         raise UserError(f"{run_dir} already reached step {meta['step']}; "
                         f"pass --steps N with N > {meta['step']} to train further")
     return ckpt
+
+
+@dataclass
+class KeptFiles:
+    """The files a resumed run rewrites at its start (its config, plan and the earlier part's
+    summary), kept to be put back where it fails before training a step: its settings were
+    never used, and the next attempt would take them up from config.yaml."""
+
+    run_dir: Path
+    contents: dict[str, bytes]
+
+    def restore_unless_stepped(self, resumed_at: int) -> None:
+        log = self.run_dir / "metrics.jsonl"
+        rows = log.read_text().splitlines() if log.exists() else []
+        if any(json.loads(r)["step"] > resumed_at for r in rows if r.strip()):
+            return
+        for name in RESTARTED:
+            (self.run_dir / name).unlink(missing_ok=True)
+        for name, data in self.contents.items():
+            (self.run_dir / name).write_bytes(data)
+
+
+RESTARTED = ("config.yaml", "plan.json", "summary.json")
+
+
+def kept_files(run_dir: Path) -> KeptFiles:
+    return KeptFiles(run_dir, {n: (run_dir / n).read_bytes() for n in RESTARTED
+                               if (run_dir / n).exists()})
