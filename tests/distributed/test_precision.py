@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,31 @@ def test_fp16_overflow_on_one_rank_skips_the_step_everywhere(corpus, tmp_path):
     assert rows[-1]["loss"] < rows[3]["loss"] < rows[0]["loss"]  # trains before and after
     meta = checkpoint.load_meta(checkpoint.latest(run_dir))
     assert meta["loss_scale"]["scale"] == scales[-1] and meta["loss_scale"]["skipped_steps"] == 1
+
+
+def test_fp16_diloco_replicas_keep_their_own_loss_scale_across_a_resume(corpus, tmp_path):
+    """Under --sync diloco each replica's norm is its own, so an overflow on one replica skips
+    its step alone and halves its scale alone; a resumed run gives each replica its own scale
+    back (it gave every replica replica 0's until 2026-11-27)."""
+    cfg = micro_config(*corpus, steps=4)
+    cfg.train.dtype, cfg.train.grad_clip, cfg.train.checkpoint_every = "float16", 0.0, 2
+    cfg.parallel.dp, cfg.parallel.sync = 2, "diloco:2"
+    cfg.train.eval_batches = 0
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    launch_local(2, _inject_inf, (1, 0, str(logs), cfg, str(run_dir), False, False, False),
+                 error_dir=run_dir / "errors")
+    first = {r: [json.loads(x) for x in (logs / f"rank{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)}
+    assert [s["skipped"] for s in first[1]] == [True, False, False, False]
+    assert not any(s["skipped"] for s in first[0])
+    assert first[1][1]["scale"] == first[0][1]["scale"] / 2
+    shutil.rmtree(checkpoint.checkpoint_dir(run_dir, 4))  # as if it had died after step 2
+    for r in (0, 1):
+        (logs / f"rank{r}.jsonl").unlink()
+    ckpt = str(checkpoint.latest(run_dir))
+    launch_local(2, _inject_inf, (1, -1, str(logs), cfg, str(run_dir), ckpt, False, False),
+                 error_dir=run_dir / "errors")
+    for r in (0, 1):
+        resumed = [json.loads(x) for x in (logs / f"rank{r}.jsonl").read_text().splitlines()]
+        assert [s["scale"] for s in resumed] == [s["scale"] for s in first[r][2:]], r

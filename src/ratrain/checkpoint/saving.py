@@ -82,9 +82,9 @@ def snapshot(obj):
 
 
 def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
-               cancelled: threading.Event | None = None) -> None:
-    """Write the copied units, then mark this rank's part done (its files' entries and its
-    generators' states, for the manifest)."""
+               cancelled: threading.Event | None = None, loss_scale: dict | None = None) -> None:
+    """Write the copied units, then mark this rank's part done (its files' entries, its
+    generators' states and, where the replicas scale apart, its loss scale: for the manifest)."""
     files = dict(taken.files)
     for unit, state in taken.copied:
         if cancelled is not None and cancelled.is_set():
@@ -94,7 +94,8 @@ def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
     try:
         partial.mkdir(parents=True, exist_ok=True)
         tmp = partial / (_MARK.format(rank) + ".tmp")
-        tmp.write_text(json.dumps({"files": files, "rng": rng_state}))
+        own = {"loss_scale": loss_scale} if loss_scale is not None else {}
+        tmp.write_text(json.dumps({"files": files, "rng": rng_state, **own}))
         tmp.rename(partial / _MARK.format(rank))  # whole or absent, as the main rank reads it
     except OSError as e:  # a full disk, as a unit's write would report it
         raise _write_failed(run_dir, step, e) from None
@@ -124,7 +125,9 @@ def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: fl
         m.unlink()
     files = {name: entry for part in parts for name, entry in part["files"].items()}
     rng = {str(r): part["rng"] for r, part in enumerate(parts)}
-    return finalize(run_dir, step, {**meta, "rng": rng}, files, keep)
+    scales = {str(r): part["loss_scale"] for r, part in enumerate(parts) if "loss_scale" in part}
+    own = {"loss_scale_per_rank": scales} if scales else {}
+    return finalize(run_dir, step, {**meta, "rng": rng, **own}, files, keep)
 
 
 def wait_published(run_dir, step: int, timeout_s: float) -> None:

@@ -4,7 +4,8 @@ gradients survive float16; the fp32 masters' gradients are divided by it before 
 A step whose gradient has an inf or a nan anywhere is skipped and the scale halved; after
 `growth_interval` clean steps in a row the scale doubles. Every rank decides from the same
 globally reduced gradient norm, so all ranks skip the same steps (torch's GradScaler policy,
-with its defaults).
+with its defaults); under --sync diloco the norm is the replica's, and so are its skips and
+its scale (a checkpoint keeps each rank's).
 """
 
 from __future__ import annotations

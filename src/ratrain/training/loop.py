@@ -161,8 +161,12 @@ class Loop:
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.checkpoint_units(), self.engine.stage.device,
                                   self.groups.replica if self.groups else 0))
-        if self.engine.loss_scale and "loss_scale" in meta:
-            self.engine.loss_scale.load_state_dict(meta["loss_scale"])
+        same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)
+                          for k in ("pp", "dp", "rank_order"))
+        scale = (meta.get("loss_scale_per_rank", {}).get(str(self.rank)) if same_layout
+                 else None) or meta.get("loss_scale")
+        if self.engine.loss_scale and scale:
+            self.engine.loss_scale.load_state_dict(scale)
         self.loader.load_state_dict(meta["loader"])
         # A rank of another layout has another job: it starts its generators afresh.
         if str(self.rank) in meta["rng"] and len(meta["rng"]) == self.grid.world_size:
@@ -187,6 +191,9 @@ class Loop:
                     "loader": dict(self.loader.state_dict())}
             if self.engine.loss_scale:  # every rank's scale is the same: same norms, same skips
                 meta["loss_scale"] = self.engine.loss_scale.state_dict()
+        # --sync diloco: each replica's norm, skips and scale are its own
+        own_scale = (self.engine.loss_scale.state_dict()
+                     if self.engine.loss_scale and self.engine.outer is not None else None)
         if taken.written_now and self.saver.background and not getattr(self, "_said_short", False):
             self._said_short = True
             print(f"rank {self.rank}: host memory is short of a snapshot: {taken.written_now} "
@@ -196,7 +203,8 @@ class Loop:
                                       self.cfg.parallel.comm_timeout_s, self.saver.cancelled)
 
         def job() -> None:
-            saving.write_part(self.where, step, self.rank, taken, generators, cancelled)
+            saving.write_part(self.where, step, self.rank, taken, generators, cancelled,
+                              own_scale)
             if meta is not None:
                 saving.publish(self.where, step, self.grid.world_size, meta, keep, timeout_s,
                                cancelled)
