@@ -134,9 +134,11 @@ def eval_batches(
 def _count_windows(tokens: np.ndarray, seq_len: int, split: str) -> int:
     n = max(len(tokens) - 1, 0) // seq_len
     if n == 0:
+        hint = ("raise data.val_fraction, or set train.eval_batches to 0 (no validation)"
+                if split == "validation" else "give it more text, or a shorter --seq-len")
         raise UserError(
             f"the {split} split has {len(tokens)} tokens, too few for one sequence of "
-            f"seq_len {seq_len} (needs {seq_len + 1})"
+            f"seq_len {seq_len} (needs {seq_len + 1}); {hint}"
         )
     return n
 

@@ -19,7 +19,7 @@ def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | 
     """A pipeline schedule fills every stage only with at least as many micro-batches as stages."""
     if n_micro >= pp:
         return None
-    name = SCHEDULE_NAMES.get(schedule, schedule)
+    name = SCHEDULE_NAMES.get(schedule, "a pipeline schedule" if schedule == "auto" else schedule)
     return (f"n_micro={n_micro} is fewer than pp={pp} stages: {name} needs at least as many "
             f"micro-batches as stages; raise global_batch or lower micro_batch_size/dp")
 
