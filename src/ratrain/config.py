@@ -135,6 +135,11 @@ class ParallelConfig:
     comm_timeout_s: float = 300.0  # longest wait for a peer before the run ends naming it
     sync: str = EVERY_STEP  # how replicas agree: "step", or "diloco:H[:F][:bf16]" (schedule/outer_sync.py)
 
+    @property
+    def diloco(self) -> bool:
+        """The replicas agree by outer steps (--sync diloco), each with state of its own."""
+        return self.sync != EVERY_STEP
+
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:
             raise UserError(f"--pp and --dp must be >= 1, got pp={self.pp} dp={self.dp}")

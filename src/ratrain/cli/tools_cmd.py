@@ -69,12 +69,11 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
     from ratrain.checkpoint.store import outer_weights
     from ratrain.models.hf import save_hf
     from ratrain.models.llama import build_units
-    from ratrain.schedule.outer_sync import EVERY_STEP
     from ratrain.training.run_dir import resume_point
 
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
-    diloco = cfg.parallel.sync != EVERY_STEP and cfg.parallel.dp > 1
+    diloco = cfg.parallel.diloco
     if replica is not None and not (diloco and 0 <= replica < cfg.parallel.dp):
         raise UserError(f"--replica {replica}: {run_dir} has " + (
             f"replicas 0-{cfg.parallel.dp - 1}" if diloco else

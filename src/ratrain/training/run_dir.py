@@ -16,7 +16,6 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.models.params import count_params
-from ratrain.schedule.outer_sync import EVERY_STEP
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def checkpoint_bytes(cfg: RunConfig) -> int:
     under --sync diloco every replica's (their local weights differ), and the outer parameters
     and momentum once."""
     n = count_params(cfg.model)
-    if cfg.parallel.sync == EVERY_STEP or cfg.parallel.dp == 1:
+    if not cfg.parallel.diloco:
         return 12 * n
     return 12 * n * cfg.parallel.dp + 8 * n
 
@@ -112,9 +111,9 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
     count = checkpoints_at_once(cfg, start, len(there))
     free = shutil.disk_usage(where).free
     if free < count * size:
-        what = (f"a checkpoint of {cfg.model.name}" if cfg.parallel.sync == EVERY_STEP
-                or cfg.parallel.dp == 1 else f"a checkpoint of {cfg.model.name} (every "
-                f"replica's weights and AdamW state, and the outer state)")
+        what = f"a checkpoint of {cfg.model.name}" + (
+            " (every replica's weights and AdamW state, and the outer state)"
+            if cfg.parallel.diloco else "")
         many = "" if count == 1 else (
             f" and this run needs room for {count} at once (the newest "
             f"{cfg.train.keep_checkpoints} kept while the next is written): "
