@@ -8,6 +8,8 @@ import dataclasses
 import json
 import shutil
 
+import pytest
+
 from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_files
 from ratrain.models.presets import get_preset
@@ -179,3 +181,25 @@ def test_an_option_slower_than_plan_1_is_not_offered():
     tokens = more.best[0].result.tokens_per_s * more.best[0].step_time
     assert all(tokens / x.mean_step_s < found.best[0].result.tokens_per_s for x in low.options)
     assert planner_low_comm.offer(found) is None
+
+
+def test_simulate_prices_a_diloco_run_over_its_period(monkeypatch, capsys, tmp_path):
+    """`ratrain simulate --sync diloco:H:F` gives the inner step and, over a period of H
+    steps, the mean step with each fragment's outer sync: what the run's throughput follows."""
+    profile = tmp_path / "slow.yaml"
+    two_nodes(100).save(profile)
+    args = ("simulate", "--dp", "2", "--global-batch", "8", "--sync", "diloco:10:2",
+            "--profile", str(profile))
+    code, stdout, err = run_cli(monkeypatch, capsys, *args, "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    period = summary["outer_period"]
+    plan = build_plan(MODEL.n_layers, 1, 2, 2, sync="diloco:10:2")
+    want = outer_period(plan, MODEL, two_nodes(100), **SHAPE)
+    assert period["every"] == 10 and len(period["exposed_sync_s"]) == 2
+    assert period["mean_step_time_s"] == pytest.approx(want.mean_step_time, rel=1e-6)
+    assert summary["step_time_s"] < period["mean_step_time_s"]  # the inner step: no sync
+    # a fragment's ~7 MB take ~0.55 s at 100 Mbit/s, mostly under the step it overlaps
+    assert all(0 < x < 0.55 for x in period["exposed_sync_s"])
+    code, stdout, _ = run_cli(monkeypatch, capsys, *args)
+    assert "--sync diloco:10:2: over a period of 10 steps" in stdout

@@ -58,6 +58,9 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     if edges:
         summary["step_time_range_s"] = list(edges)
         summary["unstable_figures"] = unstable_figures(hw)
+    period = _outer_period(plan, cfg, hw, result)
+    if period:
+        summary["outer_period"] = period
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -74,6 +77,13 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                f"bubble {result.bubble:.1%}")
     if edges:
         click.echo("  " + range_line(edges, unstable_figures(hw)))
+    if period:
+        added = ", ".join(f"{x:.3g} s" for x in period["exposed_sync_s"])
+        click.echo(f"--sync {plan.sync}: over a period of {period['every']} steps "
+                   f"{period['mean_step_time_s']:.4g} s a step, {period['tokens_per_s']:,.0f} "
+                   f"tokens/s; the outer sync adds {added} to its step"
+                   f"{'s' if len(period['exposed_sync_s']) > 1 else ''} (the step above is an "
+                   f"inner one); device peak in a synced step {fmt_bytes(period['peak_bytes'])}")
     rows = []
     for r in result.ranks:
         fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"
@@ -85,3 +95,20 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                              "all tiers at their peak, by kind"]))
     if trace_file:
         click.echo(f"wrote {trace_file}")
+
+
+def _outer_period(plan, cfg, hw, inner) -> dict | None:
+    """A --sync diloco plan's period of H steps (sim/outer_period.py): its mean step, what each
+    fragment's outer sync adds, and the largest device peak of a synced step; None otherwise."""
+    from ratrain.sim.outer_period import outer_period
+
+    if not cfg.parallel.diloco:
+        return None
+    t = cfg.train
+    p = outer_period(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,
+                     seq_len=t.seq_len, dtype=t.dtype)
+    mean = p.mean_step_time
+    return {"every": p.every, "mean_step_time_s": mean,
+            "tokens_per_s": inner.tokens_per_s * inner.step_time / mean,
+            "exposed_sync_s": p.exposed_sync_s,
+            "peak_bytes": max(r.device_peak for res in p.synced for r in res.ranks)}
