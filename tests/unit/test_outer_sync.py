@@ -114,3 +114,15 @@ def test_the_simulator_prices_the_outer_sync_and_streaming_hides_it():
     base = simulate(synced_plan, model, profile, **shape).ranks[0].at_peak.get("optimizer", 0)
     from ratrain.sim import unit_costs as uc
     assert plain - base == 8 * sum(uc.param_count(model, u) for u in range(model.n_units))
+
+
+def test_a_host_homed_units_outer_delta_is_in_host_memory():
+    """With the state in a GPU's host memory (--sync diloco's outer sync over gloo) the delta
+    in flight lives there too: a synced step holds no more on the device than an inner one,
+    and more on the host."""
+    model, shape = get_preset("tiny"), dict(micro_batch_size=2, seq_len=256, dtype="bfloat16")
+    plan = build_plan(model.n_layers, 1, 2, 2, sync="diloco:8", state_home="host", view_window=1)
+    period = outer_period(plan, model, load_profile("h100-80g-ib"), **shape)
+    inner, synced = period.inner.ranks[0], period.synced[0].ranks[0]
+    assert synced.device_peak == inner.device_peak
+    assert synced.host_peak > inner.host_peak

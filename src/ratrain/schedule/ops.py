@@ -155,7 +155,7 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "delta (its outer parameters minus this replica's local ones) and start summing it "
            "over the data-parallel replicas.", OpClass.COLLECTIVE, mb=False,
            waited_by=Op.WAIT_OUTER_SYNC, peers=(Peer.REPLICAS,),
-           memory=(Hold("outer", "buffers", ("outer_delta",)),)),
+           memory=(Hold("outer", "optimizer", ("outer_delta",)),)),  # in the state's tier
     OpSpec(Op.TIED_SYNC, "Tied embeddings across stages: start summing the tied weight's "
            "gradient (the embedding's on the first stage, the head's copy of it on the last) "
            "over the replica's two stages that hold it, in place; after the unit's replica "
