@@ -152,6 +152,10 @@ def test_where_state_must_live_on_the_host_of_gpus_the_option_spans_replicas_wit
     lay = o.candidate.layout
     assert o.rank is None and not o.synchronous
     assert lay.dp == 2 and lay.lifecycle.state_home == "host"
+    # searched as the outer sync runs it: no gradient sum in its programs, nor in its bound
+    from ratrain.schedule.ir import Op
+    assert o.candidate.plan.sync != "step"
+    assert not any(a.op == Op.GRAD_SYNC for program in o.candidate.plan.programs for a in program)
     tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
     assert tokens / o.low.best.mean_step_s > found.best[0].result.tokens_per_s
     setup = dict(n_layers=MODEL.n_layers, pp=lay.pp, dp=lay.dp, global_batch=32,
@@ -174,12 +178,13 @@ def test_an_option_slower_than_plan_1_is_not_offered():
     request = _gpu_request(8, mbit=100)
     found = search.search(request)
     more = search.search(dataclasses.replace(request, min_dp=2, outer_sync=True))
-    low = low_comm.price(more.best[0].plan, MODEL, request.profile, more.best[0].step_time,
-                         micro_batch_size=more.best[0].layout.micro_batch_size, seq_len=256,
-                         dtype="float32")
-    assert low.worth_it and low.options  # an option there was, priced against its own sync
+    listed = [(None, more.best[0])]
+    priced = planner_low_comm._first(request, listed, 0.0)  # against nothing: an option
+    assert priced is not None and priced.low.worth_it and priced.low.options
     tokens = more.best[0].result.tokens_per_s * more.best[0].step_time
-    assert all(tokens / x.mean_step_s < found.best[0].result.tokens_per_s for x in low.options)
+    first = found.best[0].result.tokens_per_s
+    assert all(tokens / x.mean_step_s < first for x in priced.low.options)
+    assert planner_low_comm._first(request, listed, first) is None
     assert planner_low_comm.offer(found) is None
 
 
@@ -203,3 +208,18 @@ def test_simulate_prices_a_diloco_run_over_its_period(monkeypatch, capsys, tmp_p
     assert all(0 < x < 0.55 for x in period["exposed_sync_s"])
     code, stdout, _ = run_cli(monkeypatch, capsys, *args)
     assert "--sync diloco:10:2: over a period of 10 steps" in stdout
+
+
+def test_the_outer_sync_search_prunes_nothing_the_exhaustive_one_keeps():
+    """Its bounds leave out the per-step gradient sum its plans do not have: they stay lower
+    bounds, so the pruned search finds the exhaustive one's fastest plan."""
+    from ratrain.planner import search
+
+    request = dataclasses.replace(_gpu_request(32, mbit=100), min_dp=2, outer_sync=True,
+                                  devices=4, budget=60e6)
+    pruned, every = search.search(request), search.search(request, exhaustive=True)
+    assert pruned.best[0].step_time == pytest.approx(every.best[0].step_time, rel=1e-9)
+    assert every.simulated > pruned.simulated
+    tables = search.UnitTables(request)
+    for c in every.best:  # (exhaustive: every plan simulated)
+        assert c.bound <= search.refine(request, tables, c) <= c.step_time * (1 + 1e-9), c.layout

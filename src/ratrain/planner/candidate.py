@@ -65,8 +65,9 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       micro_batch_group=layout.lifecycle.micro_batch_group,
                       update=update_for("auto", layout.lifecycle.state_home,
                                         layout.lifecycle.shard_state,
-                                        request.profile.device.host_link is not None),
-                      device_units=candidate.device_units)
+                                        request.profile.device.host_link is not None,
+                                        request.sync),
+                      device_units=candidate.device_units, sync=request.sync)
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:

@@ -46,9 +46,16 @@ class PlanRequest:
     grad_lifetimes: tuple[str, ...] | None = None
     time_limit_s: float = 60.0
     min_dp: int = 1  # only layouts of at least this many replicas (the low-communication option's)
-    # layouts as an outer sync would run them (the low-communication option's): with no gradient
-    # sum every step, state in host memory may span replicas where collectives cannot reach it
+    # plans as an outer sync runs them (the low-communication option's): no gradient sum every
+    # step, in the plans, their bounds and the rule (state in host memory may then span
+    # replicas where the collectives cannot reach it)
     outer_sync: bool = False
+
+    @property
+    def sync(self) -> str:
+        """The plans' --sync: any outer sync for these (what the period adds is priced apart,
+        sim/low_comm.py), else a gradient sum every step."""
+        return ANY_OUTER_SYNC if self.outer_sync else EVERY_STEP
 
     def device(self, group: int = 0):
         return self.profile.for_group(group).device
@@ -206,7 +213,7 @@ def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
     """Why training would refuse this layout (setup/rule.refusal: the rule `ratrain train`
     applies; with `request.outer_sync`, under --sync diloco, whose rule is the same at every
     period), or None."""
-    return rule.refusal(sync=ANY_OUTER_SYNC if request.outer_sync else EVERY_STEP,
+    return rule.refusal(sync=request.sync,
         n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
         micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
         clip=request.clip, state_home=life.state_home, shard_state=life.shard_state,

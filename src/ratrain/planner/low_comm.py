@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from ratrain.planner import layouts, plan_file, search
 from ratrain.planner.candidate import Candidate
+from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.sim import low_comm
 from ratrain.sim.low_comm import LowComm
+from ratrain.sim.simulator import simulate
 
 
 @dataclass
@@ -48,10 +50,14 @@ def offer(found: search.SearchResult) -> Offer | None:
 
 
 def _first(request, listed: list, first: float) -> Offer | None:
+    shape = dict(micro_batch_size=None, seq_len=request.seq_len, dtype=request.dtype)
     for rank, cand in listed:
-        low = low_comm.price(cand.plan, request.model, request.profile, cand.step_time,
-                             micro_batch_size=cand.layout.micro_batch_size,
-                             seq_len=request.seq_len, dtype=request.dtype)
+        shape["micro_batch_size"] = cand.layout.micro_batch_size
+        plan, step_s = cand.plan, cand.step_time
+        if plan.sync != EVERY_STEP:  # an outer sync's plan (outer_sync search): priced against
+            plan = low_comm.diloco_plan(plan, EVERY_STEP)  # the same plan summing every step
+            step_s = simulate(plan, request.model, request.profile, **shape).step_time
+        low = low_comm.price(plan, request.model, request.profile, step_s, **shape)
         if low is None:
             continue
         if not low.worth_it:

@@ -139,7 +139,7 @@ def _tail(request: PlanRequest, table: UnitTable, layout: Layout, part: Partitio
     # sharded, over the replicas the state is sharded over (hybrid: the shard group's)
     over = table.costs.s.shard_replicas if layout.lifecycle.shard_state else layout.dp
     sync = 0.0
-    if layout.dp > 1:
+    if layout.dp > 1 and not request.outer_sync:  # (an outer sync's plans sum none each step)
         sync = sum(min(table.costs.grad_sync(u, link, over) for link in links)
                    for u in synced)
     update = first[2].update_s if request.clip else table.update[units[0]]
@@ -278,7 +278,8 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
         best.append(candidate)
         best.sort(key=lambda c: c.step_time)
         del best[request.top if not exhaustive else len(best):]
-    best[:request.top] = sorted((keep_on_device(request, c) for c in best[:request.top]),
-                                key=lambda c: c.step_time)
+    if not request.outer_sync:  # (device units do not go with an outer sync yet)
+        best[:request.top] = sorted((keep_on_device(request, c) for c in best[:request.top]),
+                                    key=lambda c: c.step_time)
     return SearchResult(request, best, len(all_layouts), simulated, over,
                         time.perf_counter() - started, complete)
