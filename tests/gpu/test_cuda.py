@@ -14,19 +14,15 @@ from ratrain.runtime import handlers
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
 
+from .small_runs import corpus, run_losses, small_config
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
 
-def _cfg(dtype: str) -> RunConfig:
-    cfg = RunConfig()
-    cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 128, 2, 4, 2
-    cfg.model.ffn_dim, cfg.model.vocab_size = 344, 257
-    cfg.train.seq_len, cfg.train.global_batch, cfg.train.micro_batch_size = 64, 8, 2
-    cfg.train.dtype, cfg.train.lr, cfg.train.warmup_steps = dtype, 3e-3, 0
-    return cfg
+_cfg = small_config
 
 
 def _batches(cfg: RunConfig, step: int):
@@ -64,19 +60,12 @@ def test_bf16_autocast_trains():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
 def test_nccl_pipeline_matches_single_process(tmp_path, monkeypatch):
-    from ratrain.training.metrics import read_metrics
-    from ratrain.training.run import train
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-    text = tmp_path / "text.txt"
-    text.write_text("".join(f"line {i}: the quick brown fox\n" for i in range(4000)))
+    text = corpus(tmp_path, monkeypatch)
     losses = {}
     for pp in (1, 2):
         cfg = _cfg("float32")
         cfg.data.path, cfg.train.steps, cfg.parallel.pp = str(text), 5, pp
-        train(cfg, tmp_path / f"pp{pp}", progress=False, trace=False)
-        losses[pp] = [r["loss"] for r in read_metrics(tmp_path / f"pp{pp}" / "metrics.jsonl")]
+        losses[pp] = run_losses(cfg, tmp_path / f"pp{pp}")
     assert max(abs(a - b) / a for a, b in zip(losses[1], losses[2])) < 1e-4
 
 

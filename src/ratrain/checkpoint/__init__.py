@@ -67,11 +67,16 @@ def _partial(run_dir: Path, step: int) -> Path:
     return checkpoint_dir(run_dir, step).with_suffix(".partial")
 
 
+def step_of(ckpt: Path) -> int:
+    """The step of a checkpoint directory `step_N`."""
+    return int(ckpt.name[5:])
+
+
 def complete_dirs(run_dir: Path) -> list[Path]:
     """The checkpoint directories that finished saving (verified or not), oldest first."""
     found = [p for p in root(run_dir).glob("step_*")
              if p.is_dir() and p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
+    return sorted(found, key=step_of)
 
 
 def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[tuple[int, dict]],

@@ -3,7 +3,6 @@ from."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -16,6 +15,7 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.models.params import count_params
+from ratrain.training.metrics import read_metrics
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
     else:
         where = existing
     there = checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)) if resume else []
-    start = int(there[-1].name[5:]) if there else 0
+    start = checkpoint.step_of(there[-1]) if there else 0
     count = checkpoints_at_once(cfg, start, len(there))
     free = shutil.disk_usage(where).free
     if free < count * size:
@@ -179,8 +179,7 @@ class KeptFiles:
 
     def restore_unless_stepped(self, resumed_at: int) -> None:
         log = self.run_dir / "metrics.jsonl"
-        rows = log.read_text().splitlines() if log.exists() else []
-        if any(json.loads(r)["step"] > resumed_at for r in rows if r.strip()):
+        if log.exists() and any(r["step"] > resumed_at for r in read_metrics(log)):
             return
         for name in RESTARTED:
             (self.run_dir / name).unlink(missing_ok=True)
