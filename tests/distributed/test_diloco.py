@@ -16,7 +16,10 @@ import torch
 import torch.distributed as dist
 
 from ratrain import checkpoint
+from ratrain.data.replica import make_data
+from ratrain.data.tokenizer import load_tokenizer
 from ratrain.models.llama import build_units
+from ratrain.runtime.engine import LocalEngine
 from ratrain.runtime.launch import launch_local
 from ratrain.training.diloco_reference import run_reference
 from ratrain.training.metrics import read_metrics
@@ -33,7 +36,7 @@ def _config(corpus, pp, dp, sync, steps=STEPS, state_home="device"):
     cfg = micro_config(*corpus, steps=steps)
     cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = pp, dp, sync
     cfg.parallel.state_home = state_home
-    cfg.train.eval_batches = 0  # each replica would evaluate its own local weights
+    cfg.train.eval_batches = 0  # (validation: test_validation_evaluates_the_outer_parameters)
     return cfg
 
 
@@ -113,6 +116,40 @@ def test_diloco_matches_the_single_process_reference(pp, dp, sync, state_home, c
     # DiLoCo's last step (8 = 4 x 2) was an outer sync: the replicas continue from its result,
     # bit for bit; streaming mixes each replica's own weights in, so they stay apart
     assert same == (sync == "diloco:2"), sync
+
+
+def test_validation_evaluates_the_outer_parameters(corpus, tmp_path):
+    """Validation under DiLoCo is of the outer parameters (the model the run exports), the
+    same on every replica, not each replica's local weights (until 2026-11-27): at step 2 of
+    diloco:3 they are the initial weights, at steps 4 and 5 those of the sync after step 3,
+    while the local weights move on. The local weights come back bit for bit: the losses
+    after each validation stay the reference's."""
+    cfg = _config(corpus, 2, 2, "diloco:3", steps=5)
+    cfg.train.eval_batches, cfg.train.eval_every = 2, 2
+    train(cfg, tmp_path, progress=False, trace=False)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
+    assert sorted(val) == [2, 4, 5]
+
+    def outer_loss(steps: int):
+        """The reference's outer parameters after `steps` steps: their loss on the whole
+        validation set, and the reference run."""
+        with one_thread():
+            ref = run_reference(cfg, steps)
+            engine = LocalEngine(cfg, torch.device("cpu"))
+            with torch.no_grad():
+                for u, params in ref.outer.items():
+                    for m, p in zip(engine.stage.state[u].masters, params):
+                        m.copy_(p)
+            return engine.eval_loss(make_data(cfg, load_tokenizer("byte"), 1, 0)[1]), ref
+
+    want_5, ref = outer_loss(5)
+    want_2, _ = outer_loss(2)
+    assert abs(val[5] - want_5) < 1e-5 * want_5, (val[5], want_5)
+    assert abs(val[2] - want_2) < 1e-5 * want_2, (val[2], want_2)
+    assert val[4] == val[5] and abs(val[2] - val[5]) > 1e-3, val
+    loss = [r["loss"] for r in rows]
+    assert all(abs(a - b) < 1e-5 * b for a, b in zip(loss, ref.losses)), (loss, ref.losses)
 
 
 def test_diloco_resumes_exactly(corpus, tmp_path):

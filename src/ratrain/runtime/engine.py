@@ -178,6 +178,14 @@ class PipelineEngine(_UnitStateMixin):
         return super().unit_states()
 
     def eval_loss(self, batches) -> float:
+        """The mean loss over `batches` (this replica's share; E reduces over the replicas);
+        --sync diloco: of the outer parameters, not this replica's local ones."""
+        if self.outer is None:
+            return self._eval_loss(batches)
+        with self.outer.outer_weights():
+            return self._eval_loss(batches)
+
+    def _eval_loss(self, batches) -> float:
         n = len(batches)
         # Sharded views are gathers every replica joins, but replicas may get different numbers
         # of validation micro-batches: the views are gathered around the program instead.

@@ -11,6 +11,8 @@ masters, which the inner AdamW updates.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -78,6 +80,26 @@ class OuterStates:
         self.units = {u: OuterUnit(s) for u, s in states.items() if s.masters}
         self.delta_dtype = DELTA_DTYPES[sync.delta_dtype]
         self.mix = cfg.outer_mix if sync.streaming else None
+
+    @contextmanager
+    def outer_weights(self):
+        """The outer parameters in the masters' place while the block runs (validation: the
+        model the run exports and every replica continues from at the next sync, the same on
+        every replica), this replica's local ones back after it, bit for bit. The two trade
+        places unit by unit through one unit's copy, not a copy of the stage's weights."""
+        self._trade()
+        try:
+            yield
+        finally:
+            self._trade()
+
+    @torch.no_grad()
+    def _trade(self) -> None:
+        for unit in self.units.values():
+            local = torch.cat([m.detach().reshape(-1) for m in unit.state.masters])
+            for m, outer in zip(unit.state.masters, unit.state.param_slices(unit.params)):
+                m.copy_(outer)
+            unit.params.copy_(local)
 
 
 def start(ex, st: StepState, a: Action):

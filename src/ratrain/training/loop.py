@@ -161,6 +161,8 @@ class Loop:
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.checkpoint_units(), self.engine.stage.device,
                                   self.groups.replica if self.groups else 0))
+        # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
+        # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
         same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)
                           for k in ("pp", "dp", "rank_order"))
         scale = (meta.get("loss_scale_per_rank", {}).get(str(self.rank)) if same_layout
@@ -168,8 +170,7 @@ class Loop:
         if self.engine.loss_scale and scale:
             self.engine.loss_scale.load_state_dict(scale)
         self.loader.load_state_dict(meta["loader"])
-        # A rank of another layout has another job: it starts its generators afresh.
-        if str(self.rank) in meta["rng"] and len(meta["rng"]) == self.grid.world_size:
+        if same_layout and str(self.rank) in meta["rng"]:
             rng.restore(meta["rng"][str(self.rank)])
 
     def _checkpoint(self, step: int) -> None:
