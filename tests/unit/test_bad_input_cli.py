@@ -201,3 +201,42 @@ def test_free_space_is_checked_where_the_run_dir_will_be(monkeypatch, capsys, tm
     _refused(monkeypatch, capsys, "not enough disk space for new/run: 1.0 MiB free",
              "train", "--run-dir", "new/run", "--no-progress")
     assert asked == [tmp_path] and not (tmp_path / "new").exists()
+
+
+def test_a_model_that_does_not_fit_this_machines_memory(monkeypatch, capsys, tmp_path):
+    """Refused in seconds, before any model is built: until 2026-11-27 llama2-7b on a 23 GB
+    machine built its model for minutes and grew until the kernel killed it. (The memory the
+    machine has is set here, so the test does not depend on the machine it runs on.)"""
+    from ratrain.training import prepare
+
+    monkeypatch.setattr(prepare, "available_host_bytes", lambda: 20 * 2**30)
+    line = _refused(monkeypatch, capsys, "does not fit this machine's memory", "train",
+                    "--model", "llama2-7b", "--no-checkpoints", "--no-progress")
+    assert "its rank here would hold about 105.7 GiB (optimizer 50.2 GiB, masters 25.1 GiB" in line
+    assert "20.0 GiB is available" in line
+    line = _refused(monkeypatch, capsys, "does not fit", "train", "--model", "llama2-7b",
+                    "--pp", "2", "--dp", "2", "--no-checkpoints", "--no-progress")
+    assert "its 4 ranks here" in line and "--shard-state" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_memory_check_weighs_the_ledgers_prediction(monkeypatch, capsys, tmp_path):
+    """A byte under the prediction is refused, the prediction itself runs."""
+    from ratrain.config import RunConfig
+    from ratrain.setup import Machine, run_plan
+    from ratrain.setup.memory_fit import stage_bytes
+    from ratrain.sim.profile import load_profile
+    from ratrain.training import prepare
+
+    config = small_config(tmp_path, checkpoint_every=0)
+    cfg = RunConfig.load(config)
+    need = stage_bytes(cfg, run_plan(cfg, Machine()), load_profile("cpu-local"))[0].total
+    assert 700_000 < need < 900_000  # (790,364: masters, gradients, AdamW, activations)
+    monkeypatch.setattr(prepare, "available_host_bytes", lambda: need - 1)
+    _refused(monkeypatch, capsys, "its rank here would hold about 0.0 GiB", "train", "--config",
+             str(config), "--run-dir", "run", "--no-progress", "--no-checkpoints")
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(prepare, "available_host_bytes", lambda: need)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(config), "--run-dir",
+                           "run", "--no-progress", "--no-checkpoints")
+    assert code == 0, err

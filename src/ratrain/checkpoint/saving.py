@@ -27,6 +27,7 @@ import torch
 
 from ratrain.checkpoint import (CheckpointWriteError, _partial, _write_failed, checkpoint_dir,
                                 finalize, save_units)
+from ratrain.runtime.process_memory import available_host_bytes
 
 SLOW_WRITES_ENV = "RATRAIN_TEST_ONLY_SLOW_CHECKPOINT_WRITES_S"
 """Test only: seconds the writer sleeps after each unit's files, so that a test can kill a run
@@ -226,13 +227,7 @@ def _bytes(obj) -> int:
 
 
 def _host_has_room(need: int) -> bool:
-    """Whether the host's available memory (Linux's MemAvailable) holds `need` bytes more and
-    the reserve; True where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return need + HOST_RESERVE_BYTES <= int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return True
+    """Whether the host's available memory holds `need` bytes more and the reserve; True where
+    it cannot be read."""
+    available = available_host_bytes()
+    return available is None or need + HOST_RESERVE_BYTES <= available

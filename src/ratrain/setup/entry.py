@@ -44,6 +44,12 @@ class Machine:
     links: MeasuredLinks | None = None
     """A multi-node run's links, measured at its start: --schedule auto simulates on them
     (setup/links.py)."""
+    host_available_bytes: int | None = None
+    """The memory this machine has for the run's ranks here (Linux's MemAvailable at the
+    start; None: not known): what memory_fit.check_memory_fits weighs the plan against."""
+    local_ranks: tuple[int, ...] | None = None
+    """The run's global ranks on this machine, which share its memory (None: all of them,
+    where the run starts its own)."""
 
     @classmethod
     def of_profile(cls, profile) -> Machine:

@@ -11,10 +11,11 @@ import torch
 from ratrain.config import RunConfig
 from ratrain.data.replica import check_data
 from ratrain.runtime.engine import needs_executor
+from ratrain.runtime.process_memory import available_host_bytes
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import pick_backend
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.setup import Machine, run_plan
+from ratrain.setup import Machine, check_memory_fits, run_plan
 from ratrain.training import link_profile
 
 
@@ -26,21 +27,33 @@ def this_machine(cfg: RunConfig) -> Machine:
     if link_profile.wants_probe(cfg):  # collective: every rank of the run measures
         links = link_profile.measure(cfg)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+    memory = {"host_available_bytes": available_host_bytes(), "local_ranks": _local_ranks()}
     if pick_backend(cfg.parallel.backend) != "nccl":
-        return Machine(world=world, links=links)
+        return Machine(world=world, links=links, **memory)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return Machine(host_is_separate=True, world=world, device_name=props.name,
-                   memory_bytes=props.total_memory, links=links)
+                   memory_bytes=props.total_memory, links=links, **memory)
 
 
-def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = False) -> PipelinePlan:
-    """The checked plan of cfg on this machine (setup.run_plan); with `progress`, rank 0 says
-    why the schedule it chose was chosen."""
+def _local_ranks() -> tuple[int, ...] | None:
+    """Under torchrun, the ranks of this node (its agent gives a node consecutive ranks);
+    None where the run starts its own, all here."""
+    if not under_torchrun():
+        return None
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
+    first = rank - local
+    return tuple(range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+
+
+def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = False,
+              machine: Machine | None = None) -> PipelinePlan:
+    """The checked plan of cfg on this machine (setup.run_plan; `machine`: this_machine's, where
+    already known); with `progress`, rank 0 says why the schedule it chose was chosen."""
     say = None
     if progress and int(os.environ.get("RANK", 0)) == 0:
         def say(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
-    return run_plan(cfg, this_machine(cfg), plan_data=plan_data, say=say)
+    return run_plan(cfg, machine or this_machine(cfg), plan_data=plan_data, say=say)
 
 
 def is_distributed(cfg: RunConfig) -> bool:
@@ -51,9 +64,11 @@ def is_distributed(cfg: RunConfig) -> bool:
 def prepare(cfg: RunConfig, progress: bool = True,
             plan_data: dict | None = None) -> PipelinePlan | None:
     """Everything that can fail because of the user's input: the setup stage's checked plan
-    (returned; None for a single process that the plain engine runs), then the data
-    (data.check_data)."""
-    plan = plan_here(cfg, plan_data, progress)
+    (returned; None for a single process that the plain engine runs), its fit to this
+    machine's memory (setup/memory_fit.py), then the data (data.check_data)."""
+    machine = this_machine(cfg)
+    plan = plan_here(cfg, plan_data, progress, machine)
+    check_memory_fits(cfg, plan, machine)
     keep = is_distributed(cfg) or needs_executor(cfg)
     check_data(cfg, progress)
     return plan if keep else None

@@ -1,0 +1,121 @@
+"""Whether a run fits the memory of the machine it starts on, before anything is allocated.
+
+Each stage's bytes are those the simulator's ledger predicts for the plan (sim/stage_memory.py:
+the account the executor keeps of real tensors, kind by kind), summed over the ranks that share
+this machine's memory. A run that cannot fit is refused in one line that says what holds the
+bytes and what lowers them; without it, a 7B run on a 23 GB machine built its model for minutes
+and grew until the kernel killed it (2026-11-27). The ledger leaves out torch itself, the
+allocator's slack and autograd's temporaries, so a run it passes may still not fit; one it
+refuses cannot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+from ratrain.schedule.grid import RankGrid
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.setup.choice import default_profile
+
+GIB = 2**30
+STATE_KINDS = ("masters", "gradients", "optimizer")
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """One rank of a stage, at its predicted peaks: the whole (`total`, where the host is the
+    device), the compute device's share and the host tier's (a GPU's host memory)."""
+
+    total: int
+    device: int
+    host: int
+    at_peak: dict[str, int]
+
+
+def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]:
+    """Each stage's predicted peaks on `profile` (a HardwareProfile: whether the host tier is
+    apart from the device), as the ledger would count them in one training step."""
+    from ratrain.sim.cost_model import StageCosts
+    from ratrain.sim.placement import stage_setups
+    from ratrain.sim.stage_memory import StageMemory
+
+    t = cfg.train
+    setups = stage_setups(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
+                          seq_len=t.seq_len, dtype=t.dtype)
+    out = []
+    for setup, program in zip(setups, plan.programs):
+        memory = StageMemory(StageCosts(setup), program, plan.view_window == 0)
+        out.append(StageBytes(memory.peak, memory.device_peak, memory.host_peak,
+                              dict(memory.at_peak)))
+    return out
+
+
+def check_memory_fits(cfg: RunConfig, plan: PipelinePlan, machine) -> None:
+    """Refuse (UserError) a run whose predicted bytes cannot fit `machine` (setup.Machine):
+    predicted on the preset of the machine's device, whatever --profile the schedule was
+    chosen on, since what matters here is whether the host memory is the device's."""
+    from ratrain.sim.profile import load_profile
+
+    profile = load_profile(default_profile(
+        (machine.device_name or "GPU") if machine.host_is_separate else None))
+    reason = memory_refusal(
+        cfg, plan, stage_bytes(cfg, plan, profile),
+        local_ranks=list(machine.local_ranks or range(plan.pp * plan.dp)),
+        host_available=machine.host_available_bytes, device_bytes=machine.memory_bytes,
+        host_is_separate=machine.host_is_separate)
+    if reason:
+        raise UserError(reason)
+
+
+def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes], *,
+                   local_ranks: list[int], host_available: int | None,
+                   device_bytes: int | None, host_is_separate: bool) -> str | None:
+    """Why the run's predicted bytes (`stages`) cannot fit, or None. `local_ranks`: the global
+    ranks on this machine, which share its `host_available` bytes (None: not known); on a GPU
+    (`host_is_separate`) each rank also has a device of `device_bytes`."""
+    grid = RankGrid(plan.pp, plan.dp, plan.rank_order)
+    here = [stages[grid.coords(r)[0]] for r in local_ranks]
+    if host_is_separate and device_bytes:
+        worst = max(range(len(stages)), key=lambda s: stages[s].device)
+        need = stages[worst].device
+        if need > device_bytes:
+            return (f"this run does not fit the GPU: stage {worst} would hold about "
+                    f"{need / GIB:.1f} GiB on it ({_kinds(stages[worst].at_peak)}), the GPU has "
+                    f"{device_bytes / GIB:.1f} GiB; keep the state in host memory (--state-home "
+                    "host, --view-window 1), recompute activations (--activation recompute), "
+                    "or let `ratrain plan --memory-budget` find a plan that fits")
+    if host_available is None:
+        return None
+    need = sum(s.host if host_is_separate else s.total for s in here)
+    if need <= host_available:
+        return None
+    what = "host memory" if host_is_separate else "memory"
+    peak = max(here, key=lambda s: s.host if host_is_separate else s.total)
+    ranks = ("its rank here would hold" if len(here) == 1 else
+             f"its {len(here)} ranks here would hold")
+    largest = "" if len(here) == 1 else "the largest rank: "
+    return (f"this run does not fit this machine's {what}: {ranks} about {need / GIB:.1f} GiB "
+            f"({largest}{_kinds(peak.at_peak)}), {host_available / GIB:.1f} GiB is available; "
+            f"{_hint(cfg, plan, peak.at_peak)}")
+
+
+def _kinds(at_peak: dict[str, int]) -> str:
+    """The kinds that hold a twentieth of a GiB or more, largest first."""
+    held = sorted(((b, k) for k, b in at_peak.items() if b >= GIB // 20), reverse=True)
+    return ", ".join(f"{k} {b / GIB:.1f} GiB" for b, k in held) or "under 0.05 GiB"
+
+
+def _hint(cfg: RunConfig, plan: PipelinePlan, at_peak: dict[str, int]) -> str:
+    state = sum(at_peak.get(k, 0) for k in STATE_KINDS)
+    if at_peak.get("activations", 0) > state:
+        return ("recompute activations (--activation recompute) or use a smaller "
+                "--micro-batch-size or --seq-len")
+    ways = []
+    if plan.dp > 1 and not plan.shard_state:
+        ways.append(f"shard the training state over the {plan.dp} replicas (--shard-state)")
+    ways.append("spread the model over more machines (torchrun with --pp or --dp)")
+    ways.append("or train a smaller model")
+    return (f"the training state ({cfg.model.name}: 16 bytes a parameter, masters, gradients "
+            f"and AdamW) is most of it; " + ", ".join(ways))

@@ -1,0 +1,87 @@
+"""setup/memory_fit.py: the plan's predicted bytes against a machine's memory, per stage on a
+GPU, summed over the ranks that share a host."""
+
+from __future__ import annotations
+
+from ratrain.config import RunConfig
+from ratrain.models.presets import get_preset
+from ratrain.schedule.plan import build_plan
+from ratrain.setup.memory_fit import GIB, StageBytes, memory_refusal
+
+STATE = {"masters": 4 * GIB, "gradients": 4 * GIB, "optimizer": 8 * GIB, "activations": GIB}
+
+
+def _cfg() -> RunConfig:
+    cfg = RunConfig()
+    cfg.model = get_preset("llama2-7b")
+    return cfg
+
+
+def _stages(device: list[float], host: list[float]) -> list[StageBytes]:
+    return [StageBytes(int((d + h) * GIB), int(d * GIB), int(h * GIB), STATE)
+            for d, h in zip(device, host)]
+
+
+def test_a_gpu_stage_over_the_device_is_named_with_what_lowers_it():
+    plan = build_plan(4, 2, 1, 4)
+    why = memory_refusal(_cfg(), plan, _stages([30, 90], [0, 0]), local_ranks=[0, 1],
+                         host_available=500 * GIB, device_bytes=80 * GIB, host_is_separate=True)
+    assert why.startswith("this run does not fit the GPU: stage 1 would hold about 90.0 GiB")
+    assert "the GPU has 80.0 GiB" in why and "--state-home host" in why
+    assert memory_refusal(_cfg(), plan, _stages([30, 80], [0, 0]), local_ranks=[0, 1],
+                          host_available=500 * GIB, device_bytes=80 * GIB,
+                          host_is_separate=True) is None
+
+
+def test_host_memory_is_summed_over_this_nodes_ranks_only():
+    """pp 2 x dp 2 under torchrun, two ranks a node: node 1 holds ranks 2 and 3, both stage 1
+    (pp-dp order), so its host must hold two of stage 1's host state, not stage 0's."""
+    plan = build_plan(4, 2, 2, 4)
+    stages = _stages([5, 5], [10, 30])
+    fits = dict(host_available=61 * GIB, device_bytes=80 * GIB, host_is_separate=True)
+    assert memory_refusal(_cfg(), plan, stages, local_ranks=[0, 1], **fits) is None
+    assert memory_refusal(_cfg(), plan, stages, local_ranks=[2, 3], **fits) is None
+    fits["host_available"] = 59 * GIB
+    assert memory_refusal(_cfg(), plan, stages, local_ranks=[0, 1], **fits) is None
+    why = memory_refusal(_cfg(), plan, stages, local_ranks=[2, 3], **fits)
+    assert why.startswith("this run does not fit this machine's host memory: its 2 ranks here "
+                          "would hold about 60.0 GiB"), why
+    assert "--shard-state" in why  # dp 2, whole state on each replica
+
+
+def test_on_a_cpu_a_ranks_whole_peak_counts_and_unknown_memory_passes():
+    plan = build_plan(4, 1, 1, 4)
+    stages = _stages([20], [0])
+    assert memory_refusal(_cfg(), plan, stages, local_ranks=[0], host_available=None,
+                          device_bytes=None, host_is_separate=False) is None
+    why = memory_refusal(_cfg(), plan, stages, local_ranks=[0], host_available=19 * GIB,
+                         device_bytes=None, host_is_separate=False)
+    assert "its rank here would hold about 20.0 GiB (optimizer 8.0 GiB" in why
+    assert "--shard-state" not in why and "smaller model" in why
+
+
+def test_a_containers_memory_limit_bounds_what_is_available(tmp_path, monkeypatch):
+    """Inside a memory-limited cgroup MemAvailable is the host's: the limit less the working
+    set (usage less inactive file cache) is what the run may hold; v2, v1, and no limit."""
+    from ratrain.runtime import process_memory
+    from ratrain.runtime.process_memory import available_host_bytes
+
+    assert process_memory._meminfo_available() > 0  # this machine's, read
+    host = 100 * GIB  # (fixed: MemAvailable moves while other tests run)
+    monkeypatch.setattr(process_memory, "_meminfo_available", lambda: host)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{8 * GIB}\n")
+    (v2 / "memory.current").write_text(f"{5 * GIB}\n")
+    (v2 / "memory.stat").write_text(f"anon 123\ninactive_file {GIB}\nactive_file 7\n")
+    assert available_host_bytes(v2) == 4 * GIB
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2 * GIB}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{3 * GIB}\n")
+    (v1 / "memory" / "memory.stat").write_text(f"total_inactive_file {2 * GIB}\n")
+    assert available_host_bytes(v1) == GIB
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v2 / "memory.max").write_text("max\n")
+    assert available_host_bytes(v1) == available_host_bytes(v2) == host
+    assert available_host_bytes(tmp_path / "none") == host
