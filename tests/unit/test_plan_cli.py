@@ -229,3 +229,33 @@ def test_one_sequence_a_step_needs_no_micro_batch_flag(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--global-batch", "1",
                            "--micro-batch-size", "2")
     assert code == 2 and "global_batch 1 is not a multiple of micro_batch_size 2" in err
+
+
+def test_a_planned_run_resumes_with_its_own_plan_when_the_file_is_gone(monkeypatch, capsys,
+                                                                       tmp_path):
+    """The plan file was made in a scratch directory and is gone, or was planned anew: the run
+    resumes with the plan it ran (RUN/plan.json; until 2026-11-27: "plan file not found"),
+    and continues exactly as a run that never stopped."""
+    from ratrain.training.metrics import read_metrics
+
+    from .cli_runner import small_config
+
+    config = str(small_config(tmp_path, steps=2, checkpoint_every=1))
+    out = tmp_path / "plan.json"
+
+    def planned(run: str, *flags: str) -> None:
+        assert run_cli(monkeypatch, capsys, "plan", "--config", config, "--profile", "cpu-local",
+                       "--devices", "2", "--out", str(out))[0] == 0
+        code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "--plan",
+                               str(out), "--run-dir", str(tmp_path / run), "--no-progress",
+                               "--no-report", *flags)
+        assert code == 0, err
+
+    planned("straight", "--steps", "3")
+    planned("stopped")
+    out.unlink()
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(tmp_path / "stopped"),
+                           "--steps", "3", "--no-progress", "--no-report")
+    assert code == 0, err
+    got = [r["loss"] for r in read_metrics(tmp_path / "stopped" / "metrics.jsonl")]
+    assert got == [r["loss"] for r in read_metrics(tmp_path / "straight" / "metrics.jsonl")]

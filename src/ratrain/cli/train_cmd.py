@@ -58,6 +58,8 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
     else:
         cfg = build_config(opts, resume_dir)
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
+    if resume_dir and not plan_file and cfg.parallel.plan_file:
+        plan_data = _runs_own_plan(Path(resume_dir))
     _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
     for value, section, key in ((keep_checkpoints, "train", "keep_checkpoints"),
                                 (checkpoint_on_interrupt, "train", "checkpoint_on_interrupt"),
@@ -90,6 +92,17 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
         click.echo(_memory_line(summary))
     if report:
         _write_report(Path(summary["run_dir"]), quiet=as_json)
+
+
+def _runs_own_plan(run_dir: Path) -> dict | None:
+    """The plan a planned run ran, as it wrote it at its start (RUN/plan.json): its resume
+    runs that, not what its --plan file holds now (moved, deleted or planned anew; until
+    2026-11-27 a moved file ended the resume). None where an older run has no copy: the
+    recorded path is read then."""
+    from ratrain.setup import read_plan_file
+
+    own = run_dir / "plan.json"
+    return read_plan_file(own) if own.is_file() else None
 
 
 def _use_output_flags(cfg: RunConfig, tensorboard: bool | None, profile_spec: str | None) -> None:
