@@ -240,3 +240,12 @@ def test_the_memory_check_weighs_the_ledgers_prediction(monkeypatch, capsys, tmp
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(config), "--run-dir",
                            "run", "--no-progress", "--no-checkpoints")
     assert code == 0, err
+
+
+def test_resuming_a_run_that_saved_no_checkpoint_says_why(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),
+                           "--run-dir", "run", "--no-progress", "--no-report", "--no-checkpoints")
+    assert code == 0, err
+    _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints: the run was started with "
+             "--no-checkpoints and saved none", "train", "--resume", "run", "--steps", "4",
+             "--no-progress")

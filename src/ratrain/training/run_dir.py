@@ -140,6 +140,18 @@ def _writable(directory: str | Path, what: str) -> Path:
     return existing
 
 
+def _why_none(run_dir: Path) -> str:
+    """Why a run has no checkpoint to resume from, where its config says."""
+    try:
+        saved = RunConfig.load(run_dir / "config.yaml").train
+    except (UserError, OSError):
+        return ""
+    if not saved.checkpoints:
+        return ": the run was started with --no-checkpoints and saved none"
+    every = f"every {saved.checkpoint_every} steps and " if saved.checkpoint_every else ""
+    return f": the run saves one {every}at its end, and had not reached one"
+
+
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
     skips and why; a UserError if there is none, if it is of another model, or (unless
@@ -151,7 +163,7 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
         if skipped:
             raise checkpoint.CheckpointDamaged(f"no checkpoint in {where} verifies: " + "; ".join(
                 f"{path.name}: {why}" for path, why in skipped))
-        raise UserError(f"no checkpoint in {where}")
+        raise UserError(f"no checkpoint in {where}{_why_none(run_dir)}")
     if int(os.environ.get("RANK", 0)) == 0:
         for path, why in skipped:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
