@@ -249,3 +249,11 @@ def test_resuming_a_run_that_saved_no_checkpoint_says_why(monkeypatch, capsys, t
     _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints: the run was started with "
              "--no-checkpoints and saved none", "train", "--resume", "run", "--steps", "4",
              "--no-progress")
+
+
+def test_export_of_a_directory_that_is_no_run(monkeypatch, capsys, tmp_path):
+    (tmp_path / "notarun").mkdir()
+    for where in ("notarun", "missing"):
+        _refused(monkeypatch, capsys, f"{where} is not a ratrain run directory (no config.yaml)",
+                 "export", where, "--out", "hf")
+    assert not (tmp_path / "hf").exists()

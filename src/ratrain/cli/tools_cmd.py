@@ -71,6 +71,8 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
     from ratrain.models.llama import build_units
     from ratrain.training.run_dir import resume_point
 
+    if not (Path(run_dir) / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
     diloco = cfg.parallel.diloco
