@@ -13,8 +13,9 @@ SRC = Path(ratrain.__file__).parent
 MAY_IMPORT = {
     "errors": set(),
     "plain_data": set(),
+    "host_memory": set(),
     "schedule": {"errors"},
-    "checkpoint": {"errors"},
+    "checkpoint": {"errors", "host_memory"},
     "model_config": {"errors"},
     "config": {"errors", "plain_data", "schedule", "model_config"},
     "models": {"errors", "config"},
@@ -24,11 +25,11 @@ MAY_IMPORT = {
     "setup": {"errors", "schedule", "config", "sim"},
     "planner": {"errors", "schedule", "config", "models", "sim", "setup"},
     "training": {"errors", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
-                 "setup"},
+                 "setup", "host_memory"},
     "profiling": {"errors", "schedule", "config", "models", "sim", "runtime", "training"},
     "report": {"errors", "schedule", "config", "models", "sim", "runtime", "training"},
     "cli": {"errors", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
-            "setup", "planner", "training", "profiling", "report"},
+            "setup", "planner", "training", "profiling", "report", "host_memory"},
 }
 """What each package (or top-level module) may import of ratrain, besides itself."""
 

@@ -63,12 +63,12 @@ def test_on_a_cpu_a_ranks_whole_peak_counts_and_unknown_memory_passes():
 def test_a_containers_memory_limit_bounds_what_is_available(tmp_path, monkeypatch):
     """Inside a memory-limited cgroup MemAvailable is the host's: the limit less the working
     set (usage less inactive file cache) is what the run may hold; v2, v1, and no limit."""
-    from ratrain.runtime import process_memory
-    from ratrain.runtime.process_memory import available_host_bytes
+    from ratrain import host_memory
+    from ratrain.host_memory import available_host_bytes
 
-    assert process_memory._meminfo_available() > 0  # this machine's, read
+    assert host_memory._meminfo_available() > 0  # this machine's, read
     host = 100 * GIB  # (fixed: MemAvailable moves while other tests run)
-    monkeypatch.setattr(process_memory, "_meminfo_available", lambda: host)
+    monkeypatch.setattr(host_memory, "_meminfo_available", lambda: host)
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "memory.max").write_text(f"{8 * GIB}\n")

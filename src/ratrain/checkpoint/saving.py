@@ -27,7 +27,7 @@ import torch
 
 from ratrain.checkpoint import (CheckpointWriteError, _partial, _write_failed, checkpoint_dir,
                                 finalize, save_units)
-from ratrain.runtime.process_memory import available_host_bytes
+from ratrain.host_memory import available_host_bytes
 
 SLOW_WRITES_ENV = "RATRAIN_TEST_ONLY_SLOW_CHECKPOINT_WRITES_S"
 """Test only: seconds the writer sleeps after each unit's files, so that a test can kill a run
