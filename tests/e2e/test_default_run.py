@@ -16,6 +16,8 @@ from ratrain.config import RunConfig
 from ratrain.training.metrics import read_metrics
 from ratrain.models.llama import LlamaModel
 
+from ..unit.report_checks import check_mfu, check_page
+
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
@@ -43,6 +45,15 @@ def test_default_run_loss_falls(default_run):
     assert checkpoint.latest(run).name == "step_000300"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 300 and summary["final_loss"] == rows[-1]["loss"]
+
+
+def test_default_run_writes_its_report_and_mfu(default_run):
+    cwd, proc = default_run
+    run = (cwd / "runs" / "latest").resolve()
+    assert f"report: runs/{run.name}/report/index.html" in proc.stdout and "MFU:" in proc.stdout
+    html = check_page(run / "report", {"loss.png", "throughput.png", "memory.png"})
+    assert "MFU" in html and "single process" in html
+    check_mfu(run)
 
 
 def test_export_loads_in_transformers(default_run, tmp_path):

@@ -1,11 +1,10 @@
-"""`ratrain report`: the page and its pictures for a single-process run, a pp=2 dp=2 run and a
-planned run; the timeline's reading of a trace; MFU in what a run writes."""
+"""`ratrain report`: the page and its pictures for a pp=2 dp=2 run and a planned run (the
+default run's: tests/e2e/test_default_run.py); the timeline's reading of a trace; MFU in what a run writes."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -13,11 +12,11 @@ import sys
 import pytest
 
 from ratrain.data.corpus import stdlib_files
-from ratrain.training.metrics import read_metrics
 from ratrain.report.timeline import kind_of, lanes, measured_step
 from ratrain.runtime.trace import chrome_trace
 
 from .cli_runner import run_cli
+from .report_checks import check_mfu, check_page
 
 SHORT = ["--steps", "3", "--seq-len", "64", "--no-progress"]
 
@@ -41,36 +40,6 @@ def _ratrain(workdir, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _check_page(report_dir, pictures: set[str]) -> str:
-    """The page exists and shows every picture in the directory, each of them there."""
-    html = (report_dir / "index.html").read_text()
-    written = {p.name for p in report_dir.glob("*.png")}
-    assert written == pictures
-    shown = set(re.findall(r'<img src="([^"]+)"', html))
-    assert shown == written
-    for name in written:
-        assert (report_dir / name).stat().st_size > 5000  # a picture, not an empty canvas
-    assert "<script" not in html
-    return html
-
-
-def _check_mfu(run_dir) -> None:
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert all(0 < r["mfu"] < 2 for r in rows)
-    assert 0 < summary["mfu"] < 2 and summary["peak_flops"] > 0
-    assert summary["mfu"] == pytest.approx(
-        summary["flops_per_token"] * summary["tokens_per_s"] / summary["peak_flops"])
-
-
-def test_default_run_writes_its_report(workdir):
-    proc = _ratrain(workdir, "train", "--data", "text", *SHORT, "--run-dir", "default")
-    assert "report: default/report/index.html" in proc.stdout and "MFU:" in proc.stdout
-    html = _check_page(workdir / "default" / "report", {"loss.png", "throughput.png", "memory.png"})
-    assert "MFU" in html and "single process" in html
-    _check_mfu(workdir / "default")
-
-
 @pytest.mark.dist
 def test_pp2_dp2_run_report_with_simulated_step(workdir, monkeypatch, capsys):
     _ratrain(workdir, "train", "--data", "text", *SHORT, "--pp", "2", "--dp", "2", "--profile",
@@ -80,14 +49,14 @@ def test_pp2_dp2_run_report_with_simulated_step(workdir, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "report", str(run), "--json")
     assert code == 0, err
     written = json.loads(out)
-    html = _check_page(run / "report", {"loss.png", "throughput.png", "memory.png", "timeline.png"})
+    html = check_page(run / "report", {"loss.png", "throughput.png", "memory.png", "timeline.png"})
     assert {os.path.basename(p) for p in written["pictures"]} == {
         "loss.png", "throughput.png", "memory.png", "timeline.png"}
     assert "simulated" in written["table"]["step time"] and "error" in written["table"]["step time"]
     assert "pp=2 x dp=2" in written["table"]["layout"]
     assert "stage 1: held" in written["table"]["peak memory"]
     assert "cpu-local" in html
-    _check_mfu(run)
+    check_mfu(run)
 
 
 @pytest.mark.dist
@@ -95,7 +64,7 @@ def test_planned_run_report_shows_the_budget(workdir):
     _ratrain(workdir, "plan", "--model", "tiny", "--seq-len", "64", "--profile", "cpu-local",
              "--devices", "2", "--memory-budget", "60e6", "--out", "plan.json")
     _ratrain(workdir, "train", "--plan", "plan.json", "--data", "text", *SHORT, "--run-dir", "planned")
-    html = _check_page(workdir / "planned" / "report",
+    html = check_page(workdir / "planned" / "report",
                        {"loss.png", "throughput.png", "memory.png", "timeline.png"})
     assert "plan.json" in html and "plan&#x27;s budget" in html
     assert "simulated" in html  # on the profile the plan was made with

@@ -31,7 +31,6 @@ import torch
 import torch.multiprocessing as mp
 
 from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
-from ratrain.runtime.torchrun_env import under_torchrun
 
 STOP_GRACE_S = 3.0  # how long a rank gets to go on SIGTERM before SIGKILL
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
