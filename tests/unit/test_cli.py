@@ -225,3 +225,19 @@ def test_resuming_refuses_a_changed_setting_but_not_the_same_one_repeated(monkey
                                          "resuming; start a new run instead"), err
     code, _, err = run_cli(monkeypatch, capsys, *resume, "--model", "tiny")
     assert code == 2 and "cannot change --model when resuming" in err, err
+
+
+def test_rank_0_says_it_builds_a_large_model_and_how_long_it_took(capsys):
+    """A 7B model's units and state took minutes to build with nothing on the screen."""
+    from ratrain.models.presets import get_preset
+    from ratrain.schedule.plan import build_plan
+    from ratrain.training.run import _building
+
+    big, tiny = RunConfig(model=get_preset("llama2-7b")), RunConfig(model=get_preset("tiny"))
+    for cfg, rank, progress in ((tiny, 0, True), (big, 1, True), (big, 0, False)):
+        _building(cfg, None, rank, progress)()
+    assert capsys.readouterr().err == ""
+    _building(big, build_plan(32, 2, 1, 2), 0, True)()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "building llama2-7b (6.74B parameters; this rank: stage 0 of 2, units 0-16) ..."
+    assert lines[1].startswith("built in ") and lines[1].endswith(" s") and len(lines) == 2

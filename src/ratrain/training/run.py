@@ -12,6 +12,8 @@ import gc
 import json
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from ratrain.config import RunConfig
 from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.errors import Interrupted
+from ratrain.models.params import count_params
 from ratrain.runtime.launch import ask_to_stop_on_sigint, launch_local
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import init_groups, pick_backend
@@ -111,6 +114,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         plan = PipelinePlan.from_dict(plan_dict)
     else:
         plan = plan_here(cfg) if distributed or needs_executor(cfg) else None
+    built = _building(cfg, plan, rank, progress)
     if distributed:
         p = cfg.parallel
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
@@ -126,6 +130,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
             engine = PipelineEngine(cfg, plan, None, tracer, device=device)
         else:
             engine = LocalEngine(cfg, device)
+    built()
     previous = signal.getsignal(signal.SIGINT)
     if cfg.train.checkpoint_on_interrupt:
         ask_to_stop_on_sigint()
@@ -140,6 +145,28 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         del engine, groups, loop  # the groups must be gone before the backend they belong to
         _shut_down_together(cfg.parallel.comm_timeout_s)
     return stopped
+
+
+SAYS_BUILDING_FROM = 500_000_000
+"""Parameters from which rank 0 says that it builds the model: a 7B model's units and state
+took minutes to build with nothing on the screen."""
+
+
+def _building(cfg: RunConfig, plan: PipelinePlan | None, rank: int, progress: bool):
+    """Say (rank 0, with progress, a large model) that the model is being built; returns what
+    says when it is built."""
+    params = count_params(cfg.model)
+    if not (progress and rank == 0 and params >= SAYS_BUILDING_FROM):
+        return lambda: None
+    stage = ""
+    if plan and plan.pp > 1:
+        units = plan.stage_units[0]
+        stage = f"; this rank: stage 0 of {plan.pp}, units {units.start}-{units.stop - 1}"
+    print(f"building {cfg.model.name} ({params / 1e9:.2f}B parameters{stage}) ...",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    return lambda: print(f"built in {time.perf_counter() - start:.1f} s", file=sys.stderr,
+                         flush=True)
 
 
 def _shut_down_together(timeout_s: float) -> None:
