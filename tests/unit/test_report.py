@@ -96,3 +96,25 @@ def test_the_last_traced_step_from_a_chrome_trace():
     assert measured.rows[1].actions == [("WRA1.0", pytest.approx(5e-6), pytest.approx(40e-6))]
     assert lanes(measured.rows[0].spans) == [0, 1]  # they overlap: two lanes
     assert measured.duration == pytest.approx(100e-6)
+
+
+def test_the_table_says_what_changes_the_algorithm_and_the_schedule(tmp_path):
+    """A DiLoCo run's table named neither its sync nor what its losses are of (until
+    2026-11-27), nor micro-batch groups or a split schedule's placement."""
+    from ratrain.config import RunConfig
+    from ratrain.report.page import run_table
+    from ratrain.report.run import Run
+    from ratrain.schedule.plan import build_plan
+
+    cfg = RunConfig()
+    row = {"step": 4, "loss": 2.0, "tokens_per_s": 1.0, "peak_memory_bytes": 1}
+    tables = {}
+    for name, plan in (("diloco", build_plan(4, 1, 2, 4, sync="diloco:4:2")),
+                       ("groups", build_plan(4, 1, 1, 4, micro_batch_group=2)),
+                       ("zbh1", build_plan(4, 2, 1, 4, schedule="zbh1", weight_grad="grouped"))):
+        tables[name] = dict(run_table(Run(tmp_path, cfg, [row], {}, plan), None, None))
+    sync = tables["diloco"]["sync"]
+    assert sync.startswith("--sync diloco:4:2: no gradient sum every step; outer Nesterov lr 0.7")
+    assert "mix 0.5" in sync and "the validation loss the outer parameters'" in sync
+    assert "1f1b in groups of 2" in tables["groups"]["layout"] and "sync" not in tables["groups"]
+    assert "zbh1 (grouped)" in tables["zbh1"]["layout"]

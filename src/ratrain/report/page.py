@@ -7,6 +7,7 @@ from html import escape
 from pathlib import Path
 
 from ratrain.report.figure import fmt_mib
+from ratrain.schedule.outer_sync import parse_sync
 
 CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -38,9 +39,19 @@ def run_table(run, sim, timeline_step: tuple[float, float | None] | None) -> lis
                       f"dim {m.dim}, {m.n_heads} heads ({m.n_kv_heads} kv), vocab {m.vocab_size}"),
             ("training", f"{last['step']} steps of {t.global_batch} x {t.seq_len} tokens, {t.dtype}")]
     if plan is not None:
+        schedule = (plan.schedule + (f" ({plan.weight_grad})" if plan.weight_grad else "")
+                    + (f" in groups of {plan.micro_batch_group}"
+                       if plan.micro_batch_group > 1 else ""))
         rows.append(("layout", f"pp={plan.pp} x dp={plan.dp} ({plan.rank_order}), {plan.policy} "
-                               f"policy, {plan.schedule}, {plan.n_micro} micro-batches of "
+                               f"policy, {schedule}, {plan.n_micro} micro-batches of "
                                f"{t.micro_batch_size} per replica"))
+        outer = parse_sync(plan.sync)
+        if outer is not None:
+            rows.append(("sync", f"--sync {plan.sync}: no gradient sum every step; outer Nesterov "
+                                 f"lr {t.outer_lr:g}, momentum {t.outer_momentum:g}"
+                                 + (f", mix {t.outer_mix:g}" if outer.streaming else "")
+                                 + "; the loss is the replicas' mean on their local weights, the "
+                                 "validation loss the outer parameters'"))
         made = f"plan file {p.plan_file}" if p.plan_file else "built from the flags"
         activation = ["/".join(sorted(set(a))) for a in plan.activation] \
             if isinstance(plan.activation, list) else [str(plan.activation)]
