@@ -48,8 +48,8 @@ class UnitTables:
     def __init__(self, request: PlanRequest):
         self.request = request
         self._cache: dict[tuple, UnitTable] = {}
-        self._least: dict[tuple, float] = {}  # least_work's, per tables (held in _cache)
-        self._rho: dict[tuple, float] = {}  # own_micro's, per tables
+        self._least: dict[tuple, float] = {}  # least_work's, per _tables_key
+        self._rho: dict[tuple, float] = {}  # own_micro's, per _tables_key
 
     def __call__(self, layout: Layout) -> list[UnitTable]:
         return [self.table(layout, g) for g in layout.groups]
@@ -69,13 +69,20 @@ class UnitTables:
             self._cache[scheduled] = self._cache[key].scheduled(layout.schedule, layout.weight_grad)
         return self._cache[scheduled]
 
+    def _tables_key(self, layout: Layout) -> tuple:
+        """What the tables of a layout's groups depend on (as `table` keys them), without
+        making them: the bounds ask for them hundreds of thousands of times a search."""
+        tied = self.request.model.tie_embeddings and layout.pp == 1
+        return (layout.micro_batch_size, layout.n_micro, layout.dp, layout.lifecycle,
+                tuple(sorted(set(layout.groups))), tied, layout.schedule, layout.weight_grad)
+
     def least_work(self, layout: Layout, chained: bool = False) -> float:
         """One micro-batch's forward and backward through the model, each unit on the fastest
         device of the layout's groups; `chained`: without the weight halves of a split
         backward (what the pipeline's critical path chains)."""
-        tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
-        key = (tuple(map(id, tables)), chained)
+        key = (self._tables_key(layout), chained)
         if key not in self._least:
+            tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
             self._least[key] = sum(
                 min(t.forward[u] + t.backward[u] - (t.weight[u] if chained else 0.0)
                     for t in tables) for u in range(tables[0].n_units))
@@ -89,9 +96,9 @@ class UnitTables:
         before = m - stage_deferrals(layout.weight_grad, layout.pp, m)[-1]  # the most
         if not before:
             return float(m)
-        tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
-        key = tuple(map(id, tables))
+        key = self._tables_key(layout)
         if key not in self._rho:
+            tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
             chained = [min(t.forward[u] + t.backward[u] - t.weight[u] for t in tables)
                        for u in range(tables[0].n_units)]
             weight = [min(t.weight[u] for t in tables) for u in range(tables[0].n_units)]
