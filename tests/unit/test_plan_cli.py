@@ -259,3 +259,46 @@ def test_a_planned_run_resumes_with_its_own_plan_when_the_file_is_gone(monkeypat
     assert code == 0, err
     got = [r["loss"] for r in read_metrics(tmp_path / "stopped" / "metrics.jsonl")]
     assert got == [r["loss"] for r in read_metrics(tmp_path / "straight" / "metrics.jsonl")]
+
+
+def test_train_with_a_memory_budget_searches_and_trains_the_plan_plan_would_write(
+        monkeypatch, capsys, tmp_path):
+    """`ratrain train --memory-budget B`: one command for "the fastest run that fits", the plan
+    `ratrain plan` writes for the same request, recorded in RUN/plan.json with its prediction
+    (what a resume and the report read)."""
+    from .cli_runner import small_config
+
+    config = str(small_config(tmp_path, steps=2, checkpoint_every=1))
+    search = ("--config", config, "--memory-budget", "3MB", "--devices", "2")
+    assert run_cli(monkeypatch, capsys, "plan", *search, "--out", str(tmp_path / "p.json"))[0] == 0
+    run = tmp_path / "run"
+    code, _, err = run_cli(monkeypatch, capsys, "train", *search, "--run-dir", str(run),
+                           "--no-progress", "--no-report")
+    assert code == 0, err
+    assert err.startswith("--memory-budget 3.00 MB on cpu-local: the fastest of ")
+    planned = json.loads((tmp_path / "p.json").read_text())
+    ran = json.loads((run / "plan.json").read_text())
+    assert {k: ran[k] for k in planned} == planned  # programs, layout, run settings, prediction
+    assert ran["prediction"]["budget_bytes"] == 3e6 and ran["pp"] * ran["dp"] <= 2
+    from ratrain.config import RunConfig
+
+    assert RunConfig.load(run / "config.yaml").parallel.plan_file == str((run / "plan.json").resolve())
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run), "--steps", "3",
+                           "--no-progress", "--no-report")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--memory-budget", "3MB", "--dp", "2"), "--dp is the planner's to choose"),
+    (("--memory-budget", "3MB", "--plan", "p.json"), "--plan is one already"),
+    (("--memory-budget", "3MB", "--resume", "run"), "a resumed run keeps the plan it ran"),
+    (("--devices", "2",), "--devices goes with --memory-budget"),
+    (("--memory-budget", "1KB",), "a budget of"),  # nothing fits: the account of what is closest
+])
+def test_train_with_a_memory_budget_refuses(monkeypatch, capsys, tmp_path, flags, needle):
+    from .cli_runner import small_config
+
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),
+                           *flags, "--run-dir", str(tmp_path / "new"), "--no-progress")
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "new").exists()

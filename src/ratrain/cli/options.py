@@ -155,7 +155,12 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
     report the clash). Returns the file's contents, read here once: the setup stage
     (setup.run_plan) makes them the plan."""
     cfg.parallel.plan_file = str(Path(plan_file).resolve())
-    layout = read_plan_file(cfg.parallel.plan_file)
+    return use_plan(cfg, read_plan_file(cfg.parallel.plan_file), plan_file, opts)
+
+
+def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict) -> dict:
+    """Run the plan `layout` (a plan file's contents; `plan_file` names it in refusals): its
+    layout and the settings it was made for, unless the flags say otherwise."""
     for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
                       ("shard_state", bool), ("schedule", str), ("weight_grad", str),
                       ("grad_lifetime", str), ("shard_group", int), ("sync", str),

@@ -10,8 +10,6 @@ import click
 from ratrain.cli.format import range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options
-from ratrain.errors import UserError
-from ratrain.schedule.outer_sync import EVERY_STEP
 
 
 @cli.command()
@@ -70,67 +68,19 @@ def _show(cfg, out, as_json) -> None:
 
 def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_limit, out,
             as_json) -> None:
-    from ratrain.planner import account, low_comm, plan_file, search
+    from ratrain.cli.plan_search import best_plans, search_request
+    from ratrain.planner import low_comm, plan_file
     from ratrain.planner.account import decimal_bytes
-    from ratrain.planner.budget import parse_bytes
     from ratrain.sim.profile import load_profile
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate
 
-    for flag in ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
-                 "partition", "rank_order", "shard_state", "shard_group", "device_units"):
-        if opts.get(flag) is not None:
-            raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
-                            f"of a search (--profile/--devices/--memory-budget)")
-    if opts.get("sync") not in (None, EVERY_STEP):
-        raise UserError("--sync is not searched: the planner ranks synchronous plans and, where "
-                        "the link is too slow for a sync every step, offers --sync diloco below "
-                        "them (with --out FILE, written to FILE's .diloco.json); leave it out")
-    if not opts.get("micro_batch_size"):  # the search picks it; 1 divides any batch
-        cfg.train.micro_batch_size = 1
-    cfg.validate()
-    lifetime = opts.get("grad_lifetime")
-    if lifetime not in (None, "step") and cfg.parallel.policy != "ratrain":
-        raise UserError(f"--grad-lifetime {lifetime} needs --policy ratrain (the baseline "
-                        f"accumulates the step's gradient)")
     hw = load_profile(profile_spec)
-    hw.rate(cfg.train.dtype)
-    if devices is None:
-        devices = hw.device_count or (2 if hw.device.cores else 8)
-    if devices < 1:
-        raise UserError(f"--devices must be at least 1, got {devices}")
-    if hw.device_count and devices > hw.device_count:
-        raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
-                        f"in its groups")
-    if top < 1:
-        raise UserError(f"--top must be at least 1, got {top}")
-    if not 0 <= margin < 1:
-        raise UserError(f"--memory-margin must be in [0, 1), got {margin}")
-    if time_limit <= 0:
-        raise UserError(f"--time-limit must be positive, got {time_limit}")
+    request = search_request(cfg, opts, hw, devices, memory_budget, margin, top, time_limit,
+                             "--profile/--devices/--memory-budget")
     t = cfg.train
-    request = search.PlanRequest(
-        model=cfg.model, profile=hw, devices=devices, global_batch=t.global_batch,
-        seq_len=t.seq_len, dtype=t.dtype,
-        budget=parse_bytes(memory_budget) if memory_budget else None, margin=margin,
-        policy=cfg.parallel.policy, clip=t.grad_clip > 0 or t.dtype == "float16", top=top,
-        micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
-        pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
-        grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit)
-    found = search.search(request)
-    if not found.best and not found.layouts:
-        refused: list[str] = []
-        search.layouts(request, refused)  # training would refuse every one: say why
-        if refused:
-            raise UserError(f"no layout on {devices} devices can run: {refused[0]}")
-    if not found.best and not found.complete:  # not "nothing fits": the search did not finish
-        raise UserError(f"the search stopped at --time-limit {time_limit:g} s before it found a "
-                        f"plan that fits ({found.simulated} simulated; {found.layouts} layouts); "
-                        f"raise --time-limit")
-    if not found.best:
-        raise UserError(account.account(request))
+    found = best_plans(request)
     best = found.best[0]
-    search.check(best)
     if out:
         Path(out).write_text(json.dumps(plan_file.to_dict(best, cfg, request), indent=2))
     # what the profile's figures that did not repeat do to the best plan's prediction

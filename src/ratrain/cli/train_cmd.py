@@ -24,6 +24,8 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @cli.command()
 @config_options
 @click.option("--plan", "plan_file", type=click.Path(), help="Run this plan (JSON from `ratrain plan --out`) instead of building one.")
+@click.option("--memory-budget", help="Search for the fastest plan that fits this many bytes per device (20GB, 18GiB: as `ratrain plan --memory-budget`) on --profile for --devices, and train it; the plan goes to RUN/plan.json. The planner chooses the layout: leave --dp, --activation, --state-home and the like out.")
+@click.option("--devices", type=int, help="With --memory-budget: the devices the plan may use (pp x dp), at most.  [default: the GPUs here; on a CPU, the profile's]")
 @click.option("--run-dir", type=click.Path(), help="Directory for this run.  [default: runs/<time>-<model>, linked from runs/latest]")
 @click.option("--resume", "resume_dir", help="Continue the run in this directory from its newest checkpoint that verifies (newer ones that do not are named and skipped). 'auto', with --run-dir: continue the run there if it has a checkpoint, else start it (for torchrun --max-restarts).")
 @click.option("--keep-checkpoints", type=int, help="Keep the newest K complete checkpoints.  [default: 2]")
@@ -38,15 +40,23 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
 @click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")
 @click.option("--profile", "profile_spec", help="Hardware profile (a preset such as cpu-local, or a YAML file from `ratrain profile`): the device peak for MFU on a CPU, and the simulated step the report sets beside the measured one.  [default: MFU against a matmul peak measured at the start (CPU) or the GPU's datasheet; the report simulates on the profile a --plan was made with]")
-def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpoint_dir,
-          checkpoint_async, comm_timeout, checkpoint_on_interrupt, trace, progress, as_json,
-          report, tensorboard, profile_spec, **opts) -> None:
+def train(plan_file, memory_budget, devices, run_dir, resume_dir, keep_checkpoints, checkpoints,
+          checkpoint_dir, checkpoint_async, comm_timeout, checkpoint_on_interrupt, trace,
+          progress, as_json, report, tensorboard, profile_spec, **opts) -> None:
     """Train a model. With no arguments: the embedded default run.
 
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer
     ends the run after --comm-timeout; Ctrl-C stops every rank. See docs/reliability.md."""
     from ratrain.runtime.torchrun_env import under_torchrun
 
+    if memory_budget is None and devices is not None:
+        raise UserError("--devices goes with --memory-budget (the devices a search may use); "
+                        "without it, --pp x --dp are the run's")
+    if memory_budget is not None and (plan_file or resume_dir):
+        raise UserError(f"--memory-budget searches for a new run's plan; "
+                        + ("--plan is one already" if plan_file else
+                           "a resumed run keeps the plan it ran (RUN/plan.json)")
+                        + ": leave one of them out")
     if resume_dir == "auto":
         if not run_dir:
             raise UserError("--resume auto needs --run-dir: the directory a restarted job continues")
@@ -60,6 +70,8 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
+    if memory_budget is not None:
+        plan_data = _searched_plan(cfg, opts, profile_spec, devices, memory_budget)
     _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
     for value, section, key in ((keep_checkpoints, "train", "keep_checkpoints"),
                                 (checkpoint_on_interrupt, "train", "checkpoint_on_interrupt"),
@@ -92,6 +104,48 @@ def train(plan_file, run_dir, resume_dir, keep_checkpoints, checkpoints, checkpo
         click.echo(_memory_line(summary))
     if report:
         _write_report(Path(summary["run_dir"]), quiet=as_json)
+
+
+def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices: int | None,
+                   memory_budget: str) -> dict:
+    """The fastest plan that fits `memory_budget` per device (`ratrain plan`'s search) on
+    --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
+    a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
+    from ratrain.cli.options import use_plan
+    from ratrain.cli.plan_search import best_plans, search_request
+    from ratrain.planner import plan_file
+    from ratrain.planner.account import decimal_bytes
+    from ratrain.runtime.process_groups import pick_backend
+    from ratrain.runtime.torchrun_env import under_torchrun
+    from ratrain.setup.choice import default_profile
+    from ratrain.setup.plan_file import SEARCHED_PLAN
+    from ratrain.sim.profile import load_profile
+
+    if under_torchrun():  # every rank would search, and a time limit could part them
+        raise UserError("under torchrun, search first: `ratrain plan --memory-budget ... --out "
+                        "plan.json`, then `ratrain train --plan plan.json`")
+    gpus, gpu_name = 0, None
+    if pick_backend(cfg.parallel.backend) == "nccl":
+        import torch
+
+        gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
+    hw = load_profile(profile_spec or default_profile(gpu_name))
+    request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, 0.10, 1,
+                             25.0, "--memory-budget")
+    found = best_plans(request)
+    best = found.best[0]
+    data = plan_file.to_dict(best, cfg, request)
+    use_plan(cfg, data, "the searched plan", opts)
+    cfg.parallel.plan_file = SEARCHED_PLAN
+    L = best.layout
+    click.echo(f"--memory-budget {decimal_bytes(request.budget_bytes)} on {hw.name}: the fastest "
+               f"of {found.layouts} layouts ({found.simulated} simulated in {found.seconds:.1f} s"
+               + ("" if found.complete else ", cut by the time limit") + f") is pp {L.pp} x dp "
+               f"{L.dp}, {L.schedule_label}, {L.n_micro} micro-batches of {L.micro_batch_size}, "
+               f"state / views {L.lifecycle.label(len(best.device_units))}: predicted "
+               f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
+               f"{decimal_bytes(max(best.stage_bytes))} a device", err=True)
+    return data
 
 
 def _runs_own_plan(run_dir: Path) -> dict | None:

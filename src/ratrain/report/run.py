@@ -61,8 +61,9 @@ def load_run(run_dir: str | Path) -> Run:
             run.plan = PipelinePlan.from_dict(plan)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             run.notes.append(f"plan.json could not be read ({type(e).__name__}: {e})")
-    if run.cfg.parallel.plan_file:
-        run.plan_file = _json(Path(run.cfg.parallel.plan_file))
+    if run.cfg.parallel.plan_file:  # the run's copy holds the file's prediction (2026-11-27 on)
+        run.plan_file = (plan if plan and "prediction" in plan else
+                         _json(Path(run.cfg.parallel.plan_file)))
         if run.plan_file is None:
             run.notes.append(f"the plan file {run.cfg.parallel.plan_file} is gone: no budget, "
                              "no planner's prediction")

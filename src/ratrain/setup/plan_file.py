@@ -11,6 +11,10 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.schedule.plan_rules import weight_grad_of
 
+SEARCHED_PLAN = "(searched: --memory-budget)"
+"""A run's plan_file while the plan `ratrain train --memory-budget` searched for has no file
+yet: training.run.train writes it to RUN/plan.json and records that path instead."""
+
 
 def read_plan_file(path: str | Path) -> dict:
     """A plan file's plain data (JSON), read once: the CLI takes its layout and run settings

@@ -32,6 +32,7 @@ from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
+from ratrain.setup.plan_file import SEARCHED_PLAN
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import is_distributed, plan_here, prepare
 from ratrain.training.run_dir import kept_files, open_run_dir
@@ -51,6 +52,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     plan_dict = plan.to_dict() if plan else None
     opened = open_run_dir(run_dir, cfg, resume)
     run_dir, ckpt = opened.path, opened.resume_from
+    if cfg.parallel.plan_file == SEARCHED_PLAN:  # its plan file is the run's copy
+        cfg.parallel.plan_file = str((run_dir / "plan.json").resolve())
     world = cfg.parallel.pp * cfg.parallel.dp
     summary_path = run_dir / "summary.json"
     # a resumed run that fails before its first step leaves the directory's files as they were
@@ -59,7 +62,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
         cfg.save(run_dir / "config.yaml")
         if plan:
-            (run_dir / "plan.json").write_text(json.dumps(plan_dict, indent=2))
+            # a plan file's whole (what it was made for, its prediction), where it has one
+            (run_dir / "plan.json").write_text(json.dumps(
+                plan_data if plan_data is not None else plan_dict, indent=2))
     args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
     in_this_process = under_torchrun() or world == 1
     try:

@@ -1,0 +1,84 @@
+"""The planner's search as the command line asks for it: `ratrain plan`'s, which lists what it
+found, and `ratrain train --memory-budget`'s, which trains the best of it."""
+
+from __future__ import annotations
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+from ratrain.schedule.outer_sync import EVERY_STEP
+
+PLANNER_CHOOSES = ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
+                   "partition", "rank_order", "shard_state", "shard_group", "device_units")
+"""Flags whose choice is the search's: refused beside it."""
+
+
+def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
+                   memory_budget: str | None, margin: float, top: int, time_limit: float,
+                   flags: str):
+    """The search's PlanRequest for cfg and the flags given, on the HardwareProfile `hw`
+    (devices None: the profile's groups, else 2 on a CPU profile, 8 otherwise); `flags` names
+    the command's search flags in its refusals."""
+    from ratrain.planner import search
+    from ratrain.planner.budget import parse_bytes
+
+    for flag in PLANNER_CHOOSES:
+        if opts.get(flag) is not None:
+            raise UserError(f"--{flag.replace('_', '-')} is the planner's to choose; leave it out "
+                            f"of a search ({flags})")
+    if opts.get("sync") not in (None, EVERY_STEP):
+        raise UserError("--sync is not searched: the planner ranks synchronous plans and, where "
+                        "the link is too slow for a sync every step, `ratrain plan` offers "
+                        "--sync diloco below them (with --out FILE, written to FILE's "
+                        ".diloco.json); leave it out")
+    if not opts.get("micro_batch_size"):  # the search picks it; 1 divides any batch
+        cfg.train.micro_batch_size = 1
+    cfg.validate()
+    lifetime = opts.get("grad_lifetime")
+    if lifetime not in (None, "step") and cfg.parallel.policy != "ratrain":
+        raise UserError(f"--grad-lifetime {lifetime} needs --policy ratrain (the baseline "
+                        f"accumulates the step's gradient)")
+    hw.rate(cfg.train.dtype)
+    if devices is None:
+        devices = hw.device_count or (2 if hw.device.cores else 8)
+    if devices < 1:
+        raise UserError(f"--devices must be at least 1, got {devices}")
+    if hw.device_count and devices > hw.device_count:
+        raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
+                        f"in its groups")
+    if top < 1:
+        raise UserError(f"--top must be at least 1, got {top}")
+    if not 0 <= margin < 1:
+        raise UserError(f"--memory-margin must be in [0, 1), got {margin}")
+    if time_limit <= 0:
+        raise UserError(f"--time-limit must be positive, got {time_limit}")
+    t = cfg.train
+    return search.PlanRequest(
+        model=cfg.model, profile=hw, devices=devices, global_batch=t.global_batch,
+        seq_len=t.seq_len, dtype=t.dtype,
+        budget=parse_bytes(memory_budget) if memory_budget else None, margin=margin,
+        policy=cfg.parallel.policy, clip=t.grad_clip > 0 or t.dtype == "float16", top=top,
+        micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
+        pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
+        grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit)
+
+
+def best_plans(request):
+    """The search's result, with at least one plan (checked); a UserError that says why
+    where there is none: every layout refused, the time limit, or nothing fits (the
+    account of what comes closest)."""
+    from ratrain.planner import account, search
+
+    found = search.search(request)
+    if not found.best and not found.layouts:
+        refused: list[str] = []
+        search.layouts(request, refused)  # training would refuse every one: say why
+        if refused:
+            raise UserError(f"no layout on {request.devices} devices can run: {refused[0]}")
+    if not found.best and not found.complete:  # not "nothing fits": the search did not finish
+        raise UserError(f"the search stopped at --time-limit {request.time_limit_s:g} s before "
+                        f"it found a plan that fits ({found.simulated} simulated; "
+                        f"{found.layouts} layouts); raise --time-limit")
+    if not found.best:
+        raise UserError(account.account(request))
+    search.check(found.best[0])
+    return found
