@@ -53,7 +53,7 @@ def train(plan_file, memory_budget, devices, run_dir, resume_dir, keep_checkpoin
         raise UserError("--devices goes with --memory-budget (the devices a search may use); "
                         "without it, --pp x --dp are the run's")
     if memory_budget is not None and (plan_file or resume_dir):
-        raise UserError(f"--memory-budget searches for a new run's plan; "
+        raise UserError("--memory-budget searches for a new run's plan; "
                         + ("--plan is one already" if plan_file else
                            "a resumed run keeps the plan it ran (RUN/plan.json)")
                         + ": leave one of them out")
