@@ -32,10 +32,10 @@ pytestmark = pytest.mark.dist
 STEPS = 8
 
 
-def _config(corpus, pp, dp, sync, steps=STEPS, state_home="device"):
+def _config(corpus, pp, dp, sync, steps=STEPS, state_home="device", device_units=0):
     cfg = micro_config(*corpus, steps=steps)
     cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = pp, dp, sync
-    cfg.parallel.state_home = state_home
+    cfg.parallel.state_home, cfg.parallel.device_units = state_home, device_units
     cfg.train.eval_batches = 0  # (validation: test_validation_evaluates_the_outer_parameters)
     return cfg
 
@@ -73,18 +73,24 @@ def _recording_outer_groups(cfg, run_dir: str) -> None:
     Path(run_dir, f"outer_groups_{os.environ['RANK']}.json").write_text(json.dumps(seen))
 
 
-@pytest.mark.parametrize("pp, dp, sync, state_home", [
-    (1, 2, "diloco:2", "device"), (2, 2, "diloco:4:2", "device"), (1, 4, "diloco:3:3", "device"),
-    (2, 4, "diloco:2", "device"), (2, 2, "diloco:4:2", "host"),
+@pytest.mark.parametrize("pp, dp, sync, state_home, device_units", [
+    (1, 2, "diloco:2", "device", 0), (2, 2, "diloco:4:2", "device", 0),
+    (1, 4, "diloco:3:3", "device", 0), (2, 4, "diloco:2", "device", 0),
+    (2, 2, "diloco:4:2", "host", 0),
+    (2, 2, "diloco:2", "host", 1),  # each stage's first unit's state (and outer state) on the device
 ])
-def test_diloco_matches_the_single_process_reference(pp, dp, sync, state_home, corpus, tmp_path):
-    cfg = _config(corpus, pp, dp, sync, state_home=state_home)
+def test_diloco_matches_the_single_process_reference(pp, dp, sync, state_home, device_units,
+                                                    corpus, tmp_path):
+    cfg = _config(corpus, pp, dp, sync, state_home=state_home, device_units=device_units)
     launch_local(pp * dp, _recording_outer_groups, (cfg, str(tmp_path)),
                  error_dir=tmp_path / "errors")
     for rank in range(pp * dp):
         over_host_group = json.loads((tmp_path / f"outer_groups_{rank}.json").read_text())
         assert len(over_host_group) >= 2  # (a unit per stage at least, synced twice)
         assert set(over_host_group) == {state_home == "host"}, (rank, over_host_group)
+    from ratrain.setup import Machine, run_plan
+
+    assert len(run_plan(cfg, Machine()).device_units) == device_units * pp  # (what the ranks ran)
     ref = _single_thread_reference(cfg)
 
     loss = torch.tensor([r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")],

@@ -69,7 +69,6 @@ def test_a_plan_whose_programs_disagree_with_its_device_units_is_refused():
     ({"state_home": "device"}, "with --state-home device every unit's is there already"),
     ({"state_home": "host", "device_units": (0, 9)}, r"device units \[9\] are not units"),
     ({"state_home": "host", "device_units": ("0",)}, r"must be unit indices \(integers\)"),
-    ({"state_home": "host", "dp": 2, "sync": "diloco:4"}, "--sync diloco do not go together"),
 ])
 def test_device_units_refuse_what_they_cannot_mean(kw, message):
     args = {"device_units": (0,), "view_window": 1, "dp": 1, **kw}
@@ -151,3 +150,56 @@ def test_the_executors_ledger_is_the_simulators_with_device_units(monkeypatch):
     rank = assert_simulated_ledger_is(measured, plan, cfg)
     state = STATE_BYTES_PER_PARAM * sum(uc.param_count(cfg.model, u) for u in (0, 1))
     assert rank.device_peak >= state
+
+
+def test_under_diloco_a_device_units_outer_state_and_delta_are_on_the_device(monkeypatch):
+    """(Refused until 2026-11-27.) The outer parameters and momentum (8 bytes a parameter) of a
+    device unit live on the device with its masters, and its outer delta while it is summed
+    (OS u to WOS u) too; a host unit's stay on the host."""
+    from ratrain.schedule.outer_sync import step_programs
+    from ratrain.sim import stage_memory
+
+    model, profile = get_preset("llama2-7b"), load_profile(GPU)
+
+    def plan(device_units):
+        return build_plan(model.n_layers, 1, 2, 4, activation="recompute", view_window=1,
+                          state_home="host", device_units=device_units, sync="diloco:1")
+
+    def synced(device_units):  # the plan as its steps with an outer sync run it
+        inner = plan(device_units)
+        return dataclasses.replace(inner, programs=step_programs(inner, 0))
+
+    def run(device_units):
+        return simulate(synced(device_units), model, profile, micro_batch_size=1, seq_len=4096,
+                        dtype="bfloat16").ranks[0]
+
+    host, mixed = run(()), run((0, 1))
+    n = sum(uc.param_count(model, u) for u in (0, 1))
+    # state 16 and outer state 8 bytes a parameter move; at the host's peak the deltas are
+    # in flight too (4), at the device's not
+    assert mixed.device_peak - host.device_peak == pytest.approx((16 + 8) * n, rel=1e-6)
+    assert host.host_peak - mixed.host_peak == pytest.approx((16 + 8 + 4) * n, rel=1e-6)
+
+    seen = []  # (action, device bytes, host bytes) after each change
+    real_note = stage_memory.StageMemory.note
+
+    def note(self):
+        real_note(self)
+        on_host = sum(self.ledger.bytes[k] for k in self.host_kinds) - self.device_state
+        seen.append((getattr(self, "_action", None), self.ledger.total - on_host, on_host))
+
+    real_record = stage_memory.StageMemory.record
+    monkeypatch.setattr(stage_memory.StageMemory, "note", note)
+    monkeypatch.setattr(stage_memory.StageMemory, "record",
+                        lambda self, a: (setattr(self, "_action", a), real_record(self, a))[1])
+    simulate(synced((0, 1)), model, profile, micro_batch_size=1, seq_len=4096, dtype="bfloat16")
+    synced_units = set()
+    for before, after in zip(seen, seen[1:]):
+        a = after[0]
+        if a is None or a.op is not Op.OUTER_SYNC:
+            continue
+        grew = (after[1] - before[1], after[2] - before[2])
+        nbytes = 4 * uc.param_count(model, a.unit)  # an fp32 delta
+        assert grew == ((nbytes, 0) if a.unit in (0, 1) else (0, nbytes)), (a, grew)
+        synced_units.add(a.unit)
+    assert synced_units == set(range(model.n_layers + 2))  # every unit's OS was seen

@@ -24,6 +24,9 @@ from ratrain.sim import unit_costs as uc
 
 STATE_BYTES_PER_PARAM = 16
 """fp32 master (4), gradient (4) and AdamW moments (8): what a device unit adds there."""
+OUTER_BYTES_PER_PARAM = 12
+"""Under an outer sync, also its outer parameters and momentum (8) and its fp32 delta while
+it is summed (4)."""
 TRIES = 3
 """Simulations a candidate gets: the estimate, then one unit fewer where a stage overflowed."""
 
@@ -54,8 +57,9 @@ def keep_on_device(request: PlanRequest, candidate: Candidate) -> Candidate:
 def _fits(request: PlanRequest, units: range, headroom: float) -> int:
     """How many of the stage's first units' state fit in `headroom` bytes of its device."""
     k, used = 0, 0
+    per_param = STATE_BYTES_PER_PARAM + (OUTER_BYTES_PER_PARAM if request.outer_sync else 0)
     for u in units:
-        used += STATE_BYTES_PER_PARAM * uc.param_count(request.model, u)
+        used += per_param * uc.param_count(request.model, u)
         if used > headroom:
             break
         k += 1

@@ -285,8 +285,7 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
         best.append(candidate)
         best.sort(key=lambda c: c.step_time)
         del best[request.top if not exhaustive else len(best):]
-    if not request.outer_sync:  # (device units do not go with an outer sync yet)
-        best[:request.top] = sorted((keep_on_device(request, c) for c in best[:request.top]),
-                                    key=lambda c: c.step_time)
+    best[:request.top] = sorted((keep_on_device(request, c) for c in best[:request.top]),
+                                key=lambda c: c.step_time)
     return SearchResult(request, best, len(all_layouts), simulated, over,
                         time.perf_counter() - started, complete)

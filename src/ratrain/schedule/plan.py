@@ -287,7 +287,7 @@ def build_plan(
     check_tied(tie_embeddings, pp, shard_state, sync)
     outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
     device_units = tuple(sorted(device_units))
-    check_device_units(device_units, state_home, stage_units[-1].stop, sync)
+    check_device_units(device_units, state_home, stage_units[-1].stop)
     sync_dp = dp if sync == outer_sync.EVERY_STEP else 1  # diloco: no per-step gradient sync
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)

@@ -23,7 +23,7 @@ def check_lifecycle(plan) -> None:
         raise ScheduleError(f"update {plan.update!r}, but the programs "
                             f"{'do' if carried else 'do not'} carry the updates (SU/WU)")
     check_carried_update(plan.update, plan.shard_state, plan.sync)
-    check_device_units(plan.device_units, plan.state_home, plan.stage_units[-1].stop, plan.sync)
+    check_device_units(plan.device_units, plan.state_home, plan.stage_units[-1].stop)
     inline = {a.unit for program in plan.programs for a in program if a.op is Op.UPDATE}
     if carried and inline != set(plan.device_units):
         raise ScheduleError(f"carried updates, but the programs update units {sorted(inline)} "

@@ -108,11 +108,11 @@ def check_carried_update(update: str, shard_state: bool, sync: str = "step") -> 
         raise ScheduleConfigError(reason)
 
 
-def device_units_refusal(device_units, state_home: str, n_units: int,
-                         sync: str = "step") -> str | None:
+def device_units_refusal(device_units, state_home: str, n_units: int) -> str | None:
     """Units whose state stays on the compute device while the rest lives on the host
-    (schedule/plan.PipelinePlan.device_units): only beside host-homed state, real units, and
-    not with --sync diloco (its outer state lives in the home tier, one per run)."""
+    (schedule/plan.PipelinePlan.device_units): only beside host-homed state, and real units.
+    Under --sync diloco a device unit's outer state and delta live on the device with its
+    masters, and its delta is summed over the replicas' group of the device (NCCL on GPUs)."""
     if not device_units:
         return None
     if state_home != "host":
@@ -123,13 +123,11 @@ def device_units_refusal(device_units, state_home: str, n_units: int,
     outside = sorted(u for u in device_units if not 0 <= u < n_units)
     if outside:
         return f"device units {outside} are not units of the model (0 to {n_units - 1})"
-    if sync != "step":
-        return "--device-units and --sync diloco do not go together yet"
     return None
 
 
-def check_device_units(device_units, state_home: str, n_units: int, sync: str = "step") -> None:
-    reason = device_units_refusal(device_units, state_home, n_units, sync)
+def check_device_units(device_units, state_home: str, n_units: int) -> None:
+    reason = device_units_refusal(device_units, state_home, n_units)
     if reason:
         raise ScheduleConfigError(reason)
 

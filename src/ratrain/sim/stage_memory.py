@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ledger import Ledger, apply_effects
-from ratrain.schedule.ops import SPECS
+from ratrain.schedule.ops import SPECS, Op
 from ratrain.sim.cost_model import StageCosts
+from ratrain.sim.outer_sync import delta_bytes
 from ratrain.sim.result import RankTimeline
+
+OUTER_DELTA = {Op.OUTER_SYNC: 1, Op.WAIT_OUTER_SYNC: -1}
+"""The ops that take (OS) and let go of (WOS) a unit's outer delta."""
 
 
 class StageMemory:
@@ -56,6 +60,9 @@ class StageMemory:
         before = self.ledger.total
         costs = self.costs
         apply_effects(self.ledger, effects, a.unit, a.mb, lambda name: costs.storages(name, a))
+        if a.unit in costs.s.device_units and self.host_kinds and a.op in OUTER_DELTA:
+            # a device unit's outer delta is of the state's kind, but on the device with it
+            self.device_state += OUTER_DELTA[a.op] * delta_bytes(costs, a.unit)
         if self.ledger.total == before:
             return None
         self.note()
