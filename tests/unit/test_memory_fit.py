@@ -85,3 +85,28 @@ def test_a_containers_memory_limit_bounds_what_is_available(tmp_path, monkeypatc
     (v2 / "memory.max").write_text("max\n")
     assert available_host_bytes(v1) == available_host_bytes(v2) == host
     assert available_host_bytes(tmp_path / "none") == host
+
+
+def test_an_outer_sync_is_weighed_at_its_synced_step():
+    """Under --sync diloco the steps that sync also hold the deltas in flight (in host memory,
+    with the state there): the check weighs the largest of the inner and the synced steps, not
+    the plan's inner programs alone."""
+    from ratrain.schedule.outer_sync import step_programs
+    from ratrain.setup.memory_fit import stage_bytes
+    from ratrain.sim.cost_model import StageCosts
+    from ratrain.sim.placement import stage_setups
+    from ratrain.sim.profile import load_profile
+    from ratrain.sim.stage_memory import StageMemory
+
+    cfg = _cfg()
+    cfg.train.seq_len, cfg.train.micro_batch_size, cfg.train.dtype = 1024, 1, "bfloat16"
+    plan = build_plan(cfg.model.n_layers, 1, 2, 2, sync="diloco:3", state_home="host",
+                      view_window=1, activation="recompute")
+    profile = load_profile("h100-80g-ib")
+    t = cfg.train
+    costs = StageCosts(stage_setups(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
+                                    seq_len=t.seq_len, dtype=t.dtype)[0])
+    inner = StageMemory(costs, plan.programs[0], False).host_peak
+    synced = StageMemory(costs, step_programs(plan, 2)[0], False).host_peak
+    assert synced > inner
+    assert stage_bytes(cfg, plan, profile)[0].host == synced

@@ -45,11 +45,28 @@ def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]
     setups = stage_setups(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
                           seq_len=t.seq_len, dtype=t.dtype)
     out = []
-    for setup, program in zip(setups, plan.programs):
-        memory = StageMemory(StageCosts(setup), program, plan.view_window == 0)
-        out.append(StageBytes(memory.peak, memory.device_peak, memory.host_peak,
-                              dict(memory.at_peak)))
+    for s, setup in enumerate(setups):
+        costs = StageCosts(setup)
+        peaks = [StageMemory(costs, program, plan.view_window == 0)
+                 for program in _distinct_programs(plan, s)]
+        out.append(StageBytes(max(m.peak for m in peaks), max(m.device_peak for m in peaks),
+                              max(m.host_peak for m in peaks),
+                              dict(max(peaks, key=lambda m: m.peak).at_peak)))
     return out
+
+
+def _distinct_programs(plan: PipelinePlan, stage: int) -> list:
+    """Stage `stage`'s programs over a step of each kind: the one program, or under an outer
+    sync the inner step's and each synced step's (which also hold the deltas in flight)."""
+    from ratrain.schedule.outer_sync import parse_sync, step_programs
+
+    outer = parse_sync(plan.sync)
+    steps = range(outer.every) if outer else range(1)
+    seen = {id(plan.programs[stage]): plan.programs[stage]}
+    for step in steps:
+        program = step_programs(plan, step)[stage]
+        seen.setdefault(id(program), program)
+    return list(seen.values())
 
 
 def check_memory_fits(cfg: RunConfig, plan: PipelinePlan, machine) -> None:
