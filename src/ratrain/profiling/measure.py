@@ -46,6 +46,7 @@ import torch
 
 from ratrain.config import ParallelConfig, RunConfig, TrainConfig
 from ratrain.errors import UserError
+from ratrain.host_memory import available_host_bytes
 from ratrain.models.presets import get_preset
 from ratrain.profiling.ranks import (ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, STEP_REPEATS,
                                      STEP_WARMUP, alone_rank, compute_rank, link_backend,
@@ -241,9 +242,16 @@ def _host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict
         f"the same AdamW step over {_adamw_params('host') / 1e6:.1f}M pinned host parameters "
         f"with every core, as one training process has them: what host-homed state's update, "
         f"norm and gradient folds run at")
-    return {"host_link": link, "host_collectives": False,
-            "host_memory_bandwidth": (UPDATE_BYTES_PER_PARAM * _adamw_params("host")
-                                      / alone["host_adamw_s"])}
+    fields = {"host_link": link, "host_collectives": False,
+              "host_memory_bandwidth": (UPDATE_BYTES_PER_PARAM * _adamw_params("host")
+                                        / alone["host_adamw_s"])}
+    available, gpus = available_host_bytes(), max(1, torch.cuda.device_count())
+    if available is not None:  # what the planner bounds host-homed state by (None: unbounded)
+        fields["host_memory_bytes"] = float(available / gpus)
+        notes["device.host_memory_bytes"] = (
+            f"the host memory available when profiled ({available / 2**30:.1f} GiB: MemAvailable, "
+            f"or a memory cgroup's room) / {gpus} GPU(s) of the node")
+    return fields
 
 
 def _links(links: dict) -> LinkClass:
