@@ -550,3 +550,20 @@ def test_split_halves_are_taken_to_the_whole_runs_footing_by_the_blocks_forward(
     assert halves["head"] == pytest.approx([0.0036, 0.0024])
     # on the same footing the split costs what it costs: (BI + BW) / B = 1.04, not 1.3
     assert sum(halves["block"]) / whole["block"][1] == pytest.approx(1.04)
+
+
+def test_a_gpu_profile_records_each_gpus_share_of_the_available_host_memory(monkeypatch):
+    """The planner bounds host-homed state by the profile's host memory; a GPU profile had
+    none (null) until 2026-11-27, so a DiLoCo option needing 150 GiB a node was offered on
+    125 GiB nodes. (The GPU path, run here with its measurements stood in for.)"""
+    import torch
+
+    monkeypatch.setattr(profiling, "_host_link", lambda per_rank: (Link(1e10, 1e-5), "stand-in"))
+    monkeypatch.setattr(profiling, "available_host_bytes", lambda: 96 * 2**30)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    notes: dict = {}
+    fields = profiling._host_tier([], {"host_adamw_s": 1.0}, notes)
+    assert fields["host_memory_bytes"] == 12 * 2**30
+    assert "96.0 GiB" in notes["device.host_memory_bytes"] and "8 GPU(s)" in notes["device.host_memory_bytes"]
+    monkeypatch.setattr(profiling, "available_host_bytes", lambda: None)
+    assert "host_memory_bytes" not in profiling._host_tier([], {"host_adamw_s": 1.0}, {})
