@@ -10,6 +10,7 @@ import click
 from ratrain.cli.format import range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options
+from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S
 
 
 @cli.command()
@@ -17,9 +18,9 @@ from ratrain.cli.options import build_config, config_options
 @click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.")
 @click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: a profile's device groups; else 2 on a CPU profile, 8 otherwise]")
 @click.option("--memory-budget", help="Bytes per device a plan may use: 20GB, 18GiB, 20e9.  [default: the profile's memory]")
-@click.option("--memory-margin", type=float, default=0.10, show_default=True, help="Fraction of the budget kept free for allocator fragmentation and library buffers.")
+@click.option("--memory-margin", type=float, default=MARGIN, show_default=True, help="Fraction of the budget kept free for allocator fragmentation and library buffers.")
 @click.option("--top", type=int, default=3, show_default=True, help="How many of the fastest plans to list.")
-@click.option("--time-limit", type=float, default=25.0, show_default=True, help="Seconds the search may take; past it, the best plan found so far is given and said to be unproven.")
+@click.option("--time-limit", type=float, default=TIME_LIMIT_S, show_default=True, help="Seconds the search may take; past it, the best plan found so far is given and said to be unproven.")
 @click.option("--out", type=click.Path(), help="Write the (best) plan here, with the model and training settings it was made for: `ratrain train --plan FILE` runs it as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (search: the candidates) as JSON on stdout.")
 def plan(profile_spec, devices, memory_budget, memory_margin, top, time_limit, out, as_json, **opts) -> None:

@@ -10,6 +10,10 @@ from ratrain.schedule.outer_sync import EVERY_STEP
 PLANNER_CHOOSES = ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
                    "partition", "rank_order", "shard_state", "shard_group", "device_units")
 """Flags whose choice is the search's: refused beside it."""
+MARGIN = 0.10
+"""The budget's share kept free for allocator fragmentation and library buffers."""
+TIME_LIMIT_S = 25.0
+"""Seconds a search may take; past it, the best plan found so far."""
 
 
 def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,

@@ -112,7 +112,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
     a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
     from ratrain.cli.options import use_plan
-    from ratrain.cli.plan_search import best_plans, search_request
+    from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, best_plans, search_request
     from ratrain.planner import plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.runtime.process_groups import pick_backend
@@ -130,8 +130,8 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
 
         gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
     hw = load_profile(profile_spec or default_profile(gpu_name))
-    request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, 0.10, 1,
-                             25.0, "--memory-budget")
+    request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
+                             TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)
     best = found.best[0]
     data = plan_file.to_dict(best, cfg, request)
