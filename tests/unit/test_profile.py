@@ -519,12 +519,20 @@ def test_a_gpus_host_bandwidth_is_merged_judged_and_kept_in_the_file():
     assert ["host memory bandwidth (AdamW on the host)", "95 GB/s"] in rows
 
 
-def test_a_gpus_host_tier_has_its_link_its_update_rate_and_no_collectives():
+def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collectives(
+        monkeypatch):
     """What `ratrain profile` writes of a GPU's host tier, from its measurements: the slower
-    direction of pinned copies, AdamW's rate over the pinned host parameters, and no host
-    collectives (as the GPU presets: NCCL cannot sync host-homed state, so a plan on the
-    measured profile must not propose one)."""
+    direction of pinned copies, AdamW's rate over the pinned host parameters, each GPU's share
+    of the host memory available (a GPU profile had none until 2026-11-27, so a DiLoCo option
+    needing 150 GiB a node was offered on 125 GiB nodes), and no host collectives (as the GPU
+    presets: NCCL cannot sync host-homed state, so a plan on the measured profile must not
+    propose one)."""
+    import torch
+
     from ratrain.profiling.ranks import ADAMW_SHAPES, LINK_SIZES
+
+    monkeypatch.setattr(profiling, "available_host_bytes", lambda: 96 * 2**30)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     slow, fast = Link(20e9, 10e-6), Link(25e9, 10e-6)
     per_rank = [{"host_copies_s": {"host_to_device": [fast.time(n) for n in LINK_SIZES],
                                    "device_to_host": [slow.time(n) for n in LINK_SIZES]}}]
@@ -534,7 +542,13 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_and_no_collectives():
     assert tier["host_link"].bandwidth == pytest.approx(slow.bandwidth, rel=1e-6)
     params = sum(a * b for a, b in ADAMW_SHAPES["host"])
     assert tier["host_memory_bandwidth"] == pytest.approx(28 * params / 0.02)
-    assert set(notes) == {"device.host_link", "device.host_memory_bandwidth"}
+    assert tier["host_memory_bytes"] == 12 * 2**30
+    note = notes["device.host_memory_bytes"]
+    assert "96.0 GiB" in note and "8 GPU(s)" in note
+    assert set(notes) == {"device.host_link", "device.host_memory_bandwidth",
+                          "device.host_memory_bytes"}
+    monkeypatch.setattr(profiling, "available_host_bytes", lambda: None)  # not known: unbounded
+    assert "host_memory_bytes" not in profiling._host_tier(per_rank, {"host_adamw_s": 0.02}, {})
 
 
 def test_split_halves_are_taken_to_the_whole_runs_footing_by_the_blocks_forward():
@@ -550,20 +564,3 @@ def test_split_halves_are_taken_to_the_whole_runs_footing_by_the_blocks_forward(
     assert halves["head"] == pytest.approx([0.0036, 0.0024])
     # on the same footing the split costs what it costs: (BI + BW) / B = 1.04, not 1.3
     assert sum(halves["block"]) / whole["block"][1] == pytest.approx(1.04)
-
-
-def test_a_gpu_profile_records_each_gpus_share_of_the_available_host_memory(monkeypatch):
-    """The planner bounds host-homed state by the profile's host memory; a GPU profile had
-    none (null) until 2026-11-27, so a DiLoCo option needing 150 GiB a node was offered on
-    125 GiB nodes. (The GPU path, run here with its measurements stood in for.)"""
-    import torch
-
-    monkeypatch.setattr(profiling, "_host_link", lambda per_rank: (Link(1e10, 1e-5), "stand-in"))
-    monkeypatch.setattr(profiling, "available_host_bytes", lambda: 96 * 2**30)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    notes: dict = {}
-    fields = profiling._host_tier([], {"host_adamw_s": 1.0}, notes)
-    assert fields["host_memory_bytes"] == 12 * 2**30
-    assert "96.0 GiB" in notes["device.host_memory_bytes"] and "8 GPU(s)" in notes["device.host_memory_bytes"]
-    monkeypatch.setattr(profiling, "available_host_bytes", lambda: None)
-    assert "host_memory_bytes" not in profiling._host_tier([], {"host_adamw_s": 1.0}, {})
