@@ -302,3 +302,20 @@ def test_train_with_a_memory_budget_refuses(monkeypatch, capsys, tmp_path, flags
                            *flags, "--run-dir", str(tmp_path / "new"), "--no-progress")
     assert code == 2 and needle in err and "Traceback" not in err, err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_profile_without_host_memory_says_the_plans_host_memory_was_not_bounded(
+        monkeypatch, capsys):
+    """The 2026-11-26 H200 profile records none (`ratrain profile` did not on a GPU): its
+    host-homed plans' host bytes went unbounded without a word. A preset that has it says
+    nothing."""
+    common = ("plan", "--model", "llama2-7b", "--devices", "1", "--global-batch", "16",
+              "--seq-len", "4096", "--dtype", "bfloat16", "--memory-budget", "20GB", "--top", "1")
+    code, out, err = run_cli(monkeypatch, capsys, *common, "--profile",
+                             "bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml")
+    assert code == 0, err
+    note = out.strip().splitlines()[-1]
+    assert note.startswith("note: profile ") and "host memory was not bounded: " in note
+    assert "plan 1 holds 107.8" in note  # GB: masters, gradients and AdamW of 6.74B parameters
+    code, out, err = run_cli(monkeypatch, capsys, *common, "--profile", "h100-80g-ib")
+    assert code == 0 and "not bounded" not in out, err

@@ -69,7 +69,7 @@ def _show(cfg, out, as_json) -> None:
 
 def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_limit, out,
             as_json) -> None:
-    from ratrain.cli.plan_search import best_plans, search_request
+    from ratrain.cli.plan_search import best_plans, search_request, unbounded_host_note
     from ratrain.planner import low_comm, plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.sim.profile import load_profile
@@ -92,8 +92,12 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     offered = Path(out).with_suffix(".diloco.json") if out else None
     if offered and offer:
         offered.write_text(json.dumps(low_comm.plan_file_of(offer, cfg, request), indent=2))
+    note = unbounded_host_note(request, [("plan 1", best)]
+                               + ([("the option", offer.candidate)] if offer else []))
     if as_json:
         summary = plan_file.summary(found)
+        if note:
+            summary["note"] = note
         if edges:
             summary["plans"][0]["step_time_range_s"] = list(edges)
             summary["unstable_figures"] = unstable_figures(hw)
@@ -111,6 +115,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         click.echo("plan 1: " + range_line(edges, unstable_figures(hw)))
     if offer:
         click.echo(low_comm.describe(offer))
+    if note:
+        click.echo(note)
     if out:
         click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
     if out and offer:

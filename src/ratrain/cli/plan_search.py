@@ -86,3 +86,24 @@ def best_plans(request):
         raise UserError(account.account(request))
     search.check(found.best[0])
     return found
+
+
+def unbounded_host_note(request, plans: list) -> str | None:
+    """A line where the profile records no host memory for a host tier that plans use: their
+    host bytes were not bounded (a GPU profile from `ratrain profile` had none until
+    2026-11-27); None otherwise. `plans`: (name, Candidate) pairs."""
+    from ratrain.planner.account import decimal_bytes
+
+    held = []
+    for name, c in plans:
+        unbounded = [h for h, g in zip(c.host_bytes, c.layout.groups)
+                     if request.device(g).host_link is not None
+                     and request.device(g).host_memory_bytes is None]
+        if unbounded and max(unbounded) > 0:
+            held.append(f"{name} holds {decimal_bytes(max(unbounded))} of it a device")
+    if not held:
+        return None
+    return (f"note: profile {request.profile.name} records no host memory "
+            f"(device.host_memory_bytes), so the plans' host memory was not bounded: "
+            + ", ".join(held) + "; `ratrain train` refuses a run whose host memory does not "
+            "fit the machine")
