@@ -100,13 +100,19 @@ def test_an_outer_sync_is_weighed_at_its_synced_step():
 
     cfg = _cfg()
     cfg.train.seq_len, cfg.train.micro_batch_size, cfg.train.dtype = 1024, 1, "bfloat16"
-    plan = build_plan(cfg.model.n_layers, 1, 2, 2, sync="diloco:3", state_home="host",
-                      view_window=1, activation="recompute")
     profile = load_profile("h100-80g-ib")
     t = cfg.train
-    costs = StageCosts(stage_setups(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
-                                    seq_len=t.seq_len, dtype=t.dtype)[0])
-    inner = StageMemory(costs, plan.programs[0], False).host_peak
-    synced = StageMemory(costs, step_programs(plan, 2)[0], False).host_peak
-    assert synced > inner
-    assert stage_bytes(cfg, plan, profile)[0].host == synced
+    # diloco:3 syncs in step 2 (after 3 inner steps); streaming diloco:4:2 a fragment in
+    # steps 4 and 6, none before the first period ends (until 2026-11-27 the check looked in
+    # the first period only, and weighed no synced step of a streaming run)
+    for sync, steps in (("diloco:3", (2,)), ("diloco:4:2", (4, 6))):
+        plan = build_plan(cfg.model.n_layers, 1, 2, 2, sync=sync, state_home="host",
+                          view_window=1, activation="recompute")
+        costs = StageCosts(stage_setups(plan, cfg.model, profile,
+                                        micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
+                                        dtype=t.dtype)[0])
+        inner = StageMemory(costs, plan.programs[0], False).host_peak
+        synced = max(StageMemory(costs, step_programs(plan, step)[0], False).host_peak
+                     for step in steps)
+        assert synced > inner, sync
+        assert stage_bytes(cfg, plan, profile)[0].host == synced, sync

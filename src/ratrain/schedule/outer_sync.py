@@ -79,6 +79,12 @@ class OuterSync:
                 return f
         return None
 
+    def synced_steps(self) -> list[int]:
+        """The steps of a steady period (the second: streaming's fragments first sync there)
+        whose programs hold an outer sync, one a fragment."""
+        return [step for step in range(self.every, 2 * self.every)
+                if self.fragment_due(step) is not None]
+
 
 def parse_sync(text: str) -> OuterSync | None:
     """`step` (None) or `diloco:H[:F][:bf16]`; ScheduleConfigError (a user error) otherwise."""

@@ -57,16 +57,13 @@ def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]
 
 def _distinct_programs(plan: PipelinePlan, stage: int) -> list:
     """Stage `stage`'s programs over a step of each kind: the one program, or under an outer
-    sync the inner step's and each synced step's (which also hold the deltas in flight)."""
+    sync the inner step's and each fragment's synced step's (which also hold the deltas in
+    flight)."""
     from ratrain.schedule.outer_sync import parse_sync, step_programs
 
     outer = parse_sync(plan.sync)
-    steps = range(outer.every) if outer else range(1)
-    seen = {id(plan.programs[stage]): plan.programs[stage]}
-    for step in steps:
-        program = step_programs(plan, step)[stage]
-        seen.setdefault(id(program), program)
-    return list(seen.values())
+    synced = outer.synced_steps() if outer else []
+    return [plan.programs[stage], *(step_programs(plan, step)[stage] for step in synced)]
 
 
 def check_memory_fits(cfg: RunConfig, plan: PipelinePlan, machine) -> None:

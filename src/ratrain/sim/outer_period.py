@@ -43,10 +43,8 @@ def outer_period(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
     if outer is None:
         raise ValueError(f"plan syncs every step ({plan.sync!r}): no outer period")
     inner = simulate(plan, model, profile, **shape)
-    steps = sorted({step for step in range(outer.every, 2 * outer.every)
-                    if outer.fragment_due(step) is not None})
     synced = [simulate(dataclasses.replace(plan, programs=step_programs(plan, step)), model,
-                       profile, **shape) for step in steps]
+                       profile, **shape) for step in outer.synced_steps()]
     return OuterPeriod(inner, synced, outer.every)
 
 
