@@ -44,4 +44,3 @@ def _status_bytes(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise OSError(f"no {field} in /proc/self/status")
-

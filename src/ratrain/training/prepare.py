@@ -10,8 +10,8 @@ import torch
 
 from ratrain.config import RunConfig
 from ratrain.data.replica import check_data
-from ratrain.runtime.engine import needs_executor
 from ratrain.host_memory import available_host_bytes
+from ratrain.runtime.engine import needs_executor
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import pick_backend
 from ratrain.schedule.plan import PipelinePlan
