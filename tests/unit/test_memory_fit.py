@@ -116,3 +116,13 @@ def test_an_outer_sync_is_weighed_at_its_synced_step():
                      for step in steps)
         assert synced > inner, sync
         assert stage_bytes(cfg, plan, profile)[0].host == synced, sync
+
+
+def test_a_gpu_refusal_lists_what_is_on_the_device_not_the_host_state():
+    stages = [StageBytes(int(120 * GIB), int(90 * GIB), int(30 * GIB),
+                         {**STATE, "views": 2 * GIB}, frozenset({"masters", "gradients",
+                                                                 "optimizer", "offloaded"}))]
+    why = memory_refusal(_cfg(), build_plan(4, 1, 1, 4, state_home="host", view_window=1),
+                         stages, local_ranks=[0], host_available=500 * GIB,
+                         device_bytes=80 * GIB, host_is_separate=True)
+    assert "would hold about 90.0 GiB on it (views 2.0 GiB, activations 1.0 GiB)" in why, why

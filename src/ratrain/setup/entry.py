@@ -51,6 +51,12 @@ class Machine:
     """The run's global ranks on this machine, which share its memory (None: all of them,
     where the run starts its own)."""
 
+    @property
+    def preset(self) -> str:
+        """The hardware profile preset of this machine's devices: the CPU one, or the GPU
+        family's (the H100 one for an unknown GPU)."""
+        return default_profile((self.device_name or "GPU") if self.host_is_separate else None)
+
     @classmethod
     def of_profile(cls, profile) -> Machine:
         """The devices a HardwareProfile describes (what `ratrain simulate` predicts on)."""
@@ -71,8 +77,7 @@ def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | 
         _check(cfg, machine, **{name: getattr(plan, name) for name in _PLAN_CHOICES})
         return plan
     if profile is None and machine.links is not None:
-        profile, words = measured_profile(cfg, machine.links, default_profile(
-            (machine.device_name or "GPU") if machine.host_is_separate else None))
+        profile, words = measured_profile(cfg, machine.links, machine.preset)
         if say:
             say(words)
     choice = _choose_schedule(cfg, machine, profile)
@@ -148,8 +153,7 @@ def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None
     if profile is None:
         from ratrain.sim.profile import load_profile
 
-        profile = load_profile(cfg.train.profile or default_profile(
-            (machine.device_name or "GPU") if machine.host_is_separate else None))
+        profile = load_profile(cfg.train.profile or machine.preset)
     choice = choose(cfg, lambda trial: _flags_plan(trial, machine), profile,
                     machine.memory_bytes, _flag_choices(cfg, machine)["view_window"] is not None)
     cfg.parallel.schedule, cfg.parallel.weight_grad = choice.schedule, choice.weight_grad

@@ -17,7 +17,6 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.setup.choice import default_profile
 
 GIB = 2**30
 STATE_KINDS = ("masters", "gradients", "optimizer")
@@ -32,6 +31,7 @@ class StageBytes:
     device: int
     host: int
     at_peak: dict[str, int]
+    host_kinds: frozenset[str] = frozenset()  # the kinds in the host tier (a device unit's aside)
 
 
 def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]:
@@ -48,14 +48,15 @@ def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]
     for s, setup in enumerate(setups):
         costs = StageCosts(setup)
         peaks = [StageMemory(costs, program, plan.view_window == 0)
-                 for program in _distinct_programs(plan, s)]
+                 for program in _programs_of_each_step(plan, s)]
         out.append(StageBytes(max(m.peak for m in peaks), max(m.device_peak for m in peaks),
                               max(m.host_peak for m in peaks),
-                              dict(max(peaks, key=lambda m: m.peak).at_peak)))
+                              dict(max(peaks, key=lambda m: m.peak).at_peak),
+                              frozenset(peaks[0].host_kinds)))
     return out
 
 
-def _distinct_programs(plan: PipelinePlan, stage: int) -> list:
+def _programs_of_each_step(plan: PipelinePlan, stage: int) -> list:
     """Stage `stage`'s programs over a step of each kind: the one program, or under an outer
     sync the inner step's and each fragment's synced step's (which also hold the deltas in
     flight)."""
@@ -72,8 +73,7 @@ def check_memory_fits(cfg: RunConfig, plan: PipelinePlan, machine) -> None:
     chosen on, since what matters here is whether the host memory is the device's."""
     from ratrain.sim.profile import load_profile
 
-    profile = load_profile(default_profile(
-        (machine.device_name or "GPU") if machine.host_is_separate else None))
+    profile = load_profile(machine.preset)
     reason = memory_refusal(
         cfg, plan, stage_bytes(cfg, plan, profile),
         local_ranks=list(machine.local_ranks or range(plan.pp * plan.dp)),
@@ -95,8 +95,10 @@ def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes],
         worst = max(range(len(stages)), key=lambda s: stages[s].device)
         need = stages[worst].device
         if need > device_bytes:
+            on_device = {k: b for k, b in stages[worst].at_peak.items()
+                         if k not in stages[worst].host_kinds}
             return (f"this run does not fit the GPU: stage {worst} would hold about "
-                    f"{need / GIB:.1f} GiB on it ({_kinds(stages[worst].at_peak)}), the GPU has "
+                    f"{need / GIB:.1f} GiB on it ({_kinds(on_device)}), the GPU has "
                     f"{device_bytes / GIB:.1f} GiB; keep the state in host memory (--state-home "
                     "host, --view-window 1), recompute activations (--activation recompute), "
                     "or let `ratrain plan --memory-budget` find a plan that fits")
