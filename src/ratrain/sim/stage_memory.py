@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ledger import Ledger, apply_effects
-from ratrain.schedule.ops import SPECS, Op
+from ratrain.schedule.ops import SPECS
 from ratrain.sim.cost_model import StageCosts
-from ratrain.sim.outer_sync import delta_bytes
 from ratrain.sim.result import RankTimeline
 
-OUTER_DELTA = {Op.OUTER_SYNC: 1, Op.WAIT_OUTER_SYNC: -1}
-"""The ops that take (OS) and let go of (WOS) a unit's outer delta."""
+STATE_KINDS = ("masters", "gradients", "optimizer")
+"""A unit's training state's kinds: in the host tier where the state is homed there, on the
+device for the units kept there (--device-units)."""
 
 
 class StageMemory:
@@ -31,7 +31,7 @@ class StageMemory:
         # What lives in the host tier, where it is not the device's own memory (a GPU's host;
         # a device without a host link, a CPU, has no host tier apart).
         self.host_kinds = (set() if costs.host_link is None else
-                           {"offloaded"} | ({"masters", "gradients", "optimizer"}
+                           {"offloaded"} | (set(STATE_KINDS)
                                             if costs.s.state_home == "host" else set()))
         self.ledger = Ledger()
         # the state of the units kept on the device: held for the run, in the host kinds
@@ -59,14 +59,20 @@ class StageMemory:
             return None
         before = self.ledger.total
         costs = self.costs
+        # what a device unit's action holds of the state's kinds (its outer delta) is on the
+        # device with the unit's state, as its state is (device_state)
+        device_unit = bool(self.host_kinds) and a.unit in costs.s.device_units
+        state_before = self._state_bytes() if device_unit else 0
         apply_effects(self.ledger, effects, a.unit, a.mb, lambda name: costs.storages(name, a))
-        if a.unit in costs.s.device_units and self.host_kinds and a.op in OUTER_DELTA:
-            # a device unit's outer delta is of the state's kind, but on the device with it
-            self.device_state += OUTER_DELTA[a.op] * delta_bytes(costs, a.unit)
+        if device_unit:
+            self.device_state += self._state_bytes() - state_before
         if self.ledger.total == before:
             return None
         self.note()
         return self.ledger.total
+
+    def _state_bytes(self) -> int:
+        return sum(self.ledger.bytes[k] for k in STATE_KINDS if k in self.host_kinds)
 
     def note(self) -> None:
         ledger = self.ledger
