@@ -138,10 +138,11 @@ def _gpu_request(global_batch: int, mbit: float = 1000):
 
 
 def test_where_state_must_live_on_the_host_of_gpus_the_option_spans_replicas_with_it():
-    """Under 40 MB tiny's state lives in host memory, so every synchronous plan is one replica
-    (NCCL would have to sum host memory every step) and the second GPU idles; DiLoCo's outer
-    sync of host state runs over gloo, so the option is that layout on both GPUs, said to run
-    only with --sync diloco, and faster than plan 1."""
+    """Under 40 MB tiny's state lives in host memory; over 1 Gbit/s every synchronous plan is
+    one replica (a second would sum its gradients on the GPUs every step, in one group of the
+    step's micro-batches) and the second GPU idles; DiLoCo's outer sync of host state runs over
+    gloo, so the option is a layout on both GPUs whose micro-batches are not one group, said to
+    run only with --sync diloco, and faster than plan 1."""
     from ratrain.planner import low_comm as planner_low_comm
     from ratrain.planner import search
     from ratrain.setup import rule
@@ -163,9 +164,14 @@ def test_where_state_must_live_on_the_host_of_gpus_the_option_spans_replicas_wit
                  view_window=lay.lifecycle.view_window, host_is_separate=True,
                  host_collectives=False)
     assert rule.refusal(**setup, sync=o.low.best.sync) is None
-    assert "NCCL cannot do" in rule.refusal(**setup)
+    assert lay.n_micro > 1 and lay.lifecycle.micro_batch_group != lay.n_micro
+    group = lay.lifecycle.micro_batch_group
+    assert "NCCL cannot reduce host memory" in rule.refusal(**setup, micro_batch_group=group)
+    assert rule.refusal(**setup, micro_batch_group=lay.n_micro) is None
     text = planner_low_comm.describe(o)
-    assert "which runs only with --sync diloco" in text and "synchronous plan" not in text
+    assert "which runs only with --sync diloco as laid out" in text
+    assert f"its {lay.n_micro} micro-batches in one group" in text
+    assert "synchronous plan" not in text
     assert planner_low_comm.to_dict(o)["runs_synchronously"] is False
 
 

@@ -63,7 +63,13 @@ def _small_file(tmp_path) -> str:
     (dict(shard_state=True, dp=1, global_batch=8, view_window=0), "--dp 1 has none to split over"),
     (dict(shard_state=True, state_home="host", view_window=0), "cannot be combined with --state-home host"),
     (dict(shard_state=True), "sharded state needs compute views"),
-    (dict(state_home="host", host_is_separate=True), "which NCCL cannot do"),
+    (dict(state_home="host", host_is_separate=True, view_window=1, micro_batch_group=1),
+     "NCCL cannot reduce host memory"),
+    (dict(state_home="host", host_is_separate=True, view_window=1, device_grad_sum=False),
+     "which NCCL cannot do"),
+    (dict(state_home="host", view_window=1, device_grad_sum=True, policy="baseline"),
+     "lifecycle choice of --policy ratrain"),
+    (dict(state_home="device", device_grad_sum=True), "for whole state in host memory"),
     (dict(policy="baseline", view_window=1), "--view-window needs --policy ratrain"),
     (dict(dtype="float16", clip=False), "float16 needs the global gradient norm"),
 ])
@@ -87,11 +93,13 @@ def test_what_can_run_is_not_refused():
     assert can(world=4)
     assert can(tie_embeddings=True, pp=1, dp=4, view_window=1, state_home="host")
     assert can(tie_embeddings=True, view_window=1, state_home="host")  # across the 2 stages
-    # host state over replicas on GPUs: DiLoCo's outer sync runs over gloo; the sum every step
-    # of a gradient in host memory is NCCL's, which cannot
+    # host state over replicas on GPUs: DiLoCo's outer sync runs over gloo; NCCL's sum every
+    # step is of each unit's gradient on the GPU, once a step: the 4 micro-batches in one group
     for sync in ("diloco:4", "diloco:4:2:bf16"):
         assert can(state_home="host", host_is_separate=True, sync=sync)
-    assert not can(state_home="host", host_is_separate=True, sync="step")
+    assert can(state_home="host", host_is_separate=True, view_window=1, micro_batch_group=4)
+    assert can(state_home="host", host_is_separate=True, view_window=1)  # (group: to choose)
+    assert not can(state_home="host", host_is_separate=True, view_window=1, micro_batch_group=2)
 
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
@@ -121,7 +129,7 @@ def _runs_as_trained(candidate, request) -> None:
 def test_every_plan_the_search_returns_can_run():
     """The four models on every preset profile, at sizes small enough to search in about a
     second each: whatever the search returns, training would run; on the GPU profiles some
-    plans keep their state on the host (dp = 1) and none of those spans replicas."""
+    plans keep their state on the host, and those over replicas sum it on the GPUs."""
     found = {}
     for name in PRESETS:
         profile = load_profile(name)
@@ -138,7 +146,9 @@ def test_every_plan_the_search_returns_can_run():
     assert set(found) == set(PRESETS), sorted(found)
     on_gpus = [c for name in ("a100-40g-10gbe", "h100-80g-ib") for c in found[name]]
     assert any(c.layout.lifecycle.state_home == "host" for c in on_gpus)
-    assert not any(c.layout.lifecycle.state_home == "host" and c.layout.dp > 1 for c in on_gpus)
+    for c in on_gpus:
+        host_over_replicas = c.layout.lifecycle.state_home == "host" and c.layout.dp > 1
+        assert c.plan.device_grad_sum == host_over_replicas
 
 
 def test_mt3000_keeps_state_on_the_host_over_replicas():
@@ -153,17 +163,21 @@ def test_mt3000_keeps_state_on_the_host_over_replicas():
 
 
 @pytest.mark.parametrize("profile", ["h100-80g-ib", "a100-40g-10gbe"])
-def test_the_search_leaves_out_state_on_the_host_over_replicas_where_nccl_syncs(profile):
-    """Such plans ranked among the best before (tiny, 4 devices: pp=2 dp=2 with the state on
-    the host); the reason is the line training gives."""
+def test_the_search_lays_out_state_on_the_host_over_replicas_in_one_group_where_nccl_syncs(
+        profile):
+    """NCCL sums host-homed gradients on the GPUs once a step: such layouts are one stage whose
+    micro-batches run in one group (or one micro-batch a replica); a pipeline of several is
+    refused with the line training gives."""
     request = search.PlanRequest(model=get_preset("tiny"), profile=load_profile(profile),
                                  devices=4, global_batch=8, seq_len=256, dtype="float16",
                                  budget=40e6, top=5)
     refused: list[str] = []
     laid_out = search.layouts(request, refused)
-    assert any(lay.lifecycle.state_home == "host" for lay in laid_out)
-    assert all(lay.dp == 1 for lay in laid_out if lay.lifecycle.state_home == "host")
-    assert any("NCCL cannot do" in reason for reason in refused)
+    spanning = [lay for lay in laid_out if lay.lifecycle.state_home == "host" and lay.dp > 1]
+    assert spanning
+    assert all(lay.lifecycle.micro_batch_group == lay.n_micro for lay in spanning)
+    assert any(lay.n_micro > 1 for lay in spanning)
+    assert any("NCCL cannot reduce host memory" in reason for reason in refused)
     best = search.search(request).best
     assert len(best) == 5
     for c in best:
@@ -172,8 +186,14 @@ def test_the_search_leaves_out_state_on_the_host_over_replicas_where_nccl_syncs(
 
 def test_simulate_refuses_what_could_not_run_on_the_profile(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "simulate", "--dp", "2", "--global-batch", "16",
-                           "--state-home", "host", "--profile", "h100-80g-ib")
-    assert code == 2 and "which NCCL cannot do" in err and len(err.strip().splitlines()) == 1
+                           "--state-home", "host", "--profile", "h100-80g-ib", "--schedule",
+                           "1f1b")
+    assert code == 2 and "NCCL cannot reduce host memory" in err
+    assert "--micro-batch-group 4" in err and len(err.strip().splitlines()) == 1
+    # --schedule auto takes the one group that runs
+    code, out, err = run_cli(monkeypatch, capsys, "simulate", "--dp", "2", "--global-batch",
+                             "16", "--state-home", "host", "--profile", "h100-80g-ib")
+    assert code == 0 and "groups of 4" in err + out, err
     # made on this CPU (the host is the device's memory), the plan runs here, not on GPUs
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--dp", "2", "--global-batch", "16",
                            "--state-home", "host", "--out", "p.json")

@@ -12,7 +12,7 @@ from ratrain.runtime.unit_state import UnitState
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Action, Op, format_program
 from ratrain.schedule.plan import PipelinePlan, build_plan
-from ratrain.schedule.unit_major import FIRST, HOLD, LATER, fold_roles, views_made
+from ratrain.schedule.unit_major import FIRST, HOLD, LATER, SYNC, fold_roles, views_made
 
 from .executor_ledger import assert_simulated_ledger_is, executor_ledger, small_model
 
@@ -117,3 +117,22 @@ def test_the_executors_ledger_is_the_simulators_with_groups(activation, monkeypa
     costs_hold = [a for a in plan.programs[0] if a.op is Op.BACKWARD
                   and fold_roles(plan.programs[0])[(a.unit, a.mb)] == HOLD]
     assert Action(Op.BACKWARD, 3, 0) in costs_hold
+
+
+def test_summed_on_the_device_each_host_units_run_waits_for_its_sync():
+    """device_grad_sum: the last backward of each host-homed unit's one run leaves the sum to
+    the sync (SYNC), a device unit folds as before; refused where a unit's backwards of the
+    step are not one run (a plan file's claim too)."""
+    plan = build_plan(2, 1, 2, 2, micro_batch_group=2, view_window=1, state_home="host",
+                      device_units=(0,), device_grad_sum=True)
+    assert plan.summed_on_device == {1, 2, 3}
+    roles = fold_roles(plan.programs[0], plan.summed_on_device)
+    assert roles == {(3, 0): HOLD, (3, 1): SYNC, (2, 0): HOLD, (2, 1): SYNC,
+                     (1, 0): HOLD, (1, 1): SYNC, (0, 0): HOLD, (0, 1): FIRST}
+    assert PipelinePlan.from_dict(plan.to_dict()).device_grad_sum
+    with pytest.raises(ScheduleConfigError, match="--micro-batch-group 2"):
+        build_plan(2, 1, 2, 2, view_window=1, state_home="host", device_grad_sum=True)
+    data = build_plan(2, 1, 2, 2, view_window=1, state_home="host").to_dict()
+    data.update(device_grad_sum=True, micro_batch_group=2)  # a claim its programs break
+    with pytest.raises(ScheduleError, match="not in the unit-major order"):
+        PipelinePlan.from_dict(data).validate()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ratrain.planner.layouts import Layout, PlanRequest
+from ratrain.planner.layouts import Layout, PlanRequest, needs_device_grad_sum
 from ratrain.planner.partition import Partition
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.result import SimResult
@@ -67,7 +67,9 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                                         layout.lifecycle.shard_state,
                                         request.profile.device.host_link is not None,
                                         request.sync),
-                      device_units=candidate.device_units, sync=request.sync)
+                      device_units=candidate.device_units, sync=request.sync,
+                      device_grad_sum=needs_device_grad_sum(
+                          request, layout.lifecycle.state_home, layout.dp))
 
 
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:

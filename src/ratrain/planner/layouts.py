@@ -209,10 +209,10 @@ def grouped(life: Lifecycle, pp: int, n_micro: int) -> list[Lifecycle]:
 
 
 def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
-            life: Lifecycle) -> str | None:
+            life: Lifecycle, micro_batch_group: int | None = None) -> str | None:
     """Why training would refuse this layout (setup/rule.refusal: the rule `ratrain train`
     applies; with `request.outer_sync`, under --sync diloco, whose rule is the same at every
-    period), or None."""
+    period), or None. `micro_batch_group` None: judged for each group later (`grouped`)."""
     return rule.refusal(sync=request.sync,
         n_layers=request.model.n_layers, pp=pp, dp=dp, global_batch=request.global_batch,
         micro_batch_size=micro_batch_size, policy=life.policy, dtype=request.dtype,
@@ -220,7 +220,15 @@ def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
         view_window=life.view_window, grad_lifetime=life.grad_lifetime,
         shard_group=life.shard_group, tie_embeddings=request.model.tie_embeddings,
         host_is_separate=_host_is_separate(request),
-        host_collectives=request.profile.device.host_collectives)
+        host_collectives=request.profile.device.host_collectives,
+        micro_batch_group=micro_batch_group)
+
+
+def needs_device_grad_sum(request: PlanRequest, state_home: str, dp: int) -> bool:
+    """Whether a layout's host-homed gradients are summed on the device before they fold
+    (rule.device_grad_sum_for: GPUs, whose collectives cannot reach the host)."""
+    return rule.device_grad_sum_for(state_home, dp, request.sync, _host_is_separate(request),
+                                    request.profile.device.host_collectives)
 
 
 def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layout]:
@@ -243,7 +251,12 @@ def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layo
                 for life in lifecycles(request):
                     if not _hybrid_applies(life.shard_group, dp):
                         continue  # (not a refusal: a layout of that dp shards over all)
-                    reason = refusal(request, pp, dp, mbs, life)
+                    n_micro = g // (dp * mbs)
+                    # a gradient summed on the device wants each unit's backwards of the
+                    # step in one run: one micro-batch, or one group of them all
+                    one_run = needs_device_grad_sum(request, life.state_home, dp) and n_micro > 1
+                    reason = refusal(request, pp, dp, mbs, life,
+                                     1 if one_run and pp > 1 else None)
                     if reason:
                         if refused is not None:
                             refused.append(reason)
@@ -256,6 +269,8 @@ def layouts(request: PlanRequest, refused: list[str] | None = None) -> list[Layo
                             continue
                         if each.micro_batch_group > 1 and schedule != "1f1b":
                             continue  # groups run 1F1B's order (unit_major.group_refusal)
+                        if one_run and each.micro_batch_group != n_micro:
+                            continue
                         groups = stage_groups(pp, dp, order, request.profile)
                         if groups is not None:
                             out.append(Layout(pp, dp, mbs, g // (dp * mbs), order, each, act,

@@ -23,7 +23,8 @@ class Offer:
     candidate: Candidate
     low: LowComm
     best_tokens_per_s: float  # plan 1's
-    synchronous: bool = True  # False: its layout runs only with the outer sync (host state on GPUs)
+    synchronous: bool = True  # False: its layout runs only with the outer sync (host state on
+    # GPUs, its micro-batches not in one group: rule.device_grad_sum_for)
 
 
 def offer(found: search.SearchResult) -> Offer | None:
@@ -45,7 +46,8 @@ def offer(found: search.SearchResult) -> Offer | None:
     if made is not None and made.rank is None:
         lay = made.candidate.layout
         made.synchronous = layouts.refusal(found.request, lay.pp, lay.dp, lay.micro_batch_size,
-                                           lay.lifecycle) is None
+                                           lay.lifecycle,
+                                           lay.lifecycle.micro_batch_group) is None
     return made
 
 
@@ -83,8 +85,10 @@ def describe(o: Offer) -> str:
                  f"{o.best_tokens_per_s:,.0f} tokens/s)")
     else:
         which = (f"the fastest plan on {r.dp} replicas, its state in host memory, which runs "
-                 f"only with --sync diloco (NCCL cannot sum host memory every step; not listed: "
-                 f"plan 1 runs {o.best_tokens_per_s:,.0f} tokens/s)")
+                 f"only with --sync diloco as laid out (summed every step, host-homed gradients "
+                 f"on GPUs are summed on the device once a step, which needs its {r.n_micro} "
+                 f"micro-batches in one group; not listed: plan 1 runs "
+                 f"{o.best_tokens_per_s:,.0f} tokens/s)")
     return (f"low-communication option (changes the algorithm; not a plan above): {which}, "
             f"pp {r.pp} x dp {r.dp}, {r.n_micro} x {r.micro_batch_size}: "
             + low_comm.advice(o.low, round(tokens)))

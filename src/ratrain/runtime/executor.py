@@ -63,6 +63,8 @@ class Executor:
         # --sync diloco (runtime/outer_sync.OuterStates): no gradient is summed over the
         # replicas, so each replica's loss is its own mean, not a 1/dp share of the global one
         self.outer = outer
+        # PipelinePlan.summed_on_device: their gradients are summed before they fold
+        self.device_sum = frozenset(u for u, s in stage.state.items() if s.sums_on_device)
         self.grad_replicas = 1 if outer is not None else self.dp
         self.clip = clip
         self.tracer = tracer
@@ -76,7 +78,7 @@ class Executor:
         previous step's with its own)."""
         recompute = frozenset(a.unit for a in program if a.op is Op.RECOMPUTE)
         st = self._run(program, StepState(batches, step, True, recompute, lr=lr,
-                                          fold=fold_roles(program)))
+                                          fold=fold_roles(program, self.device_sum)))
         skipped = bool(st.read.get("found_inf", 0.0))
         if self.loss_scale and "grad_norm" in st.read:
             self.loss_scale.update(st.read["grad_norm"])  # halves the scale on an overflow

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.schedule.unit_major import HOLD
+from ratrain.schedule.unit_major import HOLD, SYNC
 
 
 def gradients_to_fold(state, role: str | None) -> list[torch.Tensor | None] | None:
     """Take the view's gradients off its parameters; None where the run goes on (`role` HOLD:
-    they were added to the run's sum), else the gradients to fold now: the run's sum where
-    one was held, else the view's own (role None: no run, as under 1F1B)."""
+    they were added to the run's sum) or its sum waits for the unit's sync (SYNC: summed on
+    the device first, UnitState.start_sync), else the gradients to fold now: the run's sum
+    where one was held, else the view's own (role None: no run, as under 1F1B)."""
     grads = []
     for p in state.params:
         grads.append(p.grad)
         p.grad = None
     run = state.run_grad
-    if role != HOLD and run is None:
+    if role not in (HOLD, SYNC) and run is None:
         return grads
     first = run is None
     if first:
@@ -40,7 +41,7 @@ def gradients_to_fold(state, role: str | None) -> list[torch.Tensor | None] | No
             part.copy_(g)  # exact: fp32 holds every bf16/fp16 value
         else:
             part.add_(g)
-    if role == HOLD:
+    if role in (HOLD, SYNC):
         return None
     state.run_grad = None
     return state.param_slices(run)

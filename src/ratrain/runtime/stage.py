@@ -37,7 +37,9 @@ class Stage:
     `view_units` compute with a view of their masters (the program prefetches and releases it);
     the others compute with the masters themselves, fp32 on the compute device. `state_home`
     places the masters, gradients and optimizer state: "device" or "host" (the CPU), except
-    the `device_units`' (PipelinePlan.device_units), which stay on the device. With
+    the `device_units`' (PipelinePlan.device_units), which stay on the device; the
+    `summed_on_device` units sum their gradients on the device before they fold to the host
+    (PipelinePlan.device_grad_sum). With
     `shard`, every unit's state is sharded over the stage's replicas (runtime/sharded_layout.py;
     it lives on the device). One unit-state class serves both (runtime/unit_state.py).
     Compute in a lower precision runs under autocast, so the ops autocast keeps in fp32 stay
@@ -46,7 +48,7 @@ class Stage:
 
     def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None, *,
                  view_units=(), state_home: str = "device", ledger: MemoryLedger | None = None,
-                 shard: ShardOver | None = None, device_units=()):
+                 shard: ShardOver | None = None, device_units=(), summed_on_device=()):
         self.cfg = cfg
         self.units = units
         self.device = device
@@ -79,7 +81,8 @@ class Stage:
             # otherwise be the device's peak before the first step); its parameters are then
             # empty placeholders on the device, and only its buffers move.
             self.state[u] = UnitState(params, new_optimizer, layout, view_dtype=view_dtype,
-                                      copies=self.copies, ledger=self.ledger, device=device)
+                                      copies=self.copies, ledger=self.ledger, device=device,
+                                      sums_on_device=u in summed_on_device)
             self.modules[u] = m.to(device)
         self.sharded = shard is not None
         self._mark_tied(cfg)

@@ -47,7 +47,9 @@ class UnitState(UnitBuffers):
     what the layout gives it to update (`masters`); `view_dtype`: compute with a view in that
     dtype (None: with the masters themselves, which only the replicated layout allows);
     `layout`: replicated (on the compute device) unless given; `device`: where it computes
-    (default: where its parameters are; a viewed unit's may still be on the host)."""
+    (default: where its parameters are; a viewed unit's may still be on the host);
+    `sums_on_device`: its gradient of the step is summed over the replicas on the compute
+    device before it folds into the host's accumulation (PipelinePlan.device_grad_sum)."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class UnitState(UnitBuffers):
         copies: CopyEngine | None = None,
         ledger: MemoryLedger | None = None,
         device: torch.device | None = None,
+        sums_on_device: bool = False,
     ):
         self.layout = layout or Replicated()
         super().__init__(params, self.layout.home, view_dtype=view_dtype, copies=copies,
@@ -67,6 +70,7 @@ class UnitState(UnitBuffers):
         self._sync = None  # the gradient sync in flight (GS, GX, or one micro-batch's RS)
         self._host_fold = HostFold(self.copies)  # used where the state is across a host link
         self.run_grad: torch.Tensor | None = None  # a run's gradient sum (run_grads.py)
+        self.sums_on_device = sums_on_device
 
     @property
     def has_view(self) -> bool:
@@ -128,10 +132,12 @@ class UnitState(UnitBuffers):
         link, a backward with more of its unit's to come in its run (HOLD) adds its gradient
         to the run's fp32 sum on the device instead, and the run's last folds that sum
         (runtime/run_grads.py): one fold per run, not per backward. Across the link the
-        gradients travel as runtime/host_fold.py says, off the compute stream."""
+        gradients travel as runtime/host_fold.py says, off the compute stream. A unit that
+        `sums_on_device` takes that path on any device: its run's sum (SYNC) waits for
+        start_sync."""
         if not self.has_view:
             return
-        if not self._host_homed_on_gpu:
+        if not (self._host_homed_on_gpu or self.sums_on_device):
             for p, acc in zip(self.params, self._accumulation_slices()):
                 if p.grad is not None:
                     acc.add_(p.grad.to(self.home, torch.float32))
@@ -159,13 +165,23 @@ class UnitState(UnitBuffers):
 
     def start_sync(self, group=None) -> dist.Work | None:
         """Start summing the gradients over the data-parallel replicas (`group`; a sharded
-        layout uses its own). Nothing may touch them until wait_sync."""
+        layout uses its own). Nothing may touch them until wait_sync. A run's sum waiting on the
+        device (`sums_on_device`) is summed there and wait_sync folds it to the host."""
+        if self.sums_on_device and self.run_grad is not None:
+            self._sync = dist.all_reduce(self.run_grad, group=group, async_op=True)
+            return self._sync
         self._host_fold.settle(self.grad)
         self._sync = self.layout.start_sync(self, group)
         return self._sync
 
     def wait_sync(self) -> None:
-        self._wait(self.layout.synced)
+        summed = self.sums_on_device and self.run_grad is not None
+        self._wait(UnitState._fold_summed if summed else self.layout.synced)
+
+    def _fold_summed(self) -> None:
+        """The summed run into the step's zero accumulation (a first fold's copy)."""
+        run, self.run_grad = self.run_grad, None
+        self._host_fold.fold(self.param_slices(run), self._accumulation_slices(), overwrite=True)
 
     def start_reduce(self) -> dist.Work:
         """Start reducing the micro-batch's gradient just accumulated over the replicas

@@ -37,7 +37,8 @@ micro-batch m); the executor binds each name to real tensors, the simulator to s
                     read the rest (unit 0: all of it, its BW is its whole backward)
     view            the unit's compute view (P)
     grad_run        a run's fp32 gradient sum on the device, held per unit until the run's
-                    last backward folds it (host-homed on a GPU: schedule/unit_major.py)
+                    last backward folds it (host-homed on a GPU: schedule/unit_major.py), or
+                    summed on the device, until the sync's wait folds it (device_grad_sum)
     outer_delta     the unit's outer delta (outer params - local params) while its all-reduce
                     is in flight (OS until WOS; --sync diloco, schedule/outer_sync.py)
 
@@ -175,7 +176,9 @@ SPECS.update({spec.op: spec for spec in (
     _wait(Op.RECV_GRAD, "Wait for that gradient to arrive."),
     _wait(Op.GRAD_SYNC, "Wait for that sync; the unit's gradients are then final and "
           "identical on all replicas (sharded: its shard's). A full-size gradient that lives "
-          "only until its sync is freed.", memory=(_RELEASE_FULL_GRAD,)),
+          "only until its sync is freed; a run's sum summed on the device (device_grad_sum) "
+          "folds into the host's accumulation and is freed.",
+          memory=(_RELEASE_FULL_GRAD, _RUN_GRAD[0])),
     _wait(Op.GRAD_REDUCE, "Wait for that reduction, add the slice's sum to the shard's "
           "gradient and free the full-size one (the unit's next backward makes a new one).",
           memory=(_RELEASE_FULL_GRAD,)),

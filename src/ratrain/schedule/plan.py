@@ -11,23 +11,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ratrain.schedule import builders, outer_sync
-from ratrain.schedule.activation_choice import (ACTIVATIONS, activation_done, by_unit,
+from ratrain.schedule.activation_choice import (ACTIVATIONS, by_unit,  # noqa: F401 (re-export)
                                                 check_baseline, check_choice,
                                                 resolve_activation)
 from ratrain.schedule.checks import validate
-from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
+from ratrain.schedule.errors import ScheduleConfigError
 from ratrain.schedule.ir import Op, Program, format_program, parse_program
 from ratrain.schedule.carried_updates import carry_updates
-from ratrain.schedule.plan_lifecycle import check_lifecycle
-from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, SPLIT_SCHEDULES, UPDATES,
-                                         check_carried_update, check_device_units, check_hybrid,
+from ratrain.schedule.plan_checks import check_plan
+from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
+                                         check_device_grad_sum, check_device_units, check_hybrid,
                                          check_sharding, micro_batch_refusal, shared_views,
                                          weight_grad_of)
 from ratrain.schedule.policies import POLICIES
 from ratrain.schedule.tied_sync import add_tied_sync, check_tied, tied_ends
-from ratrain.schedule.unit_major import (check_group, check_order, post_group_receives,
-                                         unit_major)
-from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement, place_weight_grads
+from ratrain.schedule.unit_major import check_group, post_group_receives, unit_major
+from ratrain.schedule.weight_grads import place_weight_grads
 
 SCHEDULES: dict[str, Callable[[list[range], int], list[Program]]] = {
     "1f1b": builders.one_f_one_b,
@@ -106,6 +105,11 @@ class PipelinePlan:
     """The head computes with the embedding's weight: on one stage, with a view window, the
     embedding's view lives from its first use to the head's last (view_passes.add_views'
     `shared`); across stages the head keeps a copy, summed by TS (schedule/tied_sync.py)."""
+    device_grad_sum: bool = False
+    """Host-homed units' gradients are summed over the replicas on the compute device, each
+    unit's whole step's in fp32, and fold to the host once summed (GPUs: NCCL cannot reduce
+    host memory; ZeRO-Offload's order). GS u sums the run of unit_major.fold_roles' SYNC
+    role and WGS u folds it (plan_rules.device_grad_sum_refusal: what it needs)."""
 
     @property
     def on_device_text(self) -> str:
@@ -119,39 +123,21 @@ class PipelinePlan:
         return self.stage_units[-1].stop - 2
 
     @property
+    def summed_on_device(self) -> frozenset[int]:
+        """The units whose gradient device_grad_sum sums on the device: the host-homed ones."""
+        if not self.device_grad_sum:
+            return frozenset()
+        return frozenset(range(self.stage_units[-1].stop)).difference(self.device_units)
+
+    @property
     def unit_activation(self) -> dict[int, str]:
         """Unit -> its activation policy, over every stage."""
         return by_unit(self.stage_units, self.activation)
 
     def validate(self) -> None:
-        """Run every check (checks.validate) and check that `activation` is what the programs
-        do; call it on a plan read from a file before use."""
-        if not self.pp == len(self.programs) == len(self.stage_units):
-            raise ScheduleError(f"pp={self.pp}, but the plan has {len(self.programs)} programs "
-                                f"for {len(self.stage_units)} stages")
-        if not isinstance(self.shard_state, bool):
-            raise ScheduleError(f"shard_state must be true or false, got {self.shard_state!r}")
-        if self.weight_grad is not None:
-            parse_placement(self.weight_grad)
-        if (self.weight_grad is None) != (self.schedule not in SPLIT_SCHEDULES):
-            raise ScheduleError(f"weight_grad {self.weight_grad!r} does not fit schedule "
-                                f"{self.schedule!r} (a split schedule takes one of "
-                                f"{', '.join(WEIGHT_GRADS)} or {CAPPED}; the others none)")
-        outer_sync.check_outer(self.sync, self.dp, self.policy, self.shard_state,
-                               self.stage_units[-1].stop)
-        for programs in [self.programs, *outer_sync.every_variant(self)]:
-            validate(programs, self.stage_units, self.n_micro, self.grad_sync_dp,
-                     shared=self.shared_views)
-        check_group(self.micro_batch_group, self.n_micro, self.pp, self.schedule)
-        wrong = self.micro_batch_group > 1 and check_order(
-            self.programs, self.stage_units, self.n_micro, self.micro_batch_group)
-        if wrong:
-            raise ScheduleError(wrong)
-        done = activation_done(self.programs, self.stage_units, self.n_micro)
-        if self.activation != done:
-            raise ScheduleError(f"the plan's activation {self.activation} is not what its "
-                                f"programs do: {done}")
-        check_lifecycle(self)
+        """Run every check of the programs and the fields (plan_checks.check_plan); call it on
+        a plan read from a file before use."""
+        check_plan(self)
 
     @property
     def shared_views(self) -> dict[int, int]:
@@ -193,6 +179,7 @@ class PipelinePlan:
             **({"update": self.update} if self.update != "inline" else {}),
             **({"device_units": list(self.device_units)} if self.device_units else {}),
             **({"tie_embeddings": True} if self.tie_embeddings else {}),
+            **({"device_grad_sum": True} if self.device_grad_sum else {}),
         }
 
     @classmethod
@@ -220,6 +207,7 @@ class PipelinePlan:
             update=d.get("update", "inline"),
             device_units=tuple(d.get("device_units", ())),
             tie_embeddings=d.get("tie_embeddings", False),
+            device_grad_sum=d.get("device_grad_sum", False),
         )
 
 
@@ -247,6 +235,7 @@ def build_plan(
     update: str = "inline",
     device_units=(),
     tie_embeddings: bool = False,
+    device_grad_sum: bool = False,
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -261,8 +250,8 @@ def build_plan(
     PipelinePlan.
     `micro_batch_group` g > 1 runs 1F1B over groups of g micro-batches, each group unit by
     unit (schedule/unit_major.py).
-    `update`: "inline" or "carried" (PipelinePlan.update); `device_units`, `tie_embeddings`:
-    PipelinePlan's.
+    `update`: "inline" or "carried" (PipelinePlan.update); `device_units`, `tie_embeddings`,
+    `device_grad_sum`: PipelinePlan's.
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -298,12 +287,15 @@ def build_plan(
     if policy == "baseline":
         check_baseline(activation, resolved, stage_units, view_window)
     check_group(micro_batch_group, n_micro, pp, schedule)
+    check_device_grad_sum(device_grad_sum, state_home, dp, shard_state, sync, policy,
+                          view_window, n_micro, micro_batch_group)
     programs = (unit_major(stage_units, n_micro, micro_batch_group) if micro_batch_group > 1
                 else builder(stage_units, n_micro))
     if weight_grad is not None:
         programs = place_weight_grads(programs, weight_grad)
     programs = POLICIES[policy](programs, stage_units, sync_dp, by_unit(stage_units, resolved),
-                                clip, view_window, grad_lifetime, shard_group, shared)
+                                clip, view_window, grad_lifetime, shard_group, shared,
+                                early_waits=device_grad_sum)
     programs = add_tied_sync(programs, stage_units, tie_embeddings)
     programs = post_group_receives(programs, micro_batch_group)
     if update == "carried":
@@ -313,7 +305,7 @@ def build_plan(
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
                         grad_lifetime, shard_group, sync, micro_batch_group,
-                        update, device_units, tie_embeddings)
+                        update, device_units, tie_embeddings, device_grad_sum)
     if check:
         for variant in [programs, *outer_sync.every_variant(plan)]:
             validate(variant, stage_units, n_micro, sync_dp, shared=shared)

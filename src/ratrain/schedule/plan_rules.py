@@ -132,6 +132,50 @@ def check_device_units(device_units, state_home: str, n_units: int) -> None:
         raise ScheduleConfigError(reason)
 
 
+def device_grad_sum_refusal(device_grad_sum: bool, state_home: str, dp: int,
+                           shard_state: bool, sync: str, policy: str, view_window: int | None,
+                           n_micro: int, micro_batch_group: int | None) -> str | None:
+    """Summing host-homed units' gradients on the compute device before they fold to the host
+    (PipelinePlan.device_grad_sum: what NCCL, which reduces device memory only, needs) sums
+    each unit's gradient once a step, so its backwards of the step must be one run: one
+    micro-batch, or unit-major groups of the whole step. The ratrain policy waits for each
+    sum after one more compute action, so about two units' sums are on the device at a time;
+    the baseline's syncs after the flush would hold every unit's at once. `micro_batch_group`
+    None: still to be chosen (--schedule auto weighs only the groups that can run)."""
+    if not device_grad_sum:
+        return None
+    if state_home != "host" or shard_state:
+        return ("summing gradients on the device before they fold to the host is for "
+                "whole state in host memory (--state-home host, no --shard-state)")
+    if sync != "step" or dp < 2:
+        return ("summing gradients on the device before they fold to the host needs a "
+                "gradient sum every step: --dp > 1 and --sync step")
+    if policy != "ratrain":
+        return ("summing gradients on the device before they fold to the host is a lifecycle "
+                "choice of --policy ratrain (the baseline's syncs after the flush would hold "
+                "every unit's fp32 gradient on the device at once)")
+    if view_window is None:
+        return ("summing gradients on the device before they fold to the host needs compute "
+                "views (view_window 0 or a window), which host-homed state on a GPU has")
+    if n_micro > 1 and micro_batch_group not in (None, n_micro):
+        return (f"--state-home host with --dp {dp} on GPUs sums each unit's gradient on the "
+                f"GPU before it goes to the host (NCCL cannot reduce host memory), once a step: "
+                f"each unit's backwards of a step must run back to back. Use "
+                f"--micro-batch-group {n_micro} (every micro-batch of the step in one group, "
+                f"unit by unit) or one micro-batch per replica; or --state-home device, or "
+                f"--sync diloco:H (its outer sync of host state runs over gloo)")
+    return None
+
+
+def check_device_grad_sum(device_grad_sum: bool, state_home: str, dp: int, shard_state: bool,
+                          sync: str, policy: str, view_window: int | None, n_micro: int,
+                          micro_batch_group: int | None) -> None:
+    reason = device_grad_sum_refusal(device_grad_sum, state_home, dp, shard_state, sync,
+                                     policy, view_window, n_micro, micro_batch_group)
+    if reason:
+        raise ScheduleConfigError(reason)
+
+
 def weight_grad_of(schedule: str, weight_grad: str | None) -> str | None:
     """The placement of a split schedule's BWs ("bubble" unless chosen); None for the others,
     which refuse one."""

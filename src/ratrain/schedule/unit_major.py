@@ -98,18 +98,23 @@ def _post_together(program: Program, group: int) -> Program:
     return out
 
 
-HOLD, FIRST, LATER = "hold", "first", "later"
+HOLD, FIRST, LATER, SYNC = "hold", "first", "later", "sync"
 """A weight-gradient action's fold (fold_roles): keep its gradient on the device for the run's
-next backward of the unit; fold into the step's zero accumulation; fold into it added."""
+next backward of the unit; fold into the step's zero accumulation; fold into it added; keep the
+run's sum on the device for the unit's gradient sync, which folds it (device_grad_sum)."""
 
 
-def fold_roles(program: Program) -> dict[tuple[int, int], str]:
+def fold_roles(program: Program,
+               device_sum: frozenset[int] = frozenset()) -> dict[tuple[int, int], str]:
     """(unit, micro-batch) of every B or BW -> what it does with the unit's gradient where the
     accumulation lives across a host link (runtime/unit_state.UnitState.fold_grads; the cost
     model prices it the same way). A backward whose run (consecutive compute actions on one
     unit) has a later backward of that unit holds its gradient on the device, in fp32; the
     run's last folds it, the unit's first fold of the step into the zero accumulation (a copy),
-    later ones added. Under 1F1B every backward is a run's last: each folds, as before."""
+    later ones added. Under 1F1B every backward is a run's last: each folds, as before.
+    `device_sum` (PipelinePlan.summed_on_device): each of these units' one run of the step
+    (one micro-batch, or one group of them all: plan_rules.device_grad_sum_refusal) keeps its
+    sum on the device for the unit's gradient sync, which folds it once summed (SYNC)."""
     roles: dict[tuple[int, int], str] = {}
     folded: set[int] = set()
     pending: list[tuple[int, int]] = []  # the current run's backwards, not yet resolved
@@ -118,22 +123,23 @@ def fold_roles(program: Program) -> dict[tuple[int, int], str]:
         if a.op not in COMPUTE_OPS:
             continue
         if a.unit != run_unit:
-            _close(pending, roles, folded)
+            _close(pending, roles, folded, device_sum)
             run_unit = a.unit
         if a.op in WEIGHT_GRAD_OPS:
             pending.append((a.unit, a.mb))
-    _close(pending, roles, folded)
+    _close(pending, roles, folded, device_sum)
     return roles
 
 
-def _close(pending: list[tuple[int, int]], roles: dict, folded: set[int]) -> None:
-    """End a run: all but its last backward hold; the last folds."""
+def _close(pending: list[tuple[int, int]], roles: dict, folded: set[int],
+           device_sum: frozenset[int]) -> None:
+    """End a run: all but its last backward hold; the last folds (or leaves it to the sync)."""
     if not pending:
         return
     for key in pending[:-1]:
         roles[key] = HOLD
     u = pending[-1][0]
-    roles[pending[-1]] = LATER if u in folded else FIRST
+    roles[pending[-1]] = SYNC if u in device_sum else LATER if u in folded else FIRST
     folded.add(u)
     pending.clear()
 

@@ -22,7 +22,7 @@ from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.setup.choice import Choice, choose, default_profile
 from ratrain.setup.links import MeasuredLinks, low_comm_hint, measured_profile
 from ratrain.setup.plan_file import load_plan
-from ratrain.setup.rule import check_runnable, has_views, update_for
+from ratrain.setup.rule import check_runnable, device_grad_sum_for, has_views, update_for
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,8 @@ def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | 
 
 
 _PLAN_CHOICES = ("n_layers", "pp", "dp", "schedule", "policy", "clip", "state_home",
-                 "shard_state", "view_window", "grad_lifetime", "shard_group", "sync", "update")
+                 "shard_state", "view_window", "grad_lifetime", "shard_group", "sync", "update",
+                 "micro_batch_group", "device_grad_sum")
 """A plan's own layout and lifecycle, which the rule judges (a plan file's, not the flags')."""
 
 
@@ -119,7 +120,11 @@ def _flag_choices(cfg: RunConfig, machine: Machine) -> dict:
             "view_window": p.view_window if views else None,
             "grad_lifetime": p.grad_lifetime, "shard_group": p.shard_group, "sync": p.sync,
             "update": update_for(p.update, p.state_home, p.shard_state, machine.host_is_separate,
-                                 p.sync)}
+                                 p.sync),
+            "micro_batch_group": p.micro_batch_group,
+            "device_grad_sum": device_grad_sum_for(p.state_home, p.dp, p.sync,
+                                                   machine.host_is_separate,
+                                                   machine.host_collectives)}
 
 
 def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
@@ -138,6 +143,7 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
             shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1,
             update=choices["update"], tie_embeddings=cfg.model.tie_embeddings,
+            device_grad_sum=choices["device_grad_sum"],
             device_units=first_units(partition_units(choices["n_layers"], p.pp, p.partition),
                                      p.device_units))
     except ScheduleError as e:

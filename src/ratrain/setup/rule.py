@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
-from ratrain.schedule.plan_rules import (carried_update_refusal, hybrid_refusal,
-                                         micro_batch_refusal, sharding_refusal)
+from ratrain.schedule.plan_rules import (carried_update_refusal, device_grad_sum_refusal,
+                                         hybrid_refusal, micro_batch_refusal, sharding_refusal)
 from ratrain.schedule.tied_sync import tied_refusal
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
@@ -23,16 +23,20 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
             shard_group: int | None = None, sync: str = EVERY_STEP, update: str = "inline",
             tie_embeddings: bool = False,
             host_is_separate: bool = False, host_collectives: bool | None = None,
-            world: int | None = None) -> str | None:
+            world: int | None = None, micro_batch_group: int | None = None,
+            device_grad_sum: bool | None = None) -> str | None:
     """Why this cannot run (one line, as the user's mistake is told), or None when it can.
 
     `view_window` is the plan's: None where the views are the masters (has_views).
     `host_is_separate`: the state's host tier is not the compute device's memory (a GPU).
     `host_collectives`: the devices' collectives can reduce buffers in the host tier (not so on
     GPUs: NCCL reduces device memory only; a profile says it in `host_collectives`); None:
-    not where the host is apart, as on this runtime's GPUs. Without them DiLoCo still runs: its
-    outer sync of host state goes over a gloo group (runtime Groups.host_replicas). `world`: the processes already started for the
-    run (torchrun's WORLD_SIZE); None where the run starts its own.
+    not where the host is apart, as on this runtime's GPUs. Without them host-homed gradients
+    are summed on the device before they fold (`device_grad_sum`; None: where the machine
+    needs it, device_grad_sum_for), and DiLoCo's outer sync of host state goes over a gloo
+    group (runtime Groups.host_replicas). `micro_batch_group`: None where --schedule auto
+    chooses it. `world`: the processes already started for the run (torchrun's WORLD_SIZE);
+    None where the run starts its own.
     """
     n_units = n_layers + 2
     if world is not None and world != pp * dp:
@@ -56,11 +60,18 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
         return reason
     if host_collectives is None:
         host_collectives = not host_is_separate
-    if state_home == "host" and dp > 1 and host_is_separate and not host_collectives \
-            and sync == EVERY_STEP:
-        return ("--state-home host with --dp > 1 on GPUs needs the gradient sync on the host, "
-                "which NCCL cannot do; use --state-home device, or --sync diloco:H (its outer "
-                "sync of host state runs over gloo)")
+    needed = device_grad_sum_for(state_home, dp, sync, host_is_separate, host_collectives)
+    if device_grad_sum is None:
+        device_grad_sum = needed
+    if needed and not device_grad_sum:
+        return ("this plan sums host-homed gradients over --dp where they live, on the host, "
+                "which NCCL cannot do; on GPUs they are summed on the device before they fold "
+                "(device_grad_sum): build the plan for this machine")
+    reason = device_grad_sum_refusal(device_grad_sum, state_home, dp, shard_state, sync,
+                                     policy, view_window, global_batch // (dp * micro_batch_size),
+                                     micro_batch_group)
+    if reason:
+        return reason
     if state_home == "host" and tie_embeddings and pp > 1 and host_is_separate \
             and not host_collectives:
         return ("tied embeddings across pipeline stages with --state-home host on GPUs sum the "
@@ -83,6 +94,16 @@ def has_views(dtype: str, state_home: str, host_is_separate: bool,
     fp32 run, views would be copies of the masters in the same memory: there are none."""
     return (dtype != "float32" or (state_home == "host" and host_is_separate)
             or shard_state)
+
+
+def device_grad_sum_for(state_home: str, dp: int, sync: str, host_is_separate: bool,
+                        host_collectives: bool | None) -> bool:
+    """Whether host-homed gradients must be summed on the device before they fold: summed
+    every step over replicas whose collectives cannot reach the host (NCCL on GPUs)."""
+    if host_collectives is None:
+        host_collectives = not host_is_separate
+    return (state_home == "host" and dp > 1 and sync == EVERY_STEP and host_is_separate
+            and not host_collectives)
 
 
 def update_for(requested: str, state_home: str, shard_state: bool,

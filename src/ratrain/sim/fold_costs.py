@@ -4,7 +4,7 @@ thread's SN) under the plan's runs of backwards (schedule/unit_major.fold_roles)
 
 from __future__ import annotations
 
-from ratrain.schedule.unit_major import FIRST, HOLD, LATER
+from ratrain.schedule.unit_major import FIRST, HOLD, LATER, SYNC
 
 
 def fold_s(c, u: int, mb: int | None) -> float:
@@ -14,9 +14,13 @@ def fold_s(c, u: int, mb: int | None) -> float:
     of its own (UnitState.fold_grads); and a backward with more of its unit's to come in
     its run (unit_major.HOLD) adds its gradient to the run's fp32 sum on the device
     instead, which the run's last folds (runtime/run_grads.py). mb None: the step's mean,
-    over groups of `micro_batch_group` (m / g folds a unit, the first a copy)."""
+    over groups of `micro_batch_group` (m / g folds a unit, the first a copy). Summed on the
+    device before its fold (unit_major.SYNC), every backward adds to the run's sum: the
+    fold is the sync wait's copy into the zero accumulation, off the compute timeline."""
     if u not in c.s.view_units:
         return 0.0
+    if u in c.device_summed:
+        return (8 + c.s.shape.elt) * c.s.params(u) / c.bandwidth
     add = 12 * c.s.params(u) / c.state_bandwidth(u)
     if u in c.s.host_norms and last_fold_added(c, u, mb):
         # the step's last fold's add is done by SN on the host update thread (the
@@ -75,3 +79,9 @@ def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:
             out.add(key)
         last[key[0]] = role
     return out
+
+
+def summed_on_device(roles: dict[tuple[int, int], str]) -> set[int]:
+    """The units whose run's sum waits for their sync on the device (unit_major.SYNC:
+    PipelinePlan.device_grad_sum)."""
+    return {u for (u, _), role in roles.items() if role == SYNC}

@@ -43,7 +43,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             replicas=rings[s], pipeline=pipeline,
             clip=plan.clip, shard_state=plan.shard_state, grad_lifetime=plan.grad_lifetime,
             shard_group=plan.shard_group, sync=plan.sync,
-            fold_roles=fold_roles(program), micro_batch_group=plan.micro_batch_group,
+            fold_roles=fold_roles(program, plan.summed_on_device), micro_batch_group=plan.micro_batch_group,
             host_norms=frozenset(a.unit for a in program if a.op is Op.START_NORM),
             device_units=frozenset(plan.device_units).intersection(units),
             tied=tied if s in plan.tied_ends else None,

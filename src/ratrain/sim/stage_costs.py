@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.unit_major import HOLD
-from ratrain.sim.fold_costs import fold_s, summed_runs, unit_norm_s
+from ratrain.sim.fold_costs import fold_s, summed_on_device, summed_runs, unit_norm_s
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
 from ratrain.sim.stage_setup import StageSetup
@@ -32,6 +32,7 @@ class StageCosts:
         self.overhead = p.device.action_overhead_s
         self._act_bytes = uc.output_bytes(setup.shape, "block")
         self.summed = summed_runs(setup.fold_roles or {})
+        self.device_summed = summed_on_device(setup.fold_roles or {})
         # a unit's compute times depend on its kind alone, and are read at each micro-batch
         self._times: dict[tuple, object] = {}
 
@@ -259,8 +260,8 @@ class StageCosts:
         if name == "kept":
             return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
         if name == "grad_run":
-            held = self.runs_on_device(u) and u in self.s.view_units and \
-                (self.s.fold_roles or {}).get((u, mb)) == HOLD
+            held = u in self.s.view_units and (u in self.device_summed or self.runs_on_device(
+                u) and (self.s.fold_roles or {}).get((u, mb)) == HOLD)
             return [(("rungrad", u), 4 * self.s.params(u))] if held else []
         if name == "input_grad":
             return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
