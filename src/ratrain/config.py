@@ -101,9 +101,12 @@ class TrainConfig:
             if not 0 <= getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.global_batch % self.micro_batch_size:
+            default = type(self).micro_batch_size
             raise UserError(
                 f"train.global_batch {self.global_batch} is not a multiple of "
                 f"micro_batch_size {self.micro_batch_size}"
+                + (" (the default: set --micro-batch-size)"
+                   if self.micro_batch_size == default else "")
             )
         if self.dtype not in DTYPES:
             raise UserError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")

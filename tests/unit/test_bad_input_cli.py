@@ -64,6 +64,11 @@ def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
     (["--lr", "nan"], "train.lr must be a finite number, got nan"),
     (["--lr", "inf"], "train.lr must be a finite number, got inf"),
     (["--lr", "-inf"], "train.lr must be a finite number, got -inf"),
+    (["--dp", "2", "--global-batch", "3"],
+     "global_batch 3 is not a multiple of micro_batch_size 2 (the default: set "
+     "--micro-batch-size)"),
+    (["--global-batch", "6", "--micro-batch-size", "4"],
+     "global_batch 6 is not a multiple of micro_batch_size 4"),
 ])
 def test_bad_flags(monkeypatch, capsys, tmp_path, args, needle):
     _refused(monkeypatch, capsys, needle, "train", "--no-progress", *args)

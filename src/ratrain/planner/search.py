@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
 from ratrain.planner.candidate import Candidate, evaluate
 from ratrain.planner.device_units import keep_on_device
-from ratrain.planner.layouts import Layout, PlanRequest, layouts
+from ratrain.planner.layouts import Layout, PlanRequest, layouts, needs_device_grad_sum
 from ratrain.planner.partition import Partition, candidates
 from ratrain.planner.unit_table import UnitTable
 from ratrain.sim.links import Link, ring
@@ -63,7 +63,8 @@ class UnitTables:
             profile = r.profile.for_group(group)
             self._cache[key] = UnitTable(
                 model, profile, layout.micro_batch_size, r.seq_len, r.dtype, layout.n_micro,
-                layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group), layout.dp)
+                layout.lifecycle, r.clip, r.limit_of(group), r.host_limit_of(group), layout.dp,
+                sums_on_device=needs_device_grad_sum(r, layout.lifecycle.state_home, layout.dp))
         scheduled = (*key, layout.schedule, layout.weight_grad)
         if scheduled not in self._cache:
             self._cache[scheduled] = self._cache[key].scheduled(layout.schedule, layout.weight_grad)

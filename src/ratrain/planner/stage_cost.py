@@ -98,6 +98,8 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
     # unit-major groups of g: a unit's backward run holds its g input gradients until the run
     # below takes them, where 1F1B holds one
     run_grad = max(t.run_grad[a:b]) if t.holds_runs or b - a == 1 else 0
+    if t.sums_on_device:  # each sum waited after one more compute action: two alive
+        run_grad *= 2
     transient = (2 + t.lifecycle.micro_batch_group) * t.act + recovering + run_grad
     in_flight = t.in_flight(stage, pp)
     full_most = full_fewer = 0.0

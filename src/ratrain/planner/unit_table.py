@@ -35,10 +35,14 @@ class UnitTable:
     def __init__(self, model: ModelConfig, profile: HardwareProfile, micro_batch_size: int,
                  seq_len: int, dtype: str, n_micro: int, lifecycle: Lifecycle, clip: bool,
                  limit: float = float("inf"), host_limit: float = float("inf"), dp: int = 1,
-                 schedule: str = "1f1b", weight_grad: str | None = None):
+                 schedule: str = "1f1b", weight_grad: str | None = None,
+                 sums_on_device: bool = False):
         """`limit` and `host_limit`: the bytes a stage's estimate may reach on the device and in
         its host tier. `dp`: the replicas a sharded lifecycle splits the state over.
-        `schedule`, `weight_grad`: the plan's (schedule/plan.py)."""
+        `schedule`, `weight_grad`: the plan's (schedule/plan.py). `sums_on_device`: host-homed
+        gradients summed on the device before they fold (PipelinePlan.device_grad_sum: two
+        units' run sums at a time)."""
+        self.sums_on_device = sums_on_device
         self.model, self.profile, self.lifecycle, self.dp = model, profile, lifecycle, dp
         self.n_units = model.n_layers + 2
         self.n_micro = n_micro
@@ -86,6 +90,9 @@ class UnitTable:
         # over one group of all of them), and its run's fp32 sum on the device meanwhile
         every = StageCosts(dataclasses.replace(setup, micro_batch_group=n_micro))
         self._weight_grouped = per_unit(lambda u: every.backward_weight(u) + o)
+        # and their B + BW, whose folds are those one run's: not 1F1B's m folds (host adds
+        # behind a host link outweigh the compute of a small unit)
+        self._whole_grouped = per_unit(lambda u: every.backward(u) + o)
         self._run_grad = per_unit(lambda u: 4 * setup.params(u)
                                   if views and c.runs_on_device(u) else 0)
         self._seeds = per_unit(lambda u: sum(
@@ -127,12 +134,14 @@ class UnitTable:
         self.schedule, self.weight_grad = schedule, weight_grad
         split = weight_grad is not None
         o = self.costs.overhead
-        self.backward = [b + o for b in self._whole] if split else self._whole
+        whole = self._whole_grouped if weight_grad == "grouped" else self._whole
+        self.backward = [b + o for b in whole] if split else whole
         self.weight = ((self._weight_grouped if weight_grad == "grouped" else self._weight)
                        if split else [0.0] * self.n_units)
         # a run's fp32 gradient sum, where backwards of a unit run back to back (unit_major;
         # a stage of one unit is one run whatever the schedule: stage_cost.estimate)
-        self.holds_runs = weight_grad == "grouped" or self.lifecycle.micro_batch_group > 1
+        self.holds_runs = (weight_grad == "grouped" or self.lifecycle.micro_batch_group > 1
+                           or self.sums_on_device)
         self.run_grad = self._run_grad
         self.seeds = self._seeds if split else [0] * self.n_units
         self._sums = {**self._sums, **{name: [0, *accumulate(getattr(self, name))]
