@@ -11,6 +11,7 @@ import random
 import pytest
 import yaml
 
+from ratrain.profiling import fits
 from ratrain.profiling import measure as profiling
 from ratrain.profiling.table import summary_rows
 from ratrain.errors import UserError
@@ -156,16 +157,16 @@ def test_random_damage_loads_or_raises_a_user_error(tmp_path):
 
 def test_fit_link_recovers_latency_and_bandwidth():
     sizes = profiling.LINK_SIZES
-    latency, bandwidth = profiling.fit_link(sizes, [50e-6 + s / 2e9 for s in sizes])
+    latency, bandwidth = fits.fit_link(sizes, [50e-6 + s / 2e9 for s in sizes])
     assert latency == pytest.approx(50e-6, rel=1e-6) and bandwidth == pytest.approx(2e9, rel=1e-6)
 
 
 def test_process_overhead_is_the_line_through_two_stages():
     mib = 2**20
-    fixed, per_byte = profiling.fit_process_overhead([(70 * mib, 54 * mib), (25 * mib, 44 * mib)])
+    fixed, per_byte = fits.fit_process_overhead([(70 * mib, 54 * mib), (25 * mib, 44 * mib)])
     assert per_byte == pytest.approx(10 / 45) and fixed == pytest.approx(44 * mib - 25 * mib * 10 / 45)
     # the larger stage grew no more beyond its ledger: a fixed overhead, the larger of the two
-    assert profiling.fit_process_overhead([(25.0, 50.0), (70.0, 40.0)]) == (50.0, 0.0)
+    assert fits.fit_process_overhead([(25.0, 50.0), (70.0, 40.0)]) == (50.0, 0.0)
 
 
 def test_contention_is_the_median_slowdown_over_alone():
@@ -173,8 +174,8 @@ def test_contention_is_the_median_slowdown_over_alone():
     ranks = [{"units": {"embedding": [1.1, 2.2], "block": [12.0, 24.0]}},
              {"units": {"block": [12.0, 24.0], "head": [3.0, 6.0]}}]
     # forward and backward: block 1.2 (both ranks), embedding 1.1, head 1.0; the median is 1.1
-    assert profiling.contention_of(ranks, alone) == pytest.approx(0.1)
-    assert profiling.contention_of(ranks, {k: [2 * t for t in v] for k, v in alone.items()}) == 0.0
+    assert fits.contention_of(ranks, alone) == pytest.approx(0.1)
+    assert fits.contention_of(ranks, {k: [2 * t for t in v] for k, v in alone.items()}) == 0.0
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -485,7 +486,7 @@ def test_the_rates_price_the_profiled_block_at_its_measured_time_and_attention_a
     cfg = profiling.profile_config("tiny", 256, 2, "float32")
     per_rank = [{"matmul_s": {"float32": 2 * 1024**3 / 60e9}}]
     block, attention_s = UnitTimes(0.019, 0.035), 0.0137
-    rates = profiling._compute_rates(cfg, "cpu", per_rank, block, attention_s)
+    rates = fits.compute_rates(cfg, "cpu", per_rank, block, attention_s)
     rate = rates["float32"]
     assert rate.peak_flops == pytest.approx(60e9)
     assert rate.attention_efficiency < rate.efficiency / 3
@@ -496,7 +497,7 @@ def test_the_rates_price_the_profiled_block_at_its_measured_time_and_attention_a
     longer = _priced_block_s(profile, "tiny", 512, 1)
     assert longer == pytest.approx(0.054 + attention_s)
     # one rate for everything (an older profile) would have priced it far cheaper
-    profile.device.compute = profiling._compute_rates(cfg, "cpu", per_rank, block, 0.0)
+    profile.device.compute = fits.compute_rates(cfg, "cpu", per_rank, block, 0.0)
     assert profile.device.compute["float32"].attention_efficiency is None
     assert _priced_block_s(profile, "tiny", 256, 2) == pytest.approx(0.054)
     assert _priced_block_s(profile, "tiny", 512, 1) < 0.054 + attention_s / 2
@@ -525,19 +526,19 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collect
     direction of pinned copies, AdamW's rate over the pinned host parameters, each GPU's share
     of the host memory available (a GPU profile had none until 2026-11-27, so a DiLoCo option
     needing 150 GiB a node was offered on 125 GiB nodes), and no host collectives (as the GPU
-    presets: NCCL cannot sync host-homed state, so a plan on the measured profile must not
-    propose one)."""
+    presets: NCCL cannot reduce host memory, so a plan on the measured profile sums host-homed
+    gradients on the GPUs)."""
     import torch
 
     from ratrain.profiling.ranks import ADAMW_SHAPES, LINK_SIZES
 
-    monkeypatch.setattr(profiling, "available_host_bytes", lambda: 96 * 2**30)
+    monkeypatch.setattr(fits, "available_host_bytes", lambda: 96 * 2**30)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     slow, fast = Link(20e9, 10e-6), Link(25e9, 10e-6)
     per_rank = [{"host_copies_s": {"host_to_device": [fast.time(n) for n in LINK_SIZES],
                                    "device_to_host": [slow.time(n) for n in LINK_SIZES]}}]
     notes = {}
-    tier = profiling._host_tier(per_rank, {"host_adamw_s": 0.02}, notes)
+    tier = fits.host_tier(per_rank, {"host_adamw_s": 0.02}, notes)
     assert tier["host_collectives"] is False
     assert tier["host_link"].bandwidth == pytest.approx(slow.bandwidth, rel=1e-6)
     params = sum(a * b for a, b in ADAMW_SHAPES["host"])
@@ -547,8 +548,8 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collect
     assert "96.0 GiB" in note and "8 GPU(s)" in note
     assert set(notes) == {"device.host_link", "device.host_memory_bandwidth",
                           "device.host_memory_bytes"}
-    monkeypatch.setattr(profiling, "available_host_bytes", lambda: None)  # not known: unbounded
-    assert "host_memory_bytes" not in profiling._host_tier(per_rank, {"host_adamw_s": 0.02}, {})
+    monkeypatch.setattr(fits, "available_host_bytes", lambda: None)  # not known: unbounded
+    assert "host_memory_bytes" not in fits.host_tier(per_rank, {"host_adamw_s": 0.02}, {})
 
 
 def test_split_halves_are_taken_to_the_whole_runs_footing_by_the_blocks_forward():

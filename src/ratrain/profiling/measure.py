@@ -1,6 +1,7 @@
 """`ratrain profile`: measure the machine this runs on and write a `HardwareProfile`
 (sim/profile.py) that the simulator takes as is. This module starts the measuring processes
-(their code: ranks.py) and turns their results into the profile and its table.
+(their code: ranks.py) and assembles the profile from the figures fitted to their results
+(fits.py).
 
 The whole measurement runs `repeats` times; the profile holds each figure's median and names in
 its notes the figures that did not repeat (sim/profile_repeats.py). Each time, everything is
@@ -36,7 +37,6 @@ import dataclasses
 import json
 import os
 import platform
-import statistics
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,18 +46,17 @@ import torch
 
 from ratrain.config import ParallelConfig, RunConfig, TrainConfig
 from ratrain.errors import UserError
-from ratrain.host_memory import available_host_bytes
 from ratrain.models.presets import get_preset
-from ratrain.profiling.ranks import (ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, STEP_REPEATS,
-                                     STEP_WARMUP, alone_rank, compute_rank, link_backend,
-                                     link_rank, rate_dtypes)
+from ratrain.profiling.fits import (adamw_params, compute_rates, contention_of,
+                                    fit_process_overhead, host_tier, links_of, measured_shape,
+                                    median_over_ranks, memory_bandwidth)
+from ratrain.profiling.ranks import (LINK_SIZES, MATMUL_N, STEP_REPEATS, STEP_WARMUP,
+                                     alone_rank, compute_rank, link_backend, link_rank)
 from ratrain.runtime.launch import launch_local
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
-from ratrain.sim.profile import (ComputeRate, Device, HardwareProfile, Link, LinkClass,
-                                 MeasuredShape, UnitTimes)
+from ratrain.sim.profile import Device, HardwareProfile
 from ratrain.sim.profile_repeats import combine
 from ratrain.profiling.other_work import OtherWork
-from ratrain.sim.unit_costs import UnitShape, attention_flops, backward_flops, forward_flops
 
 REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted
 N_MICRO = 4  # micro-batches of the traced executor steps
@@ -132,134 +131,7 @@ def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("result_*.json"))]
 
 
-def fit_link(sizes: list[float], times: list[float]) -> tuple[float, float]:
-    """(latency, bandwidth) of time = latency + bytes / bandwidth, by least squares on relative
-    residuals: timing noise grows with the time, and unweighted residuals of the largest sizes
-    would swamp the microseconds of latency the small ones show. A negative intercept (noise)
-    is clamped to 0."""
-    w = [1 / t**2 for t in times]
-    s = sum(w)
-    sx = sum(wi * x for wi, x in zip(w, sizes))
-    sy = sum(wi * t for wi, t in zip(w, times))
-    sxx = sum(wi * x * x for wi, x in zip(w, sizes))
-    sxy = sum(wi * x * t for wi, x, t in zip(w, sizes, times))
-    slope = (s * sxy - sx * sy) / (s * sxx - sx * sx)
-    if slope <= 0:
-        raise RuntimeError(f"link times do not grow with the size: {dict(zip(sizes, times))}")
-    return max(0.0, (sy - slope * sx) / s), 1 / slope
-
-
 # --- the profile ---------------------------------------------------------------------------------
-
-
-def _median_over_ranks(per_rank: list[dict], get) -> float:
-    return statistics.median(get(r) for r in per_rank)
-
-
-def _measured_shape(cfg: RunConfig, model: str, per_rank: list[dict], alone: dict,
-                    contention: float) -> MeasuredShape:
-    """The units' times with the machine to themselves (the single process's); the block's
-    forward without grad, measured in the pipeline, taken back to the same footing."""
-    t = cfg.train
-    return MeasuredShape(model=model, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                         dtype=t.dtype, **{kind: UnitTimes(*alone[kind]) for kind in KINDS},
-                         block_forward_no_grad_s=_median_over_ranks(
-                             per_rank, lambda r: r["units"]["block_forward_no_grad"]) / (1 + contention))
-
-
-def contention_of(per_rank: list[dict], alone: dict) -> float:
-    """How much slower a unit runs while every measuring rank computes (the pipeline's ranks
-    share the machine's cores, caches and memory bandwidth) than alone: the median over the
-    unit kinds' forwards and backwards of pipeline / alone, less 1 (never below 0)."""
-    ratios = [_median_over_ranks([r for r in per_rank if kind in r["units"]],
-                                 lambda r: r["units"][kind][i]) / alone[kind][i]
-              for kind in KINDS for i in (0, 1)]
-    return max(0.0, statistics.median(ratios) - 1.0)
-
-
-def fit_process_overhead(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(fixed bytes, bytes per byte of ledger growth) of the process's memory beyond the
-    ledger, through the two measured stages (ledger growth, process growth beyond it): the
-    line through them where the larger stage grew more beyond its ledger, else the larger of
-    the two as a fixed part; neither part negative."""
-    (g1, o1), (g2, o2) = sorted(points)
-    if not (g2 > g1 and o2 > o1):
-        return max(0.0, o1, o2), 0.0
-    per_byte = (o2 - o1) / (g2 - g1)
-    return max(0.0, o1 - per_byte * g1), per_byte
-
-
-def _compute_rates(cfg: RunConfig, device_type: str, per_rank: list[dict],
-                   block: UnitTimes, attention_s: float) -> dict[str, ComputeRate]:
-    """Peak from the matmul; attention's efficiency from its core timed alone, the efficiency
-    from the rest of the block's FLOPs over the rest of its measured time. float32's
-    efficiencies, where only its matmul was measured, are the compute dtype's."""
-    dtype = cfg.train.dtype
-    shape = UnitShape(cfg.model, cfg.train.micro_batch_size, cfg.train.seq_len, dtype)
-    flops = forward_flops(shape, "block") + backward_flops(shape, "block")
-    attention = 3 * attention_flops(shape, "block")
-    block_s = block.forward_s + block.backward_s
-    n = MATMUL_N[device_type]
-    peaks = {name: 2 * n**3 / _median_over_ranks(per_rank, lambda r: r["matmul_s"][name])
-             for name in rate_dtypes(dtype)}
-    if not 0 < attention_s < block_s / 2:  # not what a block's attention costs: price it whole
-        efficiency, attention_efficiency = flops / block_s / peaks[dtype], None
-    else:
-        efficiency = (flops - attention) / (block_s - attention_s) / peaks[dtype]
-        attention_efficiency = attention / attention_s / peaks[dtype]
-    return {name: ComputeRate(peak, efficiency, attention_efficiency)
-            for name, peak in peaks.items()}
-
-
-def _adamw_params(device_type: str) -> int:
-    return sum(a * b for a, b in ADAMW_SHAPES[device_type])
-
-
-def _memory_bandwidth(per_rank: list[dict], device_type: str) -> float:
-    return (UPDATE_BYTES_PER_PARAM * _adamw_params(device_type)
-            / _median_over_ranks(per_rank, lambda r: r["adamw_s"]))
-
-
-def _host_link(per_rank: list[dict]) -> tuple[Link, str]:
-    """The slower direction of pinned copies (offload and reload both cross it)."""
-    fits = {}
-    for direction in ("host_to_device", "device_to_host"):
-        times = [_median_over_ranks(per_rank, lambda r: r["host_copies_s"][direction][i])
-                 for i in range(len(LINK_SIZES))]
-        fits[direction] = fit_link(LINK_SIZES, times)
-    note = "; ".join(f"{d}: {bw / 1e9:.3g} GB/s + {lat * 1e6:.3g} us"
-                     for d, (lat, bw) in fits.items())
-    latency, bandwidth = min(fits.values(), key=lambda f: f[1])
-    return Link(bandwidth, latency), f"pinned copies, the slower direction ({note})"
-
-
-def _host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict:
-    """A GPU's host tier, as Device fields: the link to it, the bandwidth host-homed state is
-    updated at, and no collectives there (NCCL reduces device memory only, so host-homed state
-    cannot sync over replicas: the GPU presets say so too)."""
-    link, notes["device.host_link"] = _host_link(per_rank)
-    notes["device.host_memory_bandwidth"] = (
-        f"the same AdamW step over {_adamw_params('host') / 1e6:.1f}M pinned host parameters "
-        f"with every core, as one training process has them: what host-homed state's update, "
-        f"norm and gradient folds run at")
-    fields = {"host_link": link, "host_collectives": False,
-              "host_memory_bandwidth": (UPDATE_BYTES_PER_PARAM * _adamw_params("host")
-                                        / alone["host_adamw_s"])}
-    available, gpus = available_host_bytes(), max(1, torch.cuda.device_count())
-    if available is not None:  # what the planner bounds host-homed state by (None: unbounded)
-        fields["host_memory_bytes"] = float(available / gpus)
-        notes["device.host_memory_bytes"] = (
-            f"the host memory available when profiled ({available / 2**30:.1f} GiB: MemAvailable, "
-            f"or a memory cgroup's room) / {gpus} GPU(s) of the node")
-    return fields
-
-
-def _links(links: dict) -> LinkClass:
-    """p2p: latency + bytes/bw. all_reduce over n = 2 ranks in a ring: 2(n-1)/n x bytes/bw +
-    2(n-1) x latency = bytes/bw + 2 x latency."""
-    p2p_latency, p2p_bw = fit_link(LINK_SIZES, links["p2p_s"])
-    ar_intercept, ar_bw = fit_link(LINK_SIZES, links["all_reduce_s"])
-    return LinkClass(p2p=Link(p2p_bw, p2p_latency), collective=Link(ar_bw, ar_intercept / 2))
 
 
 def _cpu_name() -> str:
@@ -281,18 +153,18 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
     device_type = "cuda" if on_cuda else "cpu"
     # GPU ranks have a device each: what they share is not the compute's.
     contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
-    measured = _measured_shape(cfg, model, per_rank, alone, contention)
-    compute = _compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
-    bandwidth = _memory_bandwidth(per_rank, device_type)
-    overhead = _median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
-    pipeline_stage = (_median_over_ranks(per_rank, lambda r: r["units"]["ledger_growth"]),
-                      _median_over_ranks(per_rank, lambda r: r["units"]["process_growth"]
+    measured = measured_shape(cfg, model, per_rank, alone, contention)
+    compute = compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
+    bandwidth = memory_bandwidth(per_rank, device_type)
+    overhead = median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
+    pipeline_stage = (median_over_ranks(per_rank, lambda r: r["units"]["ledger_growth"]),
+                      median_over_ranks(per_rank, lambda r: r["units"]["process_growth"]
                                          - r["units"]["ledger_growth"]))
     fixed, per_byte = fit_process_overhead(
         [pipeline_stage, (alone["ledger_growth"], alone["process_growth"] - alone["ledger_growth"])])
-    intra = _links(links)
+    intra = links_of(links)
     notes = _notes(cfg, ranks, device_type)
-    host_tier = _host_tier(per_rank, alone, notes) if on_cuda else {}
+    tier = host_tier(per_rank, alone, notes) if on_cuda else {}
     if on_cuda:
         memory = torch.cuda.get_device_properties(0).total_memory
         name, cores, per_node = torch.cuda.get_device_name(0), None, torch.cuda.device_count()
@@ -303,7 +175,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
         name, cores, per_node = _cpu_name(), os.cpu_count(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
-                    memory_bandwidth=bandwidth, cores=cores, **host_tier,
+                    memory_bandwidth=bandwidth, cores=cores, **tier,
                     action_overhead_s=overhead, process_overhead_bytes=fixed,
                     process_overhead_per_byte=per_byte, contention=contention)
     return HardwareProfile(
@@ -323,7 +195,7 @@ def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> st
 def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
     dtype = cfg.train.dtype
     n = MATMUL_N[device_type]
-    params = _adamw_params(device_type)
+    params = adamw_params(device_type)
     link_how = {"nccl": "NCCL between 2 GPUs",
                 "gloo": ("gloo over loopback between 2 local processes" if device_type == "cpu"
                          else "gloo on host tensors between 2 local processes (one GPU: no "
