@@ -524,7 +524,8 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collect
         monkeypatch):
     """What `ratrain profile` writes of a GPU's host tier, from its measurements: the slower
     direction of pinned copies, AdamW's rate over the pinned host parameters, each GPU's share
-    of the host memory available (a GPU profile had none until 2026-11-27, so a DiLoCo option
+    of the host memory available and of AdamW's rate (eight ranks update at once; a GPU
+    profile had no host memory until 2026-11-27, so a DiLoCo option
     needing 150 GiB a node was offered on 125 GiB nodes), and no host collectives (as the GPU
     presets: NCCL cannot reduce host memory, so a plan on the measured profile sums host-homed
     gradients on the GPUs)."""
@@ -542,7 +543,8 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collect
     assert tier["host_collectives"] is False
     assert tier["host_link"].bandwidth == pytest.approx(slow.bandwidth, rel=1e-6)
     params = sum(a * b for a, b in ADAMW_SHAPES["host"])
-    assert tier["host_memory_bandwidth"] == pytest.approx(28 * params / 0.02)
+    assert tier["host_memory_bandwidth"] == pytest.approx(28 * params / 0.02 / 8)
+    assert "/ 8 GPU(s)" in notes["device.host_memory_bandwidth"]
     assert tier["host_memory_bytes"] == 12 * 2**30
     note = notes["device.host_memory_bytes"]
     assert "96.0 GiB" in note and "8 GPU(s)" in note

@@ -119,16 +119,18 @@ def host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict:
     """A GPU's host tier, as Device fields: the link to it, the bandwidth host-homed state is
     updated at, and no collectives there (NCCL reduces device memory only, so host-homed
     gradients are summed on the GPUs before they fold: PipelinePlan.device_grad_sum; the GPU
-    presets say so too)."""
+    presets say so too). The host's memory and bandwidth are split over the node's GPUs, as
+    the presets' are: their ranks hold their state there and update it at once."""
     link, notes["device.host_link"] = host_link_of(per_rank)
+    gpus = max(1, torch.cuda.device_count())
     notes["device.host_memory_bandwidth"] = (
         f"the same AdamW step over {adamw_params('host') / 1e6:.1f}M pinned host parameters "
-        f"with every core, as one training process has them: what host-homed state's update, "
-        f"norm and gradient folds run at")
+        f"with every core, as one training process has them, / {gpus} GPU(s) of the node: what "
+        f"host-homed state's update, norm and gradient folds run at")
     fields = {"host_link": link, "host_collectives": False,
               "host_memory_bandwidth": (UPDATE_BYTES_PER_PARAM * adamw_params("host")
-                                        / alone["host_adamw_s"])}
-    available, gpus = available_host_bytes(), max(1, torch.cuda.device_count())
+                                        / alone["host_adamw_s"] / gpus)}
+    available = available_host_bytes()
     if available is not None:  # what the planner bounds host-homed state by (None: unbounded)
         fields["host_memory_bytes"] = float(available / gpus)
         notes["device.host_memory_bytes"] = (
