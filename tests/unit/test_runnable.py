@@ -182,6 +182,9 @@ def test_the_search_lays_out_state_on_the_host_over_replicas_in_one_group_where_
     assert len(best) == 5
     for c in best:
         _runs_as_trained(c, request)
+        summed = c.plan.device_grad_sum
+        assert summed == (c.layout.lifecycle.state_home == "host" and c.layout.dp > 1)
+        assert ("summed on device" in c.layout.lifecycle.label(0, summed)) == summed
 
 
 def test_simulate_refuses_what_could_not_run_on_the_profile(monkeypatch, capsys, tmp_path):

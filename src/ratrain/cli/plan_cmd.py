@@ -62,8 +62,11 @@ def _show(cfg, out, as_json) -> None:
                + (f" (gradient lifetime {pipeline_plan.grad_lifetime})"
                   if pipeline_plan.grad_lifetime != "step" else "")
                if pipeline_plan.shard_state else "")
+    summed = (", its gradients summed over the replicas on the device before they fold"
+              if pipeline_plan.device_grad_sum else "")
     click.echo(f"activations per unit: {activation}; views: {views}; "
-               f"state home: {pipeline_plan.state_home}{pipeline_plan.on_device_text}{sharded}")
+               f"state home: {pipeline_plan.state_home}{pipeline_plan.on_device_text}{sharded}"
+               f"{summed}")
     click.echo(format_table(pipeline_plan.programs))
 
 
@@ -156,7 +159,7 @@ def _rows(found) -> list[list]:
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     L.lifecycle.label(len(c.device_units)), in_runs([str(b - a) for a, b, _ in c.partition]),
+                     L.lifecycle.label(len(c.device_units), c.plan.device_grad_sum), in_runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])
     return rows
 

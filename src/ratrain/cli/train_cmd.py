@@ -142,7 +142,8 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                f"of {found.layouts} layouts ({found.simulated} simulated in {found.seconds:.1f} s"
                + ("" if found.complete else ", cut by the time limit") + f") is pp {L.pp} x dp "
                f"{L.dp}, {L.schedule_label}, {L.n_micro} micro-batches of {L.micro_batch_size}, "
-               f"state / views {L.lifecycle.label(len(best.device_units))}: predicted "
+               f"state / views "
+               f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}: predicted "
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
                f"{decimal_bytes(max(best.stage_bytes))} a device", err=True)
     return data

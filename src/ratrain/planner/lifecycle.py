@@ -21,11 +21,13 @@ class Lifecycle:
     shard_group: int | None = None  # hybrid sharding: replicas per shard group (a node's)
     micro_batch_group: int = 1  # unit-major groups of micro-batches (schedule/unit_major.py)
 
-    def label(self, on_device: int = 0) -> str:
+    def label(self, on_device: int = 0, summed_on_device: bool = False) -> str:
         """The state home and views as the plan table shows them: "device, sharded / window 1",
         "device, sharded, grad transient / window 1" (a lifetime shorter than the step),
         "device, sharded in 4s / resident" (hybrid: within groups of 4 replicas), "host, 2
-        units on device / window 1" (`on_device`: a plan's device units, planner/device_units.py)."""
+        units on device / window 1" (`on_device`: a plan's device units, planner/device_units.py),
+        "host, summed on device / window 1, groups of 8" (`summed_on_device`: the plan's
+        device_grad_sum)."""
         views = ("-" if self.view_window is None
                  else "resident" if self.view_window == 0 else f"window {self.view_window}")
         sharded = ""
@@ -35,4 +37,5 @@ class Lifecycle:
         grouped = f", groups of {self.micro_batch_group}" if self.micro_batch_group > 1 else ""
         units = (f", {on_device} unit{'s' if on_device > 1 else ''} on device" if on_device
                  else "")
-        return f"{self.state_home}{units}{sharded} / {views}{grouped}"
+        summed = ", summed on device" if summed_on_device else ""
+        return f"{self.state_home}{units}{summed}{sharded} / {views}{grouped}"
