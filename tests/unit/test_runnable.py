@@ -197,6 +197,7 @@ def test_simulate_refuses_what_could_not_run_on_the_profile(monkeypatch, capsys,
     code, out, err = run_cli(monkeypatch, capsys, "simulate", "--dp", "2", "--global-batch",
                              "16", "--state-home", "host", "--profile", "h100-80g-ib")
     assert code == 0 and "groups of 4" in err + out, err
+    assert "(the only candidate that can run here)" in err + out
     # made on this CPU (the host is the device's memory), the plan runs here, not on GPUs
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--dp", "2", "--global-batch", "16",
                            "--state-home", "host", "--out", "p.json")
