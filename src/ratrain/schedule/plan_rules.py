@@ -144,6 +144,8 @@ def device_grad_sum_refusal(device_grad_sum: bool, state_home: str, dp: int,
     None: still to be chosen (--schedule auto weighs only the groups that can run)."""
     if not device_grad_sum:
         return None
+    summed = (f"--state-home host over --dp {dp} replicas sums each unit's gradient on the "
+              f"device before it folds to the host (on GPUs NCCL cannot reduce host memory)")
     if state_home != "host" or shard_state:
         return ("summing gradients on the device before they fold to the host is for "
                 "whole state in host memory (--state-home host, no --shard-state)")
@@ -151,19 +153,17 @@ def device_grad_sum_refusal(device_grad_sum: bool, state_home: str, dp: int,
         return ("summing gradients on the device before they fold to the host needs a "
                 "gradient sum every step: --dp > 1 and --sync step")
     if policy != "ratrain":
-        return ("summing gradients on the device before they fold to the host is a lifecycle "
-                "choice of --policy ratrain (the baseline's syncs after the flush would hold "
-                "every unit's fp32 gradient on the device at once)")
+        return (f"{summed}, a lifecycle choice of --policy ratrain: the baseline's syncs after "
+                f"the flush would hold every unit's fp32 gradient on the device at once")
     if view_window is None:
         return ("summing gradients on the device before they fold to the host needs compute "
                 "views (view_window 0 or a window), which host-homed state on a GPU has")
     if n_micro > 1 and micro_batch_group not in (None, n_micro):
-        return (f"--state-home host with --dp {dp} on GPUs sums each unit's gradient on the "
-                f"GPU before it goes to the host (NCCL cannot reduce host memory), once a step: "
-                f"each unit's backwards of a step must run back to back. Use "
-                f"--micro-batch-group {n_micro} (every micro-batch of the step in one group, "
-                f"unit by unit) or one micro-batch per replica; or --state-home device, or "
-                f"--sync diloco:H (its outer sync of host state runs over gloo)")
+        return (f"{summed}, once a step: each unit's backwards of a step must run back to back. "
+                f"Use --schedule 1f1b --micro-batch-group {n_micro} (every micro-batch of the "
+                f"step in one group, unit by unit) or one micro-batch per replica; or "
+                f"--state-home device, or --sync diloco:H (its outer sync of host state runs "
+                f"over gloo)")
     return None
 
 
