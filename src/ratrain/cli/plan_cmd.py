@@ -159,7 +159,8 @@ def _rows(found) -> list[list]:
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
                      f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
-                     L.lifecycle.label(len(c.device_units), c.plan.device_grad_sum), in_runs([str(b - a) for a, b, _ in c.partition]),
+                     L.lifecycle.label(len(c.device_units), c.plan.device_grad_sum),
+                     in_runs([str(b - a) for a, b, _ in c.partition]),
                      decimal_bytes(max(c.stage_bytes)), summary])
     return rows
 
