@@ -100,7 +100,8 @@ def test_the_last_traced_step_from_a_chrome_trace():
 
 def test_the_table_says_what_changes_the_algorithm_and_the_schedule(tmp_path):
     """A DiLoCo run's table named neither its sync nor what its losses are of (until
-    2026-11-27), nor micro-batch groups or a split schedule's placement."""
+    2026-11-27), nor micro-batch groups or a split schedule's placement; a plan's gradients
+    summed on the device are said."""
     from ratrain.config import RunConfig
     from ratrain.report.page import run_table
     from ratrain.report.run import Run
@@ -111,10 +112,14 @@ def test_the_table_says_what_changes_the_algorithm_and_the_schedule(tmp_path):
     tables = {}
     for name, plan in (("diloco", build_plan(4, 1, 2, 4, sync="diloco:4:2")),
                        ("groups", build_plan(4, 1, 1, 4, micro_batch_group=2)),
-                       ("zbh1", build_plan(4, 2, 1, 4, schedule="zbh1", weight_grad="grouped"))):
+                       ("zbh1", build_plan(4, 2, 1, 4, schedule="zbh1", weight_grad="grouped")),
+                       ("summed", build_plan(4, 1, 2, 4, micro_batch_group=4, view_window=1,
+                                             state_home="host", device_grad_sum=True))):
         tables[name] = dict(run_table(Run(tmp_path, cfg, [row], {}, plan), None, None))
     sync = tables["diloco"]["sync"]
     assert sync.startswith("--sync diloco:4:2: no gradient sum every step; outer Nesterov lr 0.7")
     assert "mix 0.5" in sync and "the validation loss the outer parameters'" in sync
     assert "1f1b in groups of 2" in tables["groups"]["layout"] and "sync" not in tables["groups"]
     assert "zbh1 (grouped)" in tables["zbh1"]["layout"]
+    assert "summed over the replicas on the device" in tables["summed"]["plan"]
+    assert "summed" not in tables["groups"]["plan"]

@@ -62,7 +62,9 @@ def run_table(run, sim, timeline_step: tuple[float, float | None] | None) -> lis
                              + (f", sharded{f' in groups of {plan.shard_group}' if plan.shard_group else ''}"
                                 f" (gradient lifetime {plan.grad_lifetime})"
                                 if plan.shard_state else "")
-                             + (f"; view window {plan.view_window}" if plan.view_window is not None else "")))
+                             + (f"; view window {plan.view_window}" if plan.view_window is not None else "")
+                             + ("; gradients summed over the replicas on the device before they "
+                                "fold to the host" if plan.device_grad_sum else "")))
     else:
         rows.append(("layout", "a single process on the plain engine (no pipeline plan)"))
     tps = s.get("tokens_per_s", last.get("tokens_per_s"))
