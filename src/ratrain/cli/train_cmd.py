@@ -117,7 +117,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     from ratrain.planner.account import decimal_bytes
     from ratrain.runtime.process_groups import pick_backend
     from ratrain.runtime.torchrun_env import under_torchrun
-    from ratrain.setup.choice import default_profile
+    from ratrain.setup import Machine
     from ratrain.setup.plan_file import SEARCHED_PLAN
     from ratrain.sim.profile import load_profile
 
@@ -129,7 +129,8 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         import torch
 
         gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
-    hw = load_profile(profile_spec or default_profile(gpu_name))
+    hw = load_profile(profile_spec or Machine(host_is_separate=gpus > 0,
+                                              device_name=gpu_name).preset)
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)

@@ -124,7 +124,8 @@ def _why(best: Candidate, found: list[Candidate], budget: float, profile: str) -
     others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if c.peak_bytes <= budget else
                                                         " (does not fit)")
                        for c in found if c is not best)
+    others = others or "the only candidate that can run here"
     fit = ("fits" if best.peak_bytes <= budget else "the least memory of none that fit")
     return (f"schedule {best.label}: simulated {best.step_s:.3g} s/step on {profile} "
-            f"({others or 'the only candidate that can run here'}); its largest stage holds {best.peak_bytes / gib:.2f} GiB of a "
+            f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB of a "
             f"{budget / gib:.1f} GiB budget, {fit}. --schedule overrides")

@@ -19,7 +19,6 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 
 GIB = 2**30
-STATE_KINDS = ("masters", "gradients", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -124,6 +123,8 @@ def _kinds(at_peak: dict[str, int]) -> str:
 
 
 def _hint(cfg: RunConfig, plan: PipelinePlan, at_peak: dict[str, int]) -> str:
+    from ratrain.sim.stage_memory import STATE_KINDS
+
     state = sum(at_peak.get(k, 0) for k in STATE_KINDS)
     if at_peak.get("activations", 0) > state:
         return ("recompute activations (--activation recompute) or use a smaller "
