@@ -91,6 +91,13 @@ def test_the_simulator_moves_a_device_units_state_off_the_host_and_its_update_on
     assert a.host_peak - b.host_peak == pytest.approx(state, abs=100)  # + AdamW's step counts
     assert b.device_peak - a.device_peak == pytest.approx(state, rel=0.02)
     assert mixed.step_time < host.step_time
+    # by kind at the device's own peak: the device units' state and nothing of the host's
+    for rank, units in ((a, ()), (b, (0, 1))):
+        assert sum(rank.at_device_peak.values()) == rank.device_peak
+        held = sum(rank.at_device_peak[k] for k in ("masters", "gradients", "optimizer"))
+        expected = STATE_BYTES_PER_PARAM * sum(uc.param_count(model, u) for u in units)
+        assert held == pytest.approx(expected, abs=100)
+    assert a.at_peak["masters"] > 0 == a.at_device_peak["masters"]
 
     device_update = next(end - start for x, start, end in b.actions
                          if x.op is Op.UPDATE and x.unit == 1)
@@ -185,7 +192,8 @@ def test_under_diloco_a_device_units_outer_state_and_delta_are_on_the_device(mon
 
     def note(self):
         real_note(self)
-        on_host = sum(self.ledger.bytes[k] for k in self.host_kinds) - self.device_state
+        on_host = sum(self.ledger.bytes[k] - self.device_state.get(k, 0)
+                      for k in self.host_kinds)
         seen.append((getattr(self, "_action", None), self.ledger.total - on_host, on_host))
 
     real_record = stage_memory.StageMemory.record

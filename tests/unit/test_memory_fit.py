@@ -18,7 +18,7 @@ def _cfg() -> RunConfig:
 
 
 def _stages(device: list[float], host: list[float]) -> list[StageBytes]:
-    return [StageBytes(int((d + h) * GIB), int(d * GIB), int(h * GIB), STATE)
+    return [StageBytes(int((d + h) * GIB), int(d * GIB), int(h * GIB), STATE, STATE)
             for d, h in zip(device, host)]
 
 
@@ -115,13 +115,17 @@ def test_an_outer_sync_is_weighed_at_its_synced_step():
         synced = max(StageMemory(costs, step_programs(plan, step)[0], False).host_peak
                      for step in steps)
         assert synced > inner, sync
-        assert stage_bytes(cfg, plan, profile)[0].host == synced, sync
+        weighed = stage_bytes(cfg, plan, profile)[0]
+        assert weighed.host == synced, sync
+        # by kind at the device's own peak: no host-homed state among them, the device's sum
+        assert sum(weighed.at_device_peak.values()) == weighed.device, sync
+        assert weighed.at_device_peak["optimizer"] == 0 < weighed.at_peak["optimizer"], sync
 
 
 def test_a_gpu_refusal_lists_what_is_on_the_device_not_the_host_state():
     stages = [StageBytes(int(120 * GIB), int(90 * GIB), int(30 * GIB),
-                         {**STATE, "views": 2 * GIB}, frozenset({"masters", "gradients",
-                                                                 "optimizer", "offloaded"}))]
+                         {**STATE, "views": 2 * GIB},
+                         {"views": 2 * GIB, "activations": GIB, "masters": 0})]
     why = memory_refusal(_cfg(), build_plan(4, 1, 1, 4, state_home="host", view_window=1),
                          stages, local_ranks=[0], host_available=500 * GIB,
                          device_bytes=80 * GIB, host_is_separate=True)

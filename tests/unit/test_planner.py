@@ -324,6 +324,25 @@ def test_nothing_fits_gives_the_closest_plan_and_what_would_fit():
     assert any("devices would fit" in line for line in lines)
 
 
+def test_the_closest_plans_kinds_are_what_its_device_holds_not_its_host_state():
+    """With the state on a GPU's host, the kinds named are those of the device's own peak: they
+    and the process's overhead add up to what the stage needs (they once named 108 GB of host
+    state for a stage that needed 3.7 GB of the GPU)."""
+    import re
+
+    request = search.PlanRequest(
+        model=get_preset("llama2-7b"),
+        profile=load_profile("bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml"),
+        devices=1, global_batch=16, seq_len=4096, dtype="bfloat16", budget=3e9)
+    line = account.account(request).splitlines()[1]
+    assert "state on the host" in line, line
+    needs = float(re.search(r"needs ([0-9.]+) GB", line)[1])
+    named = re.search(r"over \((.*)\)$", line)[1]
+    parts = [float(x) * (1e-3 if unit == "MB" else 1.0)
+             for x, unit in re.findall(r" ([0-9.]+) (GB|MB)", named)]
+    assert len(parts) >= 3 and sum(parts) == pytest.approx(needs, abs=0.03), line
+
+
 @pytest.mark.parametrize("policy, budget, needle", [
     ("ratrain", 15e6, "the full-size fp32 gradients are already freed early (gradient lifetime "
                       "transient: each freed once reduce-scattered): stage 0 holds 3.16 MB of "

@@ -87,12 +87,12 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     rows = []
     for r in result.ranks:
         fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"
-        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_peak.items() if v)
+        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_device_peak.items() if v)
         rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", fmt_bytes(r.device_peak),
-                     fits, fmt_bytes(r.peak), kinds])
+                     fits, fmt_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
     click.echo(table(rows, ["stage", "bubble", "exposed comm", "device peak",
-                             f"fits {fmt_bytes(hw.device.memory_bytes)}", "all tiers",
-                             "all tiers at their peak, by kind"]))
+                             f"fits {fmt_bytes(hw.device.memory_bytes)}", "host tier peak",
+                             "on the device at its peak, by kind"]))
     if trace_file:
         click.echo(f"wrote {trace_file}")
 

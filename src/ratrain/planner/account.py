@@ -88,9 +88,9 @@ def account(request: PlanRequest) -> str:
     groups = c.layout.groups
     worst = max(range(len(c.stage_bytes)), key=lambda s: c.stage_bytes[s] - r.limit_of(groups[s]))
     rank = c.result.ranks[worst]
-    by_kind = ", ".join(f"{name} {decimal_bytes(sum(rank.at_peak.get(k, 0) for k in kinds))}"
-                        for name, kinds in GROUPS.items()
-                        if sum(rank.at_peak.get(k, 0) for k in kinds))
+    held = rank.at_device_peak  # what the budget limits: the device's bytes at their peak
+    by_kind = ", ".join(f"{name} {decimal_bytes(sum(held.get(k, 0) for k in kinds))}"
+                        for name, kinds in GROUPS.items() if sum(held.get(k, 0) for k in kinds))
     L = c.layout
     lines.append(
         f"  closest: pp={L.pp} dp={L.dp}, micro-batch {L.micro_batch_size}, "

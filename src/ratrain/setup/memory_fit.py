@@ -24,13 +24,14 @@ GIB = 2**30
 @dataclass(frozen=True)
 class StageBytes:
     """One rank of a stage, at its predicted peaks: the whole (`total`, where the host is the
-    device), the compute device's share and the host tier's (a GPU's host memory)."""
+    device), the compute device's share and the host tier's (a GPU's host memory); by kind, at
+    the whole's peak and at the device's."""
 
     total: int
     device: int
     host: int
     at_peak: dict[str, int]
-    host_kinds: frozenset[str] = frozenset()  # the kinds in the host tier (a device unit's aside)
+    at_device_peak: dict[str, int]
 
 
 def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]:
@@ -51,7 +52,7 @@ def stage_bytes(cfg: RunConfig, plan: PipelinePlan, profile) -> list[StageBytes]
         out.append(StageBytes(max(m.peak for m in peaks), max(m.device_peak for m in peaks),
                               max(m.host_peak for m in peaks),
                               dict(max(peaks, key=lambda m: m.peak).at_peak),
-                              frozenset(peaks[0].host_kinds)))
+                              dict(max(peaks, key=lambda m: m.device_peak).at_device_peak)))
     return out
 
 
@@ -94,10 +95,9 @@ def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes],
         worst = max(range(len(stages)), key=lambda s: stages[s].device)
         need = stages[worst].device
         if need > device_bytes:
-            on_device = {k: b for k, b in stages[worst].at_peak.items()
-                         if k not in stages[worst].host_kinds}
             return (f"this run does not fit the GPU: stage {worst} would hold about "
-                    f"{need / GIB:.1f} GiB on it ({_kinds(on_device)}), the GPU has "
+                    f"{need / GIB:.1f} GiB on it ({_kinds(stages[worst].at_device_peak)}), the "
+                    f"GPU has "
                     f"{device_bytes / GIB:.1f} GiB; keep the state in host memory (--state-home "
                     "host, --view-window 1), recompute activations (--activation recompute), "
                     "or let `ratrain plan --memory-budget` find a plan that fits")

@@ -23,6 +23,7 @@ class RankTimeline:
     held_before_training: int = 0  # masters and gradients: allocated before the first step
     device_peak: int = 0  # the peak of what lives on the compute device (not in the host tier)
     host_peak: int = 0  # the peak of what lives in a host tier apart from the device
+    at_device_peak: dict[str, int] = field(default_factory=dict)  # on the device, at its peak
 
     @property
     def ledger_growth(self) -> int:
@@ -64,6 +65,7 @@ class SimResult:
             "stages": [{"stage": r.stage, "bubble": r.bubble, "exposed_comm_s": r.exposed,
                         "compute_s": r.compute, "peak_bytes": r.peak, "peak_by_kind": r.at_peak,
                         "device_peak_bytes": r.device_peak, "host_peak_bytes": r.host_peak,
+                        "device_peak_by_kind": r.at_device_peak,
                         "rss_growth_bytes": r.rss_growth(self.device)}
                        for r in self.ranks],
         }

@@ -34,17 +34,18 @@ class StageMemory:
                            {"offloaded"} | (set(STATE_KINDS)
                                             if costs.s.state_home == "host" else set()))
         self.ledger = Ledger()
-        # the state of the units kept on the device: held for the run, in the host kinds
-        self.device_state = 0
+        # the state of the units kept on the device, by kind: held for the run, in host kinds
+        self.device_state = dict.fromkeys(self.host_kinds & set(STATE_KINDS), 0)
         for owner, kind, key, nbytes in costs.state_owners():
             self.ledger.hold_storage(owner, kind, key, nbytes)
             if kind in self.host_kinds and owner[1] in costs.s.device_units:
-                self.device_state += nbytes
+                self.device_state[kind] += nbytes
         if resident_views:
             for u in costs.s.view_units:
                 self.ledger.hold_storage(("views", u), "views", ("view", u), costs.view_bytes(u))
         self.ledger.reset_peak()
         self.device_peak = self.host_peak = 0
+        self.at_device_peak: dict[str, int] = {}  # what the device holds at its own peak
         self.note()
         self.at_start = self.ledger.total
         at_start = self.ledger.bytes
@@ -62,24 +63,30 @@ class StageMemory:
         # what a device unit's action holds of the state's kinds (its outer delta) is on the
         # device with the unit's state, as its state is (device_state)
         device_unit = bool(self.host_kinds) and a.unit in costs.s.device_units
-        state_before = self._state_bytes() if device_unit else 0
+        state_before = dict(self.ledger.bytes) if device_unit else None
         apply_effects(self.ledger, effects, a.unit, a.mb, lambda name: costs.storages(name, a))
         if device_unit:
-            self.device_state += self._state_bytes() - state_before
+            for k in self.device_state:
+                self.device_state[k] += self.ledger.bytes[k] - state_before[k]
         if self.ledger.total == before:
             return None
         self.note()
         return self.ledger.total
 
-    def _state_bytes(self) -> int:
-        return sum(self.ledger.bytes[k] for k in STATE_KINDS if k in self.host_kinds)
-
     def note(self) -> None:
         ledger = self.ledger
         self.peak, self.at_peak = ledger.peak, ledger.at_peak  # the ledger replaces, never edits it
-        on_host = (sum(ledger.bytes[k] for k in self.host_kinds) - self.device_state
-                   if self.host_kinds else 0)  # none apart on a CPU, where it is read most
-        self.device_peak = max(self.device_peak, ledger.total - on_host)
+        held = ledger.bytes
+        if not self.host_kinds:  # a CPU, where it is read most: the device holds it all
+            if ledger.total > self.device_peak:
+                self.device_peak, self.at_device_peak = ledger.total, dict(held)
+            return
+        kept = self.device_state
+        on_host = sum(held[k] - kept.get(k, 0) for k in self.host_kinds)
+        if ledger.total - on_host > self.device_peak:
+            self.device_peak = ledger.total - on_host
+            self.at_device_peak = {k: kept.get(k, 0) if k in self.host_kinds else b
+                                   for k, b in held.items()}
         self.host_peak = max(self.host_peak, on_host)
 
 
@@ -93,6 +100,7 @@ class MemoryClock:
         timeline.memory.append((0.0, memory.at_start))
         timeline.peak, timeline.at_peak = memory.peak, dict(memory.at_peak)
         timeline.device_peak, timeline.host_peak = memory.device_peak, memory.host_peak
+        timeline.at_device_peak = dict(memory.at_device_peak)
         timeline.held_before_training = memory.held_before_training
         self.changes, self.memory, self.next = memory.changes, timeline.memory, 0
 
