@@ -9,6 +9,7 @@ backwards, or ZB-H1's split ones (`split`: BI, then BW wherever the placement pu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from ratrain.planner.stage_cost import StageEstimate
@@ -93,14 +94,15 @@ def stage_orders(pp: int, n_micro: int, weight_grad: str | None) -> list[list[tu
             + [(Op.BACKWARD_WEIGHT, i) for i in range(n_micro)] for order in orders]
 
 
-def stage_deferrals(weight_grad: str | None, pp: int, n_micro: int) -> list[int] | None:
+@functools.cache  # the search asks once per layout, hundreds of thousands of times
+def stage_deferrals(weight_grad: str | None, pp: int, n_micro: int) -> tuple[int, ...] | None:
     """How many of its BWs each stage runs after its last BI: a bubble placement's lag
     (`zbh1_order`), every one where they are grouped; None where the backward is whole."""
     if weight_grad is None:
         return None
     if is_bubble(weight_grad):
-        return [min(n_micro, deferral_lag(weight_grad, s)) for s in range(pp)]
-    return [n_micro] * pp
+        return tuple(min(n_micro, deferral_lag(weight_grad, s)) for s in range(pp))
+    return (n_micro,) * pp
 
 
 def pipeline_path(estimates: list[StageEstimate], n_micro: int, lead_s: Sequence[float],

@@ -48,11 +48,13 @@ class UnitTables:
     def __init__(self, request: PlanRequest):
         self.request = request
         self._cache: dict[tuple, UnitTable] = {}
-        self._least: dict[tuple, float] = {}  # least_work's, per _tables_key
-        self._rho: dict[tuple, float] = {}  # own_micro's, per _tables_key
+        self._least: dict[tuple, float] = {}  # _least_work's, per _tables_key
+        self._rho: dict[tuple, float] = {}  # _own_micro's, per _tables_key
+        self._bounds: dict[tuple, float] = {}  # layout_bound's, per _tables_key and pp
 
     def __call__(self, layout: Layout) -> list[UnitTable]:
-        return [self.table(layout, g) for g in layout.groups]
+        by_group = {g: self.table(layout, g) for g in set(layout.groups)}
+        return [by_group[g] for g in layout.groups]
 
     def table(self, layout: Layout, group: int) -> UnitTable:
         r = self.request
@@ -77,11 +79,26 @@ class UnitTables:
         return (layout.micro_batch_size, layout.n_micro, layout.dp, layout.lifecycle,
                 tuple(sorted(set(layout.groups))), tied, layout.schedule, layout.weight_grad)
 
-    def least_work(self, layout: Layout, chained: bool = False) -> float:
+    def layout_bound(self, layout: Layout) -> float:
+        """No partition of the layout steps sooner than this (bounds.pipeline_bound): the same
+        for every layout of one set of tables and pipeline depth (rank orders, for one, differ
+        in their links, which the bound leaves out)."""
+        tables_key = self._tables_key(layout)
+        key = (tables_key, layout.pp)
+        if key not in self._bounds:
+            work = self._least_work(tables_key, layout)
+            self._bounds[key] = (
+                pipeline_bound(work, layout.n_micro, layout.pp) if layout.weight_grad is None
+                else pipeline_bound(self._least_work(tables_key, layout, chained=True),
+                                    layout.n_micro, layout.pp, work,
+                                    self._own_micro(tables_key, layout)))
+        return self._bounds[key]
+
+    def _least_work(self, tables_key: tuple, layout: Layout, chained: bool = False) -> float:
         """One micro-batch's forward and backward through the model, each unit on the fastest
         device of the layout's groups; `chained`: without the weight halves of a split
         backward (what the pipeline's critical path chains)."""
-        key = (self._tables_key(layout), chained)
+        key = (tables_key, chained)
         if key not in self._least:
             tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
             self._least[key] = sum(
@@ -89,7 +106,7 @@ class UnitTables:
                     for t in tables) for u in range(tables[0].n_units))
         return self._least[key]
 
-    def own_micro(self, layout: Layout) -> float:
+    def _own_micro(self, tables_key: tuple, layout: Layout) -> float:
         """pipeline_bound's c for a split layout: m, and the BWs each stage runs before its
         last BI (all but its deferrals, at most max(stage_deferrals)) at rho, the least ratio
         of a unit's BW to its forward and BI over the layout's devices."""
@@ -97,14 +114,13 @@ class UnitTables:
         before = m - stage_deferrals(layout.weight_grad, layout.pp, m)[-1]  # the most
         if not before:
             return float(m)
-        key = self._tables_key(layout)
-        if key not in self._rho:
+        if tables_key not in self._rho:
             tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
             chained = [min(t.forward[u] + t.backward[u] - t.weight[u] for t in tables)
                        for u in range(tables[0].n_units)]
             weight = [min(t.weight[u] for t in tables) for u in range(tables[0].n_units)]
-            self._rho[key] = min(w / x for w, x in zip(weight, chained) if x > 0)
-        return m + before * self._rho[key]
+            self._rho[tables_key] = min(w / x for w, x in zip(weight, chained) if x > 0)
+        return m + before * self._rho[tables_key]
 
 
 def check(candidate: Candidate) -> None:
@@ -237,11 +253,7 @@ def search(request: PlanRequest, exhaustive: bool = False) -> SearchResult:
     order = itertools.count()
     all_layouts = layouts(request)
     for layout in all_layouts:
-        work = tables.least_work(layout)
-        bound = (pipeline_bound(work, layout.n_micro, layout.pp) if layout.weight_grad is None
-                 else pipeline_bound(tables.least_work(layout, chained=True), layout.n_micro,
-                                     layout.pp, work, tables.own_micro(layout)))
-        heapq.heappush(queue, (bound, next(order), "layout", (layout, 0.0)))
+        heapq.heappush(queue, (tables.layout_bound(layout), next(order), "layout", (layout, 0.0)))
     best: list[Candidate] = []
     over: list[Candidate] = []
     tightened: dict[Layout, int] = {}
