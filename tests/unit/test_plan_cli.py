@@ -45,6 +45,23 @@ def test_nothing_fits_is_an_account_and_exit_2(monkeypatch, capsys):
     assert "Traceback" not in stderr
 
 
+def test_a_budget_above_the_devices_memory_says_what_holds_the_plans(monkeypatch, capsys):
+    """A cpu-local device has 8 GB: asked for 20 GB, the plans are held to 8, and the user is
+    told (they once read "no plan fits 8.00 GB" after asking for 20 GB, with no why)."""
+    said = "a cpu-local device has 8.00 GB, less than the 20.00 GB asked"
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--memory-budget", "20GB")
+    assert code == 0 and "budget 8.00 GB per device" in stdout
+    assert stderr.startswith(f"note: the plans are held to the device's memory: {said}")
+    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "llama2-7b", "--profile",
+                              "cpu-local", "--devices", "1", "--memory-budget", "20GB")
+    assert code == 2
+    assert stderr.startswith(f"error: no plan fits 8.00 GB per device (7.20 GB after the 10% "
+                             f"margin; {said}")
+    assert "`ratrain profile`" in stderr.splitlines()[0]
+    code, _, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--memory-budget", "8GB")
+    assert code == 0 and "note:" not in stderr
+
+
 def test_a_search_cut_by_its_time_limit_before_any_plan_says_so(monkeypatch, capsys):
     """Not "no plan fits" (with a closest plan that fits): the search did not finish."""
     code, stdout, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--time-limit", "1e-9")

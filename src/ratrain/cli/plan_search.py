@@ -3,6 +3,8 @@ found, and `ratrain train --memory-budget`'s, which trains the best of it."""
 
 from __future__ import annotations
 
+import click
+
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP
@@ -85,6 +87,9 @@ def best_plans(request):
     if not found.best:
         raise UserError(account.account(request))
     search.check(found.best[0])
+    if request.budget_above_memory:
+        click.echo(f"note: the plans are held to the device's memory: "
+                   f"{request.budget_above_memory}", err=True)
     return found
 
 

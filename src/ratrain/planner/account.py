@@ -76,9 +76,11 @@ def _fits_with(request: PlanRequest, **change) -> bool:
 def account(request: PlanRequest) -> str:
     """Why nothing fits, in a few lines: the first says what was asked."""
     r, dev = request, request.profile.device
-    head = (f"no plan fits {decimal_bytes(r.budget_bytes)} per device ({decimal_bytes(r.limit)} after the "
-            f"{r.margin:.0%} margin) for {r.model.name} on {r.devices} {r.profile.name} devices, "
-            f"global batch {r.global_batch} x {r.seq_len} tokens, {r.dtype}, policy {r.policy}")
+    above = f"; {r.budget_above_memory}" if r.budget_above_memory else ""
+    head = (f"no plan fits {decimal_bytes(r.budget_bytes)} per device ({decimal_bytes(r.limit)} "
+            f"after the {r.margin:.0%} margin{above}) for {r.model.name} on {r.devices} "
+            f"{r.profile.name} devices, global batch {r.global_batch} x {r.seq_len} tokens, "
+            f"{r.dtype}, policy {r.policy}")
     c = closest(request)
     if c is None:
         host = dev.host_memory_bytes

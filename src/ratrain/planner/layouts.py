@@ -69,6 +69,20 @@ class PlanRequest:
     def budget_bytes(self) -> float:
         return self.budget_of(0)
 
+    @property
+    def budget_above_memory(self) -> str | None:
+        """Where the budget asked for is more than any device of the profile has (the plans are
+        held to the devices' memory: the budget bounds nothing), a phrase that says so; None
+        otherwise."""
+        if self.budget is None:
+            return None
+        memory = max(self.device(g).memory_bytes for g in range(len(self.profile.groups) or 1))
+        if self.budget <= memory:
+            return None
+        return (f"a {self.profile.name} device has {memory / 1e9:.2f} GB, less than the "
+                f"{self.budget / 1e9:.2f} GB asked (a profile of this machine, with its own "
+                f"memory: `ratrain profile`)")
+
     def limit_of(self, group: int = 0) -> float:
         """What the simulated device peak of a stage on the group, plus the process's own
         overhead beyond the ledger (a measured profile's), may reach."""
