@@ -1,7 +1,7 @@
 """`ratrain profile`: measure the machine this runs on and write a `HardwareProfile`
 (sim/profile.py) that the simulator takes as is. This module starts the measuring processes
-(their code: ranks.py) and assembles the profile from the figures fitted to their results
-(fits.py).
+(their code: ranks.py, link_rank.py) and assembles the profile from the figures fitted to
+their results (fits.py).
 
 The whole measurement runs `repeats` times; the profile holds each figure's median and names in
 its notes the figures that did not repeat (sim/profile_repeats.py). Each time, everything is
@@ -50,8 +50,9 @@ from ratrain.models.presets import get_preset
 from ratrain.profiling.fits import (adamw_params, compute_rates, contention_of,
                                     fit_process_overhead, host_tier, links_of, measured_shape,
                                     median_over_ranks, memory_bandwidth)
+from ratrain.profiling.link_rank import link_backend, link_rank
 from ratrain.profiling.ranks import (LINK_SIZES, MATMUL_N, STEP_REPEATS, STEP_WARMUP,
-                                     alone_rank, compute_rank, link_backend, link_rank)
+                                     alone_rank, compute_rank)
 from ratrain.runtime.launch import launch_local
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import Device, HardwareProfile

@@ -1,7 +1,7 @@
 """What runs in `ratrain profile`'s measuring processes (measure.py starts them and turns
 their results into a profile): each rank times the units through the executor's trace, a
 matmul, an AdamW step and, on CUDA, host copies, every measurement started together behind a
-barrier; two ranks time their links. Each writes its medians as JSON."""
+barrier (the links' two ranks: link_rank.py). Each writes its medians as JSON."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ KINDS = ("embedding", "block", "head")  # units 0, 1, 2 with n_layers = 1
 # --- timing --------------------------------------------------------------------------------------
 
 
-def _sync_of(device: torch.device) -> Callable[[], None]:
+def sync_of(device: torch.device) -> Callable[[], None]:
     """What makes a timing include the device's queued work (CUDA runs asynchronously)."""
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
@@ -62,7 +62,7 @@ def _timed(fn, sync) -> tuple[object, float]:
     return result, time.perf_counter() - t0
 
 
-def _median_s(fn, sync, warmup: int = WARMUP, repeats: int = REPEATS) -> float:
+def median_s(fn, sync, warmup: int = WARMUP, repeats: int = REPEATS) -> float:
     for _ in range(warmup):
         fn()
     return statistics.median(_timed(fn, sync)[1] for _ in range(repeats))
@@ -81,7 +81,7 @@ def compute_rank(cfg: RunConfig, out_dir: str) -> None:
     device = groups.device if groups else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(rank)
-    sync = _sync_of(device)
+    sync = sync_of(device)
     # first: before other measurements leave freed memory in the allocator for it to reuse
     steps = [("units", _executor_times, (cfg, device, sync, groups)),
              ("matmul_s", _matmul_times, (cfg.train.dtype, device, sync)),
@@ -103,7 +103,7 @@ def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
     times are those of a rank no other rank competes with; its memory is a second, larger
     stage for the process overhead (beside the pipeline's one-block stages)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    sync = _sync_of(device)
+    sync = sync_of(device)
     result = _traced_steps(cfg, device, sync, None, "keep", blocks)
     split = _traced_steps(dataclasses.replace(cfg, parallel=dataclasses.replace(
         cfg.parallel, schedule="zbh1")), device, sync, None, "keep", blocks)
@@ -140,7 +140,7 @@ def _attention_s(cfg: RunConfig, device: torch.device, sync) -> float:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         out.backward(torch.ones_like(out))
 
-    return _median_s(step, sync)
+    return median_s(step, sync)
 
 
 def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None,
@@ -231,7 +231,7 @@ def _matmul_times(dtype: str, device: torch.device, sync) -> dict[str, float]:
     out = {}
     for name in rate_dtypes(dtype):
         a, b = (torch.randn(n, n, device=device, dtype=DTYPES[name]) for _ in range(2))
-        out[name] = _median_s(lambda: a @ b.T, sync)
+        out[name] = median_s(lambda: a @ b.T, sync)
     return out
 
 
@@ -244,7 +244,7 @@ def _adamw_s(train: TrainConfig, device: torch.device, sync, tier: str | None = 
               for shape in ADAMW_SHAPES[tier or device.type]]
     for p in params:
         p.grad = torch.randn_like(p)
-    return _median_s(make_optimizer(params, train).step, sync)
+    return median_s(make_optimizer(params, train).step, sync)
 
 
 def _host_adamw_s(train: TrainConfig) -> float:
@@ -276,46 +276,8 @@ def _host_copy_times(device: torch.device, sync) -> dict[str, list[float]]:
     for size in LINK_SIZES:
         host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(size, dtype=torch.uint8, device=device)
-        out["host_to_device"].append(_median_s(lambda: dev.copy_(host, non_blocking=True), sync,
+        out["host_to_device"].append(median_s(lambda: dev.copy_(host, non_blocking=True), sync,
                                                LINK_WARMUP, LINK_REPEATS))
-        out["device_to_host"].append(_median_s(lambda: host.copy_(dev, non_blocking=True), sync,
+        out["device_to_host"].append(median_s(lambda: host.copy_(dev, non_blocking=True), sync,
                                                LINK_WARMUP, LINK_REPEATS))
     return out
-
-
-# --- the link ranks ------------------------------------------------------------------------------
-
-
-def link_backend() -> str:
-    """NCCL between two GPUs; with fewer, gloo on host tensors."""
-    return "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-
-
-def link_rank(out_dir: str) -> None:
-    """One of 2 ranks: point-to-point (one way: half a ping-pong) and all_reduce seconds for
-    each of LINK_SIZES; rank 0 writes them."""
-    rank = int(os.environ["RANK"])
-    backend = link_backend()
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    sync = _sync_of(device)
-    p2p, all_reduce = [], []
-    for size in LINK_SIZES:
-        buf = torch.zeros(size // 4, device=device)
-        p2p.append(_median_s(lambda: _ping_pong(buf, rank), sync, LINK_WARMUP, LINK_REPEATS) / 2)
-        all_reduce.append(_median_s(lambda: dist.all_reduce(buf), sync, LINK_WARMUP, LINK_REPEATS))
-    if rank == 0:
-        result = {"p2p_s": p2p, "all_reduce_s": all_reduce}
-        Path(out_dir, "result_0.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _ping_pong(buf: torch.Tensor, rank: int) -> None:
-    """buf to the other rank and back: an isend/irecv pair each way."""
-    peer = 1 - rank
-    first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
-    first(buf, peer).wait()
-    second(buf, peer).wait()
