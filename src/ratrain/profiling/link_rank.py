@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ratrain.profiling.ranks import LINK_REPEATS, LINK_SIZES, LINK_WARMUP, median_s, sync_of
 
+
 def link_backend() -> str:
     """NCCL between two GPUs; with fewer, gloo on host tensors."""
     return "nccl" if torch.cuda.device_count() >= 2 else "gloo"

@@ -277,7 +277,7 @@ def _host_copy_times(device: torch.device, sync) -> dict[str, list[float]]:
         host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(size, dtype=torch.uint8, device=device)
         out["host_to_device"].append(median_s(lambda: dev.copy_(host, non_blocking=True), sync,
-                                               LINK_WARMUP, LINK_REPEATS))
+                                              LINK_WARMUP, LINK_REPEATS))
         out["device_to_host"].append(median_s(lambda: host.copy_(dev, non_blocking=True), sync,
-                                               LINK_WARMUP, LINK_REPEATS))
+                                              LINK_WARMUP, LINK_REPEATS))
     return out
