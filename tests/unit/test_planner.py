@@ -343,6 +343,24 @@ def test_the_closest_plans_kinds_are_what_its_device_holds_not_its_host_state():
     assert len(parts) >= 3 and sum(parts) == pytest.approx(needs, abs=0.03), line
 
 
+def test_where_the_host_tier_refuses_host_state_the_account_says_how_much_it_needs():
+    """llama3.1-8b on one GPU of the H200 profile with 120 GB of host memory: its state, 16
+    bytes a parameter, is 128 GB, over the host tier's 108 GB after the margin; the closest
+    plan keeps it on the device, so the account says what the host would have needed."""
+    profile = load_profile("bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml")
+    profile = dataclasses.replace(profile, device=dataclasses.replace(
+        profile.device, host_memory_bytes=120e9))
+    request = search.PlanRequest(model=get_preset("llama3.1-8b"), profile=profile, devices=1,
+                                 global_batch=16, seq_len=4096, dtype="bfloat16", budget=20e9)
+    text = account.account(request)
+    assert "state on the device" in text.splitlines()[1]
+    assert ("state on the host (--state-home host) would hold 128.48 GB of host memory on one "
+            "stage") in text and "allows 108.00 GB per device" in text, text
+    roomy = dataclasses.replace(request, profile=dataclasses.replace(
+        profile, device=dataclasses.replace(profile.device, host_memory_bytes=200e9)))
+    assert search.search(roomy).best  # with the room, a host-homed plan fits
+
+
 @pytest.mark.parametrize("policy, budget, needle", [
     ("ratrain", 15e6, "the full-size fp32 gradients are already freed early (gradient lifetime "
                       "transient: each freed once reduce-scattered): stage 0 holds 3.16 MB of "
