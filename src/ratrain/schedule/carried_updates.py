@@ -47,15 +47,16 @@ def _carry(program: Program, stage: int, stages: int, units: range, inline) -> P
     updated = [a.unit for a in program if a.op is Op.UPDATE and a.unit not in inline]
     if not updated:
         return program
+    carried = set(updated)  # read once per action of the program
     first_use: dict[int, int] = {}
     for i, a in enumerate(program):
-        if a.op in _READS_MASTERS and a.unit in updated:
+        if a.op in _READS_MASTERS and a.unit in carried:
             first_use.setdefault(a.unit, i)
-    order = sorted(first_use, key=first_use.__getitem__)
+    order = {u: k for k, u in enumerate(sorted(first_use, key=first_use.__getitem__))}
     missing = [u for u in updated if u not in first_use]
     if missing:
         raise ScheduleError(f"stage {stage}: units {missing} are updated but never read")
-    rest = [a for a in program if not (a.op is Op.UPDATE and a.unit in updated)]
+    rest = [a for a in program if not (a.op is Op.UPDATE and a.unit in carried)]
     ctx = RankContext.of(rest, stage, stages, units)
     after: dict[int, list[int]] = {}  # step in `rest` -> units whose SU goes right after it
     for u in updated:
@@ -75,7 +76,7 @@ def _carry(program: Program, stage: int, stages: int, units: range, inline) -> P
             out.append(a)
         out += [Action(Op.START_NORM, u) for u in norms.get(i, [])]
         # the order in which the next step reads them: the thread finishes the first one first
-        out += [Action(Op.START_UPDATE, u) for u in sorted(after.get(i, []), key=order.index)]
+        out += [Action(Op.START_UPDATE, u) for u in sorted(after.get(i, []), key=order.get)]
     return out
 
 
