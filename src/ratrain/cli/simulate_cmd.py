@@ -85,13 +85,17 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                    f"{'s' if len(period['exposed_sync_s']) > 1 else ''} (the step above is an "
                    f"inner one); device peak in a synced step {fmt_bytes(period['peak_bytes'])}")
     rows = []
+    host = hw.device.host_memory_bytes if hw.device.host_link else None
     for r in result.ranks:
-        fits = "yes" if r.device_peak <= hw.device.memory_bytes else "NO"
+        fits = ("NO" if r.device_peak > hw.device.memory_bytes else
+                "NO: host" if host is not None and r.host_peak > host else "yes")
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_device_peak.items() if v)
         rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", fmt_bytes(r.device_peak),
                      fits, fmt_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
     click.echo(table(rows, ["stage", "bubble", "exposed comm", "device peak",
-                             f"fits {fmt_bytes(hw.device.memory_bytes)}", "host tier peak",
+                             f"fits {fmt_bytes(hw.device.memory_bytes)}"
+                             + (f" (host {fmt_bytes(host)})" if host is not None else ""),
+                             "host tier peak",
                              "on the device at its peak, by kind"]))
     if trace_file:
         click.echo(f"wrote {trace_file}")
