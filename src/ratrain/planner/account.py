@@ -236,8 +236,8 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int) -> li
     if host is not None and table.state[1] > r.host_limit:
         hints.append(f"state on the host would need {decimal_bytes(table.state[1])} per block; "
                      f"the profile's host tier allows {decimal_bytes(r.host_limit)} per device")
-    elif host is not None:
-        hints.extend(_host_state_hint(r, closest_candidate))
+    elif host is not None:  # the whole model's state is the same bytes wherever it lives
+        hints.extend(_host_state_hint(r, closest_candidate, sum(table.state)))
     lifetime = _lifetime_hint(r, closest_candidate, worst)
     if lifetime:
         hints.append(lifetime)
@@ -251,17 +251,16 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int) -> li
     return hints
 
 
-def _host_state_hint(request: PlanRequest, closest_candidate: Candidate) -> list[str]:
+def _host_state_hint(request: PlanRequest, closest_candidate: Candidate,
+                     whole: float) -> list[str]:
     """Where the closest plan keeps its state on the device but a host tier could hold it: the
-    host memory the whole model's state would take on one stage, against the host tier's
-    limit (a host-homed plan's device side is small, so its host tier is what refused it)."""
+    host memory the whole model's state (`whole` bytes, unsharded) would take on one stage,
+    against the host tier's limit (a host-homed plan's device side is small, so its host tier
+    is what refused it)."""
     r = request
     if (r.profile.device.host_link is None or r.policy != "ratrain"
             or closest_candidate.layout.lifecycle.state_home == "host"):
         return []
-    on_host = UnitTable(r.model, r.profile, 1, r.seq_len, r.dtype, 1,
-                        Lifecycle("host", 1, "ratrain"), r.clip)
-    whole = sum(on_host.state)
     if whole <= r.host_limit:
         return []
     return [f"state on the host (--state-home host) would hold {decimal_bytes(whole)} of host "

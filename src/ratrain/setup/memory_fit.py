@@ -97,10 +97,9 @@ def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes],
         if need > device_bytes:
             return (f"this run does not fit the GPU: stage {worst} would hold about "
                     f"{need / GIB:.1f} GiB on it ({_kinds(stages[worst].at_device_peak)}), the "
-                    f"GPU has "
-                    f"{device_bytes / GIB:.1f} GiB; keep the state in host memory (--state-home "
-                    "host, --view-window 1), recompute activations (--activation recompute), "
-                    "or let `ratrain plan --memory-budget` find a plan that fits")
+                    f"GPU has {device_bytes / GIB:.1f} GiB; keep the state in host memory "
+                    "(--state-home host, --view-window 1), recompute activations (--activation "
+                    "recompute), or let `ratrain plan --memory-budget` find a plan that fits")
     if host_available is None:
         return None
     need = sum(s.host if host_is_separate else s.total for s in here)

@@ -260,8 +260,9 @@ class StageCosts:
         if name == "kept":
             return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
         if name == "grad_run":
-            held = u in self.s.view_units and (u in self.device_summed or self.runs_on_device(
-                u) and (self.s.fold_roles or {}).get((u, mb)) == HOLD)
+            held_in_run = (self.runs_on_device(u)
+                           and (self.s.fold_roles or {}).get((u, mb)) == HOLD)
+            held = u in self.s.view_units and (u in self.device_summed or held_in_run)
             return [(("rungrad", u), 4 * self.s.params(u))] if held else []
         if name == "input_grad":
             return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
