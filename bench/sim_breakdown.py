@@ -34,6 +34,7 @@ from ratrain.sim.profile import load_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sim_accuracy as sa  # noqa: E402
+from sim_accuracy_configs import SETS, Config  # noqa: E402
 from peers import machine  # noqa: E402
 from two_nodes import LinkUnavailable  # noqa: E402
 
@@ -96,7 +97,7 @@ def grouped(per_op: dict[str, float]) -> dict[str, float]:
     return sums
 
 
-def row(c: sa.Config, got: dict, profile, link: str) -> dict:
+def row(c: Config, got: dict, profile, link: str) -> dict:
     """One run of a configuration beside its prediction, per rank (ranks in the pp-dp order:
     rank s * dp + r is stage s's replica r)."""
     sim, _ = sa._simulated(c, link, profile)
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
     ap.add_argument("--out", default=str(sa.ROOT / "bench/results/sim_breakdown.json"))
     args = ap.parse_args()
-    by_label = {c.label: c for c in sa.SETS["all"]}
+    by_label = {c.label: c for c in SETS["all"]}
     unknown = [label for label in args.only if label not in by_label]
     if unknown:
         ap.error(f"--only: no configuration {', '.join(map(repr, unknown))} in "

@@ -215,11 +215,11 @@ def test_sim_breakdown_simulated_ops_cover_each_stage_and_its_compute():
 
 
 def test_the_schedules_bench_adds_a_unit_major_row_per_group_with_its_ratios():
-    schedules = load_bench("schedules")
+    cli = load_bench("schedules_args")
     report = load_bench("schedules_report")
     impl = load_bench("schedules_implementations")
-    args = schedules._parser().parse_args(["--configs", "1x2", "--auto", "--groups", "2,4"])
-    layout = schedules.Layout(pp=1, dp=2, order="pp-dp")
+    args = cli.parser("").parse_args(["--configs", "1x2", "--auto", "--groups", "2,4"])
+    layout = impl.Layout(pp=1, dp=2, order="pp-dp")
     impls, _ = impl.implementations(args, layout)
     rows = {d["name"]: d for d in impls}
     assert rows["1f1b-g2"]["group"] == 2 and rows["1f1b-g4"]["group"] == 4
@@ -229,4 +229,4 @@ def test_the_schedules_bench_adds_a_unit_major_row_per_group_with_its_ratios():
     assert ("1f1b-g2", "baseline") in pairs and ("1f1b-g4", "ratrain") in pairs
     for bad in ("1", "2,2", "x"):
         with pytest.raises(SystemExit):
-            schedules._parser().parse_args(["--groups", bad])
+            cli.parser("").parse_args(["--groups", bad])
