@@ -141,6 +141,8 @@ def main() -> None:
         p.error(f"--modes takes some of {', '.join(MODES)}, got {args.modes!r}")
     if args.resume_check and "async" not in modes:
         p.error("--resume-check resumes the async run: add async to --modes")
+    if args.dir:  # scripts/gpu_check.sh's CKPT_DIR may be a disk's mount with no folder yet
+        args.dir.mkdir(parents=True, exist_ok=True)
     rounds, resumed = [], None
     with tempfile.TemporaryDirectory(prefix="ratrain-ckpt-bench-", dir=args.dir) as tmp:
         for r in range(args.rounds):

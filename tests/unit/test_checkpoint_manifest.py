@@ -117,6 +117,28 @@ def test_a_disk_that_fills_while_saving_leaves_the_earlier_checkpoints(tmp_path,
     assert manifest.problem(good) is None
 
 
+def test_a_disk_that_fills_at_a_flush_fails_the_save_and_leaves_the_earlier_checkpoint(
+        tmp_path, monkeypatch):
+    """Through the real write path (store.write_unit), not a stand-in for it: the disk filling
+    where a file is flushed is the save's error, and the earlier checkpoint stays."""
+    good = _save(tmp_path, 2)
+    real_fsync = store.os.fsync
+    flushes = []
+
+    def fsync_then_fill(fd):
+        flushes.append(fd)
+        if len(flushes) == 3:  # unit 1's weights, after unit 0's two files
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(store.os, "fsync", fsync_then_fill)
+    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left on device"):
+        checkpoint.save_units(tmp_path, 4, _states(4))
+    assert len(flushes) == 3
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
+    assert manifest.problem(good) is None
+
+
 def test_a_manifest_that_cannot_be_written_removes_the_partial(tmp_path, monkeypatch):
     _save(tmp_path, 2)
     files = checkpoint.save_units(tmp_path, 4, _states(4))
