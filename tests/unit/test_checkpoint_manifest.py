@@ -139,6 +139,42 @@ def test_a_disk_that_fills_at_a_flush_fails_the_save_and_leaves_the_earlier_chec
     assert manifest.problem(good) is None
 
 
+def test_a_full_disk_under_torch_save_is_the_disks_error_not_torchs(tmp_path, monkeypatch):
+    """The AdamW state is serialized straight into its file (store._torch_save); a write that
+    fails there comes out of torch as "unexpected pos ..." and is raised as the file's OSError,
+    which the save reports with the checkpoint kept intact."""
+    good = _save(tmp_path, 2)
+
+    class FillsAfter:  # a file on a disk with `room` bytes left
+        def __init__(self, f, room):
+            self.f, self.room = f, room
+
+        def write(self, data):
+            self.room -= len(memoryview(data).cast("B"))
+            if self.room < 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(store, "open", lambda path, mode: FillsAfter(open(path, mode), 100),
+                        raising=False)
+    with pytest.raises(OSError) as e:
+        store._torch_save({"m": torch.zeros(1000)}, tmp_path / "x.pt")
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left on device"):
+        checkpoint.save_units(tmp_path, 4, _states(4))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
+    assert manifest.problem(good) is None
+
+
 def test_a_manifest_that_cannot_be_written_removes_the_partial(tmp_path, monkeypatch):
     _save(tmp_path, 2)
     files = checkpoint.save_units(tmp_path, 4, _states(4))
