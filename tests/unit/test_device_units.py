@@ -192,8 +192,7 @@ def test_under_diloco_a_device_units_outer_state_and_delta_are_on_the_device(mon
 
     def note(self):
         real_note(self)
-        on_host = sum(self.ledger.bytes[k] - self.device_state.get(k, 0)
-                      for k in self.host_kinds)
+        on_host = self.on_host()
         seen.append((getattr(self, "_action", None), self.ledger.total - on_host, on_host))
 
     real_record = stage_memory.StageMemory.record

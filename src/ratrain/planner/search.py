@@ -94,13 +94,17 @@ class UnitTables:
                                     self._own_micro(tables_key, layout)))
         return self._bounds[key]
 
+    def _distinct_tables(self, layout: Layout) -> list[UnitTable]:
+        """One table per kind of device the layout's stages run on."""
+        return [self.table(layout, g) for g in sorted(set(layout.groups))]
+
     def _least_work(self, tables_key: tuple, layout: Layout, chained: bool = False) -> float:
         """One micro-batch's forward and backward through the model, each unit on the fastest
         device of the layout's groups; `chained`: without the weight halves of a split
         backward (what the pipeline's critical path chains)."""
         key = (tables_key, chained)
         if key not in self._least:
-            tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
+            tables = self._distinct_tables(layout)
             self._least[key] = sum(
                 min(t.forward[u] + t.backward[u] - (t.weight[u] if chained else 0.0)
                     for t in tables) for u in range(tables[0].n_units))
@@ -115,7 +119,7 @@ class UnitTables:
         if not before:
             return float(m)
         if tables_key not in self._rho:
-            tables = [self.table(layout, g) for g in sorted(set(layout.groups))]
+            tables = self._distinct_tables(layout)
             chained = [min(t.forward[u] + t.backward[u] - t.weight[u] for t in tables)
                        for u in range(tables[0].n_units)]
             weight = [min(t.weight[u] for t in tables) for u in range(tables[0].n_units)]

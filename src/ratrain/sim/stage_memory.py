@@ -82,12 +82,18 @@ class StageMemory:
                 self.device_peak, self.at_device_peak = ledger.total, dict(held)
             return
         kept = self.device_state
-        on_host = sum(held[k] - kept.get(k, 0) for k in self.host_kinds)
+        on_host = self.on_host()
         if ledger.total - on_host > self.device_peak:
             self.device_peak = ledger.total - on_host
             self.at_device_peak = {k: kept.get(k, 0) if k in self.host_kinds else b
                                    for k, b in held.items()}
         self.host_peak = max(self.host_peak, on_host)
+
+    def on_host(self) -> int:
+        """What the ledger holds now in the host tier: the host kinds less the device units'
+        state (nothing on a device without a host tier)."""
+        held, kept = self.ledger.bytes, self.device_state
+        return sum(held[k] - kept.get(k, 0) for k in self.host_kinds)
 
 
 class MemoryClock:
