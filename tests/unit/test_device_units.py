@@ -138,6 +138,14 @@ def test_device_units_without_host_state_is_one_line(monkeypatch, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_device_units_past_every_stages_units_is_one_line(monkeypatch, capsys):
+    # the default model's 4 blocks, embedding and head: 6 units on one stage
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--state-home", "host",
+                           "--device-units", "7", "--steps", "1")
+    assert code == 2 and "--device-units 7 is more units than any stage has" in err
+    assert "the largest has 6" in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_executors_ledger_is_the_simulators_with_device_units(monkeypatch):
     """The host units on the GPU's fold path (run here on the CPU), the device units on the
     device's: each run's fp32 sum is held on the device for the host units only, and the

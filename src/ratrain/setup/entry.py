@@ -144,10 +144,21 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1,
             update=choices["update"], tie_embeddings=cfg.model.tie_embeddings,
             device_grad_sum=choices["device_grad_sum"],
-            device_units=first_units(partition_units(choices["n_layers"], p.pp, p.partition),
-                                     p.device_units))
+            device_units=_device_units(partition_units(choices["n_layers"], p.pp, p.partition),
+                                       p.device_units))
     except ScheduleError as e:
         raise UserError(str(e)) from None
+
+
+def _device_units(stage_units: list[range], k: int) -> tuple[int, ...]:
+    """The units `--device-units k` keeps on the device; a k past every stage's units is
+    refused rather than read as "all", which is what --state-home device asks for."""
+    most = max(len(units) for units in stage_units)
+    if k > most:
+        raise UserError(f"--device-units {k} is more units than any stage has (the largest has "
+                        f"{most}, its embedding or head included); {most} keeps all of them on "
+                        f"the device, and --state-home device keeps every unit's state there")
+    return first_units(stage_units, k)
 
 
 def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None:
