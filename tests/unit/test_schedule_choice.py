@@ -2,9 +2,11 @@
 of those predicted alike the one that holds least (1F1B unless a split schedule is clearly
 faster), and the choice is written into the config."""
 
+import dataclasses
+
 from ratrain.config import RunConfig
 from ratrain.models.presets import get_preset
-from ratrain.setup import run_plan
+from ratrain.setup import check_memory_fits, run_plan
 from ratrain.setup.choice import MARGIN, choose, default_profile
 from ratrain.sim.profile import load_profile
 
@@ -86,3 +88,58 @@ def test_simulate_says_what_it_chose(monkeypatch, capsys):
     assert code == 0, stderr
     first = stdout.splitlines()[0]
     assert first.startswith("schedule zbh1") and "1f1b" in first and "--schedule overrides" in first
+
+
+def test_a_group_whose_host_bytes_the_machine_lacks_is_not_chosen():
+    """Unit-major groups hold g micro-batches' offloaded activations in host memory: --schedule
+    auto weighs each candidate's bytes against the memory the machine has, not the device's
+    alone, so a run it chooses is not then refused by the memory check."""
+    from ratrain.setup import Machine
+    from ratrain.setup.memory_fit import stage_bytes
+
+    def cfg():
+        c = _cfg(1, 1, 4)
+        c.train.dtype = "bfloat16"
+        c.parallel.state_home, c.parallel.view_window, c.parallel.activation = "host", 1, "offload"
+        return c
+
+    gpu = Machine(host_is_separate=True, memory_bytes=80 * 2**30)
+    host = {}
+    for g in (1, 2, 4):
+        c = cfg()
+        c.parallel.schedule, c.parallel.micro_batch_group = "1f1b", g
+        host[g] = stage_bytes(c, run_plan(c, gpu), load_profile(gpu.preset))[0].host
+    assert host[1] < host[2] < host[4]
+    roomy = cfg()
+    run_plan(roomy, gpu)
+    assert roomy.parallel.micro_batch_group == 4  # predicted fastest where the host holds it
+    for available, group in (((host[2] + host[4]) // 2, 2), ((host[1] + host[2]) // 2, 1)):
+        c, said = cfg(), []
+        machine = dataclasses.replace(gpu, host_available_bytes=available)
+        plan = run_plan(c, machine, say=said.append)
+        assert (c.parallel.micro_batch_group, plan.micro_batch_group) == (group, group)
+        assert "1f1b in groups of 4 " in said[0] and "(does not fit)" in said[0]
+        check_memory_fits(c, plan, machine)  # the choice passes the run's own check
+
+
+def test_on_a_cpu_the_choice_weighs_the_machines_memory_not_the_presets():
+    """On a CPU the device is the host: a machine with the memory for 7B's stages chooses among
+    them by speed, rather than holding every stage to the cpu-local preset's 8 GB, which none
+    fits (the least memory, 1F1B, was taken then)."""
+    from ratrain.setup import Machine
+
+    def cfg():
+        c = RunConfig(model=get_preset("llama2-7b"))
+        c.train.seq_len, c.train.micro_batch_size, c.train.global_batch = 256, 1, 4
+        c.parallel.pp = 2
+        return c
+
+    preset, said = cfg(), []
+    run_plan(preset, Machine(), say=said.append)
+    assert preset.parallel.schedule == "1f1b" and "least memory of none that fit" in said[0]
+    roomy, said = cfg(), []
+    run_plan(roomy, Machine(host_available_bytes=400 * 2**30), say=said.append)
+    fastest = choose(cfg(), run_plan, load_profile("cpu-local"), budget=float("inf"))
+    assert (roomy.parallel.schedule, roomy.parallel.weight_grad) == (fastest.schedule,
+                                                                     fastest.weight_grad)
+    assert roomy.parallel.schedule != "1f1b" and "200.0 GiB budget, fits" in said[0]

@@ -1,7 +1,9 @@
 """`--schedule auto` (the default): the schedule and weight-gradient placement a run takes when
 the user names neither, chosen by simulating the run's own plan under each candidate the
 planner would weigh for its layout (planner.layouts.schedules) on a hardware profile, and taking
-the fastest whose every stage's memory estimate fits the device.
+the fastest whose every stage's memory estimate fits the device, and whose ranks' bytes fit
+the machine the run starts on (its host memory: the state kept there, offloaded activations;
+on a CPU the whole run's).
 
 Candidates predicted within the margin below of the fastest cannot be told apart (the
 simulator's error out of sample is several per cent, docs/benchmarks.md): of those the one
@@ -40,6 +42,7 @@ class Candidate:
     step_s: float
     peak_bytes: int  # the largest stage's device peak
     micro_batch_group: int = 1
+    refused_here: str | None = None  # why its bytes cannot fit the machine the run starts on
 
     @property
     def label(self) -> str:
@@ -65,12 +68,14 @@ def default_profile(device_name: str | None) -> str:
 
 
 def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
-           views: bool = False) -> Choice:
+           views: bool = False, refusal_here=None) -> Choice:
     """The schedule for cfg (whose schedule is `auto`; a --weight-grad given keeps only the
     split candidates with that placement). `build_plan(cfg)` makes a candidate's plan (a
     UserError drops it); `profile` a HardwareProfile; `budget` the bytes a stage may hold
     (default: the profile's device memory); `views`: the plan has views, so micro-batch
-    groups are weighed where the run names none."""
+    groups are weighed where the run names none; `refusal_here(cfg, plan)`: why a candidate's
+    bytes cannot fit the machine the run starts on, its host memory included
+    (memory_fit.machine_refusal), or None."""
     from ratrain.sim.simulator import simulate
 
     p, t = cfg.parallel, cfg.train
@@ -103,10 +108,11 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
         result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
                           seq_len=t.seq_len, dtype=t.dtype)
         found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks),
-                               g))
+                               g, refusal_here(trial, plan) if refusal_here else None))
     if not found:
         raise UserError("no schedule can run this layout: " + "; ".join(refused))
-    fits = [c for c in found if c.peak_bytes <= budget] or [min(found, key=lambda c: c.peak_bytes)]
+    fits = ([c for c in found if _fits(c, budget)] or
+            [min(found, key=lambda c: (c.refused_here is not None, c.peak_bytes))])
     fastest = min(c.step_s for c in fits)
     alike = [c for c in fits if c.step_s * (1 - MARGIN) < fastest]
     best = min(alike, key=lambda c: (c.peak_bytes, c.step_s))
@@ -119,13 +125,17 @@ def _label(schedule: str, weight_grad: str | None, group: int = 1) -> str:
             + (f" in groups of {group}" if group > 1 else ""))
 
 
+def _fits(c: Candidate, budget: float) -> bool:
+    return c.peak_bytes <= budget and c.refused_here is None
+
+
 def _why(best: Candidate, found: list[Candidate], budget: float, profile: str) -> str:
     gib = 2 ** 30
-    others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if c.peak_bytes <= budget else
+    others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if _fits(c, budget) else
                                                         " (does not fit)")
                        for c in found if c is not best)
     others = others or "the only candidate that can run here"
-    fit = ("fits" if best.peak_bytes <= budget else "the least memory of none that fit")
+    fit = ("fits" if _fits(best, budget) else "the least memory of none that fit")
     return (f"schedule {best.label}: simulated {best.step_s:.3g} s/step on {profile} "
             f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB of a "
             f"{budget / gib:.1f} GiB budget, {fit}. --schedule overrides")

@@ -21,6 +21,7 @@ from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.setup.choice import Choice, choose, default_profile
 from ratrain.setup.links import MeasuredLinks, low_comm_hint, measured_profile
+from ratrain.setup.memory_fit import machine_refusal
 from ratrain.setup.plan_file import load_plan
 from ratrain.setup.rule import check_runnable, device_grad_sum_for, has_views, update_for
 
@@ -161,6 +162,16 @@ def _device_units(stage_units: list[range], k: int) -> tuple[int, ...]:
     return first_units(stage_units, k)
 
 
+def _device_budget(cfg: RunConfig, machine: Machine) -> float | None:
+    """What a stage may hold on the device, for --schedule auto: a GPU's memory; on a CPU,
+    where the device is the host, each local rank's share of the memory available (None:
+    the profile's device memory)."""
+    if machine.host_is_separate or machine.host_available_bytes is None:
+        return machine.memory_bytes
+    ranks = len(machine.local_ranks or range(cfg.parallel.pp * cfg.parallel.dp))
+    return machine.host_available_bytes / ranks
+
+
 def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None:
     """Where cfg's schedule is `auto`, choose it (choice.py) and write the choice into cfg, so
     that the run records, and every rank runs, what was chosen. None where it was given."""
@@ -172,7 +183,9 @@ def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None
 
         profile = load_profile(cfg.train.profile or machine.preset)
     choice = choose(cfg, lambda trial: _flags_plan(trial, machine), profile,
-                    machine.memory_bytes, _flag_choices(cfg, machine)["view_window"] is not None)
+                    _device_budget(cfg, machine),
+                    _flag_choices(cfg, machine)["view_window"] is not None,
+                    lambda trial, plan: machine_refusal(trial, plan, machine))
     cfg.parallel.schedule, cfg.parallel.weight_grad = choice.schedule, choice.weight_grad
     cfg.parallel.micro_batch_group = choice.micro_batch_group
     return choice

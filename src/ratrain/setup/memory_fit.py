@@ -68,19 +68,27 @@ def _programs_of_each_step(plan: PipelinePlan, stage: int) -> list:
 
 
 def check_memory_fits(cfg: RunConfig, plan: PipelinePlan, machine) -> None:
-    """Refuse (UserError) a run whose predicted bytes cannot fit `machine` (setup.Machine):
-    predicted on the preset of the machine's device, whatever --profile the schedule was
-    chosen on, since what matters here is whether the host memory is the device's."""
+    """Refuse (UserError) a run whose predicted bytes cannot fit `machine` (setup.Machine)."""
+    reason = machine_refusal(cfg, plan, machine)
+    if reason:
+        raise UserError(reason)
+
+
+def machine_refusal(cfg: RunConfig, plan: PipelinePlan, machine) -> str | None:
+    """Why the run's predicted bytes cannot fit `machine` (setup.Machine), or None: predicted
+    on the preset of the machine's device, whatever --profile the schedule was chosen on,
+    since what matters here is whether the host memory is the device's. Nothing to weigh
+    where the machine's memory is not known."""
     from ratrain.sim.profile import load_profile
 
+    if machine.host_available_bytes is None and not machine.memory_bytes:
+        return None
     profile = load_profile(machine.preset)
-    reason = memory_refusal(
+    return memory_refusal(
         cfg, plan, stage_bytes(cfg, plan, profile),
         local_ranks=list(machine.local_ranks or range(plan.pp * plan.dp)),
         host_available=machine.host_available_bytes, device_bytes=machine.memory_bytes,
         host_is_separate=machine.host_is_separate)
-    if reason:
-        raise UserError(reason)
 
 
 def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes], *,
