@@ -278,6 +278,29 @@ def test_a_planned_run_resumes_with_its_own_plan_when_the_file_is_gone(monkeypat
     assert got == [r["loss"] for r in read_metrics(tmp_path / "straight" / "metrics.jsonl")]
 
 
+@pytest.mark.parametrize("available_gb, held", [(64, None), (12, "6.00 GB")])
+def test_train_with_a_memory_budget_on_a_cpu_holds_it_to_this_machines_memory(
+        monkeypatch, capsys, tmp_path, available_gb, held):
+    """On a CPU (no --profile) a device's memory is the machine's available memory shared by
+    the devices searched, not the cpu-local preset's 8 GB: 20 GB a device is searched where
+    2 devices have 64 GB, and held to 6 GB where they have 12."""
+    import ratrain.host_memory
+    from .cli_runner import small_config
+
+    monkeypatch.setattr(ratrain.host_memory, "available_host_bytes",
+                        lambda: available_gb * 10**9)
+    config = str(small_config(tmp_path, steps=1, checkpoint_every=0))
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "--memory-budget",
+                           "20GB", "--devices", "2", "--run-dir", str(tmp_path / "run"),
+                           "--no-progress", "--no-report")
+    assert code == 0, err
+    if held is None:
+        assert "note:" not in err and "--memory-budget 20.00 GB on cpu-local" in err
+    else:
+        assert f"a cpu-local device has {held}, less than the 20.00 GB asked" in err
+        assert f"--memory-budget {held} on cpu-local" in err
+
+
 def test_train_with_a_memory_budget_searches_and_trains_the_plan_plan_would_write(
         monkeypatch, capsys, tmp_path):
     """`ratrain train --memory-budget B`: one command for "the fastest run that fits", the plan

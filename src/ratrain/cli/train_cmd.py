@@ -131,6 +131,8 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
     hw = load_profile(profile_spec or Machine(host_is_separate=gpus > 0,
                                               device_name=gpu_name).preset)
+    if profile_spec is None and not gpus:
+        hw = _with_this_machines_memory(hw, devices)
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)
@@ -148,6 +150,21 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
                f"{decimal_bytes(max(best.stage_bytes))} a device", err=True)
     return data
+
+
+def _with_this_machines_memory(hw, devices: int | None):
+    """The CPU preset with this machine's memory a device: what is available now, shared by
+    the `devices` searched (search_request's default on a CPU: 2), rather than the preset's
+    8 GB, a guess for a 24 GiB machine that held a larger budget asked for to 8 GB."""
+    import dataclasses
+
+    from ratrain.host_memory import available_host_bytes
+
+    available = available_host_bytes()
+    if available is None:
+        return hw
+    return dataclasses.replace(hw, device=dataclasses.replace(
+        hw.device, memory_bytes=float(available) / (devices or hw.device_count or 2)))
 
 
 def _runs_own_plan(run_dir: Path) -> dict | None:
