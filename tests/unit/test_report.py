@@ -59,6 +59,31 @@ def test_pp2_dp2_run_report_with_simulated_step(workdir, monkeypatch, capsys):
     check_mfu(run)
 
 
+def test_the_simulated_step_computes_on_the_runs_threads(workdir):
+    """The summary records the threads each rank computed on (here 1: OMP_NUM_THREADS), and
+    the report's simulated step is the simulator's on that many: a single process on a CPU
+    keeps torch's default of every core, while the profile's times are one thread's."""
+    from ratrain.report.run import load_run, simulate_run
+    from ratrain.sim.profile import load_profile
+    from ratrain.sim.simulator import simulate
+
+    _ratrain(workdir, "train", "--data", "text", *SHORT, "--activation", "recompute",
+             "--profile", "cpu-local", "--run-dir", "threads", "--no-report")
+    run = load_run(workdir / "threads")
+    assert run.summary["threads_per_rank"] == 1 and run.plan is not None
+    t = run.cfg.train
+
+    def simulated(threads):
+        return simulate(run.plan, run.cfg.model, load_profile("cpu-local"),
+                        micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, dtype=t.dtype,
+                        threads_per_rank=threads).step_time
+
+    assert simulate_run(run, None)[0].step_time == pytest.approx(simulated(1))
+    run.summary["threads_per_rank"] = 2
+    assert simulate_run(run, None)[0].step_time == pytest.approx(simulated(2))
+    assert simulated(2) < 0.7 * simulated(1)
+
+
 @pytest.mark.dist
 def test_planned_run_report_shows_the_budget(workdir):
     _ratrain(workdir, "plan", "--model", "tiny", "--seq-len", "64", "--profile", "cpu-local",

@@ -287,3 +287,18 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     with pytest.raises(Handed) as handed:
         real_rank_main(*ranks[1])
     assert handed.value.args[0].to_dict() == ranks[1][-1]
+
+
+@pytest.mark.parametrize("pp, threads_per_rank, expected", [(1, None, 3), (2, None, 1), (2, 2, 2)])
+def test_this_machine_says_the_threads_its_ranks_compute_on(monkeypatch, pp, threads_per_rank,
+                                                            expected):
+    """A run in this process keeps this process's threads (torch's default: every core); the
+    ranks launched for a pipeline on a CPU take one thread each, or --threads."""
+    import torch
+
+    from ratrain.training import prepare
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    cfg = RunConfig()
+    cfg.parallel.pp, cfg.parallel.threads_per_rank = pp, threads_per_rank
+    assert prepare.this_machine(cfg).threads_per_rank == expected

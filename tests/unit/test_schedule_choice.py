@@ -143,3 +143,19 @@ def test_on_a_cpu_the_choice_weighs_the_machines_memory_not_the_presets():
     assert (roomy.parallel.schedule, roomy.parallel.weight_grad) == (fastest.schedule,
                                                                      fastest.weight_grad)
     assert roomy.parallel.schedule != "1f1b" and "200.0 GiB budget, fits" in said[0]
+
+
+def test_the_candidates_are_simulated_on_the_ranks_threads():
+    """A single process on a CPU computes on every core (torch's default): --schedule auto
+    simulates its candidates on the threads the machine says its ranks have."""
+    from ratrain.setup import Machine
+
+    def said(threads):
+        c = _cfg(1, 1, 4)
+        c.train.dtype = "bfloat16"  # views: unit-major groups are candidates
+        lines = []
+        run_plan(c, Machine(host_available_bytes=64 * 2**30, threads_per_rank=threads),
+                 say=lines.append)
+        return float(lines[0].split("simulated ")[1].split(" s/step")[0])
+
+    assert said(2) < 0.7 * said(1)

@@ -97,8 +97,10 @@ def simulate_run(run: Run, given_profile: str | None):
     try:
         hw = load_profile(spec)
         t = run.cfg.train
+        # the ranks' threads as the run had them (recorded since 2026-11-27; one before)
         result = simulate(run.plan, run.cfg.model, hw, micro_batch_size=t.micro_batch_size,
-                          seq_len=t.seq_len, dtype=t.dtype)
+                          seq_len=t.seq_len, dtype=t.dtype,
+                          threads_per_rank=int(run.summary.get("threads_per_rank", 1)))
     except UserError as e:
         run.notes.append(f"no simulated step: {e}")
         return None

@@ -68,14 +68,14 @@ def default_profile(device_name: str | None) -> str:
 
 
 def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
-           views: bool = False, refusal_here=None) -> Choice:
+           views: bool = False, refusal_here=None, threads_per_rank: int = 1) -> Choice:
     """The schedule for cfg (whose schedule is `auto`; a --weight-grad given keeps only the
     split candidates with that placement). `build_plan(cfg)` makes a candidate's plan (a
     UserError drops it); `profile` a HardwareProfile; `budget` the bytes a stage may hold
     (default: the profile's device memory); `views`: the plan has views, so micro-batch
     groups are weighed where the run names none; `refusal_here(cfg, plan)`: why a candidate's
     bytes cannot fit the machine the run starts on, its host memory included
-    (memory_fit.machine_refusal), or None."""
+    (memory_fit.machine_refusal), or None; `threads_per_rank`: each rank's CPU threads."""
     from ratrain.sim.simulator import simulate
 
     p, t = cfg.parallel, cfg.train
@@ -106,7 +106,7 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
             refused.append(f"{s}: {e}")
             continue
         result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
-                          seq_len=t.seq_len, dtype=t.dtype)
+                          seq_len=t.seq_len, dtype=t.dtype, threads_per_rank=threads_per_rank)
         found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks),
                                g, refusal_here(trial, plan) if refusal_here else None))
     if not found:

@@ -51,6 +51,8 @@ class Machine:
     local_ranks: tuple[int, ...] | None = None
     """The run's global ranks on this machine, which share its memory (None: all of them,
     where the run starts its own)."""
+    threads_per_rank: int = 1
+    """The CPU threads each rank computes on: --schedule auto simulates its candidates so."""
 
     @property
     def preset(self) -> str:
@@ -185,7 +187,8 @@ def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None
     choice = choose(cfg, lambda trial: _flags_plan(trial, machine), profile,
                     _device_budget(cfg, machine),
                     _flag_choices(cfg, machine)["view_window"] is not None,
-                    lambda trial, plan: machine_refusal(trial, plan, machine))
+                    lambda trial, plan: machine_refusal(trial, plan, machine),
+                    machine.threads_per_rank)
     cfg.parallel.schedule, cfg.parallel.weight_grad = choice.schedule, choice.weight_grad
     cfg.parallel.micro_batch_group = choice.micro_batch_group
     return choice

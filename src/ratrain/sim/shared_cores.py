@@ -7,6 +7,11 @@ replicas on its node, since data-parallel replicas compute at once. Communicatio
 ranks of the node (gloo over loopback: the copies and reductions of its threads) occupies
 cores as well while it runs: the prefetch all-gathers and gradient reductions of a sharded
 stage on 2 cores slow its compute by about 6% (the planned runs of docs/benchmarks.md).
+
+A rank may compute on several threads (`threads`: a single process keeps torch's default of
+all cores): its job then keeps that many cores busy and, where they are free, runs that many
+times the one-thread speed the profile measured. Linear is the optimistic edge: fp32 on 2
+threads ran 1.25-1.99x one thread's speed on the 2-core Xeon VM (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ class SharedCores:
     """The running compute jobs of every node; the simulation's event queue drives them."""
 
     def __init__(self, cores: int, contention: float, node_of: list[int], weight: list[int],
-                 now: Callable[[], float], at: Callable[..., None]):
-        self.cores, self.contention = cores, contention
+                 now: Callable[[], float], at: Callable[..., None], threads: int = 1):
+        self.cores, self.contention, self.threads = cores, contention, threads
         self.node_of, self.weight = node_of, weight
         self._now, self._at = now, at
         self.jobs: dict[int, list] = {}  # job -> [node, remaining work, weight, done]
@@ -37,7 +42,7 @@ class SharedCores:
     def start(self, s: int, seconds: float, done: Callable[[], None]) -> None:
         """Stage s computes `seconds` of full-speed work, then `done` runs."""
         self._settle()
-        node, weight = self.node_of[s], self.weight[s]
+        node, weight = self.node_of[s], self.weight[s] * self.threads
         self.jobs[next(self._ids)] = [node, seconds, weight, done]
         self._computing[node] += weight
         self._rates[node] = self._rate(node)
@@ -66,15 +71,15 @@ class SharedCores:
         self._at(end, leave)
 
     def _rate(self, node: int) -> float:
-        """Each running job's speed on `node`: its share of the cores (processor sharing, beside
-        the communication threads that occupy them), slowed by the contention of the busy
-        cores for caches and memory bandwidth."""
+        """Each running job's speed on `node`, in one thread's: its threads' share of the cores
+        (processor sharing, beside the communication threads that occupy them), slowed by the
+        contention of the busy cores for caches and memory bandwidth."""
         computing = self._computing[node]
         if not computing:
             return 1.0
         busy = computing + self._occupied[node]
         shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
-        return min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
+        return self.threads * min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
 
     def _settle(self) -> None:
         """Advance every running job's remaining work to now."""

@@ -37,8 +37,11 @@ from ratrain.sim.transfers import InFlight, Transfers
 
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
-             micro_batch_size: int, seq_len: int, dtype: str = "float32") -> SimResult:
-    """One steady-state training step of `plan` (optimizer state already allocated)."""
+             micro_batch_size: int, seq_len: int, dtype: str = "float32",
+             threads_per_rank: int = 1) -> SimResult:
+    """One steady-state training step of `plan` (optimizer state already allocated), each
+    rank computing on `threads_per_rank` threads of a CPU profile's cores (shared_cores.py;
+    the profile's times are one thread's)."""
     setups = stage_setups(plan, model, profile, micro_batch_size=micro_batch_size,
                           seq_len=seq_len, dtype=dtype)
     grid = RankGrid(plan.pp, plan.dp, plan.rank_order)
@@ -49,7 +52,7 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
     # resident views (window 0) stay allocated between steps
     memory = [StageMemory(c, program, plan.view_window == 0)
               for c, program in zip(costs, plan.programs)]
-    sim = _Simulation(plan, costs, memory, profile, node_of, weight)
+    sim = _Simulation(plan, costs, memory, profile, node_of, weight, threads=threads_per_rank)
     sim.run()
     if any(a.op in CARRIED for program in plan.programs for a in program):
         # the steady state: each step waits for what the one before it carried over
@@ -57,7 +60,8 @@ def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *
             carried = sim.carried_over()
             if all(t <= 0 for t in carried.values()):
                 break  # done within the step: the next step starts as this one did
-            sim = _Simulation(plan, costs, memory, profile, node_of, weight, carried)
+            sim = _Simulation(plan, costs, memory, profile, node_of, weight, carried,
+                              threads_per_rank)
             sim.run()
             if _close(sim.carried_over(), carried):
                 break
@@ -76,15 +80,15 @@ def _close(a: dict, b: dict) -> bool:
 class _Simulation(Transfers):
     def __init__(self, plan: PipelinePlan, costs: list[StageCosts], memory: list[StageMemory],
                  profile: HardwareProfile, node_of: list[int], weight: list[int],
-                 carried: dict[tuple[int, int], float] | None = None):
+                 carried: dict[tuple[int, int], float] | None = None, threads: int = 1):
         """`carried`: (stage, unit) -> when the previous step's carried update of the unit
-        completes, in this step's time (carried_over)."""
+        completes, in this step's time (carried_over); `threads`: each rank's."""
         self.plan, self.costs, self.profile = plan, costs, profile
         self.carried = carried or {}
         self.op_tables = [ops_for(c.s.shard_state) for c in costs]  # sharded P: an all-gather
         self.cores = None if profile.device.cores is None else SharedCores(
             profile.device.cores, profile.device.contention, node_of, weight,
-            lambda: self.now, self._at)
+            lambda: self.now, self._at, threads)
         self.synchronous_copies = [c.host_link is None for c in costs]
         self.now = 0.0
         self._events: list = []

@@ -51,8 +51,9 @@ class StepExtras:
             profile = load_profile(cfg.train.profile)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         self.flops_per_token = mfu.flops_per_token(cfg.model, cfg.train.seq_len)
-        self.peak = mfu.run_peak(device.type, cfg.train.dtype, world, torch.get_num_threads(),
-                                 profile, name)
+        self.threads = torch.get_num_threads()  # each local rank's, as they were set
+        self.peak = mfu.run_peak(device.type, cfg.train.dtype, world, self.threads, profile,
+                                 name)
         self.tb = None
         if cfg.train.tensorboard:
             from ratrain.training.tensorboard_log import TensorBoardLog
@@ -73,8 +74,10 @@ class StepExtras:
             self.tb.write(row)
 
     def finish(self, summary: dict) -> None:
-        """Adds the MFU of the mean tokens/s, the FLOPs per token and the peak to the summary."""
+        """Adds the MFU of the mean tokens/s, the FLOPs per token, the peak and the ranks'
+        CPU threads (what the report's simulated step computes on) to the summary."""
         summary["mfu"] = self.mfu(summary.get("tokens_per_s"))
+        summary["threads_per_rank"] = self.threads
         summary["flops_per_token"] = self.flops_per_token
         summary["peak_flops"] = self.peak.flops
         summary["peak_flops_source"] = self.peak.source

@@ -27,12 +27,38 @@ def this_machine(cfg: RunConfig) -> Machine:
     if link_profile.wants_probe(cfg):  # collective: every rank of the run measures
         links = link_profile.measure(cfg)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
-    memory = {"host_available_bytes": available_host_bytes(), "local_ranks": _local_ranks()}
+    memory = {"host_available_bytes": available_host_bytes(), "local_ranks": _local_ranks(),
+              "threads_per_rank": _threads_here(cfg)}
     if pick_backend(cfg.parallel.backend) != "nccl":
         return Machine(world=world, links=links, **memory)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return Machine(host_is_separate=True, world=world, device_name=props.name,
                    memory_bytes=props.total_memory, links=links, **memory)
+
+
+def threads_per_rank(cfg: RunConfig, world: int) -> int:
+    """CPU threads of each local rank that launch_local starts: --threads, else one where the
+    ranks compute on the CPU (they share its cores), and the cores split among them where they
+    compute on GPUs: their CPU work is then host state's (AdamW, folds, norms), bound by memory
+    bandwidth, which one core a rank cannot reach."""
+    if cfg.parallel.threads_per_rank:
+        return cfg.parallel.threads_per_rank
+    if pick_backend(cfg.parallel.backend) != "nccl":
+        return 1
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def _threads_here(cfg: RunConfig) -> int:
+    """The threads each rank of cfg's run will compute on, for the simulation of its
+    schedule's candidates: a run in this process (one rank, or torchrun's) keeps this
+    process's (torch's default: every core, or OMP_NUM_THREADS), unless torchrun's rank is
+    given --threads; ranks launched here, threads_per_rank's."""
+    world = cfg.parallel.pp * cfg.parallel.dp
+    if under_torchrun():
+        return cfg.parallel.threads_per_rank or torch.get_num_threads()
+    if world == 1:
+        return torch.get_num_threads()
+    return threads_per_rank(cfg, world)
 
 
 def _local_ranks() -> tuple[int, ...] | None:

@@ -27,14 +27,14 @@ from ratrain.errors import Interrupted
 from ratrain.models.params import count_params
 from ratrain.runtime.launch import ask_to_stop_on_sigint, launch_local
 from ratrain.runtime.torchrun_env import under_torchrun
-from ratrain.runtime.process_groups import init_groups, pick_backend
+from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
 from ratrain.training.loop import Loop
-from ratrain.training.prepare import is_distributed, plan_here, prepare
+from ratrain.training.prepare import is_distributed, plan_here, prepare, threads_per_rank
 from ratrain.training.run_dir import kept_files, open_run_dir
 
 
@@ -90,18 +90,6 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
-
-
-def threads_per_rank(cfg: RunConfig, world: int) -> int:
-    """CPU threads of each local rank: --threads, else one where the ranks compute on the CPU
-    (they share its cores), and the cores split among them where they compute on GPUs: their
-    CPU work is then host state's (AdamW, folds, norms), bound by memory bandwidth, which one
-    core a rank cannot reach."""
-    if cfg.parallel.threads_per_rank:
-        return cfg.parallel.threads_per_rank
-    if pick_backend(cfg.parallel.backend) != "nccl":
-        return 1
-    return max(1, (os.cpu_count() or 1) // world)
 
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
