@@ -74,6 +74,8 @@ def _config(c: Config, steps: int) -> RunConfig:
     t.seq_len, t.global_batch, t.micro_batch_size = c.seq, c.global_batch, c.micro
     t.steps, t.eval_batches, t.checkpoint_every, t.warmup_steps = steps, 0, 0, 0
     cfg.parallel.pp, cfg.parallel.dp = c.pp, c.dp
+    if c.threads > 1:
+        cfg.parallel.threads_per_rank = c.threads
     return cfg
 
 
@@ -87,8 +89,9 @@ def _measure(cfg: RunConfig, plan, work: Path, link: TwoNodes | None,
     args = ["train", "--config", str(work / "config.yaml"), "--plan", str(work / "plan.json"),
             "--run-dir", str(run_dir), "--no-progress", "--trace" if trace else "--no-trace"]
     if link is None:
+        threads = str(cfg.parallel.threads_per_rank or 1)  # one process: its threads
         proc = subprocess.run([sys.executable, "-m", "ratrain.cli", *args], capture_output=True,
-                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              text=True, env={**os.environ, "OMP_NUM_THREADS": threads})
         if proc.returncode:
             raise SystemExit(proc.stderr.strip())
     else:
@@ -163,7 +166,7 @@ def main() -> None:
         result = json.loads(Path(args.repredict).read_text())
         repeats = [from_dict(d) for d in result.get("profile_repeats") or [result["profile"]]]
         profile = _merged(repeats)
-        by_label = {c.label: c for c in SETS["all"]}
+        by_label = {c.label: c for configs in SETS.values() for c in configs}
         for row in result["rows"]:
             c = by_label[row["config"]]
             _merge(row, _predicted(c, row["link"] or args.link, profile, repeats[0],
@@ -238,7 +241,7 @@ def _row(c: Config, got: list[dict], link: str) -> dict:
         "activation": list(c.activation), "link": link if c.linked else None,
         "model": c.model, "seq_len": c.seq, "micro_batch_size": c.micro,
         "units_per_stage": c.units_per_stage, "shard_state": c.shard_state,
-        "schedule": c.schedule, "weight_grad": c.weight_grad,
+        "schedule": c.schedule, "weight_grad": c.weight_grad, "threads": c.threads,
         "in_sample": (c.model, c.seq, c.micro) == (MODEL, SEQ, MICRO),
         "step_time_s": {"measured": statistics.median(g["step_time_s"] for g in got),
                         "measured_per_round": [g["step_time_s"] for g in got]},
@@ -265,7 +268,7 @@ def _simulated(c: Config, link: str, profile) -> tuple:
     cfg = _config(c, 1)
     used = _over_link(profile, parse_rate(link), c.pp * c.dp) if c.linked else profile
     return simulate(_plan(cfg, c), cfg.model, used, micro_batch_size=c.micro,
-                    seq_len=c.seq), used
+                    seq_len=c.seq, threads_per_rank=c.threads), used
 
 
 def _predicted(c: Config, link: str, profile, first_repeat, paired: list | None = None) -> dict:

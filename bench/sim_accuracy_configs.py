@@ -24,6 +24,7 @@ class Config:
     shard_state: bool = False
     schedule: str = "1f1b"
     weight_grad: str | None = None  # a split schedule's BW placement
+    threads: int = 1  # each rank's CPU threads (OMP_NUM_THREADS of a run in one process)
 
 
 # The profiled shape: the simulator reads its measured unit times.
@@ -76,5 +77,15 @@ SPLIT = [
     Config("1x2 4 micro zbh1 grouped, link", 1, 2, 16, linked=True, schedule="zbh1",
            weight_grad="grouped"),
 ]
-SETS = {"in": IN_SAMPLE, "out": OUT_OF_SAMPLE, "split": SPLIT,
+# One process on both cores (torch's default), which the profile's one-thread times are
+# scaled for (sim/shared_cores.py), beside the same on one thread.
+THREADS = [
+    Config("small 1x1 s128 mb1", 1, 1, 4, model="small", seq=128, micro=1),
+    Config("small 1x1 s128 mb1, 2 threads", 1, 1, 4, model="small", seq=128, micro=1,
+           threads=2),
+    Config("tiny 1x1 s512 mb1 recompute, 2 threads", 1, 1, 4, activation=("recompute",),
+           seq=512, micro=1, threads=2),
+    Config("tiny-gqa 1x1 s384 mb2, 2 threads", 1, 1, 8, model="tiny-gqa", seq=384, threads=2),
+]
+SETS = {"in": IN_SAMPLE, "out": OUT_OF_SAMPLE, "split": SPLIT, "threads": THREADS,
         "all": IN_SAMPLE + OUT_OF_SAMPLE + SPLIT}

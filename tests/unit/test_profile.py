@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 
 import pytest
@@ -213,6 +214,9 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     for times in (m.embedding, m.block, m.head):
         assert times.forward_s > 0 and times.backward_s > 0
     assert m.block.backward_s > m.block.forward_s
+    if (os.cpu_count() or 1) > 1:  # one process on every core against one thread
+        assert 0.0 <= profile.device.thread_efficiency <= 1.0
+        assert "each thread beyond one adds" in stdout
     assert m.block.backward_input_s > 0 and m.block.backward_weight_s > 0
     assert m.block_forward_no_grad_s > 0
     rate = profile.rate("float32")
@@ -463,6 +467,22 @@ def test_other_work_counts_what_is_not_ours():
     assert ours.returncode == 0
     assert w.own_s >= 0.5
     assert w.cores > 0.3  # the spinning orphan, which ran the whole time
+
+
+@pytest.mark.parametrize("one, every, cores, efficiency", [
+    ([1.0, 2.0], [0.5, 1.0], 2, 1.0),     # twice as fast on 2 cores: linear
+    ([1.0, 2.0], [1.0, 1.0], 2, 0.5),     # 1.5x on 2
+    ([1.0, 2.0], [1.0, 1.0], 4, 1 / 6),   # 1.5x on 4
+    ([1.0, 2.0], [2.0, 2.0], 2, 0.0),     # slower on every core: no gain, not a loss
+    ([1.0, 2.0], [0.2, 0.5], 2, 1.0),     # faster than linear (noise): linear
+])
+def test_thread_efficiency_is_what_each_thread_beyond_the_first_adds(one, every, cores,
+                                                                      efficiency):
+    from ratrain.profiling.fits import thread_efficiency_of
+    alone = {"block": one + [0.1, 0.2], "block_every_core": every}  # + split halves, unread
+    assert thread_efficiency_of(alone, cores) == pytest.approx(efficiency)
+    assert thread_efficiency_of({"block": one}, cores) is None  # a GPU's: not measured
+    assert thread_efficiency_of(alone, 1) is None
 
 
 def _spin_rank(seconds: float) -> None:

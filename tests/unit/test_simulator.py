@@ -89,23 +89,25 @@ def test_compute_shares_the_cores_and_contends_for_the_node(cores, contention, p
     assert shared.ranks[0].compute == pytest.approx(slowdown * alone.ranks[0].compute)
 
 
-@pytest.mark.parametrize("cores,threads,contention,pp,dp,speedup", [
-    (2, 2, 0.0, 1, 1, 2.0),     # one process on both cores: twice one thread's speed
-    (2, 2, 0.25, 1, 1, 1.6),    # ... its two threads contend as two ranks would
-    (4, 8, 0.0, 1, 1, 4.0),     # more threads than cores: the cores' speed
-    (2, 2, 0.0, 1, 2, 1.0),     # two ranks of two threads on two cores: one core each
-    (4, 2, 0.0, 2, 1, 2.0),     # two stages of two threads on four cores
+@pytest.mark.parametrize("cores,threads,efficiency,contention,pp,dp,speedup", [
+    (2, 2, None, 0.0, 1, 1, 2.0),    # one process on both cores: twice one thread's speed
+    (2, 2, 0.5, 0.0, 1, 1, 1.5),     # ... where its second thread adds half a thread's
+    (2, 2, None, 0.25, 1, 1, 2.0),   # contention counts ranks: its own threads' is measured
+    (4, 8, None, 0.0, 1, 1, 4.0),    # more threads than cores: the cores' speed
+    (4, 8, 0.5, 0.0, 1, 1, 2.5),
+    (2, 2, None, 0.0, 1, 2, 1.0),    # two ranks of two threads on two cores: one core each
+    (4, 2, None, 0.0, 2, 1, 2.0),    # two stages of two threads on four cores
 ])
-def test_a_rank_on_several_threads_runs_as_many_cores_as_it_gets(cores, threads, contention,
-                                                                    pp, dp, speedup):
+def test_a_rank_on_several_threads_runs_as_many_cores_as_it_gets(cores, threads, efficiency,
+                                                                    contention, pp, dp, speedup):
     """The profile's times are one thread's; a rank of `threads` threads keeps that many cores
-    busy and, where it gets them, runs that many times faster (a single process on a CPU keeps
-    torch's default of all cores)."""
+    busy and, on the t it gets, runs 1 + (t - 1) x the profile's thread efficiency as fast (a
+    single process on a CPU keeps torch's default of all cores)."""
     plan = build_plan(2, pp, dp, 2, clip=False)
-    one = simulate(plan, _model(2), _profile(cores=cores, contention=contention),
-                   micro_batch_size=2, seq_len=256)
-    several = simulate(plan, _model(2), _profile(cores=cores, contention=contention),
-                       micro_batch_size=2, seq_len=256, threads_per_rank=threads)
+    profile = _profile(cores=cores, contention=contention, thread_efficiency=efficiency)
+    one = simulate(plan, _model(2), profile, micro_batch_size=2, seq_len=256)
+    several = simulate(plan, _model(2), profile, micro_batch_size=2, seq_len=256,
+                       threads_per_rank=threads)
     assert several.ranks[0].compute == pytest.approx(one.ranks[0].compute / speedup)
     gpu = _profile()  # no cores to share: the profile's times are the device's
     assert simulate(plan, _model(2), gpu, micro_batch_size=2, seq_len=256,

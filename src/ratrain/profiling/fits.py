@@ -145,3 +145,14 @@ def links_of(links: dict) -> LinkClass:
     p2p_latency, p2p_bw = fit_link(LINK_SIZES, links["p2p_s"])
     ar_intercept, ar_bw = fit_link(LINK_SIZES, links["all_reduce_s"])
     return LinkClass(p2p=Link(p2p_bw, p2p_latency), collective=Link(ar_bw, ar_intercept / 2))
+
+
+def thread_efficiency_of(alone: dict, cores: int) -> float | None:
+    """Device.thread_efficiency from the process alone: its block's forward and backward on
+    one thread (`block`) and on every core (`block_every_core`); what each thread beyond the
+    first added, as a fraction of one thread's speed, within [0, 1]. None where it was not
+    measured (one core, a GPU)."""
+    if "block_every_core" not in alone or cores < 2:
+        return None
+    one, every = sum(alone["block"][:2]), sum(alone["block_every_core"][:2])
+    return min(1.0, max(0.0, (one / every - 1.0) / (cores - 1)))

@@ -49,7 +49,7 @@ from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
 from ratrain.profiling.fits import (adamw_params, compute_rates, contention_of,
                                     fit_process_overhead, host_tier, links_of, measured_shape,
-                                    median_over_ranks, memory_bandwidth)
+                                    median_over_ranks, memory_bandwidth, thread_efficiency_of)
 from ratrain.profiling.link_rank import link_backend, link_rank
 from ratrain.profiling.ranks import (LINK_SIZES, MATMUL_N, STEP_REPEATS, STEP_WARMUP,
                                      alone_rank, compute_rank)
@@ -175,10 +175,15 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
                                         f"{ranks} rank(s)")
         name, cores, per_node = _cpu_name(), os.cpu_count(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
+    if cores:
+        notes["device.thread_efficiency"] = (
+            "the process alone: its block's forward and backward on one thread and on every "
+            "core; what each thread beyond the first added, as a fraction of one thread's speed")
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
                     memory_bandwidth=bandwidth, cores=cores, **tier,
                     action_overhead_s=overhead, process_overhead_bytes=fixed,
-                    process_overhead_per_byte=per_byte, contention=contention)
+                    process_overhead_per_byte=per_byte, contention=contention,
+                    thread_efficiency=thread_efficiency_of(alone, cores or 1))
     return HardwareProfile(
         name=f"measured-{platform.node()}", description=_description(cfg, model, ranks, name),
         device=device, devices_per_node=per_node, intra_node=intra,

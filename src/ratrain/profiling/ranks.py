@@ -105,6 +105,9 @@ def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = sync_of(device)
     result = _traced_steps(cfg, device, sync, None, "keep", blocks)
+    if device.type == "cpu" and (os.cpu_count() or 1) > 1:  # fits.thread_efficiency_of
+        result["block_every_core"] = _on_every_core(
+            lambda: _traced_steps(cfg, device, sync, None, "keep", blocks)["block"])
     split = _traced_steps(dataclasses.replace(cfg, parallel=dataclasses.replace(
         cfg.parallel, schedule="zbh1")), device, sync, None, "keep", blocks)
     for kind, halves in split_halves(result, split).items():
@@ -250,10 +253,16 @@ def _adamw_s(train: TrainConfig, device: torch.device, sync, tier: str | None = 
 def _host_adamw_s(train: TrainConfig) -> float:
     """A GPU machine's host tier: the AdamW step over pinned host tensors with every core, as
     a single training process runs it (a rank of several has --threads)."""
+    return _on_every_core(lambda: _adamw_s(train, torch.device("cpu"), lambda: None,
+                                           tier="host"))
+
+
+def _on_every_core(fn):
+    """fn() with this process computing on every core."""
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
-        return _adamw_s(train, torch.device("cpu"), lambda: None, tier="host")
+        return fn()
     finally:
         torch.set_num_threads(threads)
 

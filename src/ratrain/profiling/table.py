@@ -35,6 +35,9 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
     rows.append(["link all_reduce (per hop)", _fmt_link(profile.intra_node.collective)])
     rows.append(["action overhead", _fmt_s(d.action_overhead_s)])
     rows.append(["compute slowdown, all cores busy", f"{d.contention:.0%}"])
+    if d.thread_efficiency is not None:
+        rows.append(["one process on every core: each thread beyond one adds",
+                     f"{d.thread_efficiency:.0%} of one thread's speed"])
     rows.append(["process memory beyond the ledger",
                  f"{d.process_overhead_bytes / 2**20:.1f} MiB + {d.process_overhead_per_byte:.2f} x its growth"])
     rows.append(["memory per device", f"{d.memory_bytes / 2**30:.1f} GiB"])

@@ -106,6 +106,12 @@ class Device:
     transients grow with what the stage allocates (the ledger's growth from before the first
     step to its peak)."""
 
+    thread_efficiency: float | None = None
+    """CPU: what each thread of a rank beyond its first adds to its speed, as a fraction of one
+    thread's: a rank on T of the cores computes 1 + (T - 1) x this times one thread's speed
+    (`ratrain profile`: one process alone, its block's forward and backward on one thread and
+    on every core). None: 1, every thread a core's worth (the optimistic edge)."""
+
     contention: float = 0.0
     """CPU: how much slower compute runs while every core of the node is busy than alone
     (shared caches and memory bandwidth), as a fraction: 0.2 = 20% slower. The simulator slows
@@ -296,7 +302,8 @@ _TYPES = {
              "host_memory_bytes": "optional-float", "host_collectives": bool,
              "cores": "optional-int",
              "action_overhead_s": float, "process_overhead_bytes": float,
-             "process_overhead_per_byte": float, "contention": float},
+             "process_overhead_per_byte": float, "contention": float,
+             "thread_efficiency": "optional-float"},
     DeviceGroup: {"name": str, "count": int, "device": Device},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,

@@ -9,9 +9,10 @@ cores as well while it runs: the prefetch all-gathers and gradient reductions of
 stage on 2 cores slow its compute by about 6% (the planned runs of docs/benchmarks.md).
 
 A rank may compute on several threads (`threads`: a single process keeps torch's default of
-all cores): its job then keeps that many cores busy and, where they are free, runs that many
-times the one-thread speed the profile measured. Linear is the optimistic edge: fp32 on 2
-threads ran 1.25-1.99x one thread's speed on the 2-core Xeon VM (docs/architecture.md).
+all cores): its job then keeps that many cores busy and, on the t of them it gets, runs
+1 + (t - 1) x the profile's `thread_efficiency` times the one-thread speed the profile
+measured (1 where the profile has none: linear, the optimistic edge). Contention counts ranks,
+not threads: a rank's own threads' is in its measured efficiency.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ class SharedCores:
     """The running compute jobs of every node; the simulation's event queue drives them."""
 
     def __init__(self, cores: int, contention: float, node_of: list[int], weight: list[int],
-                 now: Callable[[], float], at: Callable[..., None], threads: int = 1):
+                 now: Callable[[], float], at: Callable[..., None], threads: int = 1,
+                 thread_efficiency: float | None = None):
         self.cores, self.contention, self.threads = cores, contention, threads
+        self.thread_efficiency = 1.0 if thread_efficiency is None else thread_efficiency
         self.node_of, self.weight = node_of, weight
         self._now, self._at = now, at
         self.jobs: dict[int, list] = {}  # job -> [node, remaining work, weight, done]
@@ -42,7 +45,7 @@ class SharedCores:
     def start(self, s: int, seconds: float, done: Callable[[], None]) -> None:
         """Stage s computes `seconds` of full-speed work, then `done` runs."""
         self._settle()
-        node, weight = self.node_of[s], self.weight[s] * self.threads
+        node, weight = self.node_of[s], self.weight[s]
         self.jobs[next(self._ids)] = [node, seconds, weight, done]
         self._computing[node] += weight
         self._rates[node] = self._rate(node)
@@ -77,9 +80,12 @@ class SharedCores:
         computing = self._computing[node]
         if not computing:
             return 1.0
-        busy = computing + self._occupied[node]
-        shared = min(1.0, (busy - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
-        return self.threads * min(1.0, self.cores / busy) / (1.0 + self.contention * shared)
+        ranks = computing + self._occupied[node]
+        shared = min(1.0, (ranks - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
+        cores_got = self.threads * min(1.0, self.cores / (computing * self.threads
+                                                          + self._occupied[node]))
+        speed = cores_got if cores_got <= 1.0 else 1.0 + (cores_got - 1.0) * self.thread_efficiency
+        return speed / (1.0 + self.contention * shared)
 
     def _settle(self) -> None:
         """Advance every running job's remaining work to now."""

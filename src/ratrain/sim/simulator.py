@@ -88,7 +88,7 @@ class _Simulation(Transfers):
         self.op_tables = [ops_for(c.s.shard_state) for c in costs]  # sharded P: an all-gather
         self.cores = None if profile.device.cores is None else SharedCores(
             profile.device.cores, profile.device.contention, node_of, weight,
-            lambda: self.now, self._at, threads)
+            lambda: self.now, self._at, threads, profile.device.thread_efficiency)
         self.synchronous_copies = [c.host_link is None for c in costs]
         self.now = 0.0
         self._events: list = []
