@@ -195,7 +195,7 @@ def test_local_ranks_take_one_thread_on_cpus_and_split_the_cores_on_gpus(monkeyp
     cannot keep up with; on CPUs the ranks' compute shares the cores. --threads decides."""
     import torch
 
-    from ratrain.training.run import threads_per_rank
+    from ratrain.training.prepare import threads_per_rank
 
     cfg = RunConfig()
     monkeypatch.setattr("os.cpu_count", lambda: 16)
