@@ -11,7 +11,7 @@ from ratrain.config import RunConfig
 from ratrain.data.tokenizer import train_bpe
 from ratrain.data.corpus import stdlib_files
 
-from .cli_runner import run_cli
+from .cli_runner import run_cli, small_config
 
 
 @pytest.fixture(autouse=True)
@@ -208,6 +208,22 @@ def test_local_ranks_take_one_thread_on_cpus_and_split_the_cores_on_gpus(monkeyp
     assert threads_per_rank(cfg, 4) == 1
     cfg.parallel.threads_per_rank = 3
     assert threads_per_rank(cfg, 4) == 3
+
+
+def test_threads_apply_to_a_run_in_this_process_and_are_given_back(monkeypatch, capsys,
+                                                                     tmp_path):
+    """--threads for one process is the run's thread count (the summary says what the steps
+    computed on), and the caller's count is back after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),
+                           "--threads", str(before + 1), "--run-dir", str(tmp_path / "run"),
+                           "--no-progress", "--no-report")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["threads_per_rank"] == before + 1
+    assert torch.get_num_threads() == before
 
 
 def test_resuming_refuses_a_changed_setting_but_not_the_same_one_repeated(monkeypatch, capsys,

@@ -289,11 +289,12 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     assert handed.value.args[0].to_dict() == ranks[1][-1]
 
 
-@pytest.mark.parametrize("pp, threads_per_rank, expected", [(1, None, 3), (2, None, 1), (2, 2, 2)])
+@pytest.mark.parametrize("pp, threads_per_rank, expected",
+                         [(1, None, 3), (1, 2, 2), (2, None, 1), (2, 2, 2)])
 def test_this_machine_says_the_threads_its_ranks_compute_on(monkeypatch, pp, threads_per_rank,
                                                             expected):
-    """A run in this process keeps this process's threads (torch's default: every core); the
-    ranks launched for a pipeline on a CPU take one thread each, or --threads."""
+    """A run in this process computes on --threads, else this process's (torch's default:
+    every core); the ranks launched for a pipeline on a CPU take one thread each, or --threads."""
     import torch
 
     from ratrain.training import prepare

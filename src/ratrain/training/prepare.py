@@ -50,14 +50,12 @@ def threads_per_rank(cfg: RunConfig, world: int) -> int:
 
 def _threads_here(cfg: RunConfig) -> int:
     """The threads each rank of cfg's run will compute on, for the simulation of its
-    schedule's candidates: a run in this process (one rank, or torchrun's) keeps this
-    process's (torch's default: every core, or OMP_NUM_THREADS), unless torchrun's rank is
-    given --threads; ranks launched here, threads_per_rank's."""
+    schedule's candidates: a run in this process (one rank, or torchrun's) computes on
+    --threads, else this process's (torch's default: every core, or OMP_NUM_THREADS); ranks
+    launched here, threads_per_rank's."""
     world = cfg.parallel.pp * cfg.parallel.dp
-    if under_torchrun():
+    if under_torchrun() or world == 1:
         return cfg.parallel.threads_per_rank or torch.get_num_threads()
-    if world == 1:
-        return torch.get_num_threads()
     return threads_per_rank(cfg, world)
 
 

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -69,9 +70,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     in_this_process = under_torchrun() or world == 1
     try:
         if in_this_process:
-            if under_torchrun() and cfg.parallel.threads_per_rank:  # (else OMP_NUM_THREADS's)
-                torch.set_num_threads(cfg.parallel.threads_per_rank)
-            stopped = rank_main(*args)
+            with _computing_on(cfg.parallel.threads_per_rank):
+                stopped = rank_main(*args)
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                                    threads=threads_per_rank(cfg, world),
@@ -90,6 +90,20 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
+
+
+@contextmanager
+def _computing_on(threads: int | None):
+    """--threads for a run in this process (else OMP_NUM_THREADS's, or torch's default), and
+    back to the caller's count after it: a program that trains in its own process keeps its
+    threads."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
