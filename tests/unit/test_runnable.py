@@ -120,7 +120,7 @@ def _runs_as_trained(candidate, request) -> None:
     data = json.loads(json.dumps(plan_file.to_dict(candidate, cfg, request)))
     run = RunConfig.from_dict(data["run"])
     run.parallel.plan_file = "plan.json"
-    machine = Machine.of_profile(request.profile)
+    machine = Machine.of_profile(request.profile, run)
     run_plan(run, machine, plan_data=data)
     run.parallel.plan_file = None
     run_plan(run, machine)

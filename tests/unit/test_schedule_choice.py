@@ -90,6 +90,26 @@ def test_simulate_says_what_it_chose(monkeypatch, capsys):
     assert first.startswith("schedule zbh1") and "1f1b" in first and "--schedule overrides" in first
 
 
+def test_simulate_prices_the_threads_train_would_give_the_ranks(monkeypatch, capsys):
+    """`ratrain simulate` predicts the run `ratrain train` makes with the same flags on the
+    profile's machine: one process on every core of a CPU profile (cpu-local's 2), launched
+    ranks on one thread each, else --threads."""
+    import json
+
+    def simulated(*flags):
+        code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--model", "small",
+                                       "--seq-len", "128", "--global-batch", "8",
+                                       "--micro-batch-size", "2", "--json", *flags)
+        assert code == 0, stderr
+        summary = json.loads(stdout)
+        return summary["threads_per_rank"], summary["step_time_s"]
+
+    (every, on_every), (one, on_one) = simulated(), simulated("--threads", "1")
+    assert (every, one) == (2, 1) and on_every < 0.7 * on_one
+    assert simulated("--pp", "2")[0] == 1 and simulated("--pp", "2", "--threads", "2")[0] == 2
+    assert simulated("--profile", "h100-80g-ib")[0] == 1  # a GPU's ranks: no cores shared
+
+
 def test_a_group_whose_host_bytes_the_machine_lacks_is_not_chosen():
     """Unit-major groups hold g micro-batches' offloaded activations in host memory: --schedule
     auto weighs each candidate's bytes against the memory the machine has, not the device's

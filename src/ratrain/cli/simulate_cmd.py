@@ -32,13 +32,15 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
     # what could not run on the profile's devices is not predicted (setup/rule.py); --schedule
     # auto is chosen on this profile
-    plan = run_plan(cfg, Machine.of_profile(hw), plan_data=plan_data, profile=hw,
+    machine = Machine.of_profile(hw, cfg)
+    plan = run_plan(cfg, machine, plan_data=plan_data, profile=hw,
                     say=None if as_json else click.echo)
     t = cfg.train
+    shape = {"micro_batch_size": t.micro_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
+             "threads_per_rank": machine.threads_per_rank}
 
     def predict(profile):
-        return run_simulation(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
-                              seq_len=t.seq_len, dtype=t.dtype)
+        return run_simulation(plan, cfg.model, profile, **shape)
 
     result = predict(hw)
     # what the figures that did not repeat over the profile's repeats do to this prediction
@@ -53,12 +55,12 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "state_home": plan.state_home, "view_window": plan.view_window,
                "shard_state": plan.shard_state, "schedule": plan.schedule,
                "weight_grad": plan.weight_grad, "grad_lifetime": plan.grad_lifetime,
-               "shard_group": plan.shard_group,
+               "shard_group": plan.shard_group, "threads_per_rank": machine.threads_per_rank,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if edges:
         summary["step_time_range_s"] = list(edges)
         summary["unstable_figures"] = unstable_figures(hw)
-    period = _outer_period(plan, cfg, hw, result)
+    period = _outer_period(plan, cfg, hw, result, shape)
     if period:
         summary["outer_period"] = period
     if as_json:
@@ -72,7 +74,9 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy} "
                f"{plan.schedule}{placed}{sharded}, "
                f"{plan.n_micro} micro-batches of {t.micro_batch_size} x {t.seq_len} tokens per "
-               f"replica, global batch {t.global_batch} sequences, {t.dtype}")
+               f"replica, global batch {t.global_batch} sequences, {t.dtype}"
+               + (f", {machine.threads_per_rank} threads a rank"
+                  if machine.threads_per_rank > 1 else ""))
     click.echo(f"step {result.step_time:.4g} s, {result.tokens_per_s:,.0f} tokens/s, "
                f"bubble {result.bubble:.1%}")
     if edges:
@@ -101,16 +105,14 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
         click.echo(f"wrote {trace_file}")
 
 
-def _outer_period(plan, cfg, hw, inner) -> dict | None:
+def _outer_period(plan, cfg, hw, inner, shape) -> dict | None:
     """A --sync diloco plan's period of H steps (sim/outer_period.py): its mean step, what each
     fragment's outer sync adds, and the largest device peak of a synced step; None otherwise."""
     from ratrain.sim.outer_period import outer_period
 
     if not cfg.parallel.diloco:
         return None
-    t = cfg.train
-    p = outer_period(plan, cfg.model, hw, micro_batch_size=t.micro_batch_size,
-                     seq_len=t.seq_len, dtype=t.dtype)
+    p = outer_period(plan, cfg.model, hw, **shape)
     mean = p.mean_step_time
     return {"every": p.every, "mean_step_time_s": mean,
             "tokens_per_s": inner.tokens_per_s * inner.step_time / mean,

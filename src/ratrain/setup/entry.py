@@ -61,10 +61,16 @@ class Machine:
         return default_profile((self.device_name or "GPU") if self.host_is_separate else None)
 
     @classmethod
-    def of_profile(cls, profile) -> Machine:
-        """The devices a HardwareProfile describes (what `ratrain simulate` predicts on)."""
+    def of_profile(cls, profile, cfg: RunConfig) -> Machine:
+        """The devices a HardwareProfile describes (what `ratrain simulate` predicts on), cfg's
+        ranks on the threads `ratrain train` gives them there: --threads, else on a CPU of
+        known cores every core for a run in one process (torch's default), one each for the
+        ranks it launches (training/prepare.threads_per_rank)."""
+        cores, world = profile.device.cores, cfg.parallel.pp * cfg.parallel.dp
         return cls(host_is_separate=profile.device.host_link is not None,
-                   host_collectives=profile.device.host_collectives)
+                   host_collectives=profile.device.host_collectives,
+                   threads_per_rank=cfg.parallel.threads_per_rank
+                   or (cores if cores and world == 1 else 1))
 
 
 def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | None = None,
