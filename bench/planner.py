@@ -184,7 +184,7 @@ def report(result: dict) -> str:
                          f"{row['step_time_s']:.3f} ({tokens / row['step_time_s']:,.0f} tokens/s) | "
                          + ", ".join(f"{b / 1e6:.1f}" for b in row["ledger_bytes_per_rank"]) + " | "
                          + ", ".join(f"{b / 1e6:.1f}" for b in row["peak_bytes_per_rank"]) + " |")
-        lines.append(f"\nratrain over baseline, per round: "
+        lines.append("\nratrain over baseline, per round: "
                      + ", ".join(f"{s:.2f}x" for s in m["speedup_per_round"])
                      + f"; median {m['speedup_median']:.2f}x\n")
     if result.get("paper_models"):

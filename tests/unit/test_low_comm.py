@@ -206,7 +206,9 @@ def test_simulate_prices_a_diloco_run_over_its_period(monkeypatch, capsys, tmp_p
     summary = json.loads(stdout)
     period = summary["outer_period"]
     plan = build_plan(MODEL.n_layers, 1, 2, 2, sync="diloco:10:2")
-    want = outer_period(plan, MODEL, two_nodes(100), **SHAPE)
+    # each rank alone on a node of cpu-local's 2 cores: torch's default of both
+    assert summary["threads_per_rank"] == 2
+    want = outer_period(plan, MODEL, two_nodes(100), **SHAPE, threads_per_rank=2)
     assert period["every"] == 10 and len(period["exposed_sync_s"]) == 2
     assert period["mean_step_time_s"] == pytest.approx(want.mean_step_time, rel=1e-6)
     assert summary["step_time_s"] < period["mean_step_time_s"]  # the inner step: no sync

@@ -232,6 +232,34 @@ def test_a_shorter_gradient_lifetime_in_the_table_the_plan_file_and_the_run(monk
     assert f"grad_lifetime: {lifetime}" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+def test_the_search_prices_a_single_process_on_every_core(monkeypatch, capsys):
+    """A layout of one rank on a CPU runs as one process on torch's default of every core
+    (cpu-local's 2); the ranks training launches for the others take one thread each; else
+    --threads. Each plan is simulated so, and says it."""
+    def plans(devices, *flags):
+        code, stdout, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "small",
+                                       "--profile", "cpu-local", "--devices", devices,
+                                       "--seq-len", "128", "--global-batch", "8", "--top", "8",
+                                       "--json", *flags)
+        assert code == 0, stderr
+        return {(p["pp"], p["dp"], p["micro_batch_size"], p["schedule"]): p
+                for p in json.loads(stdout)["plans"]}
+
+    assert {(k[0] * k[1] == 1, p["threads_per_rank"]) for k, p in plans("2").items()} == {
+        (True, 2), (False, 1)}
+    assert {p["threads_per_rank"] for p in plans("2", "--threads", "1").values()} == {1}
+    every, one = plans("1"), plans("1", "--threads", "1")
+    assert {p["threads_per_rank"] for p in every.values()} == {2}
+    for key in set(every) & set(one):
+        assert every[key]["step_time_s"] < 0.7 * one[key]["step_time_s"]
+    code, stdout, _ = run_cli(monkeypatch, capsys, "plan", "--model", "small", "--profile",
+                              "cpu-local", "--devices", "2", "--seq-len", "128",
+                              "--global-batch", "8", "--top", "8")
+    cells = {cell.strip() for line in stdout.splitlines() for cell in line.split("  ")}
+    assert code == 0 and {"1 x 1, 2 threads", "2 x 1"} <= cells
+    assert "the best plan runs one process on 2 threads: more processes" in stdout
+
+
 def test_one_sequence_a_step_needs_no_micro_batch_flag(monkeypatch, capsys):
     """`--global-batch 1` (or one sequence per replica): the default micro-batch of 2 shrinks
     to the replica's share, for a plan of the flags and for a search, which picks its own;

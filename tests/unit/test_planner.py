@@ -81,7 +81,8 @@ def _simulate_every_plan(request: search.PlanRequest) -> list[search.Candidate]:
                                 for c in stage])
             for part in itertools.product(*options):
                 part: Partition = list(part)
-                c = search.Candidate(layout, part, lower_bound([e for _, _, e in part], layout.n_micro))
+                c = search.Candidate(layout, part, lower_bound([e for _, _, e in part], layout.n_micro)
+                                     / request.fastest_compute(layout))
                 out.append(search.evaluate(request, c))
     return out
 

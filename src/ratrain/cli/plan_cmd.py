@@ -90,7 +90,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     # what the profile's figures that did not repeat do to the best plan's prediction
     edges = step_time_range(hw, lambda profile: simulate(
         best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,
-        seq_len=t.seq_len, dtype=t.dtype).step_time)
+        seq_len=t.seq_len, dtype=t.dtype,
+        threads_per_rank=request.threads_of(best.layout)).step_time)
     offer = low_comm.offer(found)  # a link too slow for per-step sync: what --sync diloco buys
     offered = Path(out).with_suffix(".diloco.json") if out else None
     if offered and offer:
@@ -139,7 +140,11 @@ def _heading(found) -> str:
             f"{found.seconds:.1f} s")
     if not found.complete:
         text += " (time limit: the best found, not proven the best)"
-    if used < r.devices:
+    threads = r.threads_of(found.best[0].layout)
+    if used < r.devices and used == 1 and threads > 1:  # a CPU's one process on its cores
+        text += (f"\nthe best plan runs one process on {threads} threads: more processes do "
+                 f"not make it faster")
+    elif used < r.devices:
         text += f"\nthe best plan uses {used} of the {r.devices} devices: more do not make it faster"
     if r.profile.groups:
         names = [r.profile.groups[g].name for g in found.best[0].layout.groups]
@@ -153,11 +158,12 @@ def _rows(found) -> list[list]:
     rows = []
     n_units = found.request.model.n_layers + 2
     for i, c in enumerate(found.best, 1):
-        L = c.layout
+        L, threads = c.layout, found.request.threads_of(c.layout)
         choices = c.choices(n_units)
         summary = ",".join(choices) if len(choices) <= 4 else in_runs(choices)
         rows.append([i, f"{c.result.tokens_per_s:,.0f}", f"{c.step_time:.4g} s",
-                     f"{c.result.bubble:.1%}", L.schedule_label, f"{L.pp} x {L.dp}",
+                     f"{c.result.bubble:.1%}", L.schedule_label,
+                     f"{L.pp} x {L.dp}" + (f", {threads} threads" if threads > 1 else ""),
                      f"{L.n_micro} x {L.micro_batch_size}", L.rank_order,
                      L.lifecycle.label(len(c.device_units), c.plan.device_grad_sum),
                      in_runs([str(b - a) for a, b, _ in c.partition]),

@@ -65,7 +65,8 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         policy=cfg.parallel.policy, clip=t.grad_clip > 0 or t.dtype == "float16", top=top,
         micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
         pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
-        grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit)
+        grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit,
+        threads_per_rank=cfg.parallel.threads_per_rank)
 
 
 def best_plans(request):

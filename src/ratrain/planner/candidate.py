@@ -77,7 +77,8 @@ def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
     candidate.plan = build(request, candidate)
     candidate.result = simulate(candidate.plan, request.model, request.profile,
                                 micro_batch_size=candidate.layout.micro_batch_size,
-                                seq_len=request.seq_len, dtype=request.dtype)
+                                seq_len=request.seq_len, dtype=request.dtype,
+                                threads_per_rank=request.threads_of(candidate.layout))
     devices = [request.device(g) for g in candidate.layout.groups]
     candidate.stage_bytes = [r.device_peak + d.process_overhead(r.ledger_growth)
                              for r, d in zip(candidate.result.ranks, devices)]

@@ -17,6 +17,7 @@ from ratrain.setup import rule
 from ratrain.setup.rule import has_views
 from ratrain.sim.placement import stage_groups
 from ratrain.sim.profile import HardwareProfile
+from ratrain.sim.shared_cores import thread_speed, threads_of_rank
 
 DEFAULT_MARGIN = 0.10
 """Fraction of the budget kept free for what no ledger sees: allocator fragmentation and
@@ -50,6 +51,20 @@ class PlanRequest:
     # step, in the plans, their bounds and the rule (state in host memory may then span
     # replicas where the collectives cannot reach it)
     outer_sync: bool = False
+    threads_per_rank: int | None = None  # --threads; None: what `ratrain train` gives them
+
+    def threads_of(self, layout: Layout) -> int:
+        """The CPU threads each rank of the layout computes on (sim/shared_cores.py)."""
+        return threads_of_rank(self.device().cores,
+                               min(layout.pp * layout.dp, self.profile.devices_per_node),
+                               self.threads_per_rank)
+
+    def fastest_compute(self, layout: Layout) -> float:
+        """The most the layout's ranks' threads speed their compute over the one thread the
+        profile's times are: what the search's lower bounds divide by to stay bounds."""
+        cores = self.device().cores
+        return thread_speed(min(self.threads_of(layout), cores),
+                            self.device().thread_efficiency) if cores else 1.0
 
     @property
     def sync(self) -> str:

@@ -55,6 +55,7 @@ def _first(request, listed: list, first: float) -> Offer | None:
     shape = dict(micro_batch_size=None, seq_len=request.seq_len, dtype=request.dtype)
     for rank, cand in listed:
         shape["micro_batch_size"] = cand.layout.micro_batch_size
+        shape["threads_per_rank"] = request.threads_of(cand.layout)
         plan, step_s = cand.plan, cand.step_time
         if plan.sync != EVERY_STEP:  # an outer sync's plan (outer_sync search): priced against
             plan = low_comm.diloco_plan(plan, EVERY_STEP)  # the same plan summing every step

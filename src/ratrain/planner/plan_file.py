@@ -33,6 +33,7 @@ def prediction(candidate: Candidate, request) -> dict:
     r = candidate.result
     return {"profile": request.profile.name, "step_time_s": r.step_time,
             "tokens_per_s": r.tokens_per_s, "bubble": r.bubble,
+            "threads_per_rank": request.threads_of(candidate.layout),
             "budget_bytes": request.budget_bytes, "margin": request.margin,
             "stage_peak_bytes": candidate.stage_bytes, "stage_host_peak_bytes": candidate.host_bytes,
             "stage_choices": candidate.choices(request.model.n_layers + 2)}

@@ -92,7 +92,7 @@ class UnitTables:
                 else pipeline_bound(self._least_work(tables_key, layout, chained=True),
                                     layout.n_micro, layout.pp, work,
                                     self._own_micro(tables_key, layout)))
-        return self._bounds[key]
+        return self._bounds[key] / self.request.fastest_compute(layout)
 
     def _distinct_tables(self, layout: Layout) -> list[UnitTable]:
         """One table per kind of device the layout's stages run on."""
@@ -143,7 +143,8 @@ def expand(request: PlanRequest, tables: UnitTables, layout: Layout, slack: floa
             stages, layout.n_micro, _tail(request, per_stage[0], layout, part),
             _lead(request, per_stage, layout, part),
             _collectives(request, per_stage, layout, part),
-            stage_deferrals(layout.weight_grad, layout.pp, layout.n_micro))))
+            stage_deferrals(layout.weight_grad, layout.pp, layout.n_micro))
+            / request.fastest_compute(layout)))
     return out
 
 
@@ -243,7 +244,7 @@ def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> fl
     path = pipeline_path([e for _, _, e in part], layout.n_micro, lead,
                          [link.time(act) for link in hops],
                          _tail(request, per_stage[0], layout, part, (sharded_rings[0][0],)),
-                         layout.weight_grad)
+                         layout.weight_grad) / request.fastest_compute(layout)
     busy = _collectives(request, per_stage, layout, part, sharded_rings) or [0.0]
     return max(candidate.bound, path, max(busy))
 

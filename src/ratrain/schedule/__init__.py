@@ -14,12 +14,13 @@
 """
 
 from ratrain.schedule.builders import forward_only, gpipe, one_f_one_b, partition_units
-from ratrain.schedule.checks import format_table, validate
+from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Action, Program, format_program, parse_program
 from ratrain.schedule.ops import SPECS, WAIT_OF, Op, OpSpec
 from ratrain.schedule.eval_programs import build_eval_programs
 from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.schedule.table import format_table
 
 __all__ = [
     "SPECS", "WAIT_OF", "Action", "Op", "OpSpec", "PipelinePlan", "Program", "ScheduleConfigError", "ScheduleError",

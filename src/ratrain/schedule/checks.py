@@ -15,7 +15,7 @@ from ratrain.schedule.dry_run import dry_run
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.needs import NEEDS, RankContext
-from ratrain.schedule.table import fail, format_table
+from ratrain.schedule.table import fail
 from ratrain.schedule.view_checks import check_shared_gradients, check_views
 from ratrain.schedule.ops import (
     CARRIED, SPECS, WAIT_OF, Op, exchanged_unit, peer_offset,

@@ -24,6 +24,7 @@ from ratrain.setup.links import MeasuredLinks, low_comm_hint, measured_profile
 from ratrain.setup.memory_fit import machine_refusal
 from ratrain.setup.plan_file import load_plan
 from ratrain.setup.rule import check_runnable, device_grad_sum_for, has_views, update_for
+from ratrain.sim.shared_cores import threads_of_rank
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,13 @@ class Machine:
     @classmethod
     def of_profile(cls, profile, cfg: RunConfig) -> Machine:
         """The devices a HardwareProfile describes (what `ratrain simulate` predicts on), cfg's
-        ranks on the threads `ratrain train` gives them there: --threads, else on a CPU of
-        known cores every core for a run in one process (torch's default), one each for the
-        ranks it launches (training/prepare.threads_per_rank)."""
-        cores, world = profile.device.cores, cfg.parallel.pp * cfg.parallel.dp
+        ranks on the threads `ratrain train` gives them there (threads_of_rank)."""
         return cls(host_is_separate=profile.device.host_link is not None,
                    host_collectives=profile.device.host_collectives,
-                   threads_per_rank=cfg.parallel.threads_per_rank
-                   or (cores if cores and world == 1 else 1))
+                   threads_per_rank=threads_of_rank(
+                       profile.device.cores,
+                       min(cfg.parallel.pp * cfg.parallel.dp, profile.devices_per_node),
+                       cfg.parallel.threads_per_rank))
 
 
 def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | None = None,

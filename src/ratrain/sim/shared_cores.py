@@ -21,6 +21,23 @@ import itertools
 from typing import Callable
 
 
+def threads_of_rank(cores: int | None, ranks_on_node: int, asked: int | None) -> int:
+    """The CPU threads each rank computes on where `ranks_on_node` ranks share a node of
+    `cores` cores (a CPU profile's; None: a GPU's, whose ranks' threads are not priced):
+    `asked` (--threads), else torch's default of every core for a rank alone on its node (one
+    process, or torchrun's one a node), one each where several share it (the ranks
+    training/prepare.threads_per_rank launches; torchrun sets OMP_NUM_THREADS=1 for them)."""
+    return asked or (cores if cores and ranks_on_node == 1 else 1)
+
+
+def thread_speed(cores_got: float, efficiency: float | None) -> float:
+    """A rank's speed on the `cores_got` cores it gets, in one thread's: each core beyond the
+    first adds `efficiency` of one (None: a whole one)."""
+    if cores_got <= 1.0:
+        return cores_got
+    return 1.0 + (cores_got - 1.0) * (1.0 if efficiency is None else efficiency)
+
+
 class SharedCores:
     """The running compute jobs of every node; the simulation's event queue drives them."""
 
@@ -28,7 +45,7 @@ class SharedCores:
                  now: Callable[[], float], at: Callable[..., None], threads: int = 1,
                  thread_efficiency: float | None = None):
         self.cores, self.contention, self.threads = cores, contention, threads
-        self.thread_efficiency = 1.0 if thread_efficiency is None else thread_efficiency
+        self.thread_efficiency = thread_efficiency
         self.node_of, self.weight = node_of, weight
         self._now, self._at = now, at
         self.jobs: dict[int, list] = {}  # job -> [node, remaining work, weight, done]
@@ -84,8 +101,7 @@ class SharedCores:
         shared = min(1.0, (ranks - 1) / (self.cores - 1)) if self.cores > 1 else 0.0
         cores_got = self.threads * min(1.0, self.cores / (computing * self.threads
                                                           + self._occupied[node]))
-        speed = cores_got if cores_got <= 1.0 else 1.0 + (cores_got - 1.0) * self.thread_efficiency
-        return speed / (1.0 + self.contention * shared)
+        return thread_speed(cores_got, self.thread_efficiency) / (1.0 + self.contention * shared)
 
     def _settle(self) -> None:
         """Advance every running job's remaining work to now."""
