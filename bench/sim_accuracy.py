@@ -151,7 +151,8 @@ def main() -> None:
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
     ap.add_argument("--set", choices=SETS, default="all",
                     help="in: the profiled shape; out: shapes the profile did not measure; "
-                         "split: split backwards beside 1F1B")
+                         "split: split backwards beside 1F1B; threads: one process on 2 "
+                         "threads; tokens: the profiled model at other tokens a micro-batch")
     ap.add_argument("--only", action="append",
                     help="a configuration's label to run (repeat for more; labels hold commas)")
     ap.add_argument("--paired", action="store_true",

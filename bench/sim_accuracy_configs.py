@@ -87,5 +87,14 @@ THREADS = [
            seq=512, micro=1, threads=2),
     Config("tiny-gqa 1x1 s384 mb2, 2 threads", 1, 1, 8, model="tiny-gqa", seq=384, threads=2),
 ]
+# The profiled model at other tokens a micro-batch, 8 micro-batches of a 2-stage pipeline: the
+# profile measures its shape (512 tokens) and one of a quarter (128), and prices the rest
+# between and beyond them (sim/shape_scale.py).
+TOKENS = [
+    Config(f"tiny 2x1 s{seq} mb{micro}", 2, 1, 8 * micro, activation=("keep",) * 2, seq=seq,
+           micro=micro)
+    for seq, micro in ((64, 1), (128, 1), (128, 2), (256, 4), (512, 4))
+]
 SETS = {"in": IN_SAMPLE, "out": OUT_OF_SAMPLE, "split": SPLIT, "threads": THREADS,
+        "tokens": TOKENS,
         "all": IN_SAMPLE + OUT_OF_SAMPLE + SPLIT}

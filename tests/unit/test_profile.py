@@ -198,7 +198,7 @@ def test_profile_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, ar
 def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     out = tmp_path / "sub" / "measured.yaml"
     code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--model", "tiny",
-                                "--seq-len", "32", "--micro-batch-size", "1", "--ranks", "2",
+                                "--seq-len", "64", "--micro-batch-size", "1", "--ranks", "2",
                                 "--repeats", "2", "--out", str(out))
     assert code == 0, err
     assert f"wrote {out}" in stdout and "block forward / backward" in stdout
@@ -208,9 +208,12 @@ def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
     # and said to be: the other is then the only one the profile holds
     set_aside = "set aside" in profile.notes.get("other_work", "")
     assert ("stability: measured once" if set_aside else "stability: 2 repeats") in stdout
-    assert len(profile.measured) == 1
-    m = profile.measured_for("tiny", 32, 1, "float32")
-    assert m is not None
+    assert len(profile.measured) == 2  # the profiled shape, and a quarter of its tokens
+    m, fewer = profile.measured_for("tiny", 64, 1, "float32"), profile.measured[1]
+    assert m is not None and (fewer.seq_len, fewer.micro_batch_size) == (16, 1)
+    assert "micro-batch 1 x 16" in stdout
+    for times in (fewer.embedding, fewer.block, fewer.head):
+        assert times.forward_s > 0 and times.backward_s > 0
     for times in (m.embedding, m.block, m.head):
         assert times.forward_s > 0 and times.backward_s > 0
     assert m.block.backward_s > m.block.forward_s
@@ -314,6 +317,10 @@ def test_figures_that_did_not_repeat_keep_their_slowest_and_fastest_repeat():
     # it survives the YAML a profile is written as, and a stable profile has none
     assert from_dict(yaml.safe_load(yaml.safe_dump(combined.to_dict()))).unstable == combined.unstable
     assert combine(repeats[:1] * 2, sizes).unstable == {}
+    # a profile edited by hand whose unstable figures name one it no longer has: said so
+    combined.unstable["slow"]["measured[1].block.forward_s"] = 1.0
+    with pytest.raises(UserError, match=r"unstable.slow: 'measured\[1\].block.forward_s' is no figure"):
+        at_edge(combined, "slow")
 
 
 def _block_backward_unstable(tmp_path):

@@ -49,6 +49,14 @@ def measured_shape(cfg: RunConfig, model: str, per_rank: list[dict], alone: dict
                              per_rank, lambda r: r["units"]["block_forward_no_grad"]) / (1 + contention))
 
 
+def smaller_shape(smaller: RunConfig, model: str, times: dict) -> MeasuredShape:
+    """The units' times alone on the smaller micro-batch (measure.smaller_config): forward and
+    backward only (its split halves and forward without grad are priced from them)."""
+    t = smaller.train
+    return MeasuredShape(model=model, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                         dtype=t.dtype, **{kind: UnitTimes(*times[kind]) for kind in KINDS})
+
+
 def contention_of(per_rank: list[dict], alone: dict) -> float:
     """How much slower a unit runs while every measuring rank computes (the pipeline's ranks
     share the machine's cores, caches and memory bandwidth) than alone: the median over the

@@ -49,7 +49,8 @@ from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
 from ratrain.profiling.fits import (adamw_params, compute_rates, contention_of,
                                     fit_process_overhead, host_tier, links_of, measured_shape,
-                                    median_over_ranks, memory_bandwidth, thread_efficiency_of)
+                                    median_over_ranks, memory_bandwidth, smaller_shape,
+                                    thread_efficiency_of)
 from ratrain.profiling.link_rank import link_backend, link_rank
 from ratrain.profiling.ranks import (LINK_SIZES, MATMUL_N, STEP_REPEATS, STEP_WARMUP,
                                      alone_rank, compute_rank)
@@ -62,6 +63,7 @@ from ratrain.profiling.other_work import OtherWork
 REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted
 N_MICRO = 4  # micro-batches of the traced executor steps
 ALONE_BLOCKS = 4  # decoder blocks of the stage a single process measures (tiny: the whole model)
+MIN_SMALLER_TOKENS = 16  # the second shape's least tokens a micro-batch
 INTER_NODE_NOTE = "not measured: the local loopback figures; set them for your network"
 
 
@@ -81,6 +83,19 @@ def profile_config(model: str, seq_len: int, micro_batch_size: int, dtype: str) 
                     parallel=ParallelConfig(schedule="1f1b"))  # measured as trained; BI/BW apart
     cfg.validate()
     return cfg
+
+
+def smaller_config(cfg: RunConfig) -> RunConfig | None:
+    """The profiled run on about a quarter of its tokens a micro-batch (fewer sequences, else
+    shorter ones), whose unit times say how the rate falls with the tokens
+    (sim/shape_scale.py); None where that would be under MIN_SMALLER_TOKENS."""
+    t = cfg.train
+    batch = max(1, t.micro_batch_size // 4)
+    seq = t.seq_len * t.micro_batch_size // (4 * batch)
+    if batch * seq < MIN_SMALLER_TOKENS:
+        return None
+    return dataclasses.replace(cfg, train=dataclasses.replace(
+        t, seq_len=seq, micro_batch_size=batch, global_batch=N_MICRO * batch))
 
 
 def _require_positive(flag: str, value: int) -> None:
@@ -118,17 +133,18 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
             with OtherWork() as compute_load:
                 per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
             with OtherWork() as alone_load:
-                alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"))[0]
+                alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"),
+                                smaller_config(cfg))[0]
             links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
         measured.append(_build_profile(cfg, model, ranks, on_cuda, per_rank, links, alone))
         busy.append(max(compute_load.cores, alone_load.cores))
     return combine(measured, LINK_SIZES, other_work=busy)
 
 
-def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:
-    """Run fn(*args, out_dir) in `world` processes of 1 thread; the results they wrote."""
+def _launch(world: int, fn, args: tuple, out_dir: Path, *more) -> list[dict]:
+    """Run fn(*args, out_dir, *more) in `world` processes of 1 thread; the results they wrote."""
     out_dir.mkdir(parents=True)
-    launch_local(world, fn, (*args, str(out_dir)), out_dir / "errors", threads=1)
+    launch_local(world, fn, (*args, str(out_dir), *more), out_dir / "errors", threads=1)
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("result_*.json"))]
 
 
@@ -155,6 +171,8 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
     # GPU ranks have a device each: what they share is not the compute's.
     contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
     measured = measured_shape(cfg, model, per_rank, alone, contention)
+    smaller = smaller_config(cfg)
+    fewer = [] if smaller is None else [smaller_shape(smaller, model, alone["smaller"])]
     compute = compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
     bandwidth = memory_bandwidth(per_rank, device_type)
     overhead = median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
@@ -187,7 +205,7 @@ def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
     return HardwareProfile(
         name=f"measured-{platform.node()}", description=_description(cfg, model, ranks, name),
         device=device, devices_per_node=per_node, intra_node=intra,
-        inter_node=copy.deepcopy(intra), measured=[measured], notes=notes)
+        inter_node=copy.deepcopy(intra), measured=[measured, *fewer], notes=notes)
 
 
 def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> str:
@@ -212,7 +230,9 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                      f"{N_MICRO} micro-batches; per kind the median of its actions; the halves "
                      f"of a split backward (BI, BW) from the same under the zbh1 schedule, "
                      f"scaled by the block's forward in the first run over its forward in the "
-                     f"zbh1 run (the machine's drift between the two). The block's "
+                     f"zbh1 run (the machine's drift between the two). A second entry: "
+                     f"the same process's forwards and backwards on a micro-batch of about a "
+                     f"quarter of the tokens (sim/shape_scale.py). The block's "
                      f"forward without grad: from a pipeline of the {ranks} measuring rank(s) "
                      f"(one block each, recomputing), divided by 1 + device.contention"),
         "device.contention": (f"the same traced steps of a pipeline of the {ranks} measuring "

@@ -97,14 +97,18 @@ def compute_rank(cfg: RunConfig, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def alone_rank(cfg: RunConfig, blocks: int, out_dir: str) -> None:
+def alone_rank(cfg: RunConfig, blocks: int, out_dir: str, smaller: RunConfig | None = None) -> None:
     """One process with the machine to itself: a stage of `blocks` decoder blocks (with the
     embedding and the head) through the single-process executor, keeping activations. Its unit
     times are those of a rank no other rank competes with; its memory is a second, larger
-    stage for the process overhead (beside the pipeline's one-block stages)."""
+    stage for the process overhead (beside the pipeline's one-block stages). With `smaller`
+    (the run on a micro-batch of fewer tokens), that run's unit times too (sim/shape_scale.py)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = sync_of(device)
     result = _traced_steps(cfg, device, sync, None, "keep", blocks)
+    if smaller is not None:
+        fewer = _traced_steps(smaller, device, sync, None, "keep", blocks)
+        result["smaller"] = {kind: fewer[kind] for kind in KINDS}
     if device.type == "cpu" and (os.cpu_count() or 1) > 1:  # fits.thread_efficiency_of
         result["block_every_core"] = _on_every_core(
             lambda: _traced_steps(cfg, device, sync, None, "keep", blocks)["block"])

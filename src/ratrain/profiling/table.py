@@ -17,6 +17,10 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
              for kind, t in ((kind, getattr(m, kind)) for kind in KINDS)
              if t.backward_input_s is not None]
     rows.append(["block forward, no grad", _fmt_s(m.block_forward_no_grad_s)])
+    for fewer in profile.measured[1:]:
+        rows.append([f"block forward / backward, micro-batch {fewer.micro_batch_size} x "
+                     f"{fewer.seq_len}", f"{_fmt_s(fewer.block.forward_s)} / "
+                                         f"{_fmt_s(fewer.block.backward_s)}"])
     for dtype, rate in d.compute.items():
         rows.append([f"peak {dtype} (matmul)", _fmt_rate(rate.peak_flops, "FLOP/s")])
     rate = d.compute[m.dtype]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
+from ratrain.errors import UserError
 from ratrain.sim.links import Link
 from ratrain.sim.profile import HardwareProfile, from_dict
 
@@ -189,8 +190,15 @@ def at_edge(profile: HardwareProfile, edge: str) -> HardwareProfile:
     """The profile with every figure that did not repeat at its "slow" or "fast" repeat."""
     data = profile.to_dict()
     for path, value in data["unstable"].get(edge, {}).items():
-        parent, key = path.rsplit(".", 1)
-        _get(data, parent)[key] = value
+        parent, key = path.rsplit(".", 1) if "." in path else ("", path)
+        try:
+            node = _get(data, parent) if parent else data
+            if key not in node:
+                raise KeyError(key)
+        except (KeyError, IndexError, TypeError, ValueError):  # a profile edited by hand
+            raise UserError(f"profile {profile.name}: unstable.{edge}: {path!r} is no figure "
+                            f"of the profile") from None
+        node[key] = value
     data["unstable"] = {}
     return from_dict(data, f"{profile.name} at its {edge} edge")
 

@@ -1,24 +1,23 @@
 """The sizes and times of the parts of one stage's program (StageCosts), from what costing it
 needs (sim/stage_setup.py): compute per unit, state and view bytes, copies, collectives over
-the stage's links (sim/links.py), and the named storages of the op registry's memory effects.
-sim/cost_model.py turns them into each op's duration."""
+the stage's links (sim/links.py), and the named storages of the op registry's memory effects
+(sim/stage_storages.py). sim/cost_model.py turns them into each op's duration."""
 
 from __future__ import annotations
 
-from ratrain.schedule.ir import Action, Op
-from ratrain.schedule.unit_major import HOLD
 from ratrain.sim.fold_costs import fold_s, summed_on_device, summed_runs, unit_norm_s
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
+from ratrain.sim.shape_scale import shape_scale
 from ratrain.sim.stage_setup import StageSetup
-from ratrain.sim.outer_sync import delta_bytes, outer_state_owners
+from ratrain.sim.stage_storages import StageStorages
 
 UPDATE_BYTES_PER_PARAM = 28
 """Fused AdamW reads parameter, gradient and both moments (16 bytes) and writes parameter and
 moments (12) per fp32 parameter."""
 
 
-class StageCosts:
+class StageCosts(StageStorages):
     def __init__(self, setup: StageSetup):
         self.s = setup
         p = setup.profile
@@ -35,6 +34,8 @@ class StageCosts:
         self.device_summed = summed_on_device(setup.fold_roles or {})
         # a unit's compute times depend on its kind alone, and are read at each micro-batch
         self._times: dict[tuple, object] = {}
+        self._scale = {} if self.measured is not None else shape_scale(
+            p.measured, setup.shape, self._priced_unit)
 
     def across_link(self, u: int) -> bool:
         """Unit u's state lives on a host apart from the compute device (behind a host link)."""
@@ -68,7 +69,8 @@ class StageCosts:
             if not with_grad and kind == "block" and self.measured.block_forward_no_grad_s:
                 return self.measured.block_forward_no_grad_s
             return times.forward_s
-        return sum(self._priced(uc.forward_flops(self.s.shape, kind), kind))
+        return sum(self._priced(uc.forward_flops(self.s.shape, kind), kind)) \
+            * self._scale.get(kind, 1.0)
 
     def backward(self, u: int, mb: int | None = None) -> float:
         """B u.mb (mb None: the step's mean over its micro-batches), with its fold."""
@@ -105,17 +107,26 @@ class StageCosts:
             attention = whole * uc.attention_flops(shape, kind) / uc.forward_flops(shape, kind) \
                 if kind == "block" else 0.0
             return whole - attention, attention
-        return self._priced(uc.backward_flops(shape, kind), kind, backward=True)
+        scale = self._scale.get(kind, 1.0)
+        return tuple(part * scale for part in self._priced(uc.backward_flops(shape, kind), kind,
+                                                           backward=True))
 
-    def _priced(self, flops: float, kind: str, backward: bool = False) -> tuple[float, float]:
+    def _priced(self, flops: float, kind: str, backward: bool = False,
+                shape: uc.UnitShape | None = None) -> tuple[float, float]:
         """(matrix products and memory traffic, attention's core) seconds of `flops` of a unit
-        of `kind`, each part at its own rate (ComputeRate.attention_efficiency)."""
-        shape = self.s.shape
+        of `kind` (on the stage's micro-batch shape, or `shape`), each part at its own rate
+        (ComputeRate.attention_efficiency)."""
+        shape = shape or self.s.shape
         attention = uc.attention_flops(shape, kind) * (2.0 if backward else 1.0)
         extra = uc.backward_moved_bytes(shape, kind) if backward else 0.0
         moved = uc.moved_bytes(shape, kind) + extra
         return ((flops - attention) / self.rate + moved / self.bandwidth,
                 attention / self.attention_rate)
+
+    def _priced_unit(self, shape: uc.UnitShape, kind: str) -> float:
+        """A unit's forward + backward on `shape` at the profile's rates (shape_scale's)."""
+        return (sum(self._priced(uc.forward_flops(shape, kind), kind, shape=shape))
+                + sum(self._priced(uc.backward_flops(shape, kind), kind, True, shape)))
 
     def _fold(self, u: int, mb: int | None) -> float:
         return fold_s(self, u, mb)
@@ -215,109 +226,3 @@ class StageCosts:
     def grad_sync_bytes(self, u: int) -> int:
         shard = self.s.shard(u)
         return 4 * (shard.padded if shard else self.s.params(u))
-
-    # -- memory: the executor's ledger calls, on named storages -------------------------------
-
-    def state_owners(self) -> list[tuple[tuple, str, tuple, int]]:
-        """What a stage holds from one step to the next: each unit's unit_state_owners."""
-        return [owner for u in self.s.units for owner in self.unit_state_owners(u)]
-
-    def unit_state_owners(self, u: int) -> list[tuple[tuple, str, tuple, int]]:
-        """A unit's masters, fp32 gradients and AdamW state (from the first update on).
-        Sharded: the slice's masters, the full accumulation buffer plus the shard's gradient,
-        AdamW over the slice's pieces (one 1-D parameter per tensor it intersects); with a
-        gradient lifetime shorter than the step, no full buffer (`grad_full` is the
-        backward's), and for "micro-batch" the reduction's slice-sized output."""
-        shard = self.s.shard(u)
-        if shard:
-            full = {"step": shard.padded, "transient": 0, "micro-batch": shard.size}
-            masters, gradients = 4 * shard.size, 4 * (full[self.s.grad_lifetime] + shard.size)
-            optimizer = 8 * shard.real + 4 * shard.pieces
-        else:
-            n = self.s.params(u)
-            masters = gradients = 4 * n
-            optimizer = 8 * n + 4 * uc.param_tensors(self.s.model, self.s.kind(u))
-        return [(("masters", u), "masters", ("master", u), masters),
-                (("gradients", u), "gradients", ("gradbuf", u), gradients),
-                (("optimizer", u), "optimizer", ("optim", u), optimizer)] + outer_state_owners(self, u)
-
-    def storages(self, name: str, a: Action) -> list[tuple[tuple, int]]:
-        """A storage name of the op registry's memory effects (schedule/ops.py), for action
-        `a`, as (storage key, bytes): what the executor binds to real tensors."""
-        u, mb = a.unit, a.mb
-        # the most read first: a plan's simulation reads thousands
-        if name == "input":
-            return [self.input_storage(u, mb)]
-        if name == "output":
-            (_, *at), nbytes = self.output_storage(u, mb)
-            # R's output is a new tensor: where the forward's is still the next unit's input
-            # (a split backward frees that unit's activations only at its BW), both are held.
-            return [(("recomputed" if a.op is Op.RECOMPUTE else "out", *at), nbytes)]
-        if name == "grad_full":
-            shard = self.s.shard(u)
-            live = shard and self.s.grad_lifetime != "step" and self.s.params(u)
-            return [(("gradfull", u), 4 * shard.padded)] if live else []
-        if name == "kept":
-            return [] if self.s.activation.get(u, "keep") == "recompute" else self.saved_storages(u, mb)
-        if name == "grad_run":
-            held_in_run = (self.runs_on_device(u)
-                           and (self.s.fold_roles or {}).get((u, mb)) == HOLD)
-            held = u in self.s.view_units and (u in self.device_summed or held_in_run)
-            return [(("rungrad", u), 4 * self.s.params(u))] if held else []
-        if name == "input_grad":
-            return [(("grad", u - 1, mb), self.act_bytes())] if u > 0 else []
-        if name == "saved":
-            return self.saved_storages(u, mb)
-        if name == "outer_delta":
-            return [(("outer_delta", u), delta_bytes(self, u))]
-        if name == "saved_host":
-            return self.saved_storages(u, mb, "host")
-        if name == "saved_reloaded":
-            return self.saved_storages(u, mb, "reloaded")
-        if name == "wgrad_saved":
-            if self.s.kind(u) == "embedding":  # all it saved: BW is its whole backward
-                return self.saved_storages(u, mb, self._saved_tag(u))
-            return [((self._saved_tag(u), u, mb, "wgrad"),
-                     uc.wgrad_saved_bytes(self.s.shape, self.s.kind(u)))]
-        if name == "received":
-            return [(("out", u, mb), self.act_bytes())]
-        if name == "output_grad":
-            return [(("grad", u, mb), self.act_bytes())]
-        if name == "wgrad_seeds":  # the output gradient (not the head's: a loss), and the rest
-            out = [] if self.s.kind(u) == "head" else [(("grad", u, mb), self.act_bytes())]
-            if u == 0:  # its BW is its whole backward: from its output
-                out.append(self.output_storage(u, mb))
-            return out + [(("seed", u, mb, i), n)
-                          for i, n in enumerate(uc.wgrad_seed_bytes(self.s.shape, self.s.kind(u)))]
-        if name == "view":
-            return [(("view", u), self.view_bytes(u))]
-        raise KeyError(f"no size for storage {name!r} of {a}")
-
-    def tokens_bytes(self) -> int:
-        """The loader gives a step's micro-batches as views of one int64 tensor."""
-        return self.s.n_micro * self.s.shape.tokens * 8
-
-    def input_storage(self, u: int, mb: int) -> tuple[tuple, int]:
-        if u == 0:
-            return ("tokens",), self.tokens_bytes()
-        return ("out", u - 1, mb), self._act_bytes
-
-    def output_storage(self, u: int, mb: int) -> tuple[tuple, int]:
-        return ("out", u, mb), uc.output_bytes(self.s.shape, self.s.kind(u))
-
-    def _saved_tag(self, u: int) -> str:
-        """Where unit u's saved activations are when its backward runs."""
-        return "reloaded" if self.s.activation.get(u, "keep") == "offload" else "saved"
-
-    def saved_storages(self, u: int, mb: int, tag: str = "saved") -> list[tuple[tuple, int]]:
-        """What unit u's forward on mb saves, as storages. The cached rotary tables and the
-        targets are shared by every micro-batch on the device; a copy to the host or back
-        (tag "host", "reloaded") is each micro-batch's own."""
-        shape, kind = self.s.shape, self.s.kind(u)
-        shared = tag == "saved"
-        out = [((tag, u, mb), uc.saved_bytes(shape, kind))]
-        if uc.table_bytes(shape, kind):
-            out.append((("rope",) if shared else (tag, u, mb, "rope"), uc.table_bytes(shape, kind)))
-        if kind == "head":  # views of the step's one int64 tensor of targets, like the inputs
-            out.append((("targets",) if shared else (tag, u, mb, "targets"), self.tokens_bytes()))
-        return out
