@@ -96,7 +96,7 @@ fi
 if wants profile; then
 if [[ -n "${PROFILE:-}" ]]; then cp "$PROFILE" "$OUT/gpu_profile.yaml"; else
 SECONDS=0
-timeout 150 $PY -m ratrain.cli profile --model llama2-7b --seq-len 4096 --micro-batch-size 1 \
+timeout 210 $PY -m ratrain.cli profile --model llama2-7b --seq-len 4096 --micro-batch-size 1 \
   --dtype bfloat16 --repeats 2 --out "$OUT/gpu_profile.yaml" >> "$LOG" 2>&1
 echo "== profile rc=$? in ${SECONDS}s" >> "$LOG"
 fi
