@@ -55,9 +55,7 @@ class PlanRequest:
 
     def threads_of(self, layout: Layout) -> int:
         """The CPU threads each rank of the layout computes on (sim/shared_cores.py)."""
-        return threads_of_rank(self.device().cores,
-                               min(layout.pp * layout.dp, self.profile.devices_per_node),
-                               self.threads_per_rank)
+        return threads_of_rank(self.profile, layout.pp * layout.dp, self.threads_per_rank)
 
     def fastest_compute(self, layout: Layout) -> float:
         """The most the layout's ranks' threads speed their compute over the one thread the

@@ -122,6 +122,7 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
     and combine them (sim/profile_repeats.py): every figure's median, and in the notes the
     figures that did not repeat."""
     cfg = profile_config(model, seq_len, micro_batch_size, dtype)
+    smaller = smaller_config(cfg)
     on_cuda = torch.cuda.is_available()
     ranks = default_ranks(on_cuda) if ranks is None else ranks
     _require_positive("--ranks", ranks)
@@ -133,18 +134,18 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
             with OtherWork() as compute_load:
                 per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
             with OtherWork() as alone_load:
-                alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS), Path(tmp, "alone"),
-                                smaller_config(cfg))[0]
+                alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS, smaller), Path(tmp, "alone"))[0]
             links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
-        measured.append(_build_profile(cfg, model, ranks, on_cuda, per_rank, links, alone))
+        measured.append(_build_profile(cfg, smaller, model, ranks, on_cuda, per_rank, links,
+                                       alone))
         busy.append(max(compute_load.cores, alone_load.cores))
     return combine(measured, LINK_SIZES, other_work=busy)
 
 
-def _launch(world: int, fn, args: tuple, out_dir: Path, *more) -> list[dict]:
-    """Run fn(*args, out_dir, *more) in `world` processes of 1 thread; the results they wrote."""
+def _launch(world: int, fn, args: tuple, out_dir: Path) -> list[dict]:
+    """Run fn(*args, out_dir) in `world` processes of 1 thread; the results they wrote."""
     out_dir.mkdir(parents=True)
-    launch_local(world, fn, (*args, str(out_dir), *more), out_dir / "errors", threads=1)
+    launch_local(world, fn, (*args, str(out_dir)), out_dir / "errors", threads=1)
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("result_*.json"))]
 
 
@@ -165,13 +166,13 @@ def _ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _build_profile(cfg: RunConfig, model: str, ranks: int, on_cuda: bool,
-                   per_rank: list[dict], links: dict, alone: dict) -> HardwareProfile:
+def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks: int,
+                   on_cuda: bool, per_rank: list[dict], links: dict,
+                   alone: dict) -> HardwareProfile:
     device_type = "cuda" if on_cuda else "cpu"
     # GPU ranks have a device each: what they share is not the compute's.
     contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
     measured = measured_shape(cfg, model, per_rank, alone, contention)
-    smaller = smaller_config(cfg)
     fewer = [] if smaller is None else [smaller_shape(smaller, model, alone["smaller"])]
     compute = compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
     bandwidth = memory_bandwidth(per_rank, device_type)

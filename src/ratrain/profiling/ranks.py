@@ -97,7 +97,7 @@ def compute_rank(cfg: RunConfig, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def alone_rank(cfg: RunConfig, blocks: int, out_dir: str, smaller: RunConfig | None = None) -> None:
+def alone_rank(cfg: RunConfig, blocks: int, smaller: RunConfig | None, out_dir: str) -> None:
     """One process with the machine to itself: a stage of `blocks` decoder blocks (with the
     embedding and the head) through the single-process executor, keeping activations. Its unit
     times are those of a rank no other rank competes with; its memory is a second, larger

@@ -67,10 +67,8 @@ class Machine:
         ranks on the threads `ratrain train` gives them there (threads_of_rank)."""
         return cls(host_is_separate=profile.device.host_link is not None,
                    host_collectives=profile.device.host_collectives,
-                   threads_per_rank=threads_of_rank(
-                       profile.device.cores,
-                       min(cfg.parallel.pp * cfg.parallel.dp, profile.devices_per_node),
-                       cfg.parallel.threads_per_rank))
+                   threads_per_rank=threads_of_rank(profile, cfg.parallel.pp * cfg.parallel.dp,
+                                                    cfg.parallel.threads_per_rank))
 
 
 def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | None = None,

@@ -190,9 +190,9 @@ def at_edge(profile: HardwareProfile, edge: str) -> HardwareProfile:
     """The profile with every figure that did not repeat at its "slow" or "fast" repeat."""
     data = profile.to_dict()
     for path, value in data["unstable"].get(edge, {}).items():
-        parent, key = path.rsplit(".", 1) if "." in path else ("", path)
         try:
-            node = _get(data, parent) if parent else data
+            parent, key = path.rsplit(".", 1)
+            node = _get(data, parent)
             if key not in node:
                 raise KeyError(key)
         except (KeyError, IndexError, TypeError, ValueError):  # a profile edited by hand

@@ -21,13 +21,14 @@ import itertools
 from typing import Callable
 
 
-def threads_of_rank(cores: int | None, ranks_on_node: int, asked: int | None) -> int:
-    """The CPU threads each rank computes on where `ranks_on_node` ranks share a node of
-    `cores` cores (a CPU profile's; None: a GPU's, whose ranks' threads are not priced):
-    `asked` (--threads), else torch's default of every core for a rank alone on its node (one
+def threads_of_rank(profile, world: int, asked: int | None) -> int:
+    """The CPU threads each of `world` ranks computes on, on a HardwareProfile's nodes (a CPU
+    profile's `cores`; none: a GPU's, whose ranks' threads are not priced): `asked`
+    (--threads), else torch's default of every core for a rank alone on its node (one
     process, or torchrun's one a node), one each where several share it (the ranks
     training/prepare.threads_per_rank launches; torchrun sets OMP_NUM_THREADS=1 for them)."""
-    return asked or (cores if cores and ranks_on_node == 1 else 1)
+    cores = profile.device.cores
+    return asked or (cores if cores and min(world, profile.devices_per_node) == 1 else 1)
 
 
 def thread_speed(cores_got: float, efficiency: float | None) -> float:
