@@ -132,7 +132,7 @@ class ParallelConfig:
     update: str = "auto"  # inline (U) or carried (SU/WU: schedule/carried_updates.py); auto: setup/rule.update_for
     partition: list[int] | None = None  # units per stage (embedding and head count as units)
     rank_order: str = "pp-dp"  # "pp-dp": a stage's replicas are neighbouring ranks; "dp-pp": a replica's stages are
-    threads_per_rank: int | None = None  # local ranks' CPU threads; None: training/prepare.threads_per_rank
+    threads_per_rank: int | None = None  # each rank's CPU threads; None: training/prepare's rule
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
     plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
     comm_timeout_s: float = 300.0  # longest wait for a peer before the run ends naming it

@@ -190,24 +190,33 @@ def test_yaml_3e_3_is_read_as_a_number(tmp_path):
     assert RunConfig.load(tmp_path / "run.yaml").train.lr == 3e-3
 
 
-def test_local_ranks_take_one_thread_on_cpus_and_split_the_cores_on_gpus(monkeypatch):
-    """On GPUs a rank's CPU work is host state's (AdamW, folds, norms), which one core a rank
-    cannot keep up with; on CPUs the ranks' compute shares the cores. --threads decides."""
-    import torch
-
-    from ratrain.training.prepare import threads_per_rank
+def test_ranks_that_share_a_machine_split_its_cores(monkeypatch):
+    """The ranks ratrain launches split the cores, at least one thread each, on CPUs as on GPUs
+    (one each left 14 of 16 cores idle at pp 2); so do torchrun's several a node, whose
+    OMP_NUM_THREADS=1 is torchrun's default, not the user's; a larger OMP_NUM_THREADS is
+    kept, and --threads decides over both."""
+    from ratrain.training.prepare import threads_in_this_process, threads_per_rank
 
     cfg = RunConfig()
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert threads_per_rank(cfg, 4) == 1
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert threads_per_rank(cfg, 4) == 4
-    assert threads_per_rank(cfg, 32) == 1
-    cfg.parallel.backend = "gloo"  # ranks on the CPU of a GPU machine
-    assert threads_per_rank(cfg, 4) == 1
+    assert [threads_per_rank(cfg, n) for n in (1, 2, 3, 4, 32)] == [16, 8, 5, 4, 1]
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+                 "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert threads_in_this_process(cfg) is None  # one process: torch's default
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # torchrun, one rank a node
+    assert threads_in_this_process(cfg) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert threads_in_this_process(cfg) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what torchrun sets for such ranks
+    assert threads_in_this_process(cfg) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")  # a user's own
+    assert threads_in_this_process(cfg) is None
     cfg.parallel.threads_per_rank = 3
-    assert threads_per_rank(cfg, 4) == 3
+    assert threads_in_this_process(cfg) == 3 and threads_per_rank(cfg, 4) == 3
 
 
 def test_threads_apply_to_a_run_in_this_process_and_are_given_back(monkeypatch, capsys,

@@ -290,16 +290,17 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
 
 
 @pytest.mark.parametrize("pp, threads_per_rank, expected",
-                         [(1, None, 3), (1, 2, 2), (2, None, 1), (2, 2, 2)])
+                         [(1, None, 3), (1, 2, 2), (2, None, 2), (2, 1, 1)])
 def test_this_machine_says_the_threads_its_ranks_compute_on(monkeypatch, pp, threads_per_rank,
                                                             expected):
     """A run in this process computes on --threads, else this process's (torch's default:
-    every core); the ranks launched for a pipeline on a CPU take one thread each, or --threads."""
+    every core); the ranks launched for a pipeline split the cores, or take --threads."""
     import torch
 
     from ratrain.training import prepare
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
     cfg = RunConfig()
     cfg.parallel.pp, cfg.parallel.threads_per_rank = pp, threads_per_rank
     assert prepare.this_machine(cfg).threads_per_rank == expected

@@ -115,6 +115,25 @@ def test_a_rank_on_several_threads_runs_as_many_cores_as_it_gets(cores, threads,
         simulate(plan, _model(2), gpu, micro_batch_size=2, seq_len=256).step_time)
 
 
+@pytest.mark.parametrize("cores, per_node, world, asked, threads", [
+    (16, 64, 1, None, 16),  # one process: torch's default of every core
+    (16, 64, 2, None, 8),  # ranks that share a node split its cores
+    (16, 64, 3, None, 5),
+    (16, 64, 32, None, 1),  # at least one each
+    (16, 1, 4, None, 16),  # each rank alone on its node
+    (16, 64, 2, 3, 3),  # --threads
+    (None, 8, 2, None, 1),  # a GPU profile's ranks: threads not priced
+])
+def test_ranks_are_priced_on_the_threads_train_gives_them(cores, per_node, world, asked, threads):
+    """The rule of training/prepare.threads_per_rank on a profile's nodes (a CPU profile's
+    `cores`), so that `simulate` and the planner price the threads `train` runs on."""
+    from ratrain.sim.shared_cores import threads_of_rank
+
+    profile = _profile(cores=cores)
+    profile.devices_per_node = per_node
+    assert threads_of_rank(profile, world, asked) == threads
+
+
 @pytest.mark.parametrize("devices_per_node,slowed", [(2, True), (1, False)])
 def test_a_sync_between_local_ranks_takes_its_share_of_the_cores(devices_per_node, slowed):
     """On a CPU a collective between ranks of one node is copies and reductions on its cores:

@@ -80,8 +80,9 @@ _CONFIG_OPTIONS = [
     click.option("--update", type=click.Choice(["auto", "inline", "carried"]), help="Where each unit's AdamW update runs: inline (in the step's program, after its gradient is final: after the global norm when clipping) or carried (started on a host thread of its own as soon as its gradient is final, and waited in the next step right before the unit's weights are read again, so it runs beside the compute; same math). auto: carried where the state lives in a GPU's host memory (--state-home host), else inline.  [default: auto]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
     click.option("--threads", type=int, help="CPU threads per rank (default: a single process "
-                 "keeps OMP_NUM_THREADS or every core; ranks launched on a CPU take 1 each, on "
-                 "GPUs they split the cores)."),
+                 "keeps OMP_NUM_THREADS or every core; ranks that share a machine, launched by "
+                 "ratrain or torchrun, split its cores, unless OMP_NUM_THREADS is set to more "
+                 "than 1)."),
     click.option("--eval-every", type=int),
     click.option("--checkpoint-every", type=int),
 ]

@@ -24,11 +24,13 @@ from typing import Callable
 def threads_of_rank(profile, world: int, asked: int | None) -> int:
     """The CPU threads each of `world` ranks computes on, on a HardwareProfile's nodes (a CPU
     profile's `cores`; none: a GPU's, whose ranks' threads are not priced): `asked`
-    (--threads), else torch's default of every core for a rank alone on its node (one
-    process, or torchrun's one a node), one each where several share it (the ranks
-    training/prepare.threads_per_rank launches; torchrun sets OMP_NUM_THREADS=1 for them)."""
+    (--threads), else the node's cores split among the ranks on it, at least one each: every
+    core for a rank alone on its node (torch's default for one process), and what
+    training/prepare gives ranks that share a node, launched by ratrain or by torchrun."""
     cores = profile.device.cores
-    return asked or (cores if cores and min(world, profile.devices_per_node) == 1 else 1)
+    if asked or not cores:
+        return asked or 1
+    return max(1, cores // min(world, profile.devices_per_node))
 
 
 def thread_speed(cores_got: float, efficiency: float | None) -> float:

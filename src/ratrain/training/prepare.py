@@ -36,26 +36,36 @@ def this_machine(cfg: RunConfig) -> Machine:
                    memory_bytes=props.total_memory, links=links, **memory)
 
 
-def threads_per_rank(cfg: RunConfig, world: int) -> int:
-    """CPU threads of each local rank that launch_local starts: --threads, else one where the
-    ranks compute on the CPU (they share its cores), and the cores split among them where they
-    compute on GPUs: their CPU work is then host state's (AdamW, folds, norms), bound by memory
-    bandwidth, which one core a rank cannot reach."""
+def threads_per_rank(cfg: RunConfig, ranks_here: int) -> int:
+    """CPU threads of each of the `ranks_here` ranks that share this machine's cores: --threads,
+    else the cores split among them, at least one each (as sim/shared_cores.threads_of_rank
+    prices them). One thread a rank, the default until 2026-11-28 on a CPU, left all but
+    `ranks_here` cores of a large machine idle; on GPUs the ranks' CPU work is host state's
+    (AdamW, folds, norms), bound by memory bandwidth that one core cannot reach."""
+    return cfg.parallel.threads_per_rank or max(1, (os.cpu_count() or 1) // ranks_here)
+
+
+def threads_in_this_process(cfg: RunConfig) -> int | None:
+    """The threads a run in this process (one rank, or torchrun's) computes on, None where it
+    keeps this process's (torch's default of every core, or OMP_NUM_THREADS): --threads; under
+    torchrun with several ranks on this node, the cores split among them as for the ranks
+    ratrain launches, unless OMP_NUM_THREADS says other than the 1 that torchrun sets for
+    every such rank (a user who wants one thread a rank says --threads 1)."""
     if cfg.parallel.threads_per_rank:
         return cfg.parallel.threads_per_rank
-    if pick_backend(cfg.parallel.backend) != "nccl":
-        return 1
-    return max(1, (os.cpu_count() or 1) // world)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun() else 1
+    if local > 1 and os.environ.get("OMP_NUM_THREADS", "1").strip() == "1":
+        return threads_per_rank(cfg, local)
+    return None
 
 
 def _threads_here(cfg: RunConfig) -> int:
     """The threads each rank of cfg's run will compute on, for the simulation of its
-    schedule's candidates: a run in this process (one rank, or torchrun's) computes on
-    --threads, else this process's (torch's default: every core, or OMP_NUM_THREADS); ranks
-    launched here, threads_per_rank's."""
+    schedule's candidates: a run in this process, threads_in_this_process's or this process's
+    own; ranks launched here, threads_per_rank's."""
     world = cfg.parallel.pp * cfg.parallel.dp
     if under_torchrun() or world == 1:
-        return cfg.parallel.threads_per_rank or torch.get_num_threads()
+        return threads_in_this_process(cfg) or torch.get_num_threads()
     return threads_per_rank(cfg, world)
 
 

@@ -35,7 +35,8 @@ from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
 from ratrain.training.loop import Loop
-from ratrain.training.prepare import is_distributed, plan_here, prepare, threads_per_rank
+from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
+                                      threads_per_rank)
 from ratrain.training.run_dir import kept_files, open_run_dir
 
 
@@ -70,7 +71,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     in_this_process = under_torchrun() or world == 1
     try:
         if in_this_process:
-            with _computing_on(cfg.parallel.threads_per_rank):
+            with _computing_on(threads_in_this_process(cfg)):
                 stopped = rank_main(*args)
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
@@ -94,9 +95,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
 
 @contextmanager
 def _computing_on(threads: int | None):
-    """--threads for a run in this process (else OMP_NUM_THREADS's, or torch's default), and
-    back to the caller's count after it: a program that trains in its own process keeps its
-    threads."""
+    """`threads` (prepare.threads_in_this_process; None: this process's own) for a run in this
+    process, and back to the caller's count after it: a program that trains in its own
+    process keeps its threads."""
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
