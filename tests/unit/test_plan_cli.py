@@ -329,6 +329,29 @@ def test_train_with_a_memory_budget_on_a_cpu_holds_it_to_this_machines_memory(
         assert f"--memory-budget {held} on cpu-local" in err
 
 
+@pytest.mark.parametrize("available_gb, budget", [(64, "20.00 GB"), (12, "6.00 GB")])
+def test_plan_without_a_profile_searches_this_machines_memory_as_train_does(
+        monkeypatch, capsys, available_gb, budget):
+    """`ratrain plan --memory-budget 20GB` said nothing fits cpu-local's 8 GB on a machine where
+    `ratrain train --memory-budget 20GB` found a plan: without --profile both now search the
+    machine's available memory shared by the devices, and plan says so; --profile cpu-local
+    keeps the preset's 8 GB."""
+    import ratrain.host_memory
+
+    monkeypatch.setattr(ratrain.host_memory, "available_host_bytes",
+                        lambda: available_gb * 10**9)
+    args = ("plan", "--model", "small", "--devices", "2", "--memory-budget", "20GB", "--top", "1")
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, stderr
+    assert f"budget {budget} per device" in stdout
+    assert (f"a device's memory: this machine's available memory ({available_gb}.00 GB) shared "
+            f"by the 2 devices searched") in stdout
+    assert ("less than the 20.00 GB asked" in stderr) == (available_gb < 40)
+    code, stdout, _ = run_cli(monkeypatch, capsys, *args, "--profile", "cpu-local")
+    assert code == 0 and "budget 8.00 GB per device" in stdout
+    assert "this machine's available memory" not in stdout
+
+
 def test_train_with_a_memory_budget_searches_and_trains_the_plan_plan_would_write(
         monkeypatch, capsys, tmp_path):
     """`ratrain train --memory-budget B`: one command for "the fastest run that fits", the plan

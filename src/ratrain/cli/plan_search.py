@@ -18,6 +18,26 @@ TIME_LIMIT_S = 25.0
 """Seconds a search may take; past it, the best plan found so far."""
 
 
+def with_this_machines_memory(hw, devices: int | None):
+    """The CPU profile `hw` with a device's memory what this machine has available now, shared
+    by the `devices` searched (search_request's default on a CPU: 2), where no --profile was
+    given: `ratrain train --memory-budget` and `ratrain plan` then search the same memory (the
+    preset's 8 GB held a larger budget asked for on a larger machine to 8 GB). Unchanged where
+    the available memory cannot be read."""
+    import dataclasses
+
+    from ratrain.host_memory import available_host_bytes
+
+    available = available_host_bytes()
+    if available is None:
+        return hw
+    shared = devices or hw.device_count or 2
+    notes = {**hw.notes, "device.memory_bytes": f"this machine's available memory "
+             f"({available / 1e9:.2f} GB) shared by the {shared} devices searched"}
+    return dataclasses.replace(hw, notes=notes, device=dataclasses.replace(
+        hw.device, memory_bytes=float(available) / shared))
+
+
 def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
                    memory_budget: str | None, margin: float, top: int, time_limit: float,
                    flags: str):

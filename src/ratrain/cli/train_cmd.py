@@ -112,7 +112,8 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
     a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
     from ratrain.cli.options import use_plan
-    from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, best_plans, search_request
+    from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, search_request,
+                                         with_this_machines_memory)
     from ratrain.planner import plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.runtime.process_groups import pick_backend
@@ -132,7 +133,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     hw = load_profile(profile_spec or Machine(host_is_separate=gpus > 0,
                                               device_name=gpu_name).preset)
     if profile_spec is None and not gpus:
-        hw = _with_this_machines_memory(hw, devices)
+        hw = with_this_machines_memory(hw, devices)
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)
@@ -150,21 +151,6 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
                f"{decimal_bytes(max(best.stage_bytes))} a device", err=True)
     return data
-
-
-def _with_this_machines_memory(hw, devices: int | None):
-    """The CPU preset with this machine's memory a device: what is available now, shared by
-    the `devices` searched (search_request's default on a CPU: 2), rather than the preset's
-    8 GB, a guess for a 24 GiB machine that held a larger budget asked for to 8 GB."""
-    import dataclasses
-
-    from ratrain.host_memory import available_host_bytes
-
-    available = available_host_bytes()
-    if available is None:
-        return hw
-    return dataclasses.replace(hw, device=dataclasses.replace(
-        hw.device, memory_bytes=float(available) / (devices or hw.device_count or 2)))
 
 
 def _runs_own_plan(run_dir: Path) -> dict | None:
