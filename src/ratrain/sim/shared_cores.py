@@ -30,7 +30,7 @@ def threads_of_rank(profile, world: int, asked: int | None) -> int:
     cores = profile.device.cores
     if asked or not cores:
         return asked or 1
-    return max(1, cores // min(world, profile.devices_per_node))
+    return max(1, cores // max(1, min(world, profile.devices_per_node)))
 
 
 def thread_speed(cores_got: float, efficiency: float | None) -> float:

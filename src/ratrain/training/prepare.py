@@ -42,7 +42,7 @@ def threads_per_rank(cfg: RunConfig, ranks_here: int) -> int:
     prices them). One thread a rank, the default until 2026-11-28 on a CPU, left all but
     `ranks_here` cores of a large machine idle; on GPUs the ranks' CPU work is host state's
     (AdamW, folds, norms), bound by memory bandwidth that one core cannot reach."""
-    return cfg.parallel.threads_per_rank or max(1, (os.cpu_count() or 1) // ranks_here)
+    return cfg.parallel.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, ranks_here))
 
 
 def threads_in_this_process(cfg: RunConfig) -> int | None:
