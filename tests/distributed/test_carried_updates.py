@@ -121,3 +121,27 @@ def test_units_kept_on_the_device_compute_the_all_host_run(corpus, tmp_path, mon
     for u, state in units["host"].items():
         for name, w in state["weights"].items():
             torch.testing.assert_close(units["mixed"][u]["weights"][name], w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_last_steps_carried_updates_are_waited_at_the_end_of_a_run(corpus, tmp_path,
+                                                                       monkeypatch):
+    """Without a final evaluation or checkpoint nothing read the masters after the last step,
+    so its carried updates were never waited: the run ended with them still running and an
+    error in them was lost. The run now waits for them, and says the error."""
+    from ratrain.runtime import carried_updates
+
+    cfg = micro_config(*corpus, steps=3)
+    cfg.parallel.update, cfg.parallel.state_home, cfg.parallel.schedule = "carried", "host", "1f1b"
+    cfg.train.eval_every, cfg.train.eval_batches, cfg.train.checkpoints = 0, 0, False
+    updates, real = [], carried_updates._update
+
+    def failing_in_the_last_step(state, *args):
+        updates.append(state)
+        if len(updates) > 2 * cfg.model.n_units:  # the third step's
+            raise RuntimeError("the last step's update failed")
+        return real(state, *args)
+
+    monkeypatch.setattr(carried_updates, "_update", failing_in_the_last_step)
+    with one_thread(), pytest.raises(RuntimeError, match="the last step's update failed"):
+        rank_main(cfg, str(tmp_path / "run"), None, False, False)
+    assert len(updates) == 3 * cfg.model.n_units

@@ -48,6 +48,28 @@ def test_a_saved_checkpoint_verifies_and_loads_what_was_saved(tmp_path):
     assert not list((tmp_path / "checkpoints").glob("*.partial"))
 
 
+def test_units_are_verified_together_and_read_one_at_a_time(tmp_path, monkeypatch):
+    """Every file is checked before any state is read, and a unit's state is read when it is
+    asked for, not kept: a resume holds one unit's state at a time (it read all of them at
+    once, onto the GPU: 81 GB at llama2-7b). An export leaves the AdamW states unread."""
+    ckpt = _save(tmp_path, 3)
+    reads = []
+    real = checkpoint.read_unit
+    monkeypatch.setattr(checkpoint, "read_unit", lambda ckpt, u, *a: reads.append(u) or real(
+        ckpt, u, *a))
+    states = checkpoint.load_units(ckpt, [0, 1], "cpu")
+    assert reads == [] and list(states) == [0, 1] and len(states) == 2
+    assert states[1]["optim"] is not None and reads == [1]
+    assert [u for u, _ in states.items()] == [0, 1] and reads == [1, 0, 1]
+    with pytest.raises(KeyError):
+        states[2]
+    assert checkpoint.load_units(ckpt, [0], "cpu", optimizer=False)[0]["optim"] is None
+    (ckpt / "unit_0001.optim.pt").write_bytes(b"damaged")  # checked before unit 0 is read
+    with pytest.raises(checkpoint.CheckpointDamaged, match="unit_0001.optim.pt"):
+        checkpoint.load_units(ckpt, [0, 1], "cpu")
+    assert reads == [1, 0, 1, 0]
+
+
 def _flip_a_bit(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x04

@@ -159,18 +159,44 @@ def load_meta(ckpt: Path) -> dict:
     return meta
 
 
-def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0) -> dict[int, dict]:
+def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
+               optimizer: bool = True) -> "UnitStates":
     """The states of `units` (`replica`'s own where it saved them, as --sync diloco's replicas
-    do; else replica 0's), each file checked against the manifest before it is read."""
+    do; else replica 0's), every file checked against the manifest before any is read; each
+    unit's read onto `device` when it is asked for (UnitStates). `optimizer`: False leaves
+    the AdamW states unread (None)."""
     files = load_meta(ckpt)["files"]
-    states = {}
+    own = {}
     for u in units:
         if weights_file(u) not in files:
             raise CheckpointDamaged(f"checkpoint {ckpt} has no unit {u}: was it saved from another model?")
-        own = replica if weights_file(u, replica) in files else 0
-        for name in (weights_file(u, own), optim_file(u, own), outer_file(u)):
+        own[u] = replica if weights_file(u, replica) in files else 0
+        for name in (weights_file(u, own[u]), optim_file(u, own[u]), outer_file(u)):
             wrong = manifest.file_problem(ckpt, name, files[name]) if name in files else None
             if wrong:
                 raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
-        states[u] = read_unit(Path(ckpt), u, files, torch.device(device), own)
-    return states
+    if not optimizer:
+        unread = {optim_file(u, replica) for u, replica in own.items()}
+        files = {name: entry for name, entry in files.items() if name not in unread}
+    return UnitStates(Path(ckpt), files, own, torch.device(device))
+
+
+class UnitStates(Mapping):
+    """Verified units' states by unit, each read from its files when asked for and not kept:
+    a caller that takes one unit at a time holds one unit's state. (A resume read every
+    unit's onto the stage's device at once: 81 GB at llama2-7b, however small the run's GPU
+    budget; an export read the AdamW states it does not write.)"""
+
+    def __init__(self, ckpt: Path, files: dict, own: dict[int, int], device: torch.device):
+        self.ckpt, self.files, self.own, self.device = ckpt, files, own, device
+
+    def __getitem__(self, u: int) -> dict:
+        if u not in self.own:
+            raise KeyError(u)
+        return read_unit(self.ckpt, u, self.files, self.device, self.own[u])
+
+    def __iter__(self):
+        return iter(self.own)
+
+    def __len__(self) -> int:
+        return len(self.own)

@@ -9,6 +9,8 @@ offload, float16, a plan file).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
@@ -53,7 +55,7 @@ class _UnitStateMixin:
         copies = any(s.tied_copy for s in self.stage.state.values())
         return [*([0] if copies else []), *self.stage.units]
 
-    def load_unit_states(self, states: dict[int, dict]) -> None:
+    def load_unit_states(self, states: Mapping[int, dict]) -> None:
         for u in self.stage.units:
             state, unit = states[u], self.stage.state[u]
             if unit.tied_copy:
@@ -63,6 +65,9 @@ class _UnitStateMixin:
                 unit.load_optimizer_state(state["optim"])
             if self.outer and u in self.outer.units:  # a synchronous run's has none: start afresh
                 self.outer.units[u].load_state_dict(state.get("outer") or self.outer.units[u].fresh())
+
+    def finish_updates(self) -> None:
+        """Every optimizer update started has completed: none runs beyond its step here."""
 
     def peak_memory_bytes(self) -> int:
         return peak_memory_bytes(self.stage.device)
@@ -172,6 +177,11 @@ class PipelineEngine(_UnitStateMixin):
         # with an outer sync the step decides which units sync in it (schedule/outer_sync.py)
         program = step_programs(self.plan, step)[self.stage_index] if self.outer else self.program
         return self.executor.train_step(program, batches, lr, step)
+
+    def finish_updates(self) -> None:
+        """The carried updates still running on the host thread (the last step's: the next
+        step would have waited for them) have completed, and any error in them is raised."""
+        self.executor.host_updates.finish()
 
     def unit_states(self):
         self.executor.host_updates.finish()  # a carried update still running: the masters

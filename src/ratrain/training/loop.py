@@ -151,6 +151,7 @@ class Loop:
                 self.saver.wait()
                 return True
         bar.close()
+        self.engine.finish_updates()  # the last step's carried updates: waited by no next step
         self.saver.wait()  # the end of the run: its checkpoint published before the summary
         self._finish(row, rates)
         return False
@@ -158,8 +159,9 @@ class Loop:
     def _resume(self, ckpt: Path) -> None:
         """Weights, optimizer states, loss scale, loader position and random generators."""
         meta = checkpoint.load_meta(ckpt)
+        # read to the host a unit at a time: loading copies each into the unit's own home
         self.engine.load_unit_states(
-            checkpoint.load_units(ckpt, self.engine.checkpoint_units(), self.engine.stage.device,
+            checkpoint.load_units(ckpt, self.engine.checkpoint_units(), "cpu",
                                   self.groups.replica if self.groups else 0))
         # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
         # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
