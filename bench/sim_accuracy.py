@@ -74,8 +74,7 @@ def _config(c: Config, steps: int) -> RunConfig:
     t.seq_len, t.global_batch, t.micro_batch_size = c.seq, c.global_batch, c.micro
     t.steps, t.eval_batches, t.checkpoint_every, t.warmup_steps = steps, 0, 0, 0
     cfg.parallel.pp, cfg.parallel.dp = c.pp, c.dp
-    if c.threads > 1:
-        cfg.parallel.threads_per_rank = c.threads
+    cfg.parallel.threads_per_rank = c.threads  # as simulated, whatever the machine's cores
     return cfg
 
 
