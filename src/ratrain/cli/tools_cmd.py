@@ -82,7 +82,7 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
             "one set of weights (only --sync diloco's replicas keep their own)"))
     units = build_units(cfg.model, cfg.train.seed)
     states = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"),
-                                   replica or 0, optimizer=False)
+                                   replica or 0, optimizer=False, verified=True)
     outer = diloco and replica is None
     for u, state in states.items():
         with_outer = outer and state["outer"] is not None

@@ -159,10 +159,11 @@ class Loop:
     def _resume(self, ckpt: Path) -> None:
         """Weights, optimizer states, loss scale, loader position and random generators."""
         meta = checkpoint.load_meta(ckpt)
-        # read to the host a unit at a time: loading copies each into the unit's own home
+        # read to the host a unit at a time: loading copies each into the unit's own home;
+        # run_dir.resume_point verified the whole checkpoint before the ranks started
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.checkpoint_units(), "cpu",
-                                  self.groups.replica if self.groups else 0))
+                                  self.groups.replica if self.groups else 0, verified=True))
         # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
         # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
         same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)

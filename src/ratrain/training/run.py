@@ -85,7 +85,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         if not under_torchrun():  # the other ranks may still be writing theirs)
             checkpoint.remove_partials(opened.checkpoints)
     if stopped and not summary_path.exists():
-        saved = checkpoint.latest(opened.checkpoints)
+        saved = checkpoint.complete_dirs(opened.checkpoints)[-1]  # this run's, just published
         raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
                           f"saved checkpoint {saved} (continue with --resume {run_dir})")
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
@@ -109,7 +109,8 @@ def _computing_on(threads: int | None):
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
               trace: bool, plan_dict: dict | None = None) -> bool:
-    """One rank's run, from the checkpoint `resume_from` if given; returns whether Ctrl-C
+    """One rank's run, from the checkpoint `resume_from` if given (verified by the caller:
+    run_dir.resume_point; its files are not hashed again here); returns whether Ctrl-C
     stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
     plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
     (`train` passes what prepare returned), or where a caller of its own leaves it to be made
