@@ -125,7 +125,8 @@ wants offload32 && offload "gpu_offload_32blocks_b$B" 580 --steps 4 --global-bat
 # dimensions with as many blocks as two checkpoints of 12 bytes a parameter leave 10% of
 # $CKPT_DIR's disk free (the mid-run one stays until the end's is complete), host-homed state as
 # the 7B runs above, one micro-batch of 4 sequences of 4096 a step; one save at step $CKPT_EVERY in the background,
-# then the run resumed from it with its losses compared. Not by default; ~2-3 min.
+# then the run resumed from it with its losses compared. Not by default; ~2-3 min (up to ~7 on a
+# disk of ~300 MB/s: two 30 GB saves, each read back for its sha256, and the resume's check).
 if wants ckpt; then
 CKPT_DIR=${CKPT_DIR:-/tmp}
 free=$(df -B1 --output=avail "$CKPT_DIR" | tail -1)
@@ -137,7 +138,7 @@ sed -e "s/n_layers: $BLOCKS,/n_layers: $ckpt_blocks,/" -e "s/${BLOCKS}blocks/${c
   /tmp/llama7b_blocks.yaml > /tmp/llama7b_ckpt.yaml
 SECONDS=0
 E=${CKPT_EVERY:-24}
-timeout 400 $PY bench/checkpoint_save.py --config /tmp/llama7b_ckpt.yaml --global-batch 4 \
+timeout 560 $PY bench/checkpoint_save.py --config /tmp/llama7b_ckpt.yaml --global-batch 4 \
   --steps $((2 * E)) --every "$E" --rounds 1 --modes async --resume-check --dir "$CKPT_DIR" \
   --train-args "--state-home host --activation recompute --view-window 1" \
   --out "$OUT/checkpoint_save.json" > "$OUT/checkpoint_save.txt" 2>&1

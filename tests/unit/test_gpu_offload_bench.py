@@ -36,6 +36,20 @@ def test_both_rows_train_the_same_weights_on_the_same_batches_on_cpu(tmp_path):
     assert "--state-home host" in ratrain["commands"][-1]
 
 
+def test_ratrains_row_is_kept_when_the_peer_does_not_finish(tmp_path, monkeypatch):
+    """A GPU session's call has a time limit, and the peer tries micro-batch sizes one process
+    each: ratrain's row is written before the peer runs, so a call cut short keeps it."""
+    def cut(*args):
+        raise KeyboardInterrupt  # as the caller's timeout would stop it
+
+    monkeypatch.setattr(gpu_offload, "choose_peer", cut)
+    out = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["partial"] and len(result["rows"]["ratrain"]["losses"]) == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_gpu_rows_run_under_the_memory_cap(tmp_path):
     out = tmp_path / "r.json"
