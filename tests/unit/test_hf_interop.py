@@ -235,3 +235,41 @@ def test_weight_errors_are_user_errors(tmp_path):
         load_hf_weights(LlamaModel(wider), wider, tmp_path)
     with pytest.raises(UserError, match="checkpoint not found"):
         load_hf_weights(LlamaModel(cfg), cfg, tmp_path / "missing")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-llama3"])
+def test_a_stage_built_a_unit_at_a_time_holds_the_hugging_face_weights(tmp_path, monkeypatch,
+                                                                       preset):
+    """--model HF_DIR through the executor's stages (bf16 views of host masters, split in two,
+    a tied head apart from its embedding too): every master is the tensor of the checkpoint it
+    maps to, and each unit is built only after the one before has moved into its state (a
+    stage built at once held its whole fp32 weights: 27 GB a rank at llama2-7b)."""
+    from safetensors.torch import load_file
+
+    from ratrain.config import RunConfig
+    from ratrain.runtime import stage as stage_module
+    from ratrain.runtime.stage import Stage
+
+    model = dataclasses.replace(get_preset(preset), n_layers=2)
+    save_hf(build_units(model, 7), model, tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    cfg = RunConfig(model=model)
+    cfg.train.dtype, cfg.train.init_from, cfg.train.seed = "bfloat16", str(tmp_path), 0
+    built, full_at_build = [], []  # the fp32 weights still in built modules at each build
+    real_build = stage_module.build_unit
+
+    def build_unit(model_cfg, u, seed, embedding=None):
+        full_at_build.append(sum(p.numel() for m in built for p in m.parameters()))
+        built.append(real_build(model_cfg, u, seed, embedding=embedding))
+        return built[-1]
+
+    monkeypatch.setattr(stage_module, "build_unit", build_unit)
+    stages = [Stage(cfg, units, torch.device("cpu"), view_units=units, state_home="host")
+              for units in (range(0, 2), range(2, model.n_units))]
+    assert len(built) == model.n_units and full_at_build == [0] * model.n_units
+    for s in stages:
+        for u in s.units:
+            state = s.state[u]
+            name_of = {id(t): n for n, t in s.modules[u].state_dict(keep_vars=True).items()}
+            for p, master in zip(state.params, state.full_masters()):
+                assert torch.equal(master, saved[hf_param_name(model, u, name_of[id(p)])])
