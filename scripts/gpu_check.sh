@@ -16,6 +16,23 @@ BLOCKS=${BLOCKS:-4}
 SECTIONS=${SECTIONS:-"tests cli 7b learn profile"}
 LOG=$OUT/log.txt
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
+# SMOKE=1: every section's commands on this CPU at a toy size (llama2-7b's shapes shrunk to a
+# 64-wide model of 64 tokens, 2 steps, the benches on `tiny` in fp32): their flags, files and
+# log lines checked before a GPU session spends its minutes on them
+# (tests/unit/test_gpu_check.py). Its numbers mean nothing.
+if [[ -n "${SMOKE:-}" ]]; then
+  SHAPE="vocab_size: 512, dim: 64, n_layers: $BLOCKS, n_heads: 4, n_kv_heads: 4, ffn_dim: 96,
+        max_seq_len: 64}"; SEQ=64; STEPS=2; CLI_STEPS=2
+  PROFILE_SHAPE=(--model tiny --seq-len 64 --micro-batch-size 1 --dtype bfloat16 --repeats 1)
+  BENCH_SHAPE=(--device cpu --model tiny --seq-len 32 --dtype float32 --steps 2)
+  CKPT_SHAPE=(--steps 4 --every 2)
+else
+  SHAPE="vocab_size: 32000, dim: 4096, n_layers: $BLOCKS, n_heads: 32, n_kv_heads: 32,
+        ffn_dim: 11008, max_seq_len: 4096}"; SEQ=4096; STEPS=6; CLI_STEPS=20
+  PROFILE_SHAPE=(--model llama2-7b --seq-len 4096 --micro-batch-size 1 --dtype bfloat16 --repeats 2)
+  BENCH_SHAPE=()
+  CKPT_SHAPE=()
+fi
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'threads', torch.get_num_threads())"
@@ -46,7 +63,7 @@ run() {  # name, where to, timeout, flags: a run's summary to where/name.json, i
     "$to/$name.json" >> "$LOG" 2>&1
 }
 wants cli && for dtype in bfloat16 float16; do
-  run "cli_zbh1_$dtype" /tmp 90 --steps 20 --dtype $dtype --schedule zbh1 --weight-grad grouped \
+  run "cli_zbh1_$dtype" /tmp 90 --steps "$CLI_STEPS" --dtype $dtype --schedule zbh1 --weight-grad grouped \
     --activation recompute --view-window 1 --state-home host
 done
 
@@ -54,9 +71,8 @@ done
 # gradients and AdamW state in pinned host memory, views made one unit ahead, activations
 # recomputed; then the same blocks with everything on the device, activations kept.
 cat > /tmp/llama7b_blocks.yaml <<YAML
-model: {name: llama2-7b-${BLOCKS}blocks, vocab_size: 32000, dim: 4096, n_layers: $BLOCKS,
-        n_heads: 32, n_kv_heads: 32, ffn_dim: 11008, max_seq_len: 4096}
-train: {seq_len: 4096, global_batch: 1, micro_batch_size: 1, dtype: bfloat16, steps: 6,
+model: {name: llama2-7b-${BLOCKS}blocks, $SHAPE
+train: {seq_len: $SEQ, global_batch: 1, micro_batch_size: 1, dtype: bfloat16, steps: $STEPS,
         warmup_steps: 0, lr: 0.0001, eval_every: 0}
 YAML
 if wants 7b || wants 7b_host; then
@@ -84,7 +100,7 @@ fi
 # Does a 7B-wide model learn on the GPU? The same blocks on the device, 40 steps with warmup
 # (6 steps without one are too few to tell).
 if wants learn; then
-sed -e 's/steps: 6,/steps: 40,/' -e 's/warmup_steps: 0, lr: 0.0001/warmup_steps: 10, lr: 0.0003/' \
+sed -e "s/steps: $STEPS,/steps: $((STEPS * 20 / 3)),/" -e 's/warmup_steps: 0, lr: 0.0001/warmup_steps: 10, lr: 0.0003/' \
   /tmp/llama7b_blocks.yaml > /tmp/llama7b_learn.yaml
 run llama7b_learn /tmp 150 --config /tmp/llama7b_learn.yaml --state-home device --activation keep
 $PY -c "import json; print('learn losses', [round(json.loads(l)['loss'], 3) for l in
@@ -96,8 +112,8 @@ fi
 if wants profile; then
 if [[ -n "${PROFILE:-}" ]]; then cp "$PROFILE" "$OUT/gpu_profile.yaml"; else
 SECONDS=0
-timeout 210 $PY -m ratrain.cli profile --model llama2-7b --seq-len 4096 --micro-batch-size 1 \
-  --dtype bfloat16 --repeats 2 --out "$OUT/gpu_profile.yaml" >> "$LOG" 2>&1
+timeout 210 $PY -m ratrain.cli profile "${PROFILE_SHAPE[@]}" --out "$OUT/gpu_profile.yaml" \
+  >> "$LOG" 2>&1
 echo "== profile rc=$? in ${SECONDS}s" >> "$LOG"
 fi
 for flags in "--state-home host --activation recompute --view-window 1" "--state-home device --activation keep"; do
@@ -116,11 +132,12 @@ offload() {  # name, timeout, flags
   timeout "$limit" $PY bench/gpu_offload.py --out "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1
   echo "== $name rc=$? in ${SECONDS}s" >> "$LOG"; tail -30 "$OUT/$name.txt" >> "$LOG"
 }
-wants offload && offload gpu_offload_8blocks 300 --layers 8 --steps 6 --peer-micro-batch-sizes 8,4,2,1
+wants offload && offload gpu_offload_8blocks 300 --layers 8 --steps 6 --peer-micro-batch-sizes 8,4,2,1 \
+  "${BENCH_SHAPE[@]}"
 B=${OFFLOAD_BATCH:-16}
 wants offload32 && offload "gpu_offload_32blocks_b$B" 580 --steps 4 --global-batch "$B" \
   --plan-profile bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml \
-  --peer-micro-batch-sizes "$( ((B >= 4)) && echo 4,2,1 || echo 1)"
+  --peer-micro-batch-sizes "$( ((B >= 4)) && echo 4,2,1 || echo 1)" "${BENCH_SHAPE[@]}"
 # A checkpoint saved while training goes on, and resumed (bench/checkpoint_save.py): llama2-7b's
 # dimensions with as many blocks as two checkpoints of 12 bytes a parameter leave 10% of
 # $CKPT_DIR's disk free (the mid-run one stays until the end's is complete), host-homed state as
@@ -141,7 +158,7 @@ E=${CKPT_EVERY:-24}
 timeout 560 $PY bench/checkpoint_save.py --config /tmp/llama7b_ckpt.yaml --global-batch 4 \
   --steps $((2 * E)) --every "$E" --rounds 1 --modes async --resume-check --dir "$CKPT_DIR" \
   --train-args "--state-home host --activation recompute --view-window 1" \
-  --out "$OUT/checkpoint_save.json" > "$OUT/checkpoint_save.txt" 2>&1
+  --out "$OUT/checkpoint_save.json" "${CKPT_SHAPE[@]}" > "$OUT/checkpoint_save.txt" 2>&1
 echo "== ckpt rc=$? in ${SECONDS}s" >> "$LOG"; tail -5 "$OUT/checkpoint_save.txt" >> "$LOG"
 fi
 fi
