@@ -99,7 +99,7 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
 @click.option("--seq-len", type=int, default=256, show_default=True)
 @click.option("--micro-batch-size", type=int, default=2, show_default=True)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype (masters stay fp32).")
-@click.option("--ranks", type=int, help="Processes measuring at once, 1 thread each: the load training puts on the machine.  [default: 2 on CPU (at most the cores), 1 on CUDA]")
+@click.option("--ranks", type=int, help="Processes measuring at once, 1 thread each: ranks that share the machine (the simulator gives a rank of several threads the measured thread efficiency).  [default: 2 on CPU (at most the cores), 1 on CUDA]")
 @click.option("--out", type=click.Path(), help="Where to write the profile (YAML, for the simulator).  [default: profile-<hostname>.yaml]")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON on stdout instead of the table.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Whole measurements to take; the profile holds each figure's median and names in its notes the figures that did not repeat within 10%.")

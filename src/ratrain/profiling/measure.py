@@ -5,8 +5,9 @@ their results (fits.py).
 
 The whole measurement runs `repeats` times; the profile holds each figure's median and names in
 its notes the figures that did not repeat (sim/profile_repeats.py). Each time, everything is
-measured under the load training puts on the machine: `ranks` local processes of
-one thread each (launch_local), started together behind a barrier before each measurement, each
+measured under the load of ranks that share the machine: `ranks` local processes of one
+thread each (launch_local; training gives them the cores split among them, which the simulator
+prices through the measured thread efficiency), started together behind a barrier before each measurement, each
 taking the median of its repeats after warm-ups; the profile holds the median over the ranks.
 
 * Unit times: ratrain's single-process executor runs a few steps of the plan `ratrain train`
