@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,7 @@ class RunConfig:
             if path.suffix == ".json"
             else yaml.safe_dump(self.to_dict(), sort_keys=False)
         )
-        path.write_text(text)
+        write_whole(path, text)
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
@@ -268,3 +269,13 @@ def _build(factory, values: dict[str, Any], section: str):
         return typed_dataclass(factory, values, section)
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+def write_whole(path: str | Path, text: str) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never a part:
+    under torchrun rank 0 rewrites a resumed run's config.yaml and plan.json while a rank that
+    started later may be reading them."""
+    path = Path(path)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 import pytest
 
 from ratrain.config import RunConfig
@@ -190,6 +192,20 @@ def test_yaml_3e_3_is_read_as_a_number(tmp_path):
     assert RunConfig.load(tmp_path / "run.yaml").train.lr == 3e-3
 
 
+def test_a_saved_config_replaces_the_file_whole(tmp_path):
+    """Under torchrun rank 0 rewrites a resumed run's config.yaml while a later rank may be
+    reading it: a reader holds the old file or the new, never one truncated under it."""
+    path = tmp_path / "config.yaml"
+    RunConfig().save(path)
+    with open(path) as reading:
+        cfg = RunConfig()
+        cfg.train.lr = 1.25e-4
+        cfg.save(path)
+        assert RunConfig.from_dict(yaml.safe_load(reading.read())).train.lr == RunConfig().train.lr
+    assert RunConfig.load(path).train.lr == 1.25e-4
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
 def test_ranks_that_share_a_machine_split_its_cores(monkeypatch):
     """The ranks ratrain launches split the cores, at least one thread each, on CPUs as on GPUs
     (one each left 14 of 16 cores idle at pp 2); so do torchrun's several a node, whose
@@ -198,7 +214,7 @@ def test_ranks_that_share_a_machine_split_its_cores(monkeypatch):
     from ratrain.training.prepare import threads_in_this_process, threads_per_rank
 
     cfg = RunConfig()
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("ratrain.training.prepare.usable_cores", lambda: 16)
     assert [threads_per_rank(cfg, n) for n in (1, 2, 3, 4, 32)] == [16, 8, 5, 4, 1]
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
                  "TORCHELASTIC_RUN_ID"):
@@ -217,6 +233,19 @@ def test_ranks_that_share_a_machine_split_its_cores(monkeypatch):
     assert threads_in_this_process(cfg) is None
     cfg.parallel.threads_per_rank = 3
     assert threads_in_this_process(cfg) == 3 and threads_per_rank(cfg, 4) == 3
+
+
+def test_the_cores_a_process_may_use_are_its_affinity_not_the_machines():
+    """taskset, a container's cpuset or a batch job's allocation: ranks given one core of
+    this machine split that one, not all of them."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from ratrain.host_cores import usable_cores; print(usable_cores())")
+    one = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert one.strip() == "1"
 
 
 def test_threads_apply_to_a_run_in_this_process_and_are_given_back(monkeypatch, capsys,

@@ -70,6 +70,8 @@ def test_the_schedule_is_chosen_on_the_measured_links_and_the_hint_follows_them(
     assert hint.startswith("low-communication mode (not switched on): ")
     assert "--sync diloco:" in hint and "never chosen for you" in hint
     assert cfg.parallel.sync == "step"  # offered, not switched on
+    # priced on the ranks' threads, as the schedule was chosen (it was one thread always)
+    assert low_comm_hint(cfg, plan, slow, threads_per_rank=2) != hint
     fast = load_profile("cpu-local")
     cfg = _cfg()
     assert low_comm_hint(cfg, run_plan(cfg, Machine(world=2), profile=fast), fast) is None
@@ -98,6 +100,8 @@ def test_the_setup_stage_chooses_on_the_links_its_machine_measured():
     ({"LOCAL_WORLD_SIZE": "2"}, {}, False),  # one node
     ({"LOCAL_WORLD_SIZE": "1"}, {"profile": "cpu-local"}, False),  # the user's profile
     ({"LOCAL_WORLD_SIZE": "1"}, {"schedule": "1f1b"}, False),  # nothing to choose
+    # torchrun started 3 processes for a layout of 2: the rule says so, no probe of rank 2
+    ({"LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "3"}, {}, False),
 ])
 def test_which_runs_probe(monkeypatch, env, changes, probes):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):

@@ -64,7 +64,7 @@ def test_gpu_peak_is_the_datasheet_times_the_gpus():
 
 
 def test_cpu_peak_from_a_profile_per_core(monkeypatch):
-    monkeypatch.setattr(mfu.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(mfu, "usable_cores", lambda: 2)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cpu = load_profile("cpu-local")
     # 4 ranks of 1 thread on 2 cores compute on 2 cores; one process of 1 thread on 1

@@ -300,7 +300,7 @@ def test_this_machine_says_the_threads_its_ranks_compute_on(monkeypatch, pp, thr
     from ratrain.training import prepare
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    monkeypatch.setattr("ratrain.training.prepare.usable_cores", lambda: 4)
     cfg = RunConfig()
     cfg.parallel.pp, cfg.parallel.threads_per_rank = pp, threads_per_rank
     assert prepare.this_machine(cfg).threads_per_rank == expected

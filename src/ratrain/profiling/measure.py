@@ -47,6 +47,7 @@ import torch
 
 from ratrain.config import ParallelConfig, RunConfig, TrainConfig
 from ratrain.errors import UserError
+from ratrain.host_cores import usable_cores
 from ratrain.models.presets import get_preset
 from ratrain.profiling.fits import (adamw_params, compute_rates, contention_of,
                                     fit_process_overhead, host_tier, links_of, measured_shape,
@@ -106,7 +107,7 @@ def _require_positive(flag: str, value: int) -> None:
 
 def default_ranks(on_cuda: bool) -> int:
     """On a CPU 2 ranks (the load of a 2-stage run), at most one per core; on a GPU 1."""
-    return 1 if on_cuda else min(2, os.cpu_count() or 1)
+    return 1 if on_cuda else min(2, usable_cores())
 
 
 def default_out() -> Path:
@@ -193,7 +194,7 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
         memory = _ram_bytes() / ranks
         notes["device.memory_bytes"] = (f"the machine's RAM ({_ram_bytes() / 2**30:.1f} GiB) / "
                                         f"{ranks} rank(s)")
-        name, cores, per_node = _cpu_name(), os.cpu_count(), 64
+        name, cores, per_node = _cpu_name(), usable_cores(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     if cores:
         notes["device.thread_efficiency"] = (

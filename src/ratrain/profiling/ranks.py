@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ratrain.config import RunConfig, TrainConfig
+from ratrain.host_cores import usable_cores
 from ratrain.runtime.process_memory import RssGrowth
 from ratrain.models.llama import alibi_bias
 from ratrain.runtime.optim import make_optimizer
@@ -109,7 +110,7 @@ def alone_rank(cfg: RunConfig, blocks: int, smaller: RunConfig | None, out_dir: 
     if smaller is not None:
         fewer = _traced_steps(smaller, device, sync, None, "keep", blocks)
         result["smaller"] = {kind: fewer[kind] for kind in KINDS}
-    if device.type == "cpu" and (os.cpu_count() or 1) > 1:  # fits.thread_efficiency_of
+    if device.type == "cpu" and usable_cores() > 1:  # fits.thread_efficiency_of
         result["block_every_core"] = _on_every_core(
             lambda: _traced_steps(cfg, device, sync, None, "keep", blocks)["block"])
     split = _traced_steps(dataclasses.replace(cfg, parallel=dataclasses.replace(
@@ -264,7 +265,7 @@ def _host_adamw_s(train: TrainConfig) -> float:
 def _on_every_core(fn):
     """fn() with this process computing on every core."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cores())
     try:
         return fn()
     finally:

@@ -92,7 +92,7 @@ def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | 
         say(choice.why)
     plan = _flags_plan(cfg, machine)
     if say and machine.links is not None:
-        hint = low_comm_hint(cfg, plan, profile)
+        hint = low_comm_hint(cfg, plan, profile, machine.threads_per_rank)
         if hint:
             say(hint)
     return plan

@@ -38,14 +38,17 @@ def measured_profile(cfg: RunConfig, links: MeasuredLinks, base_name: str):
                      f"given): {words}; --schedule auto simulates on {profile.name}")
 
 
-def low_comm_hint(cfg: RunConfig, plan: PipelinePlan, profile) -> str | None:
-    """What --sync diloco would buy this synchronous plan on `profile`, where its per-step
-    sync is worth avoiding; None elsewhere."""
+def low_comm_hint(cfg: RunConfig, plan: PipelinePlan, profile,
+                  threads_per_rank: int = 1) -> str | None:
+    """What --sync diloco would buy this synchronous plan on `profile` with its ranks on
+    `threads_per_rank` CPU threads, where its per-step sync is worth avoiding; None
+    elsewhere."""
     from ratrain.sim import low_comm
     from ratrain.sim.simulator import simulate
 
     t = cfg.train
-    shape = {"micro_batch_size": t.micro_batch_size, "seq_len": t.seq_len, "dtype": t.dtype}
+    shape = {"micro_batch_size": t.micro_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
+             "threads_per_rank": threads_per_rank}
     low = low_comm.price(plan, cfg.model, profile,
                          simulate(plan, cfg.model, profile, **shape).step_time, **shape)
     if low is None or not low.worth_it:

@@ -29,9 +29,12 @@ def nodes_of(cfg: RunConfig) -> int | None:
 
 
 def wants_probe(cfg: RunConfig) -> bool:
+    """Whether to probe: also not where torchrun started other than pp x dp processes (the
+    probe's layout would name ranks that do not exist; the setup stage's rule says what is
+    wrong instead)."""
     p = cfg.parallel
     return (p.schedule == AUTO_SCHEDULE and not p.plan_file and not cfg.train.profile
-            and nodes_of(cfg) is not None)
+            and nodes_of(cfg) is not None and int(os.environ["WORLD_SIZE"]) == p.pp * p.dp)
 
 
 def measure(cfg: RunConfig) -> MeasuredLinks:

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
+from ratrain.host_cores import usable_cores
 
 # Dense (no sparsity) peak TFLOP/s by compute dtype, from the vendors' datasheets. float32 is
 # the non-tensor-core figure: PyTorch does not use TF32 for float32 matmuls by default.
@@ -93,7 +94,7 @@ def cpu_cores_used(world: int, threads_per_rank: int) -> int:
     """Cores a run's ranks compute on: its threads, at most the cores of each node."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     nodes = max(1, world // max(1, local))
-    return min(os.cpu_count() or 1, local * threads_per_rank) * nodes
+    return min(usable_cores(), local * threads_per_rank) * nodes
 
 
 def measure_cpu_core_peak(dtype: str = "float32") -> float:

@@ -10,6 +10,7 @@ import torch
 
 from ratrain.config import RunConfig
 from ratrain.data.replica import check_data
+from ratrain.host_cores import usable_cores
 from ratrain.host_memory import available_host_bytes
 from ratrain.runtime.engine import needs_executor
 from ratrain.runtime.torchrun_env import under_torchrun
@@ -42,7 +43,7 @@ def threads_per_rank(cfg: RunConfig, ranks_here: int) -> int:
     prices them). One thread a rank, the default until 2026-11-28 on a CPU, left all but
     `ranks_here` cores of a large machine idle; on GPUs the ranks' CPU work is host state's
     (AdamW, folds, norms), bound by memory bandwidth that one core cannot reach."""
-    return cfg.parallel.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, ranks_here))
+    return cfg.parallel.threads_per_rank or max(1, usable_cores() // max(1, ranks_here))
 
 
 def threads_in_this_process(cfg: RunConfig) -> int | None:
@@ -104,5 +105,5 @@ def prepare(cfg: RunConfig, progress: bool = True,
     plan = plan_here(cfg, plan_data, progress, machine)
     check_memory_fits(cfg, plan, machine)
     keep = is_distributed(cfg) or needs_executor(cfg)
-    check_data(cfg, progress)
+    check_data(cfg, progress and int(os.environ.get("RANK", 0)) == 0)  # one bar, not one a rank
     return plan if keep else None

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ratrain import checkpoint
-from ratrain.config import RunConfig
+from ratrain.config import RunConfig, write_whole
 from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.errors import Interrupted
@@ -65,7 +65,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         cfg.save(run_dir / "config.yaml")
         if plan:
             # a plan file's whole (what it was made for, its prediction), where it has one
-            (run_dir / "plan.json").write_text(json.dumps(
+            write_whole(run_dir / "plan.json", json.dumps(
                 plan_data if plan_data is not None else plan_dict, indent=2))
     args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
     in_this_process = under_torchrun() or world == 1
