@@ -34,6 +34,7 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
+from ratrain.training.agreed_plan import agreed
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
                                       threads_per_rank)
@@ -72,7 +73,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     try:
         if in_this_process:
             with _computing_on(threads_in_this_process(cfg)):
-                stopped = rank_main(*args)
+                stopped = rank_main(*args, agree=under_torchrun())
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                                    threads=threads_per_rank(cfg, world),
@@ -108,13 +109,14 @@ def _computing_on(threads: int | None):
 
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
-              trace: bool, plan_dict: dict | None = None) -> bool:
+              trace: bool, plan_dict: dict | None = None, agree: bool = False) -> bool:
     """One rank's run, from the checkpoint `resume_from` if given (verified by the caller:
     run_dir.resume_point; its files are not hashed again here); returns whether Ctrl-C
     stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
     plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
     (`train` passes what prepare returned), or where a caller of its own leaves it to be made
-    here from the config."""
+    here from the config. `agree`: every rank made its own plan (torchrun), so once the world
+    is joined they take rank 0's schedule (training/agreed_plan.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = is_distributed(cfg)
@@ -129,6 +131,8 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
                              plan.shard_group, bool(plan.tied_ends),
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP)
+        if agree:
+            plan = agreed(cfg, plan, rank)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
     else:

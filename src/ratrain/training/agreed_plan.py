@@ -1,0 +1,65 @@
+"""One plan for every rank under torchrun. There every rank makes its own plan
+(training/prepare.py), and with `--schedule auto` chooses its schedule from what its own node
+shows: its free memory, its cores, the moment it read them. Nodes that differ (mixed machines,
+one busier than another) could choose differently, and ranks running programs that do not
+match wait on each other until --comm-timeout. Once the world is joined, every rank takes rank
+0's choice, checked against its own node's memory."""
+
+from __future__ import annotations
+
+import sys
+
+import torch.distributed as dist
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+from ratrain.schedule.plan import PipelinePlan
+from ratrain.setup import check_memory_fits
+from ratrain.training.prepare import plan_here, this_machine
+
+CHOSEN = ("schedule", "weight_grad", "micro_batch_group")
+"""What --schedule auto chooses on each rank."""
+
+
+def agreed(cfg: RunConfig, plan: PipelinePlan, rank: int) -> PipelinePlan:
+    """`plan` where every rank chose as rank 0 did; else, on the ranks that chose otherwise,
+    their plan with rank 0's choice written into cfg. Collective: every rank of the world
+    calls it. A choice some node cannot hold is refused on every rank, with that node's
+    reason, so that none is left waiting."""
+    mine = tuple(getattr(cfg.parallel, k) for k in CHOSEN)
+    chosen = _gathered(mine)
+    if all(c == chosen[0] for c in chosen):
+        return plan
+    refusal = None
+    if mine != chosen[0]:
+        for key, value in zip(CHOSEN, chosen[0]):
+            setattr(cfg.parallel, key, value)
+        try:
+            plan = plan_here(cfg)  # the schedule is given now: nothing is chosen or probed
+            check_memory_fits(cfg, plan, this_machine(cfg))
+        except UserError as e:
+            refusal = str(e)
+    others = ", ".join(f"rank {r}: {_label(c)}" for r, c in enumerate(chosen) if c != chosen[0])
+    refused = [(r, why) for r, why in enumerate(_gathered(refusal)) if why]
+    if refused:
+        r, why = refused[0]
+        raise UserError(f"the ranks chose different schedules on their nodes (rank 0: "
+                        f"{_label(chosen[0])}; {others}), and rank 0's cannot run on rank {r}'s: "
+                        f"{why}; pass --schedule (and --weight-grad, --micro-batch-group) to "
+                        f"choose one for every rank")
+    if rank == 0:
+        print(f"the ranks chose different schedules on their nodes ({others}); every rank runs "
+              f"rank 0's, {_label(chosen[0])}", file=sys.stderr, flush=True)
+    return plan
+
+
+def _gathered(value) -> list:
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone
+
+
+def _label(choice: tuple) -> str:
+    schedule, weight_grad, group = choice
+    return (schedule + (f" {weight_grad}" if weight_grad else "")
+            + (f" in groups of {group}" if group and group > 1 else ""))
