@@ -211,7 +211,7 @@ def test_a_resumed_run_that_fails_before_its_first_step_leaves_its_files_as_they
     assert _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run")[0] == 0
     before = {n: (tmp_path / "run" / n).read_bytes() for n in ("config.yaml", "summary.json")}
 
-    def fails(cfg, run_dir, *args):
+    def fails(cfg, run_dir, *args, **kwargs):
         if stepped:
             with open(Path(run_dir) / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": 5, "loss": 1.0}) + "\n")

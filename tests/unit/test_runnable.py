@@ -262,7 +262,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     monkeypatch.setattr("ratrain.cli.options.read_plan_file", setup_plan_file.read_plan_file)
     common = ("--config", _small_file(tmp_path), "--no-progress", "--no-trace")
     real_rank_main = train.rank_main
-    monkeypatch.setattr(train, "rank_main", lambda *args: ranks.append(args) or False)
+    monkeypatch.setattr(train, "rank_main", lambda *args, **kwargs: ranks.append(args) or False)
     code, _, err = run_cli(monkeypatch, capsys, "train", "--activation", "recompute",
                            "--run-dir", "a", *common)
     assert code == 0, err
