@@ -80,13 +80,15 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
         raise UserError(f"--replica {replica}: {run_dir} has " + (
             f"replicas 0-{cfg.parallel.dp - 1}" if diloco else
             "one set of weights (only --sync diloco's replicas keep their own)"))
-    units = build_units(cfg.model, cfg.train.seed)
+    with torch.device("meta"):  # shapes only: every weight comes from the checkpoint (a 7B
+        units = build_units(cfg.model, cfg.train.seed)  # model's init took ~40 s for nothing)
     states = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"),
                                    replica or 0, optimizer=False, verified=True)
     outer = diloco and replica is None
     for u, state in states.items():
         with_outer = outer and state["outer"] is not None
-        units[u].load_state_dict(outer_weights(units[u], state) if with_outer else state["weights"])
+        units[u].load_state_dict(outer_weights(units[u], state) if with_outer else state["weights"],
+                                 assign=True)
     save_hf(units, cfg.model, out)
     what = (" (the outer parameters: the replicas' last outer sync; --replica R exports a "
             "replica's own weights)" if outer else f" (replica {replica}'s own weights)"
