@@ -143,6 +143,49 @@ def test_load_tokens_joins_documents_with_eos(text_dir, tmp_path):
     assert tokens.tolist() == expected
 
 
+def test_a_long_file_is_read_and_tokenized_in_pieces(tmp_path, monkeypatch):
+    """A text file is read CHUNK_CHARS at a time, cut after a newline (or anywhere, where a
+    piece has none), so that neither it nor its tokens sit in memory whole; the bytes are the
+    file's, one end-of-document id after its last piece."""
+    from ratrain.data import corpus
+
+    monkeypatch.setattr(corpus, "CHUNK_CHARS", 50)
+    text = "".join(f"line {i} of a long file, héllo\n" for i in range(40)) + "x" * 170
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "long.txt").write_text(text)
+    pieces = list(corpus.documents(tmp_path / "d" / "long.txt"))
+    assert "".join(t for t, _ in pieces) == text and len(pieces) > 20
+    assert [ends for _, ends in pieces] == [False] * (len(pieces) - 1) + [True]
+    assert all(len(t) <= 2 * corpus.CHUNK_CHARS for t, _ in pieces)
+    assert all(t.endswith("\n") for t, _ in pieces[:-5])  # cut after newlines where there are
+    tok = ByteTokenizer()
+    tokens = load_tokens(DataConfig(path=str(tmp_path / "d"), cache_dir=str(tmp_path / "c")), tok,
+                         progress=False)
+    assert tokens.tolist() == list(text.encode()) + [tok.eos_id]
+
+
+def test_a_jsonl_file_is_its_records_text_each_a_document(tmp_path):
+    """The Hugging Face datasets' layout: one JSON object a line, its "text" the document (it
+    was tokenized as raw JSON, keys and escapes included, one document a file)."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "shard.jsonl").write_text(
+        '{"text": "first doc\\nwith a newline", "id": 1}\n\n{"text": "second"}\n')
+    tok = ByteTokenizer()
+    tokens = load_tokens(DataConfig(path=str(tmp_path / "d"), cache_dir=str(tmp_path / "c")), tok,
+                         progress=False)
+    assert tokens.tolist() == (list(b"first doc\nwith a newline") + [tok.eos_id]
+                               + list(b"second") + [tok.eos_id])
+    (tmp_path / "d" / "shard.jsonl").write_text('{"text": "ok"}\n{"content": "no text"}\n')
+    with pytest.raises(UserError, match=r"shard.jsonl:2: a .jsonl line needs a \"text\" "
+                                        r"string \(this one has keys content\)"):
+        load_tokens(DataConfig(path=str(tmp_path / "d"), cache_dir=str(tmp_path / "c")), tok,
+                    progress=False)
+    (tmp_path / "d" / "shard.jsonl").write_text('{"text": "ok"}\n{"text": \n')
+    with pytest.raises(UserError, match=r"shard.jsonl:2: not JSON"):
+        load_tokens(DataConfig(path=str(tmp_path / "d"), cache_dir=str(tmp_path / "c")), tok,
+                    progress=False)
+
+
 def test_token_cache_is_reused(text_dir, tmp_path, monkeypatch):
     cfg = DataConfig(path=str(text_dir), cache_dir=str(tmp_path / "c"))
     tok = ByteTokenizer()
@@ -204,6 +247,49 @@ def test_pretokenized_bin(tmp_path, name, dtype):
     check_token_ids(tokens, int(ids.max()) + 1)
     with pytest.raises(UserError, match=f"holds id {ids.max()}"):
         check_token_ids(tokens, int(ids.max()))
+
+
+def test_a_plain_bin_for_a_vocabulary_above_uint16_is_refused(tmp_path):
+    """Llama 3's ids stored as uint32 in `train.bin` read back as uint16 halves, all below
+    65,536: every other check passed and the run trained on garbage."""
+    ids = np.array([100_000, 128_000, 5], dtype=np.uint32)
+    ids.tofile(tmp_path / "train.bin")
+    tokens = load_tokens(DataConfig(path=str(tmp_path / "train.bin")), ByteTokenizer())
+    assert tokens.tolist() == [34464, 1, 62464, 1, 5, 0]  # what it was read as
+    with pytest.raises(UserError, match=r"train.bin is read as uint16 ids .* 128,256 words"):
+        check_token_ids(tokens, 128_256, str(tmp_path / "train.bin"))
+    ids.tofile(tmp_path / "train.u32.bin")
+    check_token_ids(load_tokens(DataConfig(path=str(tmp_path / "train.u32.bin")),
+                                ByteTokenizer()), 128_256, str(tmp_path / "train.u32.bin"))
+    ids.astype(np.uint16).tofile(tmp_path / "small.u16.bin")  # uint16 meant: said so
+    check_token_ids(load_tokens(DataConfig(path=str(tmp_path / "small.u16.bin")),
+                                ByteTokenizer()), 128_256, str(tmp_path / "small.u16.bin"))
+
+
+def test_linked_directories_are_followed_once(text_dir, tmp_path):
+    """A corpus of links to its shards' directories lost them all; a link back up ends."""
+    shards = tmp_path / "shards" / "s1"
+    shards.mkdir(parents=True)
+    (shards / "d.txt").write_text("linked shard\n")
+    (text_dir / "s1").symlink_to(shards, target_is_directory=True)
+    (shards / "up").symlink_to(text_dir, target_is_directory=True)
+    names = [f.relative_to(text_dir).as_posix() for f in text_files(text_dir)]
+    assert names == ["a.md", "b.txt", "s1/d.txt", "sub/c.py"]
+
+
+def test_a_rank_that_does_not_tokenize_waits_for_the_one_that_does(text_dir, tmp_path):
+    """Under torchrun a node's first rank tokenizes; the others wait for its cache file rather
+    than each write a whole second stream."""
+    import threading
+
+    cfg = DataConfig(path=str(text_dir), cache_dir=str(tmp_path / "c"))
+    tok = ByteTokenizer()
+    later = threading.Timer(0.5, load_tokens, (cfg, tok), {"progress": False})
+    later.start()
+    waited = load_tokens(cfg, tok, progress=False, tokenize=False)
+    later.join()
+    assert waited.tolist() == load_tokens(cfg, tok, progress=False).tolist()
+    assert len(list((tmp_path / "c" / "tokens").iterdir())) == 1
 
 
 def test_bad_bin_files(tmp_path):

@@ -7,9 +7,11 @@ rank of a run.
 
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 from pathlib import Path
+from typing import Iterator
 
 from ratrain.errors import UserError
 
@@ -74,15 +76,60 @@ def corpus_files(path: str | Path | None) -> tuple[Path, list[Path]]:
     return (root if root.is_dir() else root.parent), files
 
 
-def read_text(path: Path) -> str:
-    """A file's text as UTF-8; undecodable bytes become U+FFFD instead of failing the run."""
-    return path.read_text(encoding="utf-8", errors="replace")
+CHUNK_CHARS = 1 << 20
+"""A text file is read and tokenized this many characters at a time, cut after a newline where
+the piece has one: a 10 GB file never sits in memory whole (nor its tokenizer output, about
+430 bytes a token). A file shorter than this is one piece, tokenized as a whole."""
+
+
+def documents(path: Path) -> Iterator[tuple[str, bool]]:
+    """A file's text in pieces, each with whether a document ends with it (the tokenizer's
+    end-of-document id follows): a `.jsonl` file's records, one document each (the "text" of
+    every line); any other file, one document read CHUNK_CHARS at a time. UTF-8, undecodable
+    bytes as U+FFFD rather than a failed run."""
+    if path.suffix.lower() == ".jsonl":
+        yield from _records(path)
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read(CHUNK_CHARS)
+        while more := f.read(CHUNK_CHARS):
+            cut = text.rfind("\n", 0, len(text)) + 1 or len(text)  # no newline: cut anyway
+            yield text[:cut], False
+            text = text[cut:] + more
+        yield text, True
+
+
+def _records(path: Path) -> Iterator[tuple[str, bool]]:
+    """A JSON Lines file's documents: each non-empty line's "text" (the Hugging Face datasets'
+    layout); a line without one is refused with where it is and what it holds."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
+            text = record.get("text") if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                held = (f"keys {', '.join(sorted(record))}" if isinstance(record, dict)
+                        else type(record).__name__)
+                raise UserError(f"{path}:{number}: a .jsonl line needs a \"text\" string (this "
+                                f"one has {held})")
+            yield text, True
 
 
 def _walk(root: Path, want, skip_dirs=frozenset()) -> list[Path]:
     # Prune while walking: a venv's site-packages can be 20x the size of the stdlib itself.
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    # Linked directories are followed (a corpus of links to its shards' directories lost them
+    # all, without a word), each real directory once, so a link back up ends.
+    found, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = [d for d in dirnames if d not in skip_dirs and not d.startswith(".")]
         paths = (Path(dirpath, f) for f in filenames if want(f))
         found.extend(p for p in paths if p.is_file())  # drops broken symlinks

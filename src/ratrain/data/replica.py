@@ -21,12 +21,18 @@ def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool =
     return loader, val
 
 
-def check_data(cfg: RunConfig, progress: bool = False) -> None:
+def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
+               first: bool = True) -> None:
     """The tokenizer against the model, a pre-tokenized file's ids against the vocabulary, and
     enough tokens for a step (a UserError each). Tokenizes the data once (cached), so that the
-    ranks only memory-map the cached file."""
+    ranks only memory-map the cached file. Under torchrun, where every rank checks:
+    `first_here`, this node's first rank, tokenizes (the others wait for its file), and
+    `first`, the run's first, alone reads a pre-tokenized file whole for its largest id (64
+    ranks read a 100 GB file 64 times)."""
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
-    if str(cfg.data.path).endswith(".bin"):
-        check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size)
+    if str(cfg.data.path).endswith(".bin") and first:
+        check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size,
+                        str(cfg.data.path))
+    load_tokens(cfg.data, tokenizer, progress, tokenize=first_here)
     make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress)

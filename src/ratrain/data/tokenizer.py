@@ -84,8 +84,10 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        # encode_batch runs the texts in parallel inside the Rust library.
-        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        # encode_batch runs the texts in parallel inside the Rust library; its _fast form
+        # (tokenizers >= 0.21) keeps no character offsets, which a corpus does not need
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        encodings = encode(texts, add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -119,7 +121,7 @@ def train_bpe(files: Iterable[str | Path], vocab_size: int, out_path: str | Path
     from tokenizers import Tokenizer as _HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    from ratrain.data.corpus import read_text
+    from ratrain.data.corpus import documents
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 1:
@@ -137,7 +139,8 @@ def train_bpe(files: Iterable[str | Path], vocab_size: int, out_path: str | Path
         show_progress=False,
     )
     # Read through our own reader so training sees exactly the text load_tokens will encode.
-    tok.train_from_iterator((read_text(Path(f)) for f in files), trainer=trainer)
+    tok.train_from_iterator((text for f in files for text, _ in documents(Path(f))),
+                            trainer=trainer)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_path))

@@ -1,12 +1,13 @@
 """Token streams: tokenize a corpus once, cache it on disk, memory-map it on every later run.
 
-A token stream is a flat, read-only array of ids. Documents (files) are concatenated in corpus
-order, each followed by the tokenizer's end-of-document id when it has one.
+A token stream is a flat, read-only array of ids. Documents (files; a `.jsonl` file's records)
+are concatenated in corpus order, each followed by the tokenizer's end-of-document id when it
+has one.
 
 Pre-tokenized input: a data path ending in `.bin` is a raw little-endian array of ids and is
-memory-mapped as is, with no tokenizer involved: `name.bin` holds uint16 ids, `name.u32.bin`
-uint32 ids. Cached streams follow the same convention, so a cache file can be passed as a
-data path directly.
+memory-mapped as is, with no tokenizer involved: `name.bin` (or `name.u16.bin`) holds uint16
+ids, `name.u32.bin` uint32 ids. Cached streams follow the same convention, so a cache file
+can be passed as a data path directly.
 """
 
 from __future__ import annotations
@@ -16,21 +17,25 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from ratrain.config import DataConfig
-from ratrain.data.corpus import corpus_files, read_text
+from ratrain.data.corpus import corpus_files, documents
 from ratrain.data.tokenizer import Tokenizer
 from ratrain.errors import UserError
 
-# Bump when the layout of cached streams changes, so old caches are never misread.
-_CACHE_FORMAT = 1
-# Files handed to the tokenizer at once: large enough for encode_batch to run in parallel,
-# small enough for the progress bar to move.
-_FILES_PER_BATCH = 64
+# Bump when the layout of cached streams changes, so old caches are never misread (2: .jsonl
+# files as their records' text, long files in pieces).
+_CACHE_FORMAT = 2
+# Pieces handed to the tokenizer at once (encode_batch runs them in parallel), and at most
+# this many characters of them: the tokenizer's output for them is held until they are
+# written (about 430 bytes a token), so the batch, not the corpus, sets the memory.
+_PIECES_PER_BATCH = 64
+_CHARS_PER_BATCH = 16 << 20
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -44,14 +49,17 @@ def cache_root(data_cfg: DataConfig) -> Path:
     return Path(root).expanduser()
 
 
-def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True) -> np.ndarray:
+def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True,
+                tokenize: bool = True) -> np.ndarray:
     """The token stream of `data_cfg.path` (None: the standard library), as a read-only memmap.
 
     The first call tokenizes (with a progress bar on stderr unless `progress` is False) and
     writes the stream under `cache_root(data_cfg)/tokens/`; later calls with the same
     tokenizer and unchanged files (same relative paths, sizes and mtimes) map that file.
     The cache file appears atomically, so a crash never leaves a truncated stream behind and
-    concurrent runs never read a half-written one.
+    concurrent runs never read a half-written one. `tokenize` False: another process of this
+    machine tokenizes (a node's first torchrun rank), so wait for its file rather than make
+    a second one.
     """
     if data_cfg.path is not None and str(data_cfg.path).endswith(".bin"):
         return load_bin(data_cfg.path)
@@ -59,8 +67,9 @@ def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = Tru
     dtype = token_dtype(tokenizer.vocab_size)
     suffix = ".bin" if dtype.itemsize == 2 else ".u32.bin"
     path = cache_root(data_cfg) / "tokens" / (_cache_key(tokenizer, root, files) + suffix)
-    if not path.exists():
+    if not path.exists() and tokenize:
         _tokenize_to(path, files, tokenizer, dtype, progress)
+    _wait_for(path)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
@@ -81,8 +90,17 @@ def load_bin(path: str | Path) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def check_token_ids(tokens: np.ndarray, model_vocab_size: int) -> None:
-    """Refuse a stream holding ids the model cannot embed (pre-tokenized files are unchecked)."""
+def check_token_ids(tokens: np.ndarray, model_vocab_size: int, path: str = "") -> None:
+    """Refuse a stream holding ids the model cannot embed (pre-tokenized files are unchecked),
+    and a plain `.bin` (read as uint16) for a model whose vocabulary needs more: a uint32
+    stream read so passes every other check (its halves are ids below 65,536) and trains on
+    garbage. `name.u16.bin` says that uint16 is meant."""
+    if (model_vocab_size > 1 << 16 and tokens.dtype.itemsize == 2
+            and not path.endswith(".u16.bin")):
+        raise UserError(
+            f"{path} is read as uint16 ids (0-65,535: files ending in .u32.bin hold uint32), but "
+            f"the model's vocabulary has {model_vocab_size:,} words, whose ids need uint32: "
+            f"name a uint32 stream .u32.bin (or a uint16 one .u16.bin)")
     top = int(tokens.max())
     if top >= model_vocab_size:
         raise UserError(
@@ -120,16 +138,15 @@ def _tokenize_to(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as out, tqdm(
-            total=len(files), unit="file", desc="tokenizing", file=sys.stderr,
-            disable=not progress,
+            total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True,
+            desc="tokenizing", file=sys.stderr, disable=not progress,
         ) as bar:
-            for i in range(0, len(files), _FILES_PER_BATCH):
-                batch = files[i : i + _FILES_PER_BATCH]
-                for ids in tokenizer.encode_batch([read_text(f) for f in batch]):
+            for batch in _batches(files, bar):
+                for ids, (_, ends) in zip(tokenizer.encode_batch([t for t, _ in batch]), batch):
                     out.write(ids.astype(dtype, copy=False).tobytes())
-                    out.write(eos.tobytes())
-                    n_tokens += len(ids) + len(eos)
-                bar.update(len(batch))
+                    if ends:
+                        out.write(eos.tobytes())
+                    n_tokens += len(ids) + (len(eos) if ends else 0)
             out.flush()
             os.fsync(out.fileno())
         if n_tokens == 0:
@@ -139,3 +156,33 @@ def _tokenize_to(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _wait_for(path: Path, every_s: float = 2.0) -> None:
+    """Until `path` exists (at once where it does). A tokenizing rank that fails ends the run
+    (its launcher stops the others), so there is no time limit: a corpus may take hours."""
+    if path.exists():
+        return
+    print(f"waiting for this node's first rank to tokenize the corpus into {path}",
+          file=sys.stderr, flush=True)
+    while not path.exists():
+        time.sleep(every_s)
+
+
+def _batches(files: list[Path], bar):
+    """The corpus's pieces (corpus.documents) in batches for the tokenizer, the progress bar
+    moved by each file's bytes as its pieces are read."""
+    batch, chars = [], 0
+    for f in files:
+        read = 0
+        for text, ends in documents(f):
+            batch.append((text, ends))
+            chars += len(text)
+            read += len(text)
+            bar.update(len(text))  # characters: a file's bytes where it is ASCII
+            if len(batch) >= _PIECES_PER_BATCH or chars >= _CHARS_PER_BATCH:
+                yield batch
+                batch, chars = [], 0
+        bar.update(max(0, f.stat().st_size - read))  # the rest of its bytes: multi-byte text
+    if batch:
+        yield batch

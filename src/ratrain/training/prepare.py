@@ -105,5 +105,7 @@ def prepare(cfg: RunConfig, progress: bool = True,
     plan = plan_here(cfg, plan_data, progress, machine)
     check_memory_fits(cfg, plan, machine)
     keep = is_distributed(cfg) or needs_executor(cfg)
-    check_data(cfg, progress and int(os.environ.get("RANK", 0)) == 0)  # one bar, not one a rank
+    first = int(os.environ.get("RANK", 0)) == 0
+    check_data(cfg, progress and first, first_here=int(os.environ.get("LOCAL_RANK", 0)) == 0,
+               first=first)
     return plan if keep else None
