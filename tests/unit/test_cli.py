@@ -281,6 +281,25 @@ def test_resuming_refuses_a_changed_setting_but_not_the_same_one_repeated(monkey
     assert code == 2 and "cannot change --model when resuming" in err, err
 
 
+def test_a_resume_says_when_the_training_data_changed(monkeypatch, capsys, tmp_path):
+    """The checkpoint kept only the loader's step: a resume on a changed corpus drew other
+    sequences without a word. It now says so (and trains on)."""
+    import shutil
+
+    config = str(small_config(tmp_path))
+    run = ("--run-dir", str(tmp_path / "run"), "--no-progress", "--no-report")
+    assert run_cli(monkeypatch, capsys, "train", "--config", config, *run)[0] == 0
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(tmp_path / "run"),
+                           "--steps", "3", "--no-progress", "--no-report")
+    assert code == 0 and "data changed" not in err, err
+    shutil.copy(next(f for f in stdlib_files() if f.name == "shlex.py"), tmp_path / "text")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(tmp_path / "run"),
+                           "--steps", "4", "--no-progress", "--no-report")
+    assert code == 0, err
+    assert "the training data changed since the checkpoint (" in err
+    assert "the sequences are drawn anew from step 3 on" in err
+
+
 def test_rank_0_says_it_builds_a_large_model_and_how_long_it_took(capsys):
     """A 7B model's units and state took minutes to build with nothing on the screen."""
     from ratrain.models.presets import get_preset

@@ -65,8 +65,9 @@ class MicroBatchLoader:
         return _micro_batches(self.tokens, windows, self.seq_len, self.micro_batch_size)
 
     def state_dict(self) -> dict[str, int]:
-        """The next step to be returned; all a resumed run needs besides seed and config."""
-        return {"step": self.step}
+        """The next step to be returned, all a resumed run needs besides seed and config; and
+        how many tokens the training split held, by which a resume tells changed data."""
+        return {"step": self.step, "tokens": len(self.tokens)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         step = state["step"]

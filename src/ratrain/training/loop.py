@@ -173,6 +173,12 @@ class Loop:
         if self.engine.loss_scale and scale:
             self.engine.loss_scale.load_state_dict(scale)
         self.loader.load_state_dict(meta["loader"])
+        before, now = meta["loader"].get("tokens"), len(self.loader.tokens)
+        if self.is_main and before is not None and before != now:
+            print(f"the training data changed since the checkpoint ({before:,} tokens, now "
+                  f"{now:,}: another corpus, tokenizer or val_fraction): the sequences are drawn "
+                  f"anew from step {meta['step']} on, not as the run would have", file=sys.stderr,
+                  flush=True)
         if same_layout and str(self.rank) in meta["rng"]:
             rng.restore(meta["rng"][str(self.rank)])
 
