@@ -300,6 +300,32 @@ def test_a_resume_says_when_the_training_data_changed(monkeypatch, capsys, tmp_p
     assert "the sequences are drawn anew from step 3 on" in err
 
 
+def test_a_resume_past_a_torn_metrics_line_says_the_lr_jump_and_drops_a_stale_trace(
+        monkeypatch, capsys, tmp_path):
+    """Three things a long run met on resume: a last metrics line cut short by a crash stopped
+    every later resume at a JSON error; a larger --steps stretched the cosine without a word
+    (the learning rate jumps at the resumed step); and an earlier part's trace.json stayed
+    beside a part that wrote none, which the report then showed as this run's."""
+    from ratrain.training.metrics import read_metrics
+
+    config = str(small_config(tmp_path, steps=4, warmup_steps=0))
+    run = tmp_path / "run"
+    args = ("--no-progress", "--no-report")
+    assert run_cli(monkeypatch, capsys, "train", "--config", config, "--run-dir", str(run),
+                   *args)[0] == 0
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "lo')  # the machine died here
+    (run / "trace.json").write_text("{}")
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run), "--steps", "8",
+                           *args)
+    assert code == 0, err
+    assert "--steps 4 -> 8: the cosine schedule is stretched over the new length, so the " \
+           "learning rate at step 4 goes 0.0003 -> 0.00165" in err
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 9))
+    assert not (run / "trace.json").exists()
+
+
 def test_rank_0_says_it_builds_a_large_model_and_how_long_it_took(capsys):
     """A 7B model's units and state took minutes to build with nothing on the screen."""
     from ratrain.models.presets import get_preset

@@ -3,6 +3,7 @@ trace and summary."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -141,7 +142,10 @@ class Loop:
                 self.extras.step(row)
                 log.write(row)
             bar.update(1)
-            bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+            # refresh=False: drawn at tqdm's own pace, not every step (500k steps made 42 MB
+            # of one log line)
+            bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            refresh=False)
             stop = any(stops) and step + 1 < t.steps  # every rank sees the same: all stop
             if stop or (t.checkpoints and (step + 1 == t.steps or (
                     t.checkpoint_every and (step + 1) % t.checkpoint_every == 0))):
@@ -173,14 +177,28 @@ class Loop:
         if self.engine.loss_scale and scale:
             self.engine.loss_scale.load_state_dict(scale)
         self.loader.load_state_dict(meta["loader"])
-        before, now = meta["loader"].get("tokens"), len(self.loader.tokens)
-        if self.is_main and before is not None and before != now:
-            print(f"the training data changed since the checkpoint ({before:,} tokens, now "
-                  f"{now:,}: another corpus, tokenizer or val_fraction): the sequences are drawn "
-                  f"anew from step {meta['step']} on, not as the run would have", file=sys.stderr,
-                  flush=True)
+        if self.is_main:
+            self._say_what_changed(meta)
         if same_layout and str(self.rank) in meta["rng"]:
             rng.restore(meta["rng"][str(self.rank)])
+
+    def _say_what_changed(self, meta: dict) -> None:
+        """What a resume changes in the run's course, on stderr: other training data (other
+        sequences from here), or another --steps (the cosine stretched: the learning rate
+        jumps at the resumed step)."""
+        step = meta["step"]
+        before, now = meta["loader"].get("tokens"), len(self.loader.tokens)
+        if before is not None and before != now:
+            print(f"the training data changed since the checkpoint ({before:,} tokens, now "
+                  f"{now:,}: another corpus, tokenizer or val_fraction): the sequences are drawn "
+                  f"anew from step {step} on, not as the run would have", file=sys.stderr,
+                  flush=True)
+        saved = dataclasses.replace(self.cfg.train, steps=meta["config"]["train"]["steps"])
+        was, will = lr_at(step, saved), lr_at(step, self.cfg.train)
+        if saved.steps != self.cfg.train.steps and abs(will - was) > 0.01 * max(was, will):
+            print(f"--steps {saved.steps:,} -> {self.cfg.train.steps:,}: the cosine schedule is "
+                  f"stretched over the new length, so the learning rate at step {step:,} goes "
+                  f"{was:.3g} -> {will:.3g}", file=sys.stderr, flush=True)
 
     def _checkpoint(self, step: int) -> None:
         """Save the state after `step`: taken now, in this thread (copied to host memory, see

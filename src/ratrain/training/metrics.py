@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ratrain.config import write_whole
+
 
 class MetricsLog:
     """Appends one JSON object per line to run_dir/metrics.jsonl.
@@ -19,9 +21,10 @@ class MetricsLog:
     def __init__(self, path: str | Path, resume_step: int | None = None):
         self.path = Path(path)
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [json.dumps(row) for row in read_metrics(self.path)
+                    if row["step"] <= resume_step]
+            # replaced whole: a kill while it is written leaves the earlier file, not a part
+            write_whole(self.path, "".join(line + "\n" for line in kept))
         elif resume_step is None:
             self.path.write_text("")
 
@@ -31,7 +34,16 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a metrics.jsonl; a last line cut short (the machine died, or its disk
+    filled, while the line was written) is left out, rather than stop every later resume
+    and report of the run at a JSON error."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    try:
+        rows += [json.loads(lines[-1])] if lines else []
+    except json.JSONDecodeError:
+        pass
+    return rows
 
 
 class StepExtras:

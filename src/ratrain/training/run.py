@@ -63,6 +63,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     kept = kept_files(run_dir) if ckpt and int(os.environ.get("RANK", 0)) == 0 else None
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
         summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
+        (run_dir / "trace.json").unlink(missing_ok=True)  # nor its trace (this part may have none)
         cfg.save(run_dir / "config.yaml")
         if plan:
             # a plan file's whole (what it was made for, its prediction), where it has one

@@ -182,9 +182,10 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
 
 @dataclass
 class KeptFiles:
-    """The files a resumed run rewrites at its start (its config, plan and the earlier part's
-    summary), kept to be put back where it fails before training a step: its settings were
-    never used, and the next attempt would take them up from config.yaml."""
+    """The files a resumed run rewrites or removes at its start (its config, plan and the
+    earlier part's summary and trace), kept to be put back where it fails before training a
+    step: its settings were never used, and the next attempt would take them up from
+    config.yaml."""
 
     run_dir: Path
     contents: dict[str, bytes]
@@ -199,7 +200,7 @@ class KeptFiles:
             (self.run_dir / name).write_bytes(data)
 
 
-RESTARTED = ("config.yaml", "plan.json", "summary.json")
+RESTARTED = ("config.yaml", "plan.json", "summary.json", "trace.json")
 
 
 def kept_files(run_dir: Path) -> KeptFiles:
