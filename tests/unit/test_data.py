@@ -354,7 +354,7 @@ def test_resume_matches_uninterrupted_run():
     for _ in range(5):
         next(run)
     state = run.state_dict()
-    assert state == {"step": 5}
+    assert state == {"step": 5, "tokens": len(_stream(50))}
     resumed = MicroBatchLoader(_stream(50), SEQ, 8, 2, seed=3)
     resumed.load_state_dict(state)
     for _ in range(10):  # crosses epoch boundaries (50 windows, 8 per step)
