@@ -48,6 +48,25 @@ def test_the_log_writes_every_scalar_of_a_row(tmp_path):
     assert got["memory/peak_bytes/rank_1"] == {1: 200, 2: 210}
 
 
+def test_a_run_started_afresh_in_the_directory_purges_the_earlier_events(tmp_path):
+    """`--resume auto` before any checkpoint starts afresh and empties metrics.jsonl; its
+    TensorBoard curves kept the earlier attempt's steps beside the new ones."""
+    from ratrain.training.tensorboard_log import TensorBoardLog
+
+    log = TensorBoardLog(tmp_path)
+    for step in (1, 2, 3):
+        log.write({"step": step, "loss": 5.0})
+    log.close()
+    again = TensorBoardLog(tmp_path)
+    again.write({"step": 1, "loss": 9.0})
+    again.close()
+    assert _scalars(tmp_path / "tensorboard")["loss/train"] == {1: 9.0}
+    resumed = TensorBoardLog(tmp_path, resume_step=1)
+    resumed.write({"step": 2, "loss": 8.0})
+    resumed.close()
+    assert _scalars(tmp_path / "tensorboard")["loss/train"] == {1: 9.0, 2: 8.0}
+
+
 def test_train_with_tensorboard_writes_the_metrics(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))

@@ -2,7 +2,8 @@
 
 Needs the `tensorboard` package (`pip install 'ratrain[tensorboard]'`); torch's SummaryWriter
 writes the event files. On resume, events past the resumed step are purged, as metrics.jsonl is
-cut back, so the curves describe one run.
+cut back, so the curves describe one run; a run that starts afresh in a directory with events
+(`--resume auto` before any checkpoint) purges them all, as it empties metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class TensorBoardLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"),
-                                    purge_step=resume_step + 1 if resume_step else None)
+                                    purge_step=(resume_step or 0) + 1)
 
     def write(self, row: dict) -> None:
         for tag, value in scalars_of(row).items():
