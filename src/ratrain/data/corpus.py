@@ -93,7 +93,7 @@ def documents(path: Path) -> Iterator[tuple[str, bool]]:
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read(CHUNK_CHARS)
         while more := f.read(CHUNK_CHARS):
-            cut = text.rfind("\n", 0, len(text)) + 1 or len(text)  # no newline: cut anyway
+            cut = text.rfind("\n") + 1 or len(text)  # no newline: cut anyway
             yield text[:cut], False
             text = text[cut:] + more
         yield text, True
