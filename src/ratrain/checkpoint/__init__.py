@@ -170,16 +170,18 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
     files = load_meta(ckpt)["files"]
     own = {u: replica if weights_file(u, replica) in files else 0 for u in units}
     if not optimizer:
-        unread = {optim_file(u, replica) for u, replica in own.items()}
+        unread = {optim_file(u, r) for u, r in own.items()}
         files = {name: entry for name, entry in files.items() if name not in unread}
     for u in own:
         if weights_file(u) not in files:
             raise CheckpointDamaged(f"checkpoint {ckpt} has no unit {u}: was it saved from another model?")
-        for name in () if verified else (weights_file(u, own[u]), optim_file(u, own[u]),
-                                         outer_file(u)):
-            wrong = manifest.file_problem(ckpt, name, files[name]) if name in files else None
-            if wrong:
-                raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
+    names = [] if verified else [name for u, r in own.items()
+                                 for name in (weights_file(u, r), optim_file(u, r), outer_file(u))
+                                 if name in files]
+    for name in names:
+        wrong = manifest.file_problem(ckpt, name, files[name])
+        if wrong:
+            raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
     return UnitStates(Path(ckpt), files, own, torch.device(device))
 
 

@@ -9,10 +9,12 @@ from ratrain.data.tokenizer import check_fits, load_tokenizer
 from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
 
 
-def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False):
-    """This replica's training loader and validation micro-batches."""
+def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False,
+              tokenize: bool = True):
+    """This replica's training loader and validation micro-batches (`tokenize`: as
+    load_tokens takes it)."""
     t = cfg.train
-    tokens = load_tokens(cfg.data, tokenizer, progress=progress)
+    tokens = load_tokens(cfg.data, tokenizer, progress=progress, tokenize=tokenize)
     train_tokens, val_tokens = split_train_val(tokens, cfg.data.val_fraction)
     loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
                               dp_size=dp, dp_rank=replica, seed=t.seed)
@@ -34,5 +36,4 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     if str(cfg.data.path).endswith(".bin") and first:
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size,
                         str(cfg.data.path))
-    load_tokens(cfg.data, tokenizer, progress, tokenize=first_here)
-    make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress)
+    make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress, tokenize=first_here)

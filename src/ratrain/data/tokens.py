@@ -137,11 +137,12 @@ def _tokenize_to(
     # The temporary file sits next to the target so the final rename stays on one filesystem.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
+        sizes = [f.stat().st_size for f in files]
         with os.fdopen(fd, "wb") as out, tqdm(
-            total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True,
-            desc="tokenizing", file=sys.stderr, disable=not progress,
+            total=sum(sizes), unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr,
+            disable=not progress,
         ) as bar:
-            for batch in _batches(files, bar):
+            for batch in _batches(files, sizes, bar):
                 for ids, (_, ends) in zip(tokenizer.encode_batch([t for t, _ in batch]), batch):
                     out.write(ids.astype(dtype, copy=False).tobytes())
                     if ends:
@@ -169,11 +170,11 @@ def _wait_for(path: Path, every_s: float = 2.0) -> None:
         time.sleep(every_s)
 
 
-def _batches(files: list[Path], bar):
+def _batches(files: list[Path], sizes: list[int], bar):
     """The corpus's pieces (corpus.documents) in batches for the tokenizer, the progress bar
-    moved by each file's bytes as its pieces are read."""
+    moved by each file's bytes (`sizes`) as its pieces are read."""
     batch, chars = [], 0
-    for f in files:
+    for f, size in zip(files, sizes):
         read = 0
         for text, ends in documents(f):
             batch.append((text, ends))
@@ -183,6 +184,6 @@ def _batches(files: list[Path], bar):
             if len(batch) >= _PIECES_PER_BATCH or chars >= _CHARS_PER_BATCH:
                 yield batch
                 batch, chars = [], 0
-        bar.update(max(0, f.stat().st_size - read))  # the rest of its bytes: multi-byte text
+        bar.update(max(0, size - read))  # the rest of its bytes: multi-byte text
     if batch:
         yield batch

@@ -184,7 +184,7 @@ class PipelineEngine(_UnitStateMixin):
         self.executor.host_updates.finish()
 
     def unit_states(self):
-        self.executor.host_updates.finish()  # a carried update still running: the masters
+        self.finish_updates()  # a carried update still running: the masters
         return super().unit_states()
 
     def eval_loss(self, batches) -> float:
