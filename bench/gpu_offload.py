@@ -89,6 +89,9 @@ def config(args):
 def run_child(cmd: list[str], log: Path, device: str) -> tuple[int, int, str]:
     """Run cmd to its end, output to `log`: (exit code, the process's peak RSS, the log's tail)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    # both rows' allocators grow by mapping, not by fixed segments: under the budget's cap,
+    # fragmentation would otherwise refuse what fits (ratrain sets the same; torchtitan too)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # ratrain takes the GPU wherever it sees one
     with open(log, "w") as f:

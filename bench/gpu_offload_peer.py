@@ -32,6 +32,7 @@ def main(spec_path: str) -> None:
     t, device = cfg.train, torch.device(spec["device"])
     cuda = device.type == "cuda"
     if cuda:
+        device = torch.device("cuda", device.index or 0)  # set_device refuses a bare "cuda"
         torch.cuda.set_device(device)
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["budget"] / total), device)

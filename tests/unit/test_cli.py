@@ -340,3 +340,25 @@ def test_rank_0_says_it_builds_a_large_model_and_how_long_it_took(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "building llama2-7b (6.74B parameters; this rank: stage 0 of 2, units 0-16) ..."
     assert lines[1].startswith("built in ") and lines[1].endswith(" s") and len(lines) == 2
+
+
+def test_cudas_allocator_grows_by_mapping_unless_the_user_chose(monkeypatch):
+    """A plan sized to its budget failed on 4.6 GiB reserved in fixed segments but unused
+    (llama2-7b on an H200, 2026-11-28): `ratrain` asks for expandable segments before CUDA
+    starts, and leaves a setting the user made alone."""
+    import os
+    import sys
+
+    from ratrain.cli import main
+
+    for given, expected in ((None, "expandable_segments:True"),
+                            ("max_split_size_mb:128", "max_split_size_mb:128")):
+        if given is None:
+            monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+        else:
+            monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", given)
+        monkeypatch.setattr(sys, "argv", ["ratrain", "--help"])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 0
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == expected

@@ -5,6 +5,7 @@ Exit codes: 0 success, 2 a user's mistake (one clear line on stderr), 1 an inter
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -19,6 +20,9 @@ __all__ = ["cli", "main"]
 def main() -> None:
     from ratrain.runtime.torchrun_env import under_torchrun
 
+    # Set before CUDA starts: a plan sized to the budget failed on 4.6 GiB of fixed segments
+    # reserved but unused (llama2-7b, H200, 2026-11-28); mapped segments grow to what is used.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     code = _run()
     if under_torchrun():  # torch is loaded there: its teardown is what this skips
         from ratrain.runtime.launch import exit_without_teardown
