@@ -49,6 +49,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,7 +97,12 @@ def run_child(cmd: list[str], log: Path, device: str) -> tuple[int, int, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""  # ratrain takes the GPU wherever it sees one
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
-        _, status, usage = os.wait4(proc.pid, 0)  # its own rusage: the peak RSS of this child
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)  # its own rusage: the peak RSS of this child
+        except BaseException:  # stopped (a time limit's SIGTERM): the child, holding the GPU, too
+            proc.kill()
+            proc.wait()
+            raise
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     lines = log.read_text(errors="replace").splitlines()
     return proc.returncode, usage.ru_maxrss * 1024, "\n".join(lines[-15:])
@@ -211,7 +217,9 @@ def table(result: dict) -> str:
              "|" + "---|" * 7]
     for name, r in rows.items():
         if "tokens_per_s" not in r:
-            lines.append(f"| {name} | failed: {r.get('error', '?').splitlines()[-1][:120]} | | | | | |")
+            why = f"skipped ({r['skipped']})" if "skipped" in r else \
+                f"failed: {r.get('error', '?').splitlines()[-1][:120]}"
+            lines.append(f"| {name} | {why} | | | | | |")
             continue
         fits = "-" if r.get("peak_cuda_bytes") is None else "yes" if r["peak_cuda_bytes"] <= budget else "NO"
         lines.append(f"| {name} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | "
@@ -233,6 +241,10 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _stopped(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = ap.add_argument
@@ -252,6 +264,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--memory-budget B` instead of the fixed flags")
     add("--ratrain-flags", default="", help="more flags for `ratrain train`")
     add("--peer-micro-batch-sizes", help="comma-separated (default: every divisor of the global batch)")
+    add("--rows", default="both", choices=["both", "ratrain", "peer"],
+        help="run only one row (a GPU session's calls can take them one at a time)")
     add("--device", default="cuda", choices=["cuda", "cpu"])
     add("--work-dir", type=Path, help="keep the runs' files here (default: a temporary directory)")
     add("--out", type=Path, help="default bench/results/gpu_offload_MODEL.json")
@@ -283,16 +297,29 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         cfg.save(work / "config.yaml")
-        ratrain = run_ratrain(args, work / "config.yaml", work)
+        signal.signal(signal.SIGTERM, _stopped)  # a stopped row's child is stopped too
+        ratrain = ({"skipped": "--rows peer"} if args.rows == "peer" else
+                   run_ratrain(args, work / "config.yaml", work))
         print(f"ratrain: {ratrain.get('error') or 'done'}", file=sys.stderr, flush=True)
-        # kept if the peer's tries outlast the caller's time limit (a GPU session's minutes)
-        out.write_text(json.dumps({"benchmark": "gpu_offload", "partial": "the peer had not run",
-                                   "rows": {"ratrain": ratrain}}, indent=2))
-        peer, tried = choose_peer(sizes, lambda s: run_peer_at(args, cfg, s, work))
+        # kept if the peer's tries outlast the caller's time limit (a GPU session's minutes),
+        # with the steps the peer had run when a SIGTERM stopped it
+        partial = {"benchmark": "gpu_offload", "partial": "the peer had not run",
+                   "rows": {"ratrain": ratrain}}
+        out.write_text(json.dumps(partial, indent=2))
+        try:
+            peer, tried = (({"skipped": "--rows ratrain"}, []) if args.rows == "ratrain" else
+                           choose_peer(sizes, lambda s: run_peer_at(args, cfg, s, work)))
+        except SystemExit:
+            steps = sorted(work.glob("peer-*.out.steps"), key=lambda p: p.stat().st_mtime)
+            partial["partial"] = "stopped while the peer ran"
+            if steps:
+                partial["peer_steps"] = json.loads(steps[-1].read_text())
+            out.write_text(json.dumps(partial, indent=2))
+            raise
         print(f"peer: {tried}", file=sys.stderr, flush=True)
     if peer is None:
         peer = {"error": "no micro-batch size ran every step: " + "; ".join(t["outcome"] for t in tried)}
-    else:
+    elif "skipped" not in peer:
         peer["micro_batch"] = f"{g // peer['micro_batch_size']} x {peer['micro_batch_size']}"
     peak = ratrain.get("peak_flops")  # ratrain's: the GPU's datasheet, or the CPU's measured
     if not peak and args.device == "cuda" and peer.get("device_name"):
@@ -314,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2))
     print(table(result))
     print(f"\nwrote {out} ({result['wall_s']:.0f} s)")
+    if args.rows != "both":
+        return 1 if any("error" in row for row in rows.values()) else 0
     return 0 if result["losses"] and result["losses"]["within_tolerance"] else 1
 
 

@@ -55,6 +55,9 @@ def main(spec_path: str) -> None:
             t0 = time.perf_counter()
             out["losses"].append(peer.train_step(batches, lr_at(step, t)))  # ends synchronized
             out["step_times_s"].append(time.perf_counter() - t0)
+            # each step's, where a caller's time limit cuts the run (bench/gpu_offload.py
+            # reports it); the finished run's below
+            Path(spec["out"] + ".steps").write_text(json.dumps(out))
     except torch.cuda.OutOfMemoryError as e:
         out["oom"] = f"step {step + 1}: {str(e).splitlines()[0]}"
     if cuda:

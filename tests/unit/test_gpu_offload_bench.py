@@ -81,3 +81,42 @@ def test_the_loss_check_uses_the_dtype_tolerance():
     c = gpu_offload.compare_losses([2.0, 1.01], [2.0, 1.0], "bfloat16")
     assert c["at_step"] == 2 and abs(c["max_rel_diff"] - 0.01) < 1e-12 and c["within_tolerance"]
     assert not gpu_offload.compare_losses([2.0, 1.01], [2.0, 1.0], "float32")["within_tolerance"]
+
+
+def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path):
+    """A GPU session can run the rows in separate calls (`--rows`); a time limit's SIGTERM
+    while the peer runs keeps the steps it had run, and stops its process (which holds the GPU
+    on a GPU)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "r.json"
+    assert gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--rows", "ratrain",
+                             "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["rows"]["ratrain"]["losses"]) == 2
+    assert result["rows"]["fsdp2-offload"] == {"skipped": "--rows ratrain"}
+
+    work, out = tmp_path / "work", tmp_path / "stopped.json"
+    args = list(SMALL)
+    args[args.index("--steps") + 1] = "500"
+    bench = subprocess.Popen([sys.executable, str(Path(gpu_offload.__file__)), *args, "--device",
+                              "cpu", "--dtype", "float32", "--rows", "peer", "--work-dir",
+                              str(work), "--out", str(out)], stderr=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(work.glob("peer-*.out.steps")) and time.time() < deadline:
+        time.sleep(0.2)
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(30) == 128 + signal.SIGTERM
+    result = json.loads(out.read_text())
+    assert result["partial"] == "stopped while the peer ran"
+    assert result["rows"]["ratrain"] == {"skipped": "--rows peer"}
+    assert 1 <= len(result["peer_steps"]["losses"]) < 500
+    peer_logs = list(work.glob("peer-*.log"))
+    assert peer_logs  # and no peer process is left
+    ps = subprocess.run(["pgrep", "-f", "gpu_offload_peer.py " + str(work)], capture_output=True)
+    assert ps.returncode == 1, ps.stdout

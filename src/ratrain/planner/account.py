@@ -15,7 +15,8 @@ from ratrain.planner.unit_table import UnitTable
 from ratrain.sim import unit_costs as uc
 
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
-          "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",)}
+          "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",),
+          "compute's working bytes": ("working",)}
 
 
 def decimal_bytes(n: float) -> str:

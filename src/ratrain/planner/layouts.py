@@ -201,13 +201,12 @@ def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None
     adds exposed syncs (each waited after one more compute action) and, for "micro-batch",
     m - 1 more reduce-scatters per unit and a slice-sized buffer, so the search leaves it out.
 
-    - "transient" under 1F1B with more micro-batches than stages: every stage runs a forward
-      after its first backward (stage s's first backward follows min(p - s, m) forwards), and
-      from then until its last backward every unit holds its full-size gradient, with as many
-      micro-batches in flight as at the stage's first backward: "step"'s peak. (The buffers
-      then count as the ledger's growth, which a profile's process overhead grows with.) Not
-      so under ZB-H1 with BWs in the bubble: a stage's peak there can come before its first
-      BW (a few hundred kB less for tiny's last stage), so it stays.
+    - "transient" always: it frees each unit's full-size gradient once its sync has
+      reduced it, which lowers a stage's peak where that comes during the last micro-batch's
+      backward (the compute's working bytes on top: sim/working_bytes.py) or, under ZB-H1
+      with BWs in the bubble, before the first BW. (Until 2026-11-28 it was left out under
+      1F1B with more micro-batches than stages, where every unit holds its gradient from its
+      first backward to its last: the ledger's peak alone came no later.)
     - "micro-batch" with one micro-batch, or with BWs grouped per unit (each unit's backwards
       of the step consecutive): "transient" holds the same buffers whenever a backward runs
       (one micro-batch: freed at the same waits; grouped: "micro-batch" frees a unit's only
@@ -216,8 +215,6 @@ def lifetime_helps(lifetime: str, n_micro: int, pp: int, weight_grad: str | None
 
     tests/unit/test_planner.py simulates both sides of each of these on tiny.
     """
-    if lifetime == "transient":
-        return weight_grad is not None or n_micro <= pp
     if lifetime == "micro-batch":
         return n_micro > 1 and weight_grad != "grouped"
     return True

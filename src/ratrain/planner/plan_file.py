@@ -36,6 +36,9 @@ def prediction(candidate: Candidate, request) -> dict:
             "threads_per_rank": request.threads_of(candidate.layout),
             "budget_bytes": request.budget_bytes, "margin": request.margin,
             "stage_peak_bytes": candidate.stage_bytes, "stage_host_peak_bytes": candidate.host_bytes,
+            # what the executor's ledger will hold at most (stage_peak_bytes adds the compute's
+            # working bytes and the process's overhead)
+            "stage_ledger_peak_bytes": [rank.peak for rank in r.ranks],
             "stage_choices": candidate.choices(request.model.n_layers + 2)}
 
 

@@ -100,7 +100,12 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
     run_grad = max(t.run_grad[a:b]) if t.holds_runs or b - a == 1 else 0
     if t.sums_on_device:  # each sum waited after one more compute action: two alive
         run_grad *= 2
-    transient = (2 + t.lifecycle.micro_batch_group) * t.act + recovering + run_grad
+    # and what the compute makes while it runs (sim/working_bytes.py): a backward's at the
+    # peak; a recomputed block's forward without autograd where no recomputation is held
+    working = max(t.working_backward[a:b])
+    if k and not choice.offload:
+        working = max(working, t.working_forward[1] - recovering)
+    transient = (2 + t.lifecycle.micro_batch_group) * t.act + recovering + run_grad + working
     in_flight = t.in_flight(stage, pp)
     full_most = full_fewer = 0.0
     if t.full_sized:

@@ -25,6 +25,7 @@ from ratrain.sim.cost_model import StageCosts
 from ratrain.sim.links import Link, ring
 from ratrain.sim.profile import HardwareProfile
 from ratrain.sim.stage_setup import StageSetup
+from ratrain.sim.working_bytes import working_bytes
 from ratrain.setup.rule import update_for
 
 
@@ -101,6 +102,12 @@ class UnitTable:
         self.out = per_unit(lambda u: uc.output_bytes(shape, uc.unit_kind(model, u)))
         self.saved = per_unit(lambda u: uc.saved_bytes(shape, uc.unit_kind(model, u)))
         self.wsaved = per_unit(lambda u: uc.wgrad_saved_bytes(shape, uc.unit_kind(model, u)))
+        # what a backward, and a forward without autograd (a recomputed block's F), make while
+        # they run beyond what is held
+        self.working_backward = per_unit(
+            lambda u: working_bytes(shape, uc.unit_kind(model, u), "backward"))
+        self.working_forward = per_unit(
+            lambda u: working_bytes(shape, uc.unit_kind(model, u), "forward"))
         owners = per_unit(c.unit_state_owners)
         self.state = [sum(owner[3] for owner in own) for own in owners]
         # masters and gradients: held before the first step, so not part of the ledger's growth

@@ -60,6 +60,8 @@ from ratrain.runtime.launch import launch_local
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import Device, HardwareProfile
 from ratrain.sim.profile_repeats import combine
+from ratrain.sim.unit_costs import UnitShape
+from ratrain.sim.working_bytes import working_bytes
 from ratrain.profiling.other_work import OtherWork
 
 REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted
@@ -179,11 +181,16 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
     compute = compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
     bandwidth = memory_bandwidth(per_rank, device_type)
     overhead = median_over_ranks(per_rank, lambda r: r["units"]["overhead_s"])
+    # what a block's backward makes while it runs is the simulator's own (sim/working_bytes.py),
+    # not the process's: every profiled stage runs one
+    working = working_bytes(UnitShape(cfg.model, cfg.train.micro_batch_size, cfg.train.seq_len,
+                                      cfg.train.dtype), "block", "backward")
     pipeline_stage = (median_over_ranks(per_rank, lambda r: r["units"]["ledger_growth"]),
                       median_over_ranks(per_rank, lambda r: r["units"]["process_growth"]
-                                         - r["units"]["ledger_growth"]))
+                                         - r["units"]["ledger_growth"]) - working)
     fixed, per_byte = fit_process_overhead(
-        [pipeline_stage, (alone["ledger_growth"], alone["process_growth"] - alone["ledger_growth"])])
+        [pipeline_stage, (alone["ledger_growth"],
+                          alone["process_growth"] - alone["ledger_growth"] - working)])
     intra = links_of(links)
     notes = _notes(cfg, ranks, device_type)
     tier = host_tier(per_rank, alone, notes) if on_cuda else {}
@@ -261,7 +268,9 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                                           f"ranks) and the single process's {ALONE_BLOCKS}-block "
                                           f"one: the peak RSS growth over the size before the "
                                           f"first step (CUDA: peak allocated) minus the ledger's "
-                                          f"growth, against the ledger's growth; the line "
+                                          f"growth and a block's backward's working bytes "
+                                          f"(sim/working_bytes.py), against the ledger's "
+                                          f"growth; the line "
                                           f"through the two gives the fixed part and "
                                           f"device.process_overhead_per_byte"),
         "intra_node": (f"{link_how[link_backend()]}: point to point (half an isend/irecv "

@@ -34,6 +34,7 @@ class StageCosts(StageStorages):
         self.device_summed = summed_on_device(setup.fold_roles or {})
         # a unit's compute times depend on its kind alone, and are read at each micro-batch
         self._times: dict[tuple, object] = {}
+        self._working: dict[tuple, int] = {}
         self._scale = {} if self.measured is not None else shape_scale(
             p.measured, setup.shape, self._priced_unit)
 

@@ -60,6 +60,9 @@ class StageMemory:
             return None
         before = self.ledger.total
         costs = self.costs
+        working = costs.working(a)
+        if working:  # a compute action's peak: what it makes while it runs, on what is held
+            self._note_device(working)
         # what a device unit's action holds of the state's kinds (its outer delta) is on the
         # device with the unit's state, as its state is (device_state)
         device_unit = bool(self.host_kinds) and a.unit in costs.s.device_units
@@ -76,18 +79,26 @@ class StageMemory:
     def note(self) -> None:
         ledger = self.ledger
         self.peak, self.at_peak = ledger.peak, ledger.at_peak  # the ledger replaces, never edits it
-        held = ledger.bytes
-        if not self.host_kinds:  # a CPU, where it is read most: the device holds it all
-            if ledger.total > self.device_peak:
-                self.device_peak, self.at_device_peak = ledger.total, dict(held)
+        self._note_device(0)
+        if self.host_kinds:
+            self.host_peak = max(self.host_peak, self.on_host())
+
+    def _note_device(self, working: int) -> None:
+        """The device's peak, with `working` bytes beyond the ledger (in `at_device_peak` as
+        "working")."""
+        ledger = self.ledger
+        on_device = ledger.total - (self.on_host() if self.host_kinds else 0) + working
+        if on_device <= self.device_peak:
             return
-        kept = self.device_state
-        on_host = self.on_host()
-        if ledger.total - on_host > self.device_peak:
-            self.device_peak = ledger.total - on_host
+        self.device_peak = on_device
+        if self.host_kinds:  # the device units' state is on the device, the rest on the host
+            kept = self.device_state
             self.at_device_peak = {k: kept.get(k, 0) if k in self.host_kinds else b
-                                   for k, b in held.items()}
-        self.host_peak = max(self.host_peak, on_host)
+                                   for k, b in ledger.bytes.items()}
+        else:  # a CPU, where it is read most: the device holds it all
+            self.at_device_peak = dict(ledger.bytes)
+        if working:
+            self.at_device_peak["working"] = working
 
     def on_host(self) -> int:
         """What the ledger holds now in the host tier: the host kinds less the device units'

@@ -8,11 +8,15 @@ from ratrain.schedule.ir import Action, Op
 from ratrain.schedule.unit_major import HOLD
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.outer_sync import delta_bytes, outer_state_owners
+from ratrain.sim.working_bytes import working_bytes
+
+_PHASES = {Op.RECOMPUTE: "saving", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
+           Op.BACKWARD_WEIGHT: "weight"}
 
 
 class StageStorages:
     """Sizes of what a stage holds and moves; StageCosts supplies `s` (its StageSetup),
-    `act_bytes`, `view_bytes`, `runs_on_device` and `device_summed`."""
+    `act_bytes`, `view_bytes`, `runs_on_device`, `device_summed` and `_working` (a dict)."""
 
 
     def state_owners(self) -> list[tuple[tuple, str, tuple, int]]:
@@ -89,6 +93,20 @@ class StageStorages:
         if name == "view":
             return [(("view", u), self.view_bytes(u))]
         raise KeyError(f"no size for storage {name!r} of {a}")
+
+    def working(self, a: Action) -> int:
+        """What a compute action allocates while it runs beyond what the ledger holds before
+        it (sim/working_bytes.py); 0 for the rest. A forward saves under keep and offload."""
+        if a.op is Op.FORWARD:
+            phase = "forward" if self.s.activation.get(a.unit, "keep") == "recompute" else "saving"
+        else:
+            phase = _PHASES.get(a.op)
+            if phase is None:
+                return 0
+        key = (self.s.kind(a.unit), phase)
+        if key not in self._working:
+            self._working[key] = working_bytes(self.s.shape, *key)
+        return self._working[key]
 
     def tokens_bytes(self) -> int:
         """The loader gives a step's micro-batches as views of one int64 tensor."""

@@ -5,11 +5,10 @@ passes on, and of what autograd saves for its backward, exactly as ratrain's uni
 The parameters come as the unit's tensors in module order (`param_sizes`), which is how sharded
 state slices them: `shard` gives a replica's slice of a unit's flattened parameters.
 
-The saved-bytes formulas follow models/llama.py op by op (fp32 on CPU; a test checks them
-against torch's saved-tensor hooks for several presets and shapes). In a lower precision the
-same tensors are counted at the compute dtype's size, with the fp32 statistics (RMSNorm's rstd,
-attention's log-sum-exp, the loss's log-softmax) at 4 bytes: an approximation, since autocast
-saves some casts of its own.
+The saved-bytes formulas follow models/llama.py op by op (a test checks them against torch's
+saved-tensor hooks for several presets and shapes, in fp32 and in bf16 and fp16, where the
+tensors are at the compute dtype's size, RMSNorm's fp32 copy of its input and the fp32
+statistics, rstd, attention's log-sum-exp and the loss's log-softmax, at 4 bytes).
 """
 
 from __future__ import annotations
@@ -148,19 +147,25 @@ def saved_bytes(shape: UnitShape, kind: str) -> int:
     int64 tensor, as the loader gives them)."""
     m, b, s, e = shape.model, shape.micro_batch_size, shape.seq_len, shape.elt
     t, d = shape.tokens, shape.model.dim
+    # RMSNorm computes in fp32: below it, its input's fp32 copy is what pow and the scaling
+    # save (in fp32 they save the input itself)
+    fp32_copy = 4 * t * d if e < 4 else 0
     if kind == "embedding":
         return 0  # the token ids, which are the input
     if kind == "head":
         # RMSNorm: rstd, normed, weighted (the matmul's input); the plain loss: the
         # log-softmax output (fp32) and its 4-byte normalizer; a chunked one keeps no logits
-        out = 4 * t + 2 * t * d * e + (0 if head_chunks(shape) else 4 * t * m.vocab_size + 4)
+        out = (4 * t + 2 * t * d * e + fp32_copy
+               + (0 if head_chunks(shape) else 4 * t * m.vocab_size + 4))
         if m.norm_head:  # F.normalize of the weight: the normalized copy and two row norms
             out += m.vocab_size * d * e + 2 * 4 * m.vocab_size
         return out
-    # Two RMSNorms (rstd, normed, weighted each; the second also its input h), q, k, v as
-    # attention reads them (k, v after repeat_interleave: full width), attention's output,
-    # the MLP's gate, silu(gate), up and their product.
-    out = 9 * t * d * e + 2 * 4 * t + 4 * t * m.ffn_dim * e
+    # Two RMSNorms (rstd, normed, weighted each; the second also its input h, or below fp32
+    # both inputs' fp32 copies), q, k, v as attention reads them (k, v after
+    # repeat_interleave: full width), attention's output, the MLP's gate, silu(gate), up and
+    # their product.
+    norm_inputs = 2 * fp32_copy if fp32_copy else t * d * e
+    out = 8 * t * d * e + norm_inputs + 2 * 4 * t + 4 * t * m.ffn_dim * e
     if m.position == "rope":
         out += 4 * b * m.n_heads * s  # attention's log-sum-exp
     else:
