@@ -76,6 +76,9 @@ def recompute(ex, st: StepState, a: Action) -> None:
 
 def backward(ex, st: StepState, a: Action) -> None:
     y = st.act.pop((a.unit, a.mb))
+    saved = st.saved.get((a.unit, a.mb))
+    if saved is not None:
+        saved.let_go_as_read()
     if a.unit == ex.head:
         y.backward()
     else:
@@ -103,6 +106,7 @@ def backward_input(ex, st: StepState, a: Action) -> None:
     saved = st.saved[key]
     if a.unit == ex.head and ex.stage.modules[a.unit].chunked(st.batches[a.mb][1]):
         # its loss makes the logits again once for both gradients: all of it here
+        saved.let_go_as_read()
         y.backward()
         st.grad[(a.unit - 1, a.mb)] = x.grad
         st.wgrad[key] = None

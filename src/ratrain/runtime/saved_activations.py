@@ -46,6 +46,7 @@ class SavedActivations:
         # BI, when nothing moves them any more)
         self._reloaded = None  # the reload copy's event
         self._reading: set[int] | None = None  # keep_only_for's record of what nodes read
+        self._releasing = False  # let_go_as_read's
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -78,8 +79,18 @@ class SavedActivations:
         if isinstance(packed, int):
             if self._reading is not None:
                 self._reading.add(packed)
-            return self.tensors[packed]
+            t = self.tensors[packed]
+            if self._releasing:
+                self.tensors[packed] = None
+            return t
         return packed
+
+    def let_go_as_read(self) -> None:
+        """In a whole backward (no graph kept): each saved tensor is let go once its node has
+        read it, so autograd frees it as the backward goes, as it would without these hooks.
+        Held to the backward's end, a block's saved tensors stayed beside its gradients' peak
+        (sim/working_bytes.py prices the backward as autograd runs it)."""
+        self._releasing = True
 
     def keep_only_for(self, nodes) -> list[torch.Tensor]:
         """Drop every tensor none of the graph nodes `nodes` saved (after a split backward's

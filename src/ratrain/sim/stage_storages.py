@@ -10,7 +10,7 @@ from ratrain.sim import unit_costs as uc
 from ratrain.sim.outer_sync import delta_bytes, outer_state_owners
 from ratrain.sim.working_bytes import working_bytes
 
-_PHASES = {Op.RECOMPUTE: "saving", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
+_PHASES = {Op.RECOMPUTE: "saving", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward_input",
            Op.BACKWARD_WEIGHT: "weight"}
 
 

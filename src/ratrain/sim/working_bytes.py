@@ -11,7 +11,10 @@ of a 20 GB cap on an H200 (2026-11-28) in a block's backward.
 
 Phases: "forward", without autograd (a recomputed unit's F); "saving", with autograd (F that
 keeps or offloads, and R): what it saves and its output are part of its peak, as they are of
-the ledger after it; "backward" (B, and a split backward's BI); "weight" (BW). Each formula is
+the ledger after it; "backward" (B: autograd frees each saved tensor once read,
+runtime/saved_activations.let_go_as_read); "backward_input" (a split backward's BI, which keeps
+the graph, so all it saved, and leaves the seeds and the input's gradient, part of its peak
+as of the ledger after it); "weight" (BW: the weights' gradients). Each formula is
 the largest of the unit's phases, op by op as models/llama.py and models/head_loss.py run
 them, with its parameters' gradients in the compute dtype (the fold takes them after the
 backward returns). tests/unit/test_working_bytes.py checks them against the bytes of the
@@ -26,7 +29,7 @@ from __future__ import annotations
 from ratrain.models.params import chunk_tokens
 from ratrain.sim import unit_costs as uc
 
-PHASES = ("forward", "saving", "backward", "weight")
+PHASES = ("forward", "saving", "backward", "backward_input", "weight")
 
 
 def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
@@ -38,8 +41,11 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
     if kind == "embedding":
         # its output; its backward is the table's dense gradient (no input gradient)
         return {"forward": t * d * e, "saving": t * d * e, "backward": v * d * e,
-                "weight": v * d * e}[phase]
+                "backward_input": 0, "weight": v * d * e}[phase]
     saved = uc.saved_bytes(shape, kind) + uc.output_bytes(shape, kind)
+    # BI, the graph kept: the norms' backward in fp32 beside everything saved
+    kept_graph = (sum(uc.wgrad_seed_bytes(shape, kind)) + t * d * e
+                  + (18 if low else 16) * t * d)
     if kind == "block":
         if phase == "forward":  # the MLP: silu(gate), up, their product; h and the norm's output
             out = 3 * t * f * e + 2 * t * d * e
@@ -47,7 +53,9 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
             out = saved + 4 * t * d
         elif phase == "backward":  # the product's and up's gradients, and down_proj's weight's
             out = 2 * t * f * e + d * f * e
-        else:
+        elif phase == "backward_input":
+            out = kept_graph
+        else:  # at most every weight's gradient
             out = sum(uc.param_sizes(m, "block")) * e
         if m.position != "rope":  # ALiBi: attention through the masked path's s x s scores
             scores = 4 * shape.micro_batch_size * m.n_heads * shape.seq_len ** 2
@@ -66,8 +74,10 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
             return max(norm, t * d * e + loss) + scalars
         if phase == "saving":
             return saved + max(4 * t * d if low else 0, loss) + scalars
-        # the chunks: dx, the weight's fp32 gradient and its cast, a chunk's softmax and its
-        # gradient; then the norm's backward in fp32
+        if phase == "weight":  # its BI ran its whole backward
+            return 0
+        # (B, and BI, which runs its whole backward) the chunks: dx, the weight's fp32
+        # gradient and its cast, a chunk's softmax and its gradient; then the norm's backward
         return max(t * d * e + 4 * v * d + weight + 16 * c,
                    2 * t * d * e + weight + (12 if low else 8) * t * d)
     logits = t * v * e + 4 * t * v + (4 * t * v if low else 0)
@@ -75,6 +85,10 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
         return max(norm, logits) + scalars
     if phase == "saving":
         return saved + logits - 4 * t * v + scalars  # the log-softmax is among what it saves
+    if phase == "backward_input":
+        return kept_graph + scalars
+    if phase == "weight":  # the weight's gradient, and the norm's
+        return weight + 4 * d
     # the loss's gradient in fp32 and the softmax; then the norm's backward, the log-softmax
     # it saved freed
     return max(8 * t * v, 2 * t * d * e + weight + (12 if low else 8) * t * d - 4 * t * v)
