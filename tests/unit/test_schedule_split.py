@@ -227,7 +227,9 @@ def test_a_cap_trades_the_filled_bubble_for_the_later_stages_memory():
     uncapped, none = _simulated("zbh1", 4, 1, 8, "bubble"), _simulated("1f1b", 4, 1, 8)
     capped = [_simulated("zbh1", 4, 1, 8, f"bubble:{k}") for k in (0, 1, 2)]
     last = [r.device_peak for r in (c.ranks[-1] for c in (none, *capped, uncapped))]
-    assert last == sorted(last) and last[1] < last[-1]
+    # 1F1B's a whisker above ZB-H1's with no BW deferred: their backwards' working bytes
+    # differ (B's MLP gradients; BI's kept graph), 0.4% on llama2-7b's last stage
+    assert last[1:] == sorted(last[1:]) and last[1] < last[-1] and last[0] <= 1.005 * last[1]
     steps = [c.step_time for c in (*capped, uncapped)]
     assert steps == sorted(steps, reverse=True) and steps[0] < none.step_time
 

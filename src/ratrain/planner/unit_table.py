@@ -104,8 +104,12 @@ class UnitTable:
         self.wsaved = per_unit(lambda u: uc.wgrad_saved_bytes(shape, uc.unit_kind(model, u)))
         # what a backward, and a forward without autograd (a recomputed block's F), make while
         # they run beyond what is held
-        self.working_backward = per_unit(
+        self._working_whole = per_unit(
             lambda u: working_bytes(shape, uc.unit_kind(model, u), "backward"))
+        # a split backward's BI: its seeds and input gradient too, which the stage's estimate
+        # holds apart only for BIs whose BW is deferred (a bound where some are)
+        self._working_split = per_unit(
+            lambda u: working_bytes(shape, uc.unit_kind(model, u), "backward_input"))
         self.working_forward = per_unit(
             lambda u: working_bytes(shape, uc.unit_kind(model, u), "forward"))
         owners = per_unit(c.unit_state_owners)
@@ -151,6 +155,8 @@ class UnitTable:
                            or self.sums_on_device)
         self.run_grad = self._run_grad
         self.seeds = self._seeds if split else [0] * self.n_units
+        self.working_backward = ([max(w, b) for w, b in zip(self._working_whole, self._working_split)]
+                                 if split else self._working_whole)
         self._sums = {**self._sums, **{name: [0, *accumulate(getattr(self, name))]
                                        for name in ("backward", "weight", "seeds")}}
 
