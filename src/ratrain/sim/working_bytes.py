@@ -29,9 +29,6 @@ from __future__ import annotations
 from ratrain.models.params import chunk_tokens
 from ratrain.sim import unit_costs as uc
 
-PHASES = ("forward", "saving", "backward", "backward_input", "weight")
-
-
 def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
     """The peak of unit `kind`'s `phase` on one micro-batch of `shape` over the bytes held
     before it."""
@@ -61,6 +58,8 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
             scores = 4 * shape.micro_batch_size * m.n_heads * shape.seq_len ** 2
             if phase == "saving":
                 out += scores if low else 0
+            elif phase == "backward_input":  # the scores' gradients beside the kept graph
+                out += 2 * scores
             else:
                 out = max(out, (3 if phase == "forward" else 2) * scores)
         return out
