@@ -33,9 +33,11 @@ class RankTimeline:
 
     def rss_growth(self, device) -> float:
         """The predicted peak RSS growth of the rank over its size before the first step (as
-        metrics.jsonl measures it): the ledger's growth plus what a process grows beyond the
-        ledger (the profile's overhead, `device.process_overhead`)."""
-        return self.ledger_growth + device.process_overhead(self.ledger_growth)
+        metrics.jsonl measures it): the ledger's growth, with the compute's working bytes where
+        the device is the process's own memory (a CPU: its device peak is the higher), plus
+        what a process grows beyond them (the profile's overhead, `device.process_overhead`)."""
+        growth = max(self.peak, self.device_peak) - self.held_before_training
+        return growth + device.process_overhead(self.ledger_growth)
 
     @property
     def bubble(self) -> float:
