@@ -58,7 +58,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_offload_report import PEER, TOLERANCE, compare_losses, summarize, table  # noqa: E402
+from gpu_offload_report import (PEER, TOLERANCE, compare_losses, merged, summarize,  # noqa: E402
+                                table)
 
 # ratrain's CLI under the peer's allocator cap, set before ratrain touches the GPU.
 CAPPED_CLI = ("import sys, torch\nbudget = float(sys.argv.pop(1))\n"
@@ -214,6 +215,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--peer-micro-batch-sizes", help="comma-separated (default: every divisor of the global batch)")
     add("--rows", default="both", choices=["both", "ratrain", "peer"],
         help="run only one row (a GPU session's calls can take them one at a time)")
+    add("--merge", nargs=2, metavar=("RATRAIN_JSON", "PEER_JSON"),
+        help="run nothing: one result of a --rows ratrain and a --rows peer run, losses compared")
     add("--device", default="cuda", choices=["cuda", "cpu"])
     add("--work-dir", type=Path, help="keep the runs' files here (default: a temporary directory)")
     add("--out", type=Path, help="default bench/results/gpu_offload_MODEL.json")
@@ -222,6 +225,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.merge:
+        try:
+            result = merged(*(json.loads(Path(f).read_text()) for f in args.merge))
+        except ValueError as e:
+            raise SystemExit(str(e))
+        out = args.out or ROOT / "bench" / "results" / "gpu_offload_merged.json"
+        out.write_text(json.dumps(result, indent=2))
+        print(table(result) + f"\n\nwrote {out}")
+        return 0 if result["losses"] and result["losses"]["within_tolerance"] else 1
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first is not timed)")
     from peers import machine

@@ -57,7 +57,9 @@ def main(spec_path: str) -> None:
             out["step_times_s"].append(time.perf_counter() - t0)
             # each step's, where a caller's time limit cuts the run (bench/gpu_offload.py
             # reports it); the finished run's below
-            Path(spec["out"] + ".steps").write_text(json.dumps(out))
+            steps = Path(spec["out"] + ".steps.tmp")  # whole, or not at all, when read
+            steps.write_text(json.dumps(out))
+            steps.replace(spec["out"] + ".steps")
     except torch.cuda.OutOfMemoryError as e:
         out["oom"] = f"step {step + 1}: {str(e).splitlines()[0]}"
     if cuda:

@@ -54,3 +54,21 @@ def table(result: dict) -> str:
     lines.append("peer micro-batch sizes tried: " + ", ".join(
         f"{t['micro_batch_size']} {t['outcome'].splitlines()[0][:100]}" for t in result["peer_tried"]))
     return "\n".join(lines)
+
+
+def merged(ratrain: dict, peer: dict) -> dict:
+    """One result of two `--rows` runs of the same settings: ratrain's row from the first, the
+    peer's from the second (each with its rate and MFU as its run computed them), the losses
+    compared."""
+    keys = ("model", "n_layers", "seq_len", "global_batch", "steps", "dtype", "device")
+    a, b = ratrain["settings"], peer["settings"]
+    differ = [k for k in keys if a.get(k) != b.get(k)]
+    if differ:
+        raise ValueError("the two runs' settings differ: " + ", ".join(
+            f"{k} {a.get(k)} / {b.get(k)}" for k in differ))
+    rows = {"ratrain": ratrain["rows"]["ratrain"], PEER: peer["rows"][PEER]}
+    losses = (compare_losses(rows["ratrain"]["losses"], rows[PEER]["losses"], a["dtype"])
+              if "losses" in rows["ratrain"] and "losses" in rows[PEER] else None)
+    return {"benchmark": "gpu_offload", "merged_from": [ratrain.get("command"), peer.get("command")],
+            "machine": ratrain.get("machine"), "settings": a, "rows": rows,
+            "peer_tried": peer.get("peer_tried", []), "losses": losses}

@@ -99,19 +99,32 @@ def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path):
     result = json.loads(out.read_text())
     assert len(result["rows"]["ratrain"]["losses"]) == 2
     assert result["rows"]["fsdp2-offload"] == {"skipped": "--rows ratrain"}
+    peer = tmp_path / "p.json"
+    assert gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--rows", "peer",
+                             "--out", str(peer)]) == 0
+    both = tmp_path / "both.json"
+    assert gpu_offload.main(["--merge", str(out), str(peer), "--out", str(both)]) == 0
+    merged = json.loads(both.read_text())
+    assert merged["losses"]["within_tolerance"] and merged["losses"]["max_rel_diff"] < 1e-5
+    assert merged["rows"]["fsdp2-offload"]["micro_batch_size"] == 2
+    other = json.loads(peer.read_text())
+    other["settings"]["steps"] = 3
+    peer.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="steps 2 / 3"):
+        gpu_offload.main(["--merge", str(out), str(peer), "--out", str(both)])
 
     work, out = tmp_path / "work", tmp_path / "stopped.json"
     args = list(SMALL)
     args[args.index("--steps") + 1] = "500"
     bench = subprocess.Popen([sys.executable, str(Path(gpu_offload.__file__)), *args, "--device",
                               "cpu", "--dtype", "float32", "--rows", "peer", "--work-dir",
-                              str(work), "--out", str(out)], stderr=subprocess.DEVNULL,
+                              str(work), "--out", str(out)], stderr=open(tmp_path / "err.txt", "w"),
                              stdout=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not list(work.glob("peer-*.out.steps")) and time.time() < deadline:
         time.sleep(0.2)
     bench.send_signal(signal.SIGTERM)
-    assert bench.wait(30) == 128 + signal.SIGTERM
+    assert bench.wait(30) == 128 + signal.SIGTERM, (tmp_path / "err.txt").read_text()[-2000:]
     result = json.loads(out.read_text())
     assert result["partial"] == "stopped while the peer ran"
     assert result["rows"]["ratrain"] == {"skipped": "--rows peer"}
