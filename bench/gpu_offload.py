@@ -257,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         cfg.save(work / "config.yaml")
-        signal.signal(signal.SIGTERM, _stopped)  # a stopped row's child is stopped too
         ratrain = ({"skipped": "--rows peer"} if args.rows == "peer" else
                    run_ratrain(args, work / "config.yaml", work))
         print(f"ratrain: {ratrain.get('error') or 'done'}", file=sys.stderr, flush=True)
@@ -307,4 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # a caller's time limit (SIGTERM) stops the row's child too, and keeps the peer's steps;
+    # set here, not in main(), which tests call in their own process
+    signal.signal(signal.SIGTERM, _stopped)
     sys.exit(main())

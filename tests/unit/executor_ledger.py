@@ -38,14 +38,20 @@ def executor_ledger(cfg: RunConfig, plan, held: set, prepare: Callable | None = 
         hold(owner, kind, storage, nbytes)
 
     ledger.hold_storage = spy
-    g = torch.Generator().manual_seed(0)
-    t = cfg.train
-    w = torch.randint(0, cfg.model.vocab_size, (t.global_batch, t.seq_len + 1), generator=g)
-    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
-    batches = list(zip(x.split(t.micro_batch_size), y.split(t.micro_batch_size)))
+    batches = step_batches(cfg)
     for _ in range(2):
         engine.train_step(batches, 1e-3)
     return {"peak": ledger.peak, **ledger.at_peak}
+
+
+def step_batches(cfg: RunConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A step's micro-batches of random tokens (seed 0), inputs and targets as the loader
+    gives them."""
+    t = cfg.train
+    w = torch.randint(0, cfg.model.vocab_size, (t.global_batch, t.seq_len + 1),
+                      generator=torch.Generator().manual_seed(0))
+    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    return list(zip(x.split(t.micro_batch_size), y.split(t.micro_batch_size)))
 
 
 def assert_simulated_ledger_is(measured: dict, plan, cfg: RunConfig):

@@ -116,15 +116,18 @@ def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path):
     work, out = tmp_path / "work", tmp_path / "stopped.json"
     args = list(SMALL)
     args[args.index("--steps") + 1] = "500"
-    bench = subprocess.Popen([sys.executable, str(Path(gpu_offload.__file__)), *args, "--device",
-                              "cpu", "--dtype", "float32", "--rows", "peer", "--work-dir",
-                              str(work), "--out", str(out)], stderr=open(tmp_path / "err.txt", "w"),
-                             stdout=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not list(work.glob("peer-*.out.steps")) and time.time() < deadline:
-        time.sleep(0.2)
-    bench.send_signal(signal.SIGTERM)
-    assert bench.wait(30) == 128 + signal.SIGTERM, (tmp_path / "err.txt").read_text()[-2000:]
+    err = tmp_path / "err.txt"
+    with open(err, "w") as stderr:
+        bench = subprocess.Popen([sys.executable, str(Path(gpu_offload.__file__)), *args,
+                                  "--device", "cpu", "--dtype", "float32", "--rows", "peer",
+                                  "--work-dir", str(work), "--out", str(out)],
+                                 stderr=stderr, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while not list(work.glob("peer-*.out.steps")) and time.time() < deadline:
+            time.sleep(0.2)
+        bench.send_signal(signal.SIGTERM)
+        code = bench.wait(30)
+    assert code == 128 + signal.SIGTERM, err.read_text()[-2000:]
     result = json.loads(out.read_text())
     assert result["partial"] == "stopped while the peer ran"
     assert result["rows"]["ratrain"] == {"skipped": "--rows peer"}

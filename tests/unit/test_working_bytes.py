@@ -107,7 +107,7 @@ def test_the_simulated_device_peak_is_what_a_real_step_allocates(dtype, activati
     from ratrain.sim.profile import load_profile
     from ratrain.sim.simulator import simulate
 
-    from .executor_ledger import small_model
+    from .executor_ledger import small_model, step_batches
 
     cfg = RunConfig(model=small_model())
     t = cfg.train
@@ -115,9 +115,7 @@ def test_the_simulated_device_peak_is_what_a_real_step_allocates(dtype, activati
     plan = build_plan(2, 1, 1, n_micro, schedule=schedule, view_window=1, state_home="host",
                       activation=activation, **extra)
     engine = PipelineEngine(cfg, plan, None, device=torch.device("cpu"))
-    w = torch.randint(0, cfg.model.vocab_size, (t.global_batch, t.seq_len + 1),
-                      generator=torch.Generator().manual_seed(0))
-    batches = list(zip(w[:, :-1].split(2), w[:, 1:].split(2)))
+    batches = step_batches(cfg)
     engine.train_step(batches, 1e-3)  # AdamW's state made: held before the step measured
     live = LiveBytes()
     with live:

@@ -79,15 +79,17 @@ class StageMemory:
     def note(self) -> None:
         ledger = self.ledger
         self.peak, self.at_peak = ledger.peak, ledger.at_peak  # the ledger replaces, never edits it
-        self._note_device(0)
-        if self.host_kinds:
-            self.host_peak = max(self.host_peak, self.on_host())
+        on_host = self.on_host() if self.host_kinds else 0
+        self._note_device(0, on_host)
+        self.host_peak = max(self.host_peak, on_host)
 
-    def _note_device(self, working: int) -> None:
+    def _note_device(self, working: int, on_host: int | None = None) -> None:
         """The device's peak, with `working` bytes beyond the ledger (in `at_device_peak` as
-        "working")."""
+        "working"); `on_host`: what the host tier holds now, where the caller has it."""
         ledger = self.ledger
-        on_device = ledger.total - (self.on_host() if self.host_kinds else 0) + working
+        if on_host is None:
+            on_host = self.on_host() if self.host_kinds else 0
+        on_device = ledger.total - on_host + working
         if on_device <= self.device_peak:
             return
         self.device_peak = on_device
