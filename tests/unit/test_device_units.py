@@ -132,6 +132,31 @@ def test_a_plan_without_room_is_left_as_it_is(found_40gb):
     assert keep_on_device(tight, full) is full
 
 
+def test_where_the_host_update_sets_the_step_blocks_recompute_to_make_room_for_units(
+        monkeypatch):
+    """7B on the H200 profile, one sequence of 4096 a step, 20 GB: the search's own best keeps
+    18 blocks' activations, which leaves no room for device units. Recomputing every block
+    makes room for 4 of them, and with the host's update most of the step that is faster; the
+    state they take off the host is 16 bytes a parameter."""
+    from ratrain.planner import device_units, search as search_module
+
+    request = PlanRequest(model=get_preset("llama2-7b"), profile=load_profile(GPU), devices=1,
+                          global_batch=1, seq_len=4096, dtype="bfloat16", budget=20e9, top=1)
+    best = search(request).best[0]
+    monkeypatch.setattr(search_module, "keep_on_device", lambda r, c: c)
+    kept = search(request).best[0]
+    n_units = request.model.n_layers + 2
+    assert kept.choices(n_units) != ["recompute"] and not kept.device_units
+    assert device_units._with_device_units(request, kept) is kept  # no room as it is
+    assert best.choices(n_units) == ["recompute"]
+    assert best.device_units == tuple(range(len(best.device_units))) and best.device_units
+    assert best.step_time < kept.step_time
+    assert max(best.stage_bytes) <= request.limit
+    moved = STATE_BYTES_PER_PARAM * sum(uc.param_count(request.model, u)
+                                        for u in best.device_units)
+    assert kept.host_bytes[0] - best.host_bytes[0] == pytest.approx(moved, rel=1e-3)
+
+
 def test_device_units_without_host_state_is_one_line(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "train", "--device-units", "2", "--steps", "1")
     assert code == 2 and "every unit's is there already" in err

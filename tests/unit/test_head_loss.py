@@ -57,8 +57,10 @@ def test_under_bf16_autocast_it_is_the_plain_heads_arithmetic():
         hx, hw = torch.autograd.grad(got, (x, w))
     assert got.dtype == torch.float32 and abs(got.item() - want.item()) < 1e-3
     assert hx.dtype == gx.dtype and hw.dtype == gw.dtype
-    assert (hx - gx).abs().max() < 1e-3 * gx.abs().max() + 1e-6
-    assert (hw - gw).abs().max() < 2e-2 * gw.abs().max()  # bf16 products summed in fp32
+    # the weight's gradient a chunk of rows at a time, each from one product as the plain
+    # head's; the input's a sum of bf16 products in fp32 (2-3 bf16 rounding steps of its largest)
+    assert (hw - gw).abs().max() < 1e-3 * gw.abs().max()
+    assert (hx - gx).abs().max() < 1e-2 * gx.abs().max()
 
 
 @pytest.mark.parametrize("chunked", [True, False])

@@ -10,14 +10,21 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 HEAD_CHUNK_ELEMENTS = 1 << 26
 """Logits the head's chunked loss makes at once (tokens x vocabulary: 256 MiB of fp32), and the
-size past which a micro-batch's loss is chunked (models/head_loss.py). Each chunk's backward
-also adds its product into the weight's fp32 gradient, a pass over the weight: a chunk this
-large keeps those passes to a few percent of the head's time."""
+size past which a micro-batch's loss is chunked (models/head_loss.py). Each chunk of its
+backward also adds its product into the input's fp32 gradient, a pass over the micro-batch's
+hidden states: a chunk this large keeps those passes to a few percent of the head's time."""
 
 
 def chunk_tokens(vocab_size: int) -> int:
-    """Tokens in one chunk of the head's loss."""
+    """Tokens in one chunk of the head's loss (its forward)."""
     return max(1, HEAD_CHUNK_ELEMENTS // vocab_size)
+
+
+def vocab_columns(tokens: int, vocab_size: int, chunk: int | None = None) -> int:
+    """Words of the vocabulary in one chunk of the head's backward over `tokens` tokens: as
+    many logits as a forward chunk of `chunk` tokens (default chunk_tokens) makes."""
+    chunk = chunk or chunk_tokens(vocab_size)
+    return max(1, min(vocab_size, chunk * vocab_size // tokens))
 
 
 def chunks(tokens: int, vocab_size: int) -> bool:

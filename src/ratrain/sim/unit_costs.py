@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
-from ratrain.models.params import DTYPE_BYTES, chunk_tokens, chunks, unit_param_counts
+from ratrain.models.params import DTYPE_BYTES, chunks, unit_param_counts, vocab_columns
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,14 @@ def moved_bytes(shape: UnitShape, kind: str) -> float:
 
 
 def backward_moved_bytes(shape: UnitShape, kind: str) -> float:
-    """The backward's traffic beyond moved_bytes: a chunked head adds each chunk's weight
-    gradient (compute dtype, written and read) into the fp32 one (read and written)."""
+    """The backward's traffic beyond moved_bytes: each vocabulary chunk of a chunked head adds
+    its input gradient (compute dtype, written and read) into the fp32 one (read and
+    written)."""
     if kind != "head" or not head_chunks(shape):
         return 0.0
     m = shape.model
-    n_chunks = -(-shape.tokens // chunk_tokens(m.vocab_size))
-    return n_chunks * (2 * shape.elt + 8) * m.vocab_size * m.dim
+    n_chunks = -(-m.vocab_size // vocab_columns(shape.tokens, m.vocab_size))
+    return n_chunks * (2 * shape.elt + 8) * shape.tokens * m.dim
 
 
 def param_count(model: ModelConfig, unit: int) -> int:
@@ -154,9 +155,10 @@ def saved_bytes(shape: UnitShape, kind: str) -> int:
         return 0  # the token ids, which are the input
     if kind == "head":
         # RMSNorm: rstd, normed, weighted (the matmul's input); the plain loss: the
-        # log-softmax output (fp32) and its 4-byte normalizer; a chunked one keeps no logits
+        # log-softmax output (fp32) and its 4-byte normalizer; a chunked one keeps no logits,
+        # each token's log-sum-exp (fp32)
         out = (4 * t + 2 * t * d * e + fp32_copy
-               + (0 if head_chunks(shape) else 4 * t * m.vocab_size + 4))
+               + (4 * t if head_chunks(shape) else 4 * t * m.vocab_size + 4))
         if m.norm_head:  # F.normalize of the weight: the normalized copy and two row norms
             out += m.vocab_size * d * e + 2 * 4 * m.vocab_size
         return out

@@ -26,7 +26,7 @@ accumulator in its backward), which the profile's process overhead holds.
 
 from __future__ import annotations
 
-from ratrain.models.params import chunk_tokens
+from ratrain.models.params import chunk_tokens, vocab_columns
 from ratrain.sim import unit_costs as uc
 
 def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
@@ -67,17 +67,23 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
     scalars = 8  # the loss's sum and mean, in fp32
     weight = v * d * e * (2 if m.norm_head else 1)  # a NormHead's normalized copy too
     if uc.head_chunks(shape):
-        c = chunk_tokens(v) * v  # one chunk's logits: in the compute dtype, fp32, log-softmax
-        loss = c * (e + 4 + (4 if low else 0))
+        # one chunk's logits: in the compute dtype and their fp32 copy (their softmax made in
+        # place); the max and picked logit of each of its tokens
+        c = chunk_tokens(v) * v
+        loss = c * ((e + 4) if low else 4) + 16 * chunk_tokens(v)
         if phase == "forward":
             return max(norm, t * d * e + loss) + scalars
         if phase == "saving":
             return saved + max(4 * t * d if low else 0, loss) + scalars
         if phase == "weight":  # its BI ran its whole backward
             return 0
-        # (B, and BI, which runs its whole backward) the chunks: dx, the weight's fp32
-        # gradient and its cast, a chunk's softmax and its gradient; then the norm's backward
-        return max(t * d * e + 4 * v * d + weight + 16 * c,
+        # (B, and BI, which runs its whole backward) a vocabulary chunk at a time beside the
+        # weight's gradient and the input's in fp32: the chunk's logits (and their fp32 copy
+        # and its cast back, below fp32), the targets' indices, the chunk's input gradient;
+        # then the norm's backward
+        cols = t * vocab_columns(t, v)
+        chunk = cols * ((2 * e + 4) if low else 4) + t * d * e + 17 * t
+        return max(weight + 4 * t * d + chunk,
                    2 * t * d * e + weight + (12 if low else 8) * t * d)
     logits = t * v * e + 4 * t * v + (4 * t * v if low else 0)
     if phase == "forward":
