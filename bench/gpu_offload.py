@@ -120,7 +120,8 @@ def ratrain_commands(args, config_path: Path, work: Path) -> list[list[str]]:
     plan = work / "plan.json"
     profile = str(Path(args.plan_profile).resolve()) if Path(args.plan_profile).is_file() else args.plan_profile
     return [["ratrain", "plan", *common, "--profile", profile, "--devices", "1",
-             "--memory-budget", args.memory_budget, "--out", str(plan)],
+             "--memory-budget", args.memory_budget, "--out", str(plan),
+             *shlex.split(args.plan_flags)],
             ["ratrain", "train", *common, "--plan", str(plan), *ratrain_tail(args, work)]]
 
 
@@ -211,6 +212,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--ratrain-micro-batch-size", type=int, default=1)
     add("--plan-profile", help="train the plan of `ratrain plan --profile THIS --devices 1 "
         "--memory-budget B` instead of the fixed flags")
+    add("--plan-flags", default="", help="more flags for `ratrain plan` (--host-memory-budget)")
     add("--ratrain-flags", default="", help="more flags for `ratrain train`")
     add("--peer-micro-batch-sizes", help="comma-separated (default: every divisor of the global batch)")
     add("--rows", default="both", choices=["both", "ratrain", "peer"],

@@ -134,10 +134,13 @@ offload() {  # name, timeout, flags
 }
 wants offload && offload gpu_offload_8blocks 300 --layers 8 --steps 6 --peer-micro-batch-sizes 8,4,2,1 \
   "${BENCH_SHAPE[@]}"
-# OFFLOAD_ROWS=ratrain or peer: that row alone (a call each, within a call's 10 minutes)
+# OFFLOAD_ROWS=ratrain or peer: that row alone (a call each, within a call's 10 minutes).
+# OFFLOAD_HOST=111.2GB: ratrain's plan bounded to that host memory (`ratrain plan
+# --host-memory-budget`; 100 GB of host-homed state after the margin)
 B=${OFFLOAD_BATCH:-16}
-wants offload32 && offload "gpu_offload_32blocks_b$B${OFFLOAD_ROWS:+_$OFFLOAD_ROWS}" 580 --steps 4 \
-  --rows "${OFFLOAD_ROWS:-both}" --global-batch "$B" \
+wants offload32 && offload "gpu_offload_32blocks_b$B${OFFLOAD_ROWS:+_$OFFLOAD_ROWS}${OFFLOAD_HOST:+_host}" \
+  580 --steps 4 --rows "${OFFLOAD_ROWS:-both}" --global-batch "$B" \
+  --plan-flags "${OFFLOAD_HOST:+--host-memory-budget $OFFLOAD_HOST}" \
   --plan-profile bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml \
   --peer-micro-batch-sizes "$( ((B >= 4)) && echo 4,2,1 || echo 1)" "${BENCH_SHAPE[@]}"
 # A checkpoint saved while training goes on, and resumed (bench/checkpoint_save.py): llama2-7b's

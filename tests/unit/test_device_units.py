@@ -157,6 +157,36 @@ def test_where_the_host_update_sets_the_step_blocks_recompute_to_make_room_for_u
     assert kept.host_bytes[0] - best.host_bytes[0] == pytest.approx(moved, rel=1e-3)
 
 
+def test_where_the_host_tier_would_overfill_the_search_keeps_the_first_units_on_the_device():
+    """7B's host-homed state is 107.8 GB (16 bytes a parameter); a host tier of 100 GB (after
+    the margin) takes it only with some units' state on the device. The search gives every
+    stage as many first units there as its host tier needs (StageChoice.on_device), so it
+    finds plans (none before: every layout's states alone overfilled the host), and each fits
+    both tiers by its simulation. Batch 16 under 20 GB: 3 units, groups of 4."""
+    profile = load_profile(GPU)
+    profile = dataclasses.replace(profile, device=dataclasses.replace(
+        profile.device, host_memory_bytes=100.08e9 / 0.9))
+    request = PlanRequest(model=get_preset("llama2-7b"), profile=profile, devices=1,
+                          global_batch=16, seq_len=4096, dtype="bfloat16", budget=20e9, top=3)
+    model = request.model
+    state = STATE_BYTES_PER_PARAM * sum(uc.param_count(model, u)
+                                        for u in range(model.n_layers + 2))
+    assert state > request.host_limit
+    found = search(request)
+    assert len(found.best) == 3
+    for plan in found.best:
+        units = plan.device_units
+        assert units and units == tuple(range(len(units)))
+        assert plan.plan.device_units == units
+        moved = STATE_BYTES_PER_PARAM * sum(uc.param_count(model, u) for u in units)
+        assert state - moved <= request.host_limit
+        assert max(plan.host_bytes) <= request.host_limit
+        assert max(plan.stage_bytes) <= request.limit
+    best = found.best[0]
+    assert (len(best.device_units), best.layout.micro_batch_size,
+            best.layout.lifecycle.micro_batch_group) == (3, 1, 4)
+
+
 def test_device_units_without_host_state_is_one_line(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "train", "--device-units", "2", "--steps", "1")
     assert code == 2 and "every unit's is there already" in err

@@ -412,3 +412,29 @@ def test_a_profile_without_host_memory_says_the_plans_host_memory_was_not_bounde
     assert "plan 1 holds 105.7" in note
     code, out, err = run_cli(monkeypatch, capsys, *common, "--profile", "h100-80g-ib")
     assert code == 0 and "not bounded" not in out, err
+
+
+def test_a_host_memory_budget_bounds_host_homed_state_and_says_so(monkeypatch, capsys,
+                                                                   tmp_path):
+    """--host-memory-budget sets the host tier the profile did not record (the 2026-11-26 H200
+    profile): 7B's 107.8 GB of host-homed state then fits 111.2 GB (100.08 after the margin)
+    only with units on the device, which the plan keeps, and no note says the host was
+    unbounded. On a CPU profile, and given as no bytes, it is refused."""
+    common = ("plan", "--model", "llama2-7b", "--devices", "1", "--global-batch", "16",
+              "--seq-len", "4096", "--dtype", "bfloat16", "--memory-budget", "20GB", "--top", "1",
+              "--profile", "bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml")
+    out_file = tmp_path / "plan.json"
+    code, out, err = run_cli(monkeypatch, capsys, *common, "--host-memory-budget", "111.2GB",
+                             "--out", str(out_file))
+    assert code == 0, err
+    assert "not bounded" not in out and "3 units on device" in out
+    written = json.loads(out_file.read_text())
+    prediction = written["prediction"]
+    assert prediction["host_memory_bytes"] == 111.2e9
+    assert max(prediction["stage_host_peak_bytes"]) <= 0.9 * 111.2e9
+    assert written["device_units"] == [0, 1, 2]
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "tiny",
+                             "--host-memory-budget", "1GB")
+    assert code == 2 and "no host tier apart from its devices' memory" in err
+    code, out, err = run_cli(monkeypatch, capsys, *common, "--host-memory-budget", "lots")
+    assert code == 2 and "--host-memory-budget: expected bytes" in err

@@ -353,16 +353,18 @@ def test_the_closest_plans_kinds_are_what_its_device_holds_not_its_host_state():
 def test_where_the_host_tier_refuses_host_state_the_account_says_how_much_it_needs():
     """llama3.1-8b on one GPU of the H200 profile with 120 GB of host memory: its state, 16
     bytes a parameter, is 128 GB, over the host tier's 108 GB after the margin; the closest
-    plan keeps it on the device, so the account says what the host would have needed."""
+    plan keeps its first 5 units' (the embedding's and 4 blocks', 22.4 GB) on the device for
+    the rest to fit the host, which overfills the device, and the account says why."""
     profile = load_profile("bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml")
     profile = dataclasses.replace(profile, device=dataclasses.replace(
         profile.device, host_memory_bytes=120e9))
     request = search.PlanRequest(model=get_preset("llama3.1-8b"), profile=profile, devices=1,
                                  global_batch=16, seq_len=4096, dtype="bfloat16", budget=20e9)
     text = account.account(request)
-    assert "state on the device" in text.splitlines()[1]
+    assert "state on the host (5 units on the device)" in text.splitlines()[1]
     assert ("state on the host (--state-home host) would hold 128.48 GB of host memory on one "
-            "stage") in text and "allows 108.00 GB per device" in text, text
+            "stage") in text, text
+    assert "allows 108.00 GB per device, so the first 5 units keep theirs on the device" in text
     roomy = dataclasses.replace(request, profile=dataclasses.replace(
         profile, device=dataclasses.replace(profile.device, host_memory_bytes=200e9)))
     assert search.search(roomy).best  # with the room, a host-homed plan fits

@@ -18,19 +18,21 @@ from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S
 @click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: cpu-local with a device's memory this machine's available memory shared by the devices searched]")
 @click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: a profile's device groups; else 2 on a CPU profile, 8 otherwise]")
 @click.option("--memory-budget", help="Bytes per device a plan may use: 20GB, 18GiB, 20e9.  [default: a device's memory]")
+@click.option("--host-memory-budget", help="Bytes of host memory per device that host-homed state (and offloaded activations) may use: 100GB, 90GiB. A profile from `ratrain profile` records what its machine had available; this lowers it, or sets it where the profile has none.  [default: the profile's]")
 @click.option("--memory-margin", type=float, default=MARGIN, show_default=True, help="Fraction of the budget kept free for allocator fragmentation and library buffers.")
 @click.option("--top", type=int, default=3, show_default=True, help="How many of the fastest plans to list.")
 @click.option("--time-limit", type=float, default=TIME_LIMIT_S, show_default=True, help="Seconds the search may take; past it, the best plan found so far is given and said to be unproven.")
 @click.option("--out", type=click.Path(), help="Write the (best) plan here, with the model and training settings it was made for: `ratrain train --plan FILE` runs it as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (search: the candidates) as JSON on stdout.")
-def plan(profile_spec, devices, memory_budget, memory_margin, top, time_limit, out, as_json, **opts) -> None:
+def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top, time_limit,
+         out, as_json, **opts) -> None:
     """Search for the fastest plan that fits a memory budget (--profile, --devices,
     --memory-budget), or show the per-rank programs of the layout the flags describe (step x
     rank table)."""
     cfg = build_config(opts)
-    if profile_spec or devices or memory_budget:
-        _search(cfg, opts, profile_spec, devices, memory_budget, memory_margin,
-                top, time_limit, out, as_json)
+    if profile_spec or devices or memory_budget or host_memory_budget:
+        _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
+                memory_margin, top, time_limit, out, as_json)
     else:
         _show(cfg, out, as_json)
 
@@ -70,10 +72,10 @@ def _show(cfg, out, as_json) -> None:
     click.echo(format_table(pipeline_plan.programs))
 
 
-def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_limit, out,
-            as_json) -> None:
+def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget, margin, top,
+            time_limit, out, as_json) -> None:
     from ratrain.cli.plan_search import (best_plans, search_request, unbounded_host_note,
-                                         with_this_machines_memory)
+                                         with_host_budget, with_this_machines_memory)
     from ratrain.planner import low_comm, plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.sim.profile import load_profile
@@ -83,6 +85,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
     hw = preset = load_profile(profile_spec or "cpu-local")
     if profile_spec is None:
         hw = with_this_machines_memory(preset, devices)
+    memory_here = hw is not preset
+    hw = with_host_budget(hw, host_memory_budget)
     request = search_request(cfg, opts, hw, devices, memory_budget, margin, top, time_limit,
                              "--profile/--devices/--memory-budget")
     t = cfg.train
@@ -115,7 +119,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, margin, top, time_l
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_heading(found))
-    if hw is not preset:
+    if memory_here:
         click.echo(f"a device's memory: {hw.notes['device.memory_bytes']} (--profile plans for "
                    f"another machine)")
     click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "schedule", "pp x dp",

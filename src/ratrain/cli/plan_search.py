@@ -38,6 +38,31 @@ def with_this_machines_memory(hw, devices: int | None):
         hw.device, memory_bytes=float(available) / shared))
 
 
+def with_host_budget(hw, host_memory_budget: str | None):
+    """The profile `hw` with each device's host tier at most `host_memory_budget` bytes
+    (--host-memory-budget: 100GB, 90GiB); unchanged where none is given. A profile without a
+    host tier (a CPU's) refuses it: its host memory is the device's."""
+    import dataclasses
+
+    from ratrain.planner.budget import parse_bytes
+
+    if host_memory_budget is None:
+        return hw
+    budget = parse_bytes(host_memory_budget, "--host-memory-budget")
+    if hw.device.host_link is None and not any(g.device.host_link for g in hw.groups):
+        raise UserError(f"--host-memory-budget: profile {hw.name} has no host tier apart from "
+                        f"its devices' memory (a CPU profile): --memory-budget bounds it")
+
+    def bounded(device):
+        host = device.host_memory_bytes
+        return dataclasses.replace(device, host_memory_bytes=budget if host is None
+                                   else min(host, budget))
+    notes = {**hw.notes, "device.host_memory_bytes": f"--host-memory-budget "
+             f"{host_memory_budget}, or the profile's where less"}
+    return dataclasses.replace(hw, notes=notes, device=bounded(hw.device), groups=[
+        dataclasses.replace(g, device=bounded(g.device)) for g in hw.groups])
+
+
 def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
                    memory_budget: str | None, margin: float, top: int, time_limit: float,
                    flags: str):

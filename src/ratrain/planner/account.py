@@ -98,7 +98,7 @@ def account(request: PlanRequest) -> str:
     lines.append(
         f"  closest: pp={L.pp} dp={L.dp}, micro-batch {L.micro_batch_size}, "
         f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
-        f"{L.lifecycle.state_home}{_sharded(L.lifecycle)}: "
+        f"{L.lifecycle.state_home}{_on_device(c)}{_sharded(L.lifecycle)}: "
         f"stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
         f"{decimal_bytes(c.stage_bytes[worst] - r.limit_of(groups[worst]))} over ({by_kind}"
         + (f", process beyond the ledger {decimal_bytes(c.stage_bytes[worst] - rank.device_peak)}"
@@ -112,6 +112,12 @@ def account(request: PlanRequest) -> str:
                      f"the margin")
     lines.extend("  " + hint for hint in _hints(request, c, worst))
     return "\n".join(lines)
+
+
+def _on_device(c: Candidate) -> str:
+    """Host-homed state's units kept on the device (planner/device_units.py)."""
+    n = len(c.device_units)
+    return f" ({n} unit{'s' if n > 1 else ''} on the device)" if n else ""
 
 
 def _sharded(life: Lifecycle) -> str:
@@ -254,16 +260,19 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int) -> li
 
 def _host_state_hint(request: PlanRequest, closest_candidate: Candidate,
                      whole: float) -> list[str]:
-    """Where the closest plan keeps its state on the device but a host tier could hold it: the
-    host memory the whole model's state (`whole` bytes, unsharded) would take on one stage,
-    against the host tier's limit (a host-homed plan's device side is small, so its host tier
-    is what refused it)."""
+    """Where a host tier could not hold the whole model's state (`whole` bytes, unsharded) on
+    one stage: how much it would take against the host tier's limit, beside a closest plan
+    that keeps its state on the device, or that keeps its first units' there for that reason
+    (a host-homed plan's device side is small, so its host tier is what refused it)."""
     r = request
-    if (r.profile.device.host_link is None or r.policy != "ratrain"
-            or closest_candidate.layout.lifecycle.state_home == "host"):
+    if r.profile.device.host_link is None or r.policy != "ratrain" or whole <= r.host_limit:
         return []
-    if whole <= r.host_limit:
+    units = len(closest_candidate.device_units)
+    host_homed = closest_candidate.layout.lifecycle.state_home == "host"
+    if host_homed and not units:
         return []
-    return [f"state on the host (--state-home host) would hold {decimal_bytes(whole)} of host "
+    line = (f"state on the host (--state-home host) would hold {decimal_bytes(whole)} of host "
             f"memory on one stage (16 bytes a parameter: fp32 masters, gradients and AdamW); the "
-            f"profile's host tier allows {decimal_bytes(r.host_limit)} per device"]
+            f"profile's host tier allows {decimal_bytes(r.host_limit)} per device")
+    return [line + (f", so the first {units} units keep theirs on the device" if host_homed
+                    else "")]

@@ -24,7 +24,8 @@ class Candidate:
     stage_bytes: list[float] = field(default_factory=list)  # simulated device peak + overhead
     host_bytes: list[float] = field(default_factory=list)  # simulated host-tier peak
     refined: bool = False  # `bound` is `refine`'s
-    device_units: tuple[int, ...] = ()  # host-homed: units kept on the device (device_units.py)
+    device_units: tuple[int, ...] = ()  # host-homed: units kept on the device (device_units.py);
+    # none given: those the stages' choices keep there (StageChoice.on_device)
 
     @property
     def step_time(self) -> float:
@@ -67,7 +68,10 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                                         layout.lifecycle.shard_state,
                                         request.profile.device.host_link is not None,
                                         request.sync),
-                      device_units=candidate.device_units, sync=request.sync,
+                      device_units=candidate.device_units or tuple(
+                          u for a, _, est in candidate.partition
+                          for u in range(a, a + est.choice.on_device)),
+                      sync=request.sync,
                       device_grad_sum=needs_device_grad_sum(
                           request, layout.lifecycle.state_home, layout.dp))
 
@@ -75,6 +79,7 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
 def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
     """Build the candidate's plan and simulate it."""
     candidate.plan = build(request, candidate)
+    candidate.device_units = tuple(candidate.plan.device_units)
     candidate.result = simulate(candidate.plan, request.model, request.profile,
                                 micro_batch_size=candidate.layout.micro_batch_size,
                                 seq_len=request.seq_len, dtype=request.dtype,

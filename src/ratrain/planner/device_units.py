@@ -28,7 +28,6 @@ import math
 
 from ratrain.planner.candidate import Candidate, evaluate
 from ratrain.planner.layouts import PlanRequest
-from ratrain.planner.stage_cost import StageChoice
 from ratrain.sim import unit_costs as uc
 
 STATE_BYTES_PER_PARAM = 16
@@ -76,8 +75,8 @@ def _recomputing_more(request: PlanRequest, candidate: Candidate) -> list:
             k = est.choice.recompute
             if not est.choice.offload:
                 k = max(k, math.ceil(k + share * (blocks - k)))
-            partition.append((a, b, est if k == est.choice.recompute
-                              else dataclasses.replace(est, choice=StageChoice(recompute=k))))
+            partition.append((a, b, est if k == est.choice.recompute else dataclasses.replace(
+                est, choice=dataclasses.replace(est.choice, recompute=k))))
         if partition != candidate.partition and partition not in variants:
             variants.append(partition)
     return variants
@@ -87,11 +86,13 @@ def _with_device_units(request: PlanRequest, candidate: Candidate) -> Candidate:
     """The candidate with the first units of each stage on the device where its headroom
     allows and the simulated step is faster; the candidate itself otherwise."""
     stages = [range(a, b) for a, b, _ in candidate.partition]
-    counts = [_fits(request, units, request.limit_of(g) - used)
-              for units, used, g in zip(stages, candidate.stage_bytes, candidate.layout.groups)]
+    # those its stages' choices keep there for the host tier's sake, and more
+    least = [est.choice.on_device for _, _, est in candidate.partition]
+    counts = [k + _fits(request, units[k:], request.limit_of(g) - used) for units, k, used, g
+              in zip(stages, least, candidate.stage_bytes, candidate.layout.groups)]
     best = candidate
     for _ in range(TRIES):
-        if not any(counts):
+        if counts == least:
             break
         trial = evaluate(request, _unbuilt(
             candidate, device_units=tuple(u for units, k in zip(stages, counts)
@@ -99,7 +100,7 @@ def _with_device_units(request: PlanRequest, candidate: Candidate) -> Candidate:
         over = [b > request.limit_of(g) for b, g in zip(trial.stage_bytes, trial.layout.groups)]
         if not any(over):
             return trial if trial.step_time < best.step_time else best
-        counts = [k - 1 if o and k else k for k, o in zip(counts, over)]
+        counts = [k - 1 if o and k > low else k for k, low, o in zip(counts, least, over)]
     return best
 
 

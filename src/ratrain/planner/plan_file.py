@@ -35,6 +35,8 @@ def prediction(candidate: Candidate, request) -> dict:
             "tokens_per_s": r.tokens_per_s, "bubble": r.bubble,
             "threads_per_rank": request.threads_of(candidate.layout),
             "budget_bytes": request.budget_bytes, "margin": request.margin,
+            # a device's host tier as the plan was bounded by (None: not bounded)
+            "host_memory_bytes": request.device().host_memory_bytes,
             "stage_peak_bytes": candidate.stage_bytes, "stage_host_peak_bytes": candidate.host_bytes,
             # what the executor's ledger will hold at most (stage_peak_bytes adds the compute's
             # working bytes and the process's overhead)

@@ -28,10 +28,13 @@ from ratrain.schedule.weight_grads import deferral_lag, is_bubble
 @dataclass(frozen=True)
 class StageChoice:
     """How a stage recovers its blocks' activations: every block keeps, the first `recompute`
-    blocks recompute (the rest keep), or every block offloads."""
+    blocks recompute (the rest keep), or every block offloads. With host-homed state, the
+    stage's first `on_device` units keep theirs on the device instead, where the host tier
+    would overfill otherwise (planner/device_units.py adds more where there is room)."""
 
     recompute: int = 0
     offload: bool = False
+    on_device: int = 0
 
     def per_unit(self, units: range, n_units: int) -> dict[int, str]:
         blocks = [u for u in units if 0 < u < n_units - 1]
@@ -77,7 +80,8 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
         # a recomputed block's forward runs without autograd, and again (with it) as R
         forward -= k * (t.forward[1] - t.forward_no_grad[1])
         recompute = k * t.forward[1]
-    states = t.total("state", a, b) if t.states_on_device else 0
+    on_host = a + choice.on_device  # the stage's first unit whose state is on the host
+    states = t.total("state", a, b) if t.states_on_device else t.total("state", a, on_host)
     window = t.lifecycle.view_window
     if window is None or window == 0:
         views = t.total("view", a, b)
@@ -96,16 +100,19 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
     else:
         recovering = t.block_saved if k and k == nb else 0
     # unit-major groups of g: a unit's backward run holds its g input gradients until the run
-    # below takes them, where 1F1B holds one
-    run_grad = max(t.run_grad[a:b]) if t.holds_runs or b - a == 1 else 0
+    # below takes them, where 1F1B holds one; and its run's fp32 sum
+    runs = t.run_grad[a:b] if t.holds_runs or b - a == 1 else [0] * (b - a)
     if t.sums_on_device:  # each sum waited after one more compute action: two alive
-        run_grad *= 2
-    # and what the compute makes while it runs (sim/working_bytes.py): a backward's at the
-    # peak; a recomputed block's forward without autograd where no recomputation is held
-    working = max(t.working_backward[a:b])
+        runs = [2 * max(runs)] * (b - a)
+    # and what the compute makes while it runs (sim/working_bytes.py): each unit's backward
+    # beside its own run sum and, for a block recovered, the recovery; a recomputed block's
+    # forward without autograd where no recomputation is held
+    recovered = set(choice.per_unit(range(a, b), t.n_units)) if k else set()
+    busiest = max(t.working_backward[u] + runs[u - a] + (recovering if u in recovered else 0)
+                  for u in range(a, b))
     if k and not choice.offload:
-        working = max(working, t.working_forward[1] - recovering)
-    transient = (2 + t.lifecycle.micro_batch_group) * t.act + recovering + run_grad + working
+        busiest = max(busiest, t.working_forward[1] + max(runs))
+    transient = (2 + t.lifecycle.micro_batch_group) * t.act + busiest
     in_flight = t.in_flight(stage, pp)
     full_most = full_fewer = 0.0
     if t.full_sized:
@@ -123,7 +130,7 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
                + (t.act if a > 0 else 0) + t.total("out", a, b - 1))
     kept = max(whole(f) + k * past_bi for f, k in t.peak_candidates(stage, pp))
     held = states + views + shared + transient + kept
-    host = 0 if t.states_on_device else t.total("state", a, b)
+    host = 0 if t.states_on_device else t.total("state", on_host, b)
     if choice.offload and t.host_tier:
         host += in_flight * k * (t.block_saved + t.table)
     last_recomputed = not choice.offload and k and k == nb and b - 1 < t.n_units - 1
@@ -135,7 +142,8 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
 
 def _fits(t: UnitTable, est: StageEstimate, limit: float) -> StageEstimate | None:
     """The estimate if it fits `limit` with the process's overhead beyond the ledger."""
-    growth = est.bytes - (t.total("held", *est.units) if t.states_on_device else 0)
+    a, b = est.units
+    growth = est.bytes - t.total("held", a, b if t.states_on_device else a + est.choice.on_device)
     device = t.profile.device
     total = est.bytes + device.process_overhead(max(0.0, growth))
     return est if total <= limit and est.host_bytes <= t.host_limit else None
@@ -166,21 +174,36 @@ def _fit_key(t: UnitTable, stage: int) -> tuple:
 def _cheapest_fit(t: UnitTable, a: int, b: int, stage: int, pp: int, limit: float,
                   choices: str) -> StageEstimate | None:
     nb = t.blocks(a, b)
-    if choices in ("keep", "recompute", "offload"):
-        choice = {"keep": StageChoice(), "recompute": StageChoice(recompute=nb),
-                  "offload": StageChoice(offload=True)}[choices]
+    if choices == "offload":
+        return _fits(t, estimate(t, a, b, stage, pp, StageChoice(offload=True)), limit)
+    on_device = _host_overflow(t, a, b)
+    if on_device is None:
+        return None  # the states alone overfill the host tier, and the device with them
+    if choices in ("keep", "recompute"):
+        choice = StageChoice(recompute=nb if choices == "recompute" else 0, on_device=on_device)
         return _fits(t, estimate(t, a, b, stage, pp, choice), limit)
-    keep = estimate(t, a, b, stage, pp, StageChoice())
+    keep = estimate(t, a, b, stage, pp, StageChoice(on_device=on_device))
     if _fits(t, keep, limit):
         return keep
-    if keep.host_bytes > t.host_limit:
-        return None  # the states alone overfill the host tier
     if not nb or not t.block_saved:
         return None
     per_block = t.in_flight(stage, pp) * t.block_saved
     # each recomputed block frees per_block bytes (recomputing all adds a transient back)
     for k in range(max(1, math.ceil((keep.bytes - limit) / per_block)), nb + 1):
-        est = _fits(t, estimate(t, a, b, stage, pp, StageChoice(recompute=k)), limit)
+        est = _fits(t, estimate(t, a, b, stage, pp, StageChoice(k, on_device=on_device)), limit)
         if est:
             return est
+    return None
+
+
+def _host_overflow(t: UnitTable, a: int, b: int) -> int | None:
+    """How many of units [a, b)'s first units must keep their state on the device for the
+    rest's to fit the host tier: 0 where it fits (or the state is not host-homed), None where
+    even all of them would not leave it room (a stage's own bytes: what else the host holds
+    counts in the simulation)."""
+    if t.states_on_device:
+        return 0
+    for k in range(b - a + 1):
+        if t.total("state", a + k, b) <= t.host_limit:
+            return k
     return None
