@@ -251,16 +251,23 @@ def test_the_cores_a_process_may_use_are_its_affinity_not_the_machines():
 def test_threads_apply_to_a_run_in_this_process_and_are_given_back(monkeypatch, capsys,
                                                                      tmp_path):
     """--threads for one process is the run's thread count (the summary says what the steps
-    computed on), and the caller's count is back after it."""
+    computed on), and the caller's count is back after it. The summary's tokens/s is the
+    tokens of the steps after the first over their time (not a mean of their rates)."""
     import torch
 
     before = torch.get_num_threads()
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),
                            "--threads", str(before + 1), "--run-dir", str(tmp_path / "run"),
-                           "--no-progress", "--no-report")
+                           "--no-progress", "--no-report", "--steps", "3")
     assert code == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["threads_per_rank"] == before + 1
+    from ratrain.training.metrics import read_metrics
+
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")[1:]
+    tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in rows)
+    assert len(rows) >= 2
+    assert summary["tokens_per_s"] == pytest.approx(tokens / sum(r["step_time_s"] for r in rows))
     assert torch.get_num_threads() == before
 
 

@@ -101,7 +101,7 @@ class Loop:
         rss.start()
         # what the RSS growth leaves out: the state allocated before training
         self.held_before_training = self.engine.ledger_bytes()
-        rates, row = [], {}
+        timed, row = [], {}  # (tokens, seconds) of the steps after the first
         for step in range(start, t.steps):
             batches = next(self.loader)
             lr = lr_at(step, t)
@@ -137,7 +137,7 @@ class Loop:
             if t.eval_batches > 0 and (step + 1 == t.steps or (t.eval_every and (step + 1) % t.eval_every == 0)):
                 row["val_loss"] = self.engine.eval_loss(self.val)
             if step > start:  # the first step pays for warm-up allocations
-                rates.append(row["tokens_per_s"])
+                timed.append((tokens_per_step, elapsed))
             if log:
                 self.extras.step(row)
                 log.write(row)
@@ -157,7 +157,7 @@ class Loop:
         bar.close()
         self.engine.finish_updates()  # the last step's carried updates: waited by no next step
         self.saver.wait()  # the end of the run: its checkpoint published before the summary
-        self._finish(row, rates)
+        self._finish(row, timed)
         return False
 
     def _resume(self, ckpt: Path) -> None:
@@ -252,7 +252,7 @@ class Loop:
             out[stage] = max(out[stage], v)
         return out
 
-    def _finish(self, last: dict, rates: list[float]) -> None:
+    def _finish(self, last: dict, timed: list[tuple[int, float]]) -> None:
         traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None,
                               "end of run", "the trace gather")
         ledgers = self._gather((self.engine.ledger_at_peak(), self.held_before_training),
@@ -266,7 +266,10 @@ class Loop:
                                labels, {r: t[1] for r, t in enumerate(traced)})
         summary = {"run_dir": str(self.run_dir), "steps": last.get("step"), "final_loss": last.get("loss"),
                    "val_loss": last.get("val_loss"),
-                   "tokens_per_s": sum(rates) / len(rates) if rates else last.get("tokens_per_s"),
+                   # the tokens over the time they took: a mean of the steps' rates would
+                   # weigh a slow step (a save's, a stall's) as little as a fast one
+                   "tokens_per_s": (sum(n for n, _ in timed) / sum(s for _, s in timed)
+                                    if timed else last.get("tokens_per_s")),
                    "peak_memory_bytes": last.get("peak_memory_bytes"),
                    "schedule": self.cfg.parallel.schedule, "weight_grad": self.cfg.parallel.weight_grad,
                    "grad_lifetime": self.cfg.parallel.grad_lifetime}
