@@ -9,6 +9,7 @@ from ratrain.models.presets import get_preset
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Action, Op, format_program, parse_program
 from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.sim import unit_costs as uc
 from ratrain.sim.profile import load_profile
 from ratrain.sim.simulator import simulate
 
@@ -112,3 +113,41 @@ def test_simulator_hides_host_updates_on_a_gpu_but_claims_nothing_on_a_cpu():
 def _spans(result, op):
     return [(a, start, end - start) for a, start, end in result.ranks[0].actions
             if a.op is op]
+
+
+@pytest.mark.parametrize("n_micro, group", [(1, 1), (4, 1), (4, 2)])
+def test_a_units_host_norm_waits_for_its_gradients_trip_to_the_host(n_micro, group):
+    """Across the H200 profile's host link every fold sends its gradient on the gradient
+    stream, one copy after another: the step's first into the zero accumulation in fp32 (4
+    bytes a parameter), a later one as it is (a unit-major run's fp32 sum, 1F1B's bf16
+    gradient), a held one not at all; and a unit's norm (SN) on the host starts only once its
+    last copy is there. A CPU profile, without a link, has no such copy."""
+    model = get_preset("llama2-7b")
+    model.n_layers = 4
+    gpu = load_profile(GPU)
+    plan = build_plan(model.n_layers, 1, 1, n_micro, activation="recompute", view_window=1,
+                      state_home="host", micro_batch_group=group, update="carried")
+    rank = simulate(plan, model, gpu, micro_batch_size=1, seq_len=4096,
+                    dtype="bfloat16").ranks[0]
+    copies = sorted((t0, t1, name) for name, t0, t1 in rank.spans
+                    if name.startswith("fold copy "))
+    assert all(a[1] <= b[0] + 1e-12 for a, b in zip(copies, copies[1:]))  # one stream
+    link = gpu.device.host_link
+    per_unit: dict[int, list[float]] = {}
+    for t0, t1, name in copies:
+        per_unit.setdefault(int(name.split()[-1].split(".")[0]), []).append(t1 - t0)
+    runs = n_micro // group
+    for u in range(model.n_layers + 2):
+        n = uc.param_count(model, u)
+        first, *later = per_unit[u]
+        assert first == pytest.approx(link.time(4 * n))
+        assert len(later) == runs - 1
+        # unit-major runs fold their fp32 sum; 1F1B each bf16 gradient
+        assert all(t == pytest.approx(link.time((4 if group > 1 else 2) * n)) for t in later)
+        last_copy = max(t1 for t0, t1, name in copies if name.split()[-1].startswith(f"{u}."))
+        norm = next(a for a in rank.spans if a[0] == str(Action(Op.START_NORM, u)))
+        assert norm[1] >= last_copy - 1e-12
+    cpu_rank = simulate(build_plan(2, 1, 1, 2, view_window=1, state_home="host"),
+                        get_preset("tiny"), load_profile("cpu-local"), micro_batch_size=2,
+                        seq_len=64).ranks[0]
+    assert not [s for s in cpu_rank.spans if s[0].startswith("fold copy ")]

@@ -1,6 +1,7 @@
 """Folding a view's gradient into the state's fp32 accumulation, priced on a StageCosts
 (sim/stage_costs.py): where each fold's add runs (the walker, the device, the host update
-thread's SN) under the plan's runs of backwards (schedule/unit_major.fold_roles)."""
+thread's SN) under the plan's runs of backwards (schedule/unit_major.fold_roles), and what it
+sends across a host link."""
 
 from __future__ import annotations
 
@@ -38,6 +39,23 @@ def fold_s(c, u: int, mb: int | None) -> float:
         return on_device
     return ({FIRST: 0.0}.get(role, add)
             + (on_device if (u, mb) in c.summed else 0.0))
+
+
+def fold_copy_bytes(c, u: int, mb: int) -> int:
+    """Bytes the fold after unit u's backward on micro-batch `mb` sends across the host link,
+    on the copy engine's gradient stream (runtime/host_fold.py): into the step's zero
+    accumulation, the gradient cast to fp32 on the device (4 a parameter); a later fold, the
+    gradient as it is (a run's fp32 sum, else the view's dtype), added on the host; none
+    while a run holds it on the device (HOLD) or its sum waits for the sync (SYNC)."""
+    if u not in c.s.view_units or not c.across_link(u) or u in c.device_summed:
+        return 0
+    roles = c.s.fold_roles
+    role = roles.get((u, mb)) if roles else (FIRST if mb == 0 else LATER)
+    if role not in (FIRST, LATER):
+        return 0
+    if role == FIRST and c.s.grad_lifetime == "step":
+        return 4 * c.s.params(u)
+    return (4 if (u, mb) in c.summed else c.s.shape.elt) * c.s.params(u)
 
 
 def last_fold_added(c, u: int, mb: int | None) -> bool:

@@ -35,6 +35,9 @@ from ratrain.sim.shared_cores import SharedCores
 from ratrain.sim.stage_memory import MemoryClock, StageMemory
 from ratrain.sim.transfers import InFlight, Transfers
 
+FOLDS = (Op.BACKWARD, Op.BACKWARD_WEIGHT)  # a view's gradient is folded after these
+READS_GRADIENT = (Op.START_NORM, Op.START_UPDATE)  # host work on a unit's folded gradient
+
 
 def simulate(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, *,
              micro_batch_size: int, seq_len: int, dtype: str = "float32",
@@ -102,6 +105,10 @@ class _Simulation(Transfers):
         self.send_free = [0.0] * n
         self.recv_free = [0.0] * n
         self.copy_free = [0.0] * n
+        # the copy engine's gradient stream: each fold's copy to the host, in order, and when
+        # the last of each unit's reached it (SN, SU read the gradient there)
+        self.grad_copy_free = [0.0] * n
+        self.grad_copied: list[dict[int, float]] = [{} for _ in range(n)]
         self.host_free = [max([0.0] + [t for (st, _), t in self.carried.items() if st == s])
                           for s in range(n)]  # the host update thread, busy with the last step's
         self.posted: dict[tuple, list] = {}  # p2p key -> [(stage, op, issued)] of both sides
@@ -169,7 +176,9 @@ class _Simulation(Transfers):
             if kind in ("copy", "sync", "send", "recv", "host", "pair"):
                 op = self.ops[s][(a.op, a.unit, a.mb)] = InFlight(a)
                 if kind == "host":
-                    op.start = max(start, self.host_free[s])
+                    op.start = max(start, self.host_free[s],
+                                    self.grad_copied[s].get(a.unit, 0.0) if a.op in READS_GRADIENT
+                                    else 0.0)
                     op.done = self.host_free[s] = op.start + cost.duration(c, a)
                     self._at(op.done, self._complete, s, op)
                 elif kind == "copy":
@@ -239,6 +248,15 @@ class _Simulation(Transfers):
         self.timelines[s].spans.append((op.name, op.start, op.done))
         self._wake(s)
 
+    def _copy_gradient(self, s: int, a: Action) -> None:
+        """The fold after backward `a` sends its gradient to the host on the gradient stream
+        (StageCosts.fold_copy), behind the stream's earlier copies."""
+        seconds = self.costs[s].fold_copy(a.unit, a.mb)
+        if seconds:
+            start = max(self.now, self.grad_copy_free[s])
+            done = self.grad_copy_free[s] = self.grad_copied[s][a.unit] = start + seconds
+            self.timelines[s].spans.append((f"fold copy {a.unit}.{a.mb}", start, done))
+
     # -- compute: processor sharing on a node (sim/shared_cores.py) ---------------------------
 
     def _compute(self, s: int, a: Action, seconds: float, then=None, op: InFlight | None = None) -> None:
@@ -248,6 +266,8 @@ class _Simulation(Transfers):
             if op is not None:
                 op.done = self.now
             self.timelines[s].compute += self.now - start
+            if a.op in FOLDS:
+                self._copy_gradient(s, a)
             self.timelines[s].actions.append((a, start, self.now))
             self.memory[s].record(self.now)
             if then is not None:

@@ -5,7 +5,8 @@ the stage's links (sim/links.py), and the named storages of the op registry's me
 
 from __future__ import annotations
 
-from ratrain.sim.fold_costs import fold_s, summed_on_device, summed_runs, unit_norm_s
+from ratrain.sim.fold_costs import (fold_copy_bytes, fold_s, summed_on_device, summed_runs,
+                                     unit_norm_s)
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
 from ratrain.sim.shape_scale import shape_scale
@@ -131,6 +132,12 @@ class StageCosts(StageStorages):
 
     def _fold(self, u: int, mb: int | None) -> float:
         return fold_s(self, u, mb)
+
+    def fold_copy(self, u: int, mb: int) -> float:
+        """The copy of unit u's gradient to the host after its backward on micro-batch mb
+        (the gradient stream's; 0 where the fold sends none)."""
+        nbytes = fold_copy_bytes(self, u, mb)
+        return self.host_link.time(nbytes) if nbytes else 0.0
 
     def unit_norm(self, u: int) -> float:
         """SN u: the add of the unit's last fold where it is one, then its squared norm."""
