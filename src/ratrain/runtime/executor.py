@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ratrain.schedule.ledger import apply_effects
-from ratrain.runtime.carried_updates import HostUpdates
+from ratrain.runtime.carried_updates import HostJob, HostUpdates
 from ratrain.runtime.comm import comm_for
 from ratrain.runtime.handlers import HANDLERS
 from ratrain.runtime.loss_scale import DynamicLossScale
@@ -109,8 +109,11 @@ class Executor:
 
     def _completion(self, action: Action, work):
         """A future that fires when `work` completes, where the backend's future means that:
-        gloo collectives. (gloo's p2p has none; NCCL's completes at enqueue.) Otherwise the
-        trace ends the span when the program waits for the work."""
+        gloo collectives (gloo's p2p has none; NCCL's completes at enqueue), and the host
+        update thread's jobs (runtime/carried_updates.HostJob). Otherwise the trace ends the
+        span when the program waits for the work."""
+        if isinstance(work, HostJob):
+            return work
         if work is None or SPECS[action.op].cls is not OpClass.COLLECTIVE:
             return None
         if self.stage.device.type != "cpu":

@@ -158,16 +158,17 @@ def update(ex, st: StepState, a: Action) -> None:
     state.update(st.grad_factor, st.found_inf)
 
 
-def start_update(ex, st: StepState, a: Action) -> None:
-    ex.host_updates.start(a.unit, ex.stage.state[a.unit], st.lr, st.grad_factor, st.found_inf)
+def start_update(ex, st: StepState, a: Action):
+    return ex.host_updates.start(a.unit, ex.stage.state[a.unit], st.lr, st.grad_factor,
+                                 st.found_inf)
 
 
 def wait_update(ex, st: StepState, a: Action) -> None:
     ex.host_updates.wait(a.unit)
 
 
-def start_norm(ex, st: StepState, a: Action) -> None:
-    ex.host_updates.start_norm(a.unit, ex.stage.state[a.unit])
+def start_norm(ex, st: StepState, a: Action):
+    return ex.host_updates.start_norm(a.unit, ex.stage.state[a.unit])
 
 
 def wait_norm(ex, st: StepState, a: Action) -> None:

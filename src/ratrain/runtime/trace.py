@@ -4,9 +4,9 @@ Each rank shows two kinds of track: `actions`, one span per program action from 
 its return (what the rank's thread did), and `async`, one span per asynchronous operation (a
 send, a receive, a gradient sync, the norm reduction) from the action that started it to its
 completion, so communication is seen running under compute. Completion is the moment the
-backend reports it where it can (gloo collectives, through their futures), otherwise the
-moment the program's wait for it returned: for a transfer that finished earlier, the span
-reaches to the wait.
+backend reports it where it can (gloo collectives, through their futures; the host update
+thread's jobs, SU and SN, by their own clock), otherwise the moment the program's wait for it
+returned: for a transfer that finished earlier, the span reaches to the wait.
 """
 
 from __future__ import annotations
@@ -52,14 +52,17 @@ class Tracer:
 
     def start_async(self, name: str, t0: float, completion=None) -> None:
         """An asynchronous operation `name` started at t0. `completion`, a torch Future, ends
-        the span when it fires (on the backend's thread); otherwise end_async does."""
+        the span when it fires (on the backend's thread; a host job's says when it ended,
+        which may be before the callback is registered: runtime/carried_updates.HostJob);
+        otherwise end_async does."""
         if self._current is None:
             return
         span = [self._step, name, self._us(t0), None]
         self._current[1].append(span)
         self._open[name] = span
         if completion is not None:
-            completion.then(lambda _: self._close(span, time.perf_counter()))
+            completion.then(lambda done: self._close(
+                span, done if isinstance(done, float) else time.perf_counter()))
 
     def end_async(self, name: str, t1: float) -> None:
         """The program's wait for `name` returned at t1: the operation is complete by then."""
