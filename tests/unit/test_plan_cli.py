@@ -384,6 +384,9 @@ def test_train_with_a_memory_budget_searches_and_trains_the_plan_plan_would_writ
     (("--memory-budget", "3MB", "--plan", "p.json"), "--plan is one already"),
     (("--memory-budget", "3MB", "--resume", "run"), "a resumed run keeps the plan it ran"),
     (("--devices", "2",), "--devices goes with --memory-budget"),
+    (("--host-memory-budget", "1GB",), "--host-memory-budget goes with --memory-budget"),
+    (("--memory-budget", "3MB", "--host-memory-budget", "1GB"),
+     "no host tier apart from its devices' memory"),
     (("--memory-budget", "1KB",), "a budget of"),  # nothing fits: the account of what is closest
 ])
 def test_train_with_a_memory_budget_refuses(monkeypatch, capsys, tmp_path, flags, needle):

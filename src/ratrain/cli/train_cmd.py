@@ -26,6 +26,7 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--plan", "plan_file", type=click.Path(), help="Run this plan (JSON from `ratrain plan --out`) instead of building one.")
 @click.option("--memory-budget", help="Search for the fastest plan that fits this many bytes per device (20GB, 18GiB: as `ratrain plan --memory-budget`) on --profile for --devices, and train it; the plan goes to RUN/plan.json. The planner chooses the layout: leave --dp, --activation, --state-home and the like out.")
 @click.option("--devices", type=int, help="With --memory-budget: the devices the plan may use (pp x dp), at most.  [default: the GPUs here; on a CPU, the profile's]")
+@click.option("--host-memory-budget", help="With --memory-budget: bytes of host memory per device the plan's host-homed state may use (as `ratrain plan --host-memory-budget`).  [default: the profile's]")
 @click.option("--run-dir", type=click.Path(), help="Directory for this run.  [default: runs/<time>-<model>, linked from runs/latest]")
 @click.option("--resume", "resume_dir", help="Continue the run in this directory from its newest checkpoint that verifies (newer ones that do not are named and skipped). 'auto', with --run-dir: continue the run there if it has a checkpoint, else start it (for torchrun --max-restarts).")
 @click.option("--keep-checkpoints", type=int, help="Keep the newest K complete checkpoints.  [default: 2]")
@@ -40,7 +41,7 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
 @click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")
 @click.option("--profile", "profile_spec", help="Hardware profile (a preset such as cpu-local, or a YAML file from `ratrain profile`): the device peak for MFU on a CPU, the simulated step the report sets beside the measured one, and what --memory-budget searches on.  [default: MFU against a matmul peak measured at the start (CPU) or the GPU's datasheet; the report simulates on the profile a --plan was made with]")
-def train(plan_file, memory_budget, devices, run_dir, resume_dir, keep_checkpoints, checkpoints,
+def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume_dir, keep_checkpoints, checkpoints,
           checkpoint_dir, checkpoint_async, comm_timeout, checkpoint_on_interrupt, trace,
           progress, as_json, report, tensorboard, profile_spec, **opts) -> None:
     """Train a model. With no arguments: the embedded default run.
@@ -52,6 +53,9 @@ def train(plan_file, memory_budget, devices, run_dir, resume_dir, keep_checkpoin
     if memory_budget is None and devices is not None:
         raise UserError("--devices goes with --memory-budget (the devices a search may use); "
                         "without it, --pp x --dp are the run's")
+    if memory_budget is None and host_memory_budget is not None:
+        raise UserError("--host-memory-budget goes with --memory-budget (it bounds the plan a "
+                        "search finds)")
     if memory_budget is not None and (plan_file or resume_dir):
         raise UserError("--memory-budget searches for a new run's plan; "
                         + ("--plan is one already" if plan_file else
@@ -71,7 +75,8 @@ def train(plan_file, memory_budget, devices, run_dir, resume_dir, keep_checkpoin
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
     if memory_budget is not None:
-        plan_data = _searched_plan(cfg, opts, profile_spec, devices, memory_budget)
+        plan_data = _searched_plan(cfg, opts, profile_spec, devices, memory_budget,
+                                   host_memory_budget)
     _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
     for value, section, key in ((keep_checkpoints, "train", "keep_checkpoints"),
                                 (checkpoint_on_interrupt, "train", "checkpoint_on_interrupt"),
@@ -107,13 +112,13 @@ def train(plan_file, memory_budget, devices, run_dir, resume_dir, keep_checkpoin
 
 
 def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices: int | None,
-                   memory_budget: str) -> dict:
+                   memory_budget: str, host_memory_budget: str | None) -> dict:
     """The fastest plan that fits `memory_budget` per device (`ratrain plan`'s search) on
     --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
     a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
     from ratrain.cli.options import use_plan
     from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, search_request,
-                                         with_this_machines_memory)
+                                         with_host_budget, with_this_machines_memory)
     from ratrain.planner import plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.runtime.process_groups import pick_backend
@@ -134,6 +139,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                                               device_name=gpu_name).preset)
     if profile_spec is None and not gpus:
         hw = with_this_machines_memory(hw, devices)
+    hw = with_host_budget(hw, host_memory_budget)
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)
