@@ -41,9 +41,10 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
 @click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")
 @click.option("--profile", "profile_spec", help="Hardware profile (a preset such as cpu-local, or a YAML file from `ratrain profile`): the device peak for MFU on a CPU, the simulated step the report sets beside the measured one, and what --memory-budget searches on.  [default: MFU against a matmul peak measured at the start (CPU) or the GPU's datasheet; the report simulates on the profile a --plan was made with]")
-def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume_dir, keep_checkpoints, checkpoints,
-          checkpoint_dir, checkpoint_async, comm_timeout, checkpoint_on_interrupt, trace,
-          progress, as_json, report, tensorboard, profile_spec, **opts) -> None:
+def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume_dir,
+          keep_checkpoints, checkpoints, checkpoint_dir, checkpoint_async, comm_timeout,
+          checkpoint_on_interrupt, trace, progress, as_json, report, tensorboard, profile_spec,
+          **opts) -> None:
     """Train a model. With no arguments: the embedded default run.
 
     Checkpoints are verified by a manifest (sizes, sha256) before any is loaded; a hung peer

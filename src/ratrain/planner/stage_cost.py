@@ -177,8 +177,6 @@ def _cheapest_fit(t: UnitTable, a: int, b: int, stage: int, pp: int, limit: floa
     if choices == "offload":
         return _fits(t, estimate(t, a, b, stage, pp, StageChoice(offload=True)), limit)
     on_device = _host_overflow(t, a, b)
-    if on_device is None:
-        return None  # the states alone overfill the host tier, and the device with them
     if choices in ("keep", "recompute"):
         choice = StageChoice(recompute=nb if choices == "recompute" else 0, on_device=on_device)
         return _fits(t, estimate(t, a, b, stage, pp, choice), limit)
@@ -196,14 +194,10 @@ def _cheapest_fit(t: UnitTable, a: int, b: int, stage: int, pp: int, limit: floa
     return None
 
 
-def _host_overflow(t: UnitTable, a: int, b: int) -> int | None:
+def _host_overflow(t: UnitTable, a: int, b: int) -> int:
     """How many of units [a, b)'s first units must keep their state on the device for the
-    rest's to fit the host tier: 0 where it fits (or the state is not host-homed), None where
-    even all of them would not leave it room (a stage's own bytes: what else the host holds
-    counts in the simulation)."""
+    rest's to fit the host tier by the stage's own bytes (what else the host holds counts in
+    the simulation): 0 where it fits, or the state is not host-homed."""
     if t.states_on_device:
         return 0
-    for k in range(b - a + 1):
-        if t.total("state", a + k, b) <= t.host_limit:
-            return k
-    return None
+    return next(k for k in range(b - a + 1) if t.total("state", a + k, b) <= t.host_limit)

@@ -64,7 +64,6 @@ class HostUpdates:
         job = self._norms[unit] = self._submit(state.sq_norm)
         return job
 
-
     def _submit(self, fn, *args) -> HostJob:
         ended = [0.0]
 
