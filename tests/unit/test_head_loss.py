@@ -121,13 +121,10 @@ def test_with_the_loss_chunked_the_executors_ledger_is_the_simulators(schedule, 
 
 
 def _three_steps(engine_of, cfg):
-    import torch
+    from .executor_ledger import step_batches
 
     engine = engine_of(cfg)
-    g = torch.Generator().manual_seed(0)
-    t = cfg.train
-    w = torch.randint(0, cfg.model.vocab_size, (t.global_batch, t.seq_len + 1), generator=g)
-    batches = list(zip(w[:, :-1].split(t.micro_batch_size), w[:, 1:].split(t.micro_batch_size)))
+    batches = step_batches(cfg)
     losses = [engine.train_step(batches, 1e-2, step).loss for step in range(3)]
     return losses, [p.detach().clone() for s in engine.stage.state.values() for p in s.masters]
 
