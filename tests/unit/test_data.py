@@ -217,6 +217,25 @@ def test_crashed_tokenization_leaves_no_cache(text_dir, tmp_path, monkeypatch):
     assert list((tmp_path / "c" / "tokens").iterdir()) == []
 
 
+def test_a_killed_runs_partial_stream_is_removed_by_the_next_tokenization(text_dir, tmp_path):
+    """A SIGKILL leaves the temporary stream behind (an exception removes its own); the next
+    tokenization into that cache removes one nobody wrote to for a day, and leaves a recent
+    one: another run may be writing it."""
+    import os
+    import time
+
+    tokens = tmp_path / "c" / "tokens"
+    tokens.mkdir(parents=True)
+    old, recent = tokens / ".tmp-killed.part", tokens / ".tmp-writing.part"
+    old.write_bytes(b"\0" * 64)
+    recent.write_bytes(b"\0" * 64)
+    day_ago = time.time() - 25 * 3600
+    os.utime(old, (day_ago, day_ago))
+    load_tokens(DataConfig(path=str(text_dir), cache_dir=str(tmp_path / "c")), ByteTokenizer(),
+                progress=False)
+    assert not old.exists() and recent.exists()
+
+
 def test_cache_dir_from_environment(text_dir, tmp_path):
     load_tokens(DataConfig(path=str(text_dir)), ByteTokenizer(), progress=False)
     assert len(list((tmp_path / "env-cache" / "tokens").iterdir())) == 1

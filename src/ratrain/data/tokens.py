@@ -36,6 +36,9 @@ _CACHE_FORMAT = 2
 # written (about 430 bytes a token), so the batch, not the corpus, sets the memory.
 _PIECES_PER_BATCH = 64
 _CHARS_PER_BATCH = 16 << 20
+# A partial stream not written to for this long was left by a killed run (a live one writes
+# every batch; an exception removes its own): the next tokenization removes it.
+_STALE_PART_S = 24 * 3600
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -132,6 +135,7 @@ def _tokenize_to(
     path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.dtype, progress: bool
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_parts(path.parent)
     eos = np.array([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=dtype)
     n_tokens = 0
     # The temporary file sits next to the target so the final rename stays on one filesystem.
@@ -157,6 +161,17 @@ def _tokenize_to(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_parts(directory: Path) -> None:
+    """Partial streams of killed runs (SIGKILL, a lost machine): as large as their corpus."""
+    now = time.time()
+    for part in directory.glob(".tmp-*.part"):
+        try:
+            if now - part.stat().st_mtime > _STALE_PART_S:
+                part.unlink()
+        except FileNotFoundError:  # another run's, finished or removed meanwhile
+            pass
 
 
 def _wait_for(path: Path, every_s: float = 2.0) -> None:
