@@ -156,7 +156,8 @@ def run_ratrain(args, config_path: Path, work: Path) -> dict:
             "peak_flops_source": summary.get("peak_flops_source"),
             "plan": {k: plan.get(k) for k in ("schedule", "n_micro", "micro_batch_group", "update",
                                               "activation", "view_window", "state_home",
-                                              "device_units")}}
+                                              "device_units")},
+            "prediction": plan.get("prediction")}  # the plan's: against what the run measured
 
 
 # --- the FSDP2 CPU-offload peer ---------------------------------------------------------------

@@ -40,6 +40,7 @@ def table(result: dict) -> str:
         lines.append(f"| {name} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | "
                      f"{'-' if r['mfu'] is None else format(r['mfu'], '.1%')} | {gb(r.get('peak_cuda_bytes'))} | "
                      f"{gb(r['peak_host_bytes'])} | {fits} |")
+    lines += predicted(rows["ratrain"])
     a, b, c = rows["ratrain"], rows[PEER], result["losses"]
     if c:
         ratio = lambda k: f"{a[k] / b[k]:.2f}" if a.get(k) and b.get(k) else "-"  # noqa: E731
@@ -54,6 +55,23 @@ def table(result: dict) -> str:
     lines.append("peer micro-batch sizes tried: " + ", ".join(
         f"{t['micro_batch_size']} {t['outcome'].splitlines()[0][:100]}" for t in result["peer_tried"]))
     return "\n".join(lines)
+
+
+def predicted(row: dict) -> list[str]:
+    """ratrain's measured rate and peaks against its plan's prediction, where it ran one."""
+    p = row.get("prediction")
+    if not p or "tokens_per_s" not in row:
+        return []
+    gb = lambda v: f"{v / 1e9:.2f} GB"  # noqa: E731
+    line = (f"ratrain's plan predicted {p['tokens_per_s']:.0f} tokens/s: measured "
+            f"{row['tokens_per_s'] / p['tokens_per_s'] - 1:+.1%}; device peak "
+            f"{gb(max(p['stage_peak_bytes']))}")
+    if row.get("peak_cuda_bytes") is not None:
+        line += f" (measured {gb(row['peak_cuda_bytes'])} allocated)"
+    if p.get("stage_host_peak_bytes"):
+        line += f"; host state {gb(max(p['stage_host_peak_bytes']))} (peak host RSS " \
+                f"{gb(row['peak_host_bytes'])})"
+    return ["", line]
 
 
 def merged(ratrain: dict, peer: dict) -> dict:

@@ -136,3 +136,15 @@ def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path):
     assert peer_logs  # and no peer process is left
     ps = subprocess.run(["pgrep", "-f", "gpu_offload_peer.py " + str(work)], capture_output=True)
     assert ps.returncode == 1, ps.stdout
+
+
+def test_the_table_sets_ratrains_measured_rate_and_peaks_beside_its_plans_prediction():
+    report = load_bench("gpu_offload_report")
+    row = {"tokens_per_s": 6000.0, "peak_cuda_bytes": 17.0e9, "peak_host_bytes": 104e9,
+           "prediction": {"tokens_per_s": 6933.0, "stage_peak_bytes": [17.69e9],
+                          "stage_host_peak_bytes": [105.7e9]}}
+    line = report.predicted(row)[-1]
+    assert line.startswith("ratrain's plan predicted 6933 tokens/s: measured -13.5%")
+    assert "device peak 17.69 GB (measured 17.00 GB allocated)" in line
+    assert "host state 105.70 GB (peak host RSS 104.00 GB)" in line
+    assert report.predicted({**row, "prediction": None}) == []  # fixed flags: no plan
