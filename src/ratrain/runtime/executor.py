@@ -26,7 +26,7 @@ from ratrain.runtime.step_state import StepState
 from ratrain.schedule.ir import Action, Program
 from ratrain.schedule.ops import SPECS, Op, OpClass
 from ratrain.schedule.unit_major import fold_roles
-from ratrain.runtime.trace import Tracer
+from ratrain.runtime.trace import FutureEnd, Tracer
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Executor:
             return None
         if self.stage.device.type != "cpu":
             return None
-        return work.get_future()
+        return FutureEnd(work.get_future())
 
 
 class _TraceRecorder:

@@ -51,18 +51,17 @@ class Tracer:
             self._current[0].append((self._step, name, self._us(t0), self._us(t1)))
 
     def start_async(self, name: str, t0: float, completion=None) -> None:
-        """An asynchronous operation `name` started at t0. `completion`, a torch Future, ends
-        the span when it fires (on the backend's thread; a host job's says when it ended,
-        which may be before the callback is registered: runtime/carried_updates.HostJob);
-        otherwise end_async does."""
+        """An asynchronous operation `name` started at t0. `completion`, where given, ends the
+        span: its `then(fn)` calls fn with the perf_counter time the operation ended (a torch
+        Future's: `FutureEnd`; a host job's: runtime/carried_updates.HostJob, which may have
+        ended before the trace registers it); otherwise end_async does."""
         if self._current is None:
             return
         span = [self._step, name, self._us(t0), None]
         self._current[1].append(span)
         self._open[name] = span
         if completion is not None:
-            completion.then(lambda done: self._close(
-                span, done if isinstance(done, float) else time.perf_counter()))
+            completion.then(lambda ended: self._close(span, ended))
 
     def end_async(self, name: str, t1: float) -> None:
         """The program's wait for `name` returned at t1: the operation is complete by then."""
@@ -81,6 +80,17 @@ class Tracer:
     def async_spans(self) -> list[Event]:
         """Completed async spans, oldest step first."""
         return [tuple(s) for _, spans in self._steps for s in spans if s[3] is not None]
+
+
+class FutureEnd:
+    """A torch Future (a gloo collective's) as a span's completion: it ended when its
+    callback runs, on the backend's thread."""
+
+    def __init__(self, future):
+        self._future = future
+
+    def then(self, fn) -> None:
+        self._future.then(lambda _: fn(time.perf_counter()))
 
 
 def lanes(intervals: list[tuple[float, float]]) -> list[int]:

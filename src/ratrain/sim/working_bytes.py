@@ -81,8 +81,8 @@ def working_bytes(shape: uc.UnitShape, kind: str, phase: str) -> int:
         # weight's gradient and the input's in fp32: the chunk's logits (and their fp32 copy
         # and its cast back, below fp32), the targets' indices, the chunk's input gradient;
         # then the norm's backward
-        cols = t * vocab_columns(t, v)
-        chunk = cols * ((2 * e + 4) if low else 4) + t * d * e + 17 * t
+        logits = t * vocab_columns(t, v)  # one vocabulary chunk's, for every token
+        chunk = logits * ((2 * e + 4) if low else 4) + t * d * e + 17 * t
         return max(weight + 4 * t * d + chunk,
                    2 * t * d * e + weight + (12 if low else 8) * t * d)
     logits = t * v * e + 4 * t * v + (4 * t * v if low else 0)
