@@ -136,11 +136,12 @@ wants offload && offload gpu_offload_8blocks 300 --layers 8 --steps 6 --peer-mic
   "${BENCH_SHAPE[@]}"
 # OFFLOAD_ROWS=ratrain or peer: that row alone (a call each, within a call's 10 minutes).
 # OFFLOAD_HOST=111.2GB: ratrain's plan bounded to that host memory (`ratrain plan
-# --host-memory-budget`; 100 GB of host-homed state after the margin)
+# --host-memory-budget`; 100 GB of host-homed state after the margin). OFFLOAD_HOST_GRAD=bfloat16:
+# the plan's host-homed gradients in bf16 (--host-grad-dtype; 13.5 GB less host state at 7B)
 B=${OFFLOAD_BATCH:-16}
-wants offload32 && offload "gpu_offload_32blocks_b$B${OFFLOAD_ROWS:+_$OFFLOAD_ROWS}${OFFLOAD_HOST:+_host}" \
+wants offload32 && offload "gpu_offload_32blocks_b$B${OFFLOAD_ROWS:+_$OFFLOAD_ROWS}${OFFLOAD_HOST:+_host}${OFFLOAD_HOST_GRAD:+_$OFFLOAD_HOST_GRAD}" \
   580 --steps 4 --rows "${OFFLOAD_ROWS:-both}" --global-batch "$B" \
-  --plan-flags "${OFFLOAD_HOST:+--host-memory-budget $OFFLOAD_HOST}" \
+  --plan-flags "${OFFLOAD_HOST:+--host-memory-budget $OFFLOAD_HOST}${OFFLOAD_HOST_GRAD:+ --host-grad-dtype $OFFLOAD_HOST_GRAD}" \
   --plan-profile bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml \
   --peer-micro-batch-sizes "$( ((B >= 4)) && echo 4,2,1 || echo 1)" "${BENCH_SHAPE[@]}"
 # A checkpoint saved while training goes on, and resumed (bench/checkpoint_save.py): llama2-7b's

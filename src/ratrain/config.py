@@ -18,7 +18,7 @@ import yaml
 from ratrain.errors import UserError
 from ratrain.model_config import ModelConfig, check_finite
 from ratrain.plain_data import parse_error, shown, typed_dataclass, unknown_keys
-from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SPLIT_SCHEDULES, UPDATES
+from ratrain.schedule.plan_rules import GRAD_LIFETIMES, HOST_GRAD_DTYPES, SPLIT_SCHEDULES, UPDATES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
 from ratrain.schedule.outer_sync import EVERY_STEP, parse_sync
@@ -127,6 +127,7 @@ class ParallelConfig:
     view_window: int = 0  # compute views made at most this many units ahead of use (0: all resident)
     state_home: str = "device"  # where masters, gradients and optimizer state live: device or host
     device_units: int = 0  # with state_home host: the first K units of each stage keep their state on the device
+    host_grad_dtype: str = "float32"  # with state_home host: what the host-homed units' gradients accumulate in
     shard_state: bool = False  # each replica holds 1/dp of the masters and optimizer state (ZeRO-style)
     grad_lifetime: str = "step"  # sharded: how long the full-size gradient lives (schedule/plan_rules.GRAD_LIFETIMES)
     shard_group: int | None = None  # hybrid sharding: shard over groups of this many replicas, replicate across
@@ -178,6 +179,9 @@ class ParallelConfig:
             raise UserError(f"--device-units must be >= 0, got {self.device_units}")
         if self.view_window < 0:
             raise UserError(f"--view-window must be >= 0, got {self.view_window}")
+        if self.host_grad_dtype not in HOST_GRAD_DTYPES:
+            raise UserError(f"unknown host gradient dtype {self.host_grad_dtype!r}; available: "
+                            f"{', '.join(HOST_GRAD_DTYPES)}")
         if self.grad_lifetime not in GRAD_LIFETIMES:
             raise UserError(f"unknown gradient lifetime {self.grad_lifetime!r}; available: "
                             f"{', '.join(GRAD_LIFETIMES)}")

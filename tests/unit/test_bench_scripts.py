@@ -230,3 +230,25 @@ def test_the_schedules_bench_adds_a_unit_major_row_per_group_with_its_ratios():
     for bad in ("1", "2,2", "x"):
         with pytest.raises(SystemExit):
             cli.parser("").parse_args(["--groups", bad])
+
+
+def test_the_host_gradient_update_bench_times_both_paths_and_puts_the_gpu_flag_back(
+        tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from ratrain.runtime.unit_state import UnitState
+
+    bench = load_bench("host_grad_update")
+    real = UnitState._host_homed_on_gpu
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["host_grad_update.py", "--dim", "32", "--ffn", "64",
+                                      "--rounds", "3", "--out", str(out)])
+    bench.main()
+    result = json.loads(out.read_text())
+    assert UnitState._host_homed_on_gpu is real
+    for path in ("host_for_gpu", "cpu_only"):
+        assert result[path]["params"] == 4 * 32 * 32 + 3 * 32 * 64 + 2 * 32
+        times = result[path]["median_s"]
+        assert times["float32"] > 0 and result[path]["bf16_over_fp32"] == pytest.approx(
+            times["bfloat16"] / times["float32"])

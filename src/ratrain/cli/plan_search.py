@@ -111,7 +111,8 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
         pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
         grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit,
-        threads_per_rank=cfg.parallel.threads_per_rank)
+        threads_per_rank=cfg.parallel.threads_per_rank,
+        host_grad_dtype=cfg.parallel.host_grad_dtype)
 
 
 def best_plans(request):

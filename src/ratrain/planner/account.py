@@ -252,6 +252,10 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int) -> li
         if _fits_with(r, policy="ratrain"):
             hints.append("--policy ratrain fits: it can keep state on the host, per-stage "
                          "recompute, offload and views in a window")
+    if (host is not None and r.profile.device.host_link is not None and r.policy == "ratrain"
+            and r.host_grad_dtype == "float32" and _fits_with(r, host_grad_dtype="bfloat16")):
+        hints.append("--host-grad-dtype bfloat16 would fit (host-homed gradients in 2 bytes a "
+                     "parameter, each fold rounded to bfloat16)")
     if r.dtype == "float32" and "bfloat16" in r.profile.device.compute:
         if _fits_with(r, dtype="bfloat16"):
             hints.append("--dtype bfloat16 would fit (views and activations at half the size)")

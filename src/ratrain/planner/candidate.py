@@ -71,7 +71,7 @@ def build(request: PlanRequest, candidate: Candidate) -> PipelinePlan:
                       device_units=candidate.device_units or tuple(
                           u for a, _, est in candidate.partition
                           for u in range(a, a + est.choice.on_device)),
-                      sync=request.sync,
+                      sync=request.sync, host_grad_dtype=layout.lifecycle.host_grad_dtype,
                       device_grad_sum=needs_device_grad_sum(
                           request, layout.lifecycle.state_home, layout.dp))
 

@@ -52,6 +52,7 @@ class PlanRequest:
     # replicas where the collectives cannot reach it)
     outer_sync: bool = False
     threads_per_rank: int | None = None  # --threads; None: what `ratrain train` gives them
+    host_grad_dtype: str = "float32"  # what host-homed lifecycles accumulate gradients in
 
     def threads_of(self, layout: Layout) -> int:
         """The CPU threads each rank of the layout computes on (sim/shared_cores.py)."""
@@ -190,8 +191,9 @@ def _unsharded_lifecycles(request: PlanRequest, host_tier: bool,
         if not has_views(request.dtype, home, host_tier):
             out.append(Lifecycle(home, None, request.policy))
             continue
+        low = request.host_grad_dtype if home == "host" else "float32"
         for window in windows:
-            out.append(Lifecycle(home, window, request.policy))
+            out.append(Lifecycle(home, window, request.policy, host_grad_dtype=low))
     return out
 
 
@@ -245,7 +247,7 @@ def refusal(request: PlanRequest, pp: int, dp: int, micro_batch_size: int,
         shard_group=life.shard_group, tie_embeddings=request.model.tie_embeddings,
         host_is_separate=_host_is_separate(request),
         host_collectives=request.profile.device.host_collectives,
-        micro_batch_group=micro_batch_group)
+        micro_batch_group=micro_batch_group, host_grad_dtype=life.host_grad_dtype)
 
 
 def needs_device_grad_sum(request: PlanRequest, state_home: str, dp: int) -> bool:

@@ -20,6 +20,7 @@ class Lifecycle:
     grad_lifetime: str = "step"  # sharded: how long a unit's full-size gradient lives
     shard_group: int | None = None  # hybrid sharding: replicas per shard group (a node's)
     micro_batch_group: int = 1  # unit-major groups of micro-batches (schedule/unit_major.py)
+    host_grad_dtype: str = "float32"  # host-homed: the gradient accumulation's (PipelinePlan's)
 
     def label(self, on_device: int = 0, summed_on_device: bool = False) -> str:
         """The state home and views as the plan table shows them: "device, sharded / window 1",
@@ -38,4 +39,5 @@ class Lifecycle:
         units = (f", {on_device} unit{'s' if on_device > 1 else ''} on device" if on_device
                  else "")
         summed = ", summed on device" if summed_on_device else ""
-        return f"{self.state_home}{units}{summed}{sharded} / {views}{grouped}"
+        low = ", bf16 grad" if self.host_grad_dtype == "bfloat16" else ""
+        return f"{self.state_home}{units}{summed}{low}{sharded} / {views}{grouped}"

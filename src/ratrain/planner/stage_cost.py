@@ -130,7 +130,7 @@ def estimate(t: UnitTable, a: int, b: int, stage: int, pp: int,
                + (t.act if a > 0 else 0) + t.total("out", a, b - 1))
     kept = max(whole(f) + k * past_bi for f, k in t.peak_candidates(stage, pp))
     held = states + views + shared + transient + kept
-    host = 0 if t.states_on_device else t.total("state", on_host, b)
+    host = 0 if t.states_on_device else _host_state(t, on_host, b)
     if choice.offload and t.host_tier:
         host += in_flight * k * (t.block_saved + t.table)
     last_recomputed = not choice.offload and k and k == nb and b - 1 < t.n_units - 1
@@ -200,4 +200,10 @@ def _host_overflow(t: UnitTable, a: int, b: int) -> int:
     the simulation): 0 where it fits, or the state is not host-homed."""
     if t.states_on_device:
         return 0
-    return next(k for k in range(b - a + 1) if t.total("state", a + k, b) <= t.host_limit)
+    return next(k for k in range(b - a + 1) if _host_state(t, a + k, b) <= t.host_limit)
+
+
+def _host_state(t: UnitTable, a: int, b: int) -> float:
+    """Host-homed units [a, b)'s state, and where their gradients are bf16 the update's fp32
+    scratch (the model's largest parameter's: a bound on the stage's)."""
+    return t.total("state", a, b) + (t.update_scratch if b > a else 0)

@@ -64,6 +64,7 @@ class UnitTable:
                            grad_lifetime=lifecycle.grad_lifetime,
                            shard_group=lifecycle.shard_group,
                            micro_batch_group=lifecycle.micro_batch_group,
+                           host_grad_dtype=lifecycle.host_grad_dtype,
                            host_norms=frozenset(units) if carried and clip else frozenset())
         c = StageCosts(setup)
         self.costs = c
@@ -114,6 +115,7 @@ class UnitTable:
             lambda u: working_bytes(shape, uc.unit_kind(model, u), "forward"))
         owners = per_unit(c.unit_state_owners)
         self.state = [sum(owner[3] for owner in own) for own in owners]
+        self.update_scratch = setup.update_scratch  # runtime/host_grad.py
         # masters and gradients: held before the first step, so not part of the ledger's growth
         self.held = [sum(owner[3] for owner in own if owner[1] in ("masters", "gradients"))
                      for own in owners]

@@ -143,7 +143,8 @@ class PipelineEngine(_UnitStateMixin):
         self.stage = Stage(cfg, plan.stage_units[self.stage_index],
                            groups.device if groups else device,
                            modules, view_units=view_units, state_home=plan.state_home, shard=shard,
-                           device_units=plan.device_units, summed_on_device=plan.summed_on_device)
+                           device_units=plan.device_units, summed_on_device=plan.summed_on_device,
+                           host_grad_dtype=plan.host_grad_dtype)
         if plan.weight_grad is not None and self.stage.device.type == "cpu":
             allocator.keep_freed_memory()
         act_shape = (cfg.train.micro_batch_size, cfg.train.seq_len, cfg.model.dim)

@@ -28,6 +28,9 @@ def host_sq_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 def _sq_sum(chunk: torch.Tensor) -> torch.Tensor:
     whole = chunk.numel() - chunk.numel() % NORM_ROW
-    norms = torch.cat([torch.linalg.vector_norm(chunk[:whole].view(-1, NORM_ROW), dim=1),
-                       torch.linalg.vector_norm(chunk[whole:]).view(1)]).double()
+    # a bf16 accumulation's (runtime/host_grad.py) summed in fp32 too
+    norms = torch.cat([torch.linalg.vector_norm(chunk[:whole].view(-1, NORM_ROW), dim=1,
+                                                dtype=torch.float32),
+                       torch.linalg.vector_norm(chunk[whole:], dtype=torch.float32).view(1)]
+                      ).double()
     return (norms * norms).sum()

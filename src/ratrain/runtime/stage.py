@@ -10,6 +10,7 @@ from torch import nn
 from ratrain.config import RunConfig
 from ratrain.models.hf import load_hf_weights
 from ratrain.models.llama import build_unit
+from ratrain.runtime import host_grad
 from ratrain.runtime.optim import make_optimizer, unit_parameters
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.memory_ledger import MemoryLedger
@@ -48,7 +49,8 @@ class Stage:
 
     def __init__(self, cfg: RunConfig, units: range, device: torch.device, modules=None, *,
                  view_units=(), state_home: str = "device", ledger: MemoryLedger | None = None,
-                 shard: ShardOver | None = None, device_units=(), summed_on_device=()):
+                 shard: ShardOver | None = None, device_units=(), summed_on_device=(),
+                 host_grad_dtype: str = "float32"):
         self.cfg = cfg
         self.units = units
         self.device = device
@@ -71,7 +73,10 @@ class Stage:
                 layout, view_dtype = (Sharded(shard.group, shard.replica, shard.replicas,
                                             shard.grad_lifetime, shard.cross), self.dtype)
             else:
-                layout = Replicated(device if u in device_units else home)
+                low = (host_grad_dtype == "bfloat16" and viewed and state_home == "host"
+                       and u not in device_units)
+                layout = Replicated(device if u in device_units else home,
+                                    host_grad.LOW if low else torch.float32)
                 view_dtype = self.dtype if viewed else None
             # A viewed unit's masters are copied to their home straight from the host-built
             # module, so its fp32 weights never pass through the device (the whole stage's would
@@ -82,7 +87,19 @@ class Stage:
                                       sums_on_device=u in summed_on_device)
             self.modules[u] = m.to(device)
         self.sharded = shard is not None
+        self._share_update_scratch()
         self._mark_tied(cfg)
+
+    def _share_update_scratch(self) -> None:
+        """The one fp32 scratch of the units whose host gradient is bf16 (runtime/host_grad.py),
+        on the ledger beside their gradients."""
+        low = [s for s in self.state.values()
+               if s.grad is not None and s.grad.dtype == host_grad.LOW]
+        scratch = host_grad.update_scratch([n for s in low for n in s.sizes])
+        for s in low:
+            s.update_scratch = scratch
+        if scratch is not None:
+            self.ledger.hold(("gradients", "update scratch"), "gradients", [scratch])
 
     def _built(self, cfg: RunConfig, units: range):
         """(u, its module) in order, each built in fp32 on the CPU (with its Hugging Face

@@ -25,7 +25,7 @@ reads, not as the UnitState that holds the layout.
 
 Replicated: the masters are one fp32 tensor per parameter in the home tier (the module's own
 parameters where there is no view); the gradient accumulation is one flat fp32 buffer of which
-every master's `.grad` is a view, so the sync is a single all-reduce of it in place (no copy in or
+every master's `.grad` is a view (or a bf16 one, which no `.grad` can be: runtime/host_grad.py), so the sync is a single all-reduce of it in place (no copy in or
 out) and the update reads it where it is. On the host, masters and gradient are carved from one
 block of the unit's exact size (runtime/host_arena.py). The view is one compute-dtype tensor per
 parameter, copied from its master by the copy engine.
@@ -111,8 +111,11 @@ class StateLayout:
 class Replicated(StateLayout):
     """Every replica holds the whole unit; `home` "cpu" puts the state on the host."""
 
-    def __init__(self, home: torch.device | None = None):
+    def __init__(self, home: torch.device | None = None, grad_dtype: torch.dtype = torch.float32):
+        """`grad_dtype`: the accumulation's (bf16 for a host-homed viewed unit under
+        PipelinePlan.host_grad_dtype: runtime/host_grad.py; its masters then have no `.grad`)."""
         self.home = home
+        self.grad_dtype = grad_dtype
         self._ready = None  # the view copy's event (None on a CPU-only run)
 
     def build(self, state: UnitBuffers, new_optimizer: NewOptimizer) -> None:
@@ -126,24 +129,26 @@ class Replicated(StateLayout):
             state.masters = params
         state.optimizer = new_optimizer(state.masters)
         if params:
-            state.grad = new([state.numel]).zero_()
-            for m, g in zip(state.masters, state.param_slices(state.grad)):
-                m.grad = g
+            state.grad = new([state.numel], self.grad_dtype).zero_()
+            if self.grad_dtype == torch.float32:
+                for m, g in zip(state.masters, state.param_slices(state.grad)):
+                    m.grad = g
         state.update_grad = state.grad  # all-reduced in place
         state.ledger.hold(("masters", state), "masters", state.masters)
         state.ledger.hold(("gradients", state), "gradients", [state.grad])
 
-    @staticmethod
-    def _home_tensors(state: UnitBuffers, viewed: bool) -> Callable[[list[int]], torch.Tensor]:
+    def _home_tensors(self, state: UnitBuffers, viewed: bool) -> Callable[..., torch.Tensor]:
         """What makes the unit's fp32 tensors in its home, in order: each master (where there
         is a view), then the flat gradient. On the host they live for the run with sizes known
         now: one block of their exact size (runtime/host_arena.py; pinned per tensor, each
         would be rounded up to a power of two)."""
         if state.home.type != "cpu":
-            return lambda shape: torch.empty(shape, dtype=torch.float32, device=state.home)
+            return lambda shape, dtype=torch.float32: torch.empty(shape, dtype=dtype,
+                                                                  device=state.home)
         sizes = [4 * n for n in state.sizes] if viewed else []
-        arena = state.copies.host_arena(carved_nbytes([*sizes, 4 * state.numel]))
-        return lambda shape: arena.take(shape, torch.float32)
+        grad = self.grad_dtype.itemsize * state.numel
+        arena = state.copies.host_arena(carved_nbytes([*sizes, grad]))
+        return lambda shape, dtype=torch.float32: arena.take(shape, dtype)
 
     # -- the view: a copy of each master (into the buffer a resident view keeps) --------------
 

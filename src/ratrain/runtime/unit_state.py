@@ -9,11 +9,11 @@ the view in the compute dtype and is folded into the fp32 accumulation at once. 
 view *is* the master: the module's parameters are the masters and backward accumulates straight
 into their gradients.
 
-The gradients accumulate in one flat fp32 buffer (`grad`, the parameters in order); the update
-reads `update_grad` (the same buffer where the sync reduces it in place), scales it, takes the
-AdamW step and zeroes both. Where the host updates for a GPU, the scaling is the fused AdamW's
-own and the zeroing is left to the next step's first fold, which overwrites the buffer (see
-step_masters).
+The gradients accumulate in one flat fp32 buffer (`grad`, the parameters in order; bf16 for
+host-homed state under --host-grad-dtype bfloat16: runtime/host_grad.py); the update reads
+`update_grad` (the same buffer where the sync reduces it in place), scales it, takes the AdamW
+step and zeroes both. Where the host updates for a GPU, the scaling is the fused AdamW's own
+and the zeroing is left to the next step's first fold, which overwrites it (step_masters).
 
 One class serves every way of keeping the state over the data-parallel replicas; what differs
 between them is the state's layout object (runtime/state_layout.py: the replicated one, and the
@@ -35,6 +35,7 @@ from torch import nn
 
 from ratrain.runtime.copy_engine import CopyEngine
 from ratrain.runtime.host_fold import HostFold
+from ratrain.runtime.host_grad import step_from_low
 from ratrain.runtime.host_norm import host_sq_norm
 from ratrain.runtime.memory_ledger import MemoryLedger
 from ratrain.runtime.run_grads import gradients_to_fold
@@ -71,6 +72,8 @@ class UnitState(UnitBuffers):
         self._host_fold = HostFold(self.copies)  # used where the state is across a host link
         self.run_grad: torch.Tensor | None = None  # a run's gradient sum (run_grads.py)
         self.sums_on_device = sums_on_device
+        # where the accumulation is bf16: the stage's fp32 scratch its update casts into
+        self.update_scratch: torch.Tensor | None = None
 
     @property
     def has_view(self) -> bool:
@@ -126,15 +129,11 @@ class UnitState(UnitBuffers):
                 and self.layout.grad_lifetime == "step")
 
     def fold_grads(self, role: str | None = None) -> None:
-        """After a backward: add the view's gradients, in fp32, to the accumulation.
-
-        `role` (schedule/unit_major.fold_roles): where the accumulation lives across a host
-        link, a backward with more of its unit's to come in its run (HOLD) adds its gradient
-        to the run's fp32 sum on the device instead, and the run's last folds that sum
-        (runtime/run_grads.py): one fold per run, not per backward. Across the link the
-        gradients travel as runtime/host_fold.py says, off the compute stream. A unit that
-        `sums_on_device` takes that path on any device: its run's sum (SYNC) waits for
-        start_sync."""
+        """After a backward: add the view's gradients, in fp32, to the accumulation. `role`
+        (unit_major.fold_roles): across a host link, a backward with more of its unit's to
+        come in its run (HOLD) adds to the run's fp32 sum on the device, which the run's last
+        folds (run_grads.py); the gradients cross as host_fold.py says. A unit that
+        `sums_on_device` does so on any device; its run's sum (SYNC) waits for start_sync."""
         if not self.has_view:
             return
         if not (self._host_homed_on_gpu or self.sums_on_device):
@@ -218,32 +217,33 @@ class UnitState(UnitBuffers):
     def sq_norm(self) -> torch.Tensor | None:
         """Squared L2 norm of the gradient this state updates with (fp32 scalar on the home;
         sharded: this replica's slice, zero where it is all padding); None without parameters.
-
-        Per parameter the optimizer updates (sharded: per piece), as clip_grad_norm_ does, not
-        over the flat buffer: one fp32 norm over a whole block's ~10^6 elements is off by ~1e-5
-        relative (8e-5 seen on the tiny preset's real gradients), which moved the clipping
-        coefficient away from the reference's."""
+        Per parameter the optimizer updates (sharded: per piece), as clip_grad_norm_ does: one
+        fp32 norm over a block's ~10^6 elements was off by 8e-5 relative (tiny preset)."""
         if self.update_grad is None:
             return None
         self._host_fold.settle(self.grad)
-        masters = [m for i, m in enumerate(self.masters) if not (self.tied_copy and i == self.tied)]
-        if not masters:
+        grads = [g for i, g in enumerate(self._master_grads())
+                 if not (self.tied_copy and i == self.tied)]
+        if not grads:
             return torch.zeros((), device=self.home)
         if self._host_homed_on_gpu:
-            return host_sq_norm([m.grad for m in masters])
-        norms = torch.stack([torch.linalg.vector_norm(m.grad) for m in masters])
+            return host_sq_norm(grads)
+        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
         return (norms * norms).sum()
+
+    def _master_grads(self) -> list[torch.Tensor]:
+        """Each master's gradient: its `.grad`, or its slice of a bf16 accumulation."""
+        if self.update_grad.dtype == torch.float32:
+            return [m.grad for m in self.masters]
+        return self.param_slices(self.update_grad)
 
     def update(self, grad_factor: torch.Tensor | float | None = None,
                found_inf: torch.Tensor | None = None) -> None:
-        """Scale the synced gradient by `grad_factor` if given (clipping, loss-scale removal),
-        take the AdamW step on the masters, zero the gradients. A view made before is stale.
-
-        `grad_factor`: a 0-d fp32 tensor (or a Python float), on any device. `found_inf`: a 0-d
-        tensor, 1.0 where the step overflowed: the AdamW step is skipped (masters, moments and
-        step count stay as they are) but the gradients are zeroed all the same. Its value is
-        never read on the host: the fused AdamW reads it where it runs (`found_inf`, as
-        GradScaler sets it), so on a GPU the host does not wait for the norm."""
+        """Scale the synced gradient by `grad_factor` if given (clipping, loss-scale removal:
+        a 0-d fp32 tensor or a float, on any device), take the AdamW step on the masters, zero
+        the gradients. A view made before is stale. `found_inf`: a 0-d tensor, 1.0 where the
+        step overflowed: the step is skipped, the gradients zeroed all the same; the fused
+        AdamW reads it where it runs (as GradScaler sets it): the host never waits for it."""
         if self.update_grad is None:  # no parameters
             return
         self.step_masters(grad_factor, found_inf)
@@ -251,29 +251,31 @@ class UnitState(UnitBuffers):
 
     def step_masters(self, grad_factor: torch.Tensor | float | None = None,
                      found_inf: torch.Tensor | None = None) -> None:
-        """update's arithmetic, which a host update thread may run (a carried update, SU): it
-        touches only this unit's masters, gradients and optimizer state. The fold must have
-        finished (finish_fold) in the walker's thread.
+        """update's arithmetic, which a host update thread may run (SU): only this unit's
+        masters, gradients and AdamW state; the fold finished (finish_fold) on the walker.
 
-        Where the host updates for a GPU, its update thread sets the step (the next step's
-        forward waits for it), so it makes one pass over the state, not three: the fused AdamW
-        divides the gradient by 1 / grad_factor as it reads it (GradScaler's `grad_scale`) and
-        the zeroing is lazy (_zeroes_lazily). On 50M fp32 parameters on 2 cores (2026-11-27)
-        a step took 30 ms, the separate scaling 4-8 ms more and the zeroing 6-8 ms. Dividing by
-        the reciprocal can differ from clip_grad_norm_'s product in the last bit where the
-        clip bites (a factor of 1 divides exactly); no CPU-only run takes this path."""
+        Where the host updates for a GPU its thread sets the step, so it makes one pass, not
+        three: the fused AdamW divides by 1 / grad_factor as it reads (`grad_scale`) and the
+        zeroing is lazy (_zeroes_lazily); 50M fp32 parameters on 2 cores: 30 ms, against 4-8
+        ms more for the scaling and 6-8 for the zeroing (2026-11-27). The reciprocal can
+        differ from clip_grad_norm_'s product in the last bit; no CPU-only run takes it."""
         if found_inf is not None:
             found_inf = _at(found_inf, self.home)
         self._host_fold.settle(self.grad)
         if self.optimizer is not None:
-            scale = None
+            scale, low = None, self.update_grad.dtype != torch.float32
             if grad_factor is not None and self._host_homed_on_gpu:
                 scale = torch.as_tensor(_at(grad_factor, self.home), dtype=torch.float32).reciprocal()
-            elif grad_factor is not None:
+                grad_factor = None
+            elif grad_factor is not None and not low:
                 self.update_grad.mul_(_at(grad_factor, self.home))
             self.optimizer.grad_scale, self.optimizer.found_inf = scale, found_inf
             try:
-                self.optimizer.step()
+                if low:  # scaled in fp32, once cast (a bf16 product would round again)
+                    step_from_low(self.optimizer, self.masters, self._master_grads(),
+                                  self.update_scratch, _at(grad_factor, self.home))
+                else:
+                    self.optimizer.step()
             finally:
                 self.optimizer.grad_scale = self.optimizer.found_inf = None
         self.layout.updated(self, found_inf)

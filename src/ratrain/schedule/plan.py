@@ -20,9 +20,9 @@ from ratrain.schedule.ir import Op, Program, format_program, parse_program
 from ratrain.schedule.carried_updates import carry_updates
 from ratrain.schedule.plan_checks import check_plan
 from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
-                                         check_device_grad_sum, check_device_units, check_hybrid,
-                                         check_sharding, micro_batch_refusal, shared_views,
-                                         weight_grad_of)
+                                         check_device_grad_sum, check_device_units,
+                                         check_host_grad, check_hybrid, check_sharding,
+                                         micro_batch_refusal, shared_views, weight_grad_of)
 from ratrain.schedule.policies import POLICIES
 from ratrain.schedule.tied_sync import add_tied_sync, check_tied, tied_ends
 from ratrain.schedule.unit_major import check_group, post_group_receives, unit_major
@@ -110,6 +110,9 @@ class PipelinePlan:
     unit's whole step's in fp32, and fold to the host once summed (GPUs: NCCL cannot reduce
     host memory; ZeRO-Offload's order). GS u sums the run of unit_major.fold_roles' SYNC
     role and WGS u folds it (plan_rules.device_grad_sum_refusal: what it needs)."""
+    host_grad_dtype: str = "float32"
+    """What host-homed units (not the device units) accumulate their gradient in: "float32" or
+    "bfloat16" (2 bytes a parameter; runtime/host_grad.py). It changes no program."""
 
     @property
     def on_device_text(self) -> str:
@@ -180,6 +183,8 @@ class PipelinePlan:
             **({"device_units": list(self.device_units)} if self.device_units else {}),
             **({"tie_embeddings": True} if self.tie_embeddings else {}),
             **({"device_grad_sum": True} if self.device_grad_sum else {}),
+            **({"host_grad_dtype": self.host_grad_dtype}
+               if self.host_grad_dtype != "float32" else {}),
         }
 
     @classmethod
@@ -208,6 +213,7 @@ class PipelinePlan:
             device_units=tuple(d.get("device_units", ())),
             tie_embeddings=d.get("tie_embeddings", False),
             device_grad_sum=d.get("device_grad_sum", False),
+            host_grad_dtype=d.get("host_grad_dtype", "float32"),
         )
 
 
@@ -236,6 +242,7 @@ def build_plan(
     device_units=(),
     tie_embeddings: bool = False,
     device_grad_sum: bool = False,
+    host_grad_dtype: str = "float32",
 ) -> PipelinePlan:
     """Build and check the programs of one training step.
 
@@ -251,7 +258,7 @@ def build_plan(
     `micro_batch_group` g > 1 runs 1F1B over groups of g micro-batches, each group unit by
     unit (schedule/unit_major.py).
     `update`: "inline" or "carried" (PipelinePlan.update); `device_units`, `tie_embeddings`,
-    `device_grad_sum`: PipelinePlan's.
+    `device_grad_sum`, `host_grad_dtype`: PipelinePlan's.
     `check` False skips the checks of the programs (a search that builds
     many plans checks the ones it keeps).
     """
@@ -277,6 +284,7 @@ def build_plan(
     outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
     device_units = tuple(sorted(device_units))
     check_device_units(device_units, state_home, stage_units[-1].stop)
+    check_host_grad(host_grad_dtype, state_home, shard_state, view_window)
     sync_dp = dp if sync == outer_sync.EVERY_STEP else 1  # diloco: no per-step gradient sync
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)
@@ -305,7 +313,8 @@ def build_plan(
     plan = PipelinePlan(pp, dp, n_micro, stage_units, programs, policy, schedule, resolved, clip,
                         rank_order, view_window, state_home, shard_state, weight_grad,
                         grad_lifetime, shard_group, sync, micro_batch_group,
-                        update, device_units, tie_embeddings, device_grad_sum)
+                        update, device_units, tie_embeddings, device_grad_sum,
+                        host_grad_dtype)
     if check:
         for variant in [programs, *outer_sync.every_variant(plan)]:
             validate(variant, stage_units, n_micro, sync_dp, shared=shared)

@@ -11,8 +11,8 @@ from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.ops import Op
 from ratrain.schedule.plan_rules import (SPLIT_SCHEDULES, UPDATES, check_carried_update,
-                                         check_device_grad_sum, check_device_units, check_hybrid,
-                                         check_sharding)
+                                         check_device_grad_sum, check_device_units,
+                                         check_host_grad, check_hybrid, check_sharding)
 from ratrain.schedule.tied_sync import check_tied
 from ratrain.schedule.unit_major import check_group, check_order
 from ratrain.schedule.weight_grads import CAPPED, WEIGHT_GRADS, parse_placement
@@ -62,6 +62,7 @@ def _check_lifecycle(plan) -> None:
                             f"{'do' if carried else 'do not'} carry the updates (SU/WU)")
     check_carried_update(plan.update, plan.shard_state, plan.sync)
     check_device_units(plan.device_units, plan.state_home, plan.stage_units[-1].stop)
+    check_host_grad(plan.host_grad_dtype, plan.state_home, plan.shard_state, plan.view_window)
     inline = {a.unit for program in plan.programs for a in program if a.op is Op.UPDATE}
     if carried and inline != set(plan.device_units):
         raise ScheduleError(f"carried updates, but the programs update units {sorted(inline)} "

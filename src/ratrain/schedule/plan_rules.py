@@ -13,6 +13,8 @@ SPLIT_SCHEDULES = ("zbh1",)
 """Schedules whose backward is split into BI and BW; they take a weight-gradient placement."""
 GRAD_LIFETIMES = ("step", "transient", "micro-batch")
 """How long a unit's full-size fp32 gradient lives (schedule/plan.PipelinePlan.grad_lifetime)."""
+HOST_GRAD_DTYPES = ("float32", "bfloat16")
+"""What a host-homed unit accumulates its gradient in (schedule/plan.PipelinePlan.host_grad_dtype)."""
 
 
 def micro_batch_refusal(n_micro: int, pp: int, schedule: str = "1f1b") -> str | None:
@@ -128,6 +130,31 @@ def device_units_refusal(device_units, state_home: str, n_units: int) -> str | N
 
 def check_device_units(device_units, state_home: str, n_units: int) -> None:
     reason = device_units_refusal(device_units, state_home, n_units)
+    if reason:
+        raise ScheduleConfigError(reason)
+
+
+def host_grad_refusal(host_grad_dtype: str, state_home: str, shard_state: bool,
+                      view_window: int | None) -> str | None:
+    """A bf16 gradient accumulation for host-homed state (PipelinePlan.host_grad_dtype) is
+    made by the folds of a compute view's gradients into the host's buffer: it needs the state
+    on the host, views, and whole (not sharded) units."""
+    if host_grad_dtype not in HOST_GRAD_DTYPES:
+        return (f"unknown host gradient dtype {host_grad_dtype!r}; available: "
+                f"{', '.join(HOST_GRAD_DTYPES)}")
+    if host_grad_dtype == "float32":
+        return None
+    if state_home != "host" or view_window is None:
+        return (f"--host-grad-dtype {host_grad_dtype} holds host-homed state's gradients in 2 "
+                f"bytes a parameter; it needs --state-home host and a --view-window")
+    if shard_state:
+        return f"--host-grad-dtype {host_grad_dtype} does not go with --shard-state"
+    return None
+
+
+def check_host_grad(host_grad_dtype: str, state_home: str, shard_state: bool,
+                    view_window: int | None) -> None:
+    reason = host_grad_refusal(host_grad_dtype, state_home, shard_state, view_window)
     if reason:
         raise ScheduleConfigError(reason)
 

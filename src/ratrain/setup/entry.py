@@ -100,7 +100,7 @@ def run_plan(cfg: RunConfig, machine: Machine = Machine(), *, plan_data: dict | 
 
 _PLAN_CHOICES = ("n_layers", "pp", "dp", "schedule", "policy", "clip", "state_home",
                  "shard_state", "view_window", "grad_lifetime", "shard_group", "sync", "update",
-                 "micro_batch_group", "device_grad_sum")
+                 "micro_batch_group", "device_grad_sum", "host_grad_dtype")
 """A plan's own layout and lifecycle, which the rule judges (a plan file's, not the flags')."""
 
 
@@ -128,7 +128,7 @@ def _flag_choices(cfg: RunConfig, machine: Machine) -> dict:
             "grad_lifetime": p.grad_lifetime, "shard_group": p.shard_group, "sync": p.sync,
             "update": update_for(p.update, p.state_home, p.shard_state, machine.host_is_separate,
                                  p.sync),
-            "micro_batch_group": p.micro_batch_group,
+            "micro_batch_group": p.micro_batch_group, "host_grad_dtype": p.host_grad_dtype,
             "device_grad_sum": device_grad_sum_for(p.state_home, p.dp, p.sync,
                                                    machine.host_is_separate,
                                                    machine.host_collectives)}
@@ -150,7 +150,7 @@ def _flags_plan(cfg: RunConfig, machine: Machine) -> PipelinePlan:
             shard_state=p.shard_state, weight_grad=p.weight_grad, grad_lifetime=p.grad_lifetime,
             shard_group=p.shard_group, sync=p.sync, micro_batch_group=p.micro_batch_group or 1,
             update=choices["update"], tie_embeddings=cfg.model.tie_embeddings,
-            device_grad_sum=choices["device_grad_sum"],
+            device_grad_sum=choices["device_grad_sum"], host_grad_dtype=p.host_grad_dtype,
             device_units=_device_units(partition_units(choices["n_layers"], p.pp, p.partition),
                                        p.device_units))
     except ScheduleError as e:

@@ -51,6 +51,7 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
             "grad_lifetime": cfg.parallel.grad_lifetime, "shard_group": cfg.parallel.shard_group,
             "schedule": cfg.parallel.schedule, "sync": cfg.parallel.sync,
             "micro_batch_group": cfg.parallel.micro_batch_group or plan.micro_batch_group,
+            "host_grad_dtype": cfg.parallel.host_grad_dtype,
             "weight_grad": weight_grad_of(cfg.parallel.schedule, cfg.parallel.weight_grad)}
     # a window releases views (a tied head needs the embedding's kept); across stages the
     # programs sum the tied weight's gradient (TS)

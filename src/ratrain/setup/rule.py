@@ -13,7 +13,8 @@ from __future__ import annotations
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
 from ratrain.schedule.plan_rules import (carried_update_refusal, device_grad_sum_refusal,
-                                         hybrid_refusal, micro_batch_refusal, sharding_refusal)
+                                         host_grad_refusal, hybrid_refusal, micro_batch_refusal,
+                                         sharding_refusal)
 from ratrain.schedule.tied_sync import tied_refusal
 
 def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_size: int,
@@ -24,7 +25,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
             tie_embeddings: bool = False,
             host_is_separate: bool = False, host_collectives: bool | None = None,
             world: int | None = None, micro_batch_group: int | None = None,
-            device_grad_sum: bool | None = None) -> str | None:
+            device_grad_sum: bool | None = None,
+            host_grad_dtype: str = "float32") -> str | None:
     """Why this cannot run (one line, as the user's mistake is told), or None when it can.
 
     `view_window` is the plan's: None where the views are the masters (has_views).
@@ -55,7 +57,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
               or sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
               or hybrid_refusal(shard_group, shard_state, dp, policy)
               or outer_refusal(sync, dp, policy, shard_state, n_units)
-              or carried_update_refusal(update, shard_state, sync))
+              or carried_update_refusal(update, shard_state, sync)
+              or host_grad_refusal(host_grad_dtype, state_home, shard_state, view_window))
     if reason:
         return reason
     if host_collectives is None:

@@ -22,7 +22,7 @@ def fold_s(c, u: int, mb: int | None) -> float:
         return 0.0
     if u in c.device_summed:
         return (8 + c.s.shape.elt) * c.s.params(u) / c.bandwidth
-    add = 12 * c.s.params(u) / c.state_bandwidth(u)
+    add = fold_add_bytes(c, u) * c.s.params(u) / c.state_bandwidth(u)
     if u in c.s.host_norms and last_fold_added(c, u, mb):
         # the step's last fold's add is done by SN on the host update thread (the
         # runtime's fold adds lazily, when something next reads the accumulation)
@@ -44,7 +44,8 @@ def fold_s(c, u: int, mb: int | None) -> float:
 def fold_copy_bytes(c, u: int, mb: int) -> int:
     """Bytes the fold after unit u's backward on micro-batch `mb` sends across the host link,
     on the copy engine's gradient stream (runtime/host_fold.py): into the step's zero
-    accumulation, the gradient cast to fp32 on the device (4 a parameter); a later fold, the
+    accumulation, the gradient cast on the device to the accumulation's dtype (4 a parameter
+    for fp32, 2 for a bf16 host gradient: StageSetup.grad_bytes); a later fold, the
     gradient as it is (a run's fp32 sum, else the view's dtype), added on the host; none
     while a run holds it on the device (HOLD) or its sum waits for the sync (SYNC)."""
     if u not in c.s.view_units or not c.across_link(u) or u in c.device_summed:
@@ -54,7 +55,7 @@ def fold_copy_bytes(c, u: int, mb: int) -> int:
     if role not in (FIRST, LATER):
         return 0
     if role == FIRST and c.s.grad_lifetime == "step":
-        return 4 * c.s.params(u)
+        return c.s.grad_bytes(u) * c.s.params(u)
     return (4 if (u, mb) in c.summed else c.s.shape.elt) * c.s.params(u)
 
 
@@ -83,9 +84,15 @@ def _fold_without_last_add(c, u: int, mb: int | None, add: float) -> float:
 
 def unit_norm_s(c, u: int) -> float:
     """SN u: the add of the unit's last fold where it is one, then its squared norm."""
-    add = 12 * c.s.params(u) / c.state_bandwidth(u) if last_fold_added(c, u, None) \
-        else 0.0
-    return add + 4 * c.update_params(u) / c.state_bandwidth(u)
+    add = (fold_add_bytes(c, u) * c.s.params(u) / c.state_bandwidth(u)
+           if last_fold_added(c, u, None) else 0.0)
+    return add + c.s.grad_bytes(u) * c.update_params(u) / c.state_bandwidth(u)
+
+
+def fold_add_bytes(c, u: int) -> int:
+    """Bytes a parameter of a fold's add into the accumulation: read both, write one (12 in
+    fp32; a bf16 accumulation reads and writes 2, the addend 4 or fewer: 8)."""
+    return 12 if c.s.grad_bytes(u) == 4 else 8
 
 
 def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:

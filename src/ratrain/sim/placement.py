@@ -47,7 +47,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             micro_batch_group=plan.micro_batch_group,
             host_norms=frozenset(a.unit for a in program if a.op is Op.START_NORM),
             device_units=frozenset(plan.device_units).intersection(units),
-            tied=tied if s in plan.tied_ends else None,
+            tied=tied if s in plan.tied_ends else None, host_grad_dtype=plan.host_grad_dtype,
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
         ))
     return setups

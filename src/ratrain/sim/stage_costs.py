@@ -154,7 +154,12 @@ class StageCosts(StageStorages):
         it) or, where the host updates for a GPU, by the AdamW as it reads it (it writes the
         scaled gradient back: 4 bytes; runtime/unit_state.step_masters)."""
         scale = (4 if self.across_link(u) else 8) if self.s.clip else 0
-        return (UPDATE_BYTES_PER_PARAM + scale) * self.update_params(u) / self.state_bandwidth(u)
+        # a bf16 gradient is cast into the fp32 scratch first: read 2, write 4 and the
+        # write's lines read first (bench/host_grad_update.py: 1.25-1.38x the fp32 update on
+        # the host-for-GPU path, 2 cores, 2026-11-28; priced 42 / 32 = 1.31x)
+        cast = 10 if self.s.grad_bytes(u) == 2 else 0
+        return ((UPDATE_BYTES_PER_PARAM + scale + cast) * self.update_params(u)
+                / self.state_bandwidth(u))
 
     def norm_local(self) -> float:
         """N's own read of the gradients: of the units no SN measured already."""
@@ -164,7 +169,8 @@ class StageCosts(StageStorages):
         for u in self.s.units:
             if u not in self.s.host_norms:
                 bandwidth = self.state_bandwidth(u)
-                read[bandwidth] = read.get(bandwidth, 0) + 4 * self.update_params(u)
+                read[bandwidth] = (read.get(bandwidth, 0)
+                                   + self.s.grad_bytes(u) * self.update_params(u))
         return sum(n / bandwidth for bandwidth, n in read.items())
 
     def norm_replicas(self) -> float:
@@ -233,4 +239,7 @@ class StageCosts(StageStorages):
 
     def grad_sync_bytes(self, u: int) -> int:
         shard = self.s.shard(u)
-        return 4 * (shard.padded if shard else self.s.params(u))
+        if shard:
+            return 4 * shard.padded
+        # summed on the device: the run's fp32 sum; else the accumulation where it lives
+        return (4 if u in self.device_summed else self.s.grad_bytes(u)) * self.s.params(u)

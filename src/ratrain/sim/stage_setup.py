@@ -53,6 +53,7 @@ class StageSetup:
     device_units: frozenset[int] = frozenset()
     # tied embeddings across stages: the ring of the replica's first and last stage (TS)
     tied: Link | None = None
+    host_grad_dtype: str = "float32"  # what host-homed viewed units accumulate in (PipelinePlan's)
 
     @cached_property
     def shape(self) -> uc.UnitShape:
@@ -72,6 +73,20 @@ class StageSetup:
     def state_on_host(self, u: int) -> bool:
         """Whether unit u's masters, gradients and AdamW state live on the host."""
         return self.state_home == "host" and u not in self.device_units
+
+    def grad_bytes(self, u: int) -> int:
+        """Bytes a parameter of unit u's gradient accumulation takes: 2 for a host-homed
+        viewed unit under host_grad_dtype bfloat16, else 4 (fp32)."""
+        low = self.host_grad_dtype == "bfloat16" and u in self.view_units
+        return 2 if low and self.state_on_host(u) else 4
+
+    @cached_property
+    def update_scratch(self) -> int:
+        """Bytes of the fp32 buffer the host update casts a bf16 gradient's parameter into
+        (runtime/host_grad.py): the stage's largest such parameter; 0 without one."""
+        sizes = [n for u in self.units if self.grad_bytes(u) == 2
+                 for n in uc.param_sizes(self.model, self.kind(u))]
+        return 4 * max(sizes, default=0)
 
     @property
     def shard_replicas(self) -> int:

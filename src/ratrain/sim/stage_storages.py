@@ -20,8 +20,12 @@ class StageStorages:
 
 
     def state_owners(self) -> list[tuple[tuple, str, tuple, int]]:
-        """What a stage holds from one step to the next: each unit's unit_state_owners."""
-        return [owner for u in self.s.units for owner in self.unit_state_owners(u)]
+        """What a stage holds from one step to the next: each unit's unit_state_owners, and
+        the host update's fp32 scratch where some unit's gradient is bf16."""
+        scratch = self.s.update_scratch
+        return [owner for u in self.s.units for owner in self.unit_state_owners(u)] + (
+            [(("gradients", "update scratch"), "gradients", ("update_scratch",), scratch)]
+            if scratch else [])
 
     def unit_state_owners(self, u: int) -> list[tuple[tuple, str, tuple, int]]:
         """A unit's masters, fp32 gradients and AdamW state (from the first update on).
@@ -36,7 +40,7 @@ class StageStorages:
             optimizer = 8 * shard.real + 4 * shard.pieces
         else:
             n = self.s.params(u)
-            masters = gradients = 4 * n
+            masters, gradients = 4 * n, self.s.grad_bytes(u) * n
             optimizer = 8 * n + 4 * uc.param_tensors(self.s.model, self.s.kind(u))
         return [(("masters", u), "masters", ("master", u), masters),
                 (("gradients", u), "gradients", ("gradbuf", u), gradients),

@@ -1,0 +1,165 @@
+"""A bf16 gradient accumulation for host-homed state (PipelinePlan.host_grad_dtype,
+--host-grad-dtype, runtime/host_grad.py): its update is AdamW on the rounded gradient, bit for
+bit; the plan field and its refusals; the executor's ledger and the simulator's memory and
+time; the planner's use of it under a host budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from ratrain.config import RunConfig
+from ratrain.models.presets import get_preset
+from ratrain.planner.layouts import PlanRequest
+from ratrain.planner.search import search
+from ratrain.runtime.state_layout import Replicated
+from ratrain.runtime.unit_state import UnitState
+from ratrain.schedule.errors import ScheduleConfigError
+from ratrain.schedule.plan import PipelinePlan, build_plan
+from ratrain.sim import unit_costs as uc
+from ratrain.sim.profile import load_profile
+from ratrain.sim.simulator import simulate
+
+from .cli_runner import run_cli
+from .executor_ledger import assert_simulated_ledger_is, executor_ledger, small_model
+
+GPU = "bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml"
+
+
+def _unit(grad_dtype, seed=0):
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(48, 40), torch.nn.LayerNorm(40))
+    params = list(module.parameters())
+    state = UnitState(params, lambda ps, decay=None: torch.optim.AdamW(ps, lr=1e-2, fused=True),
+                      Replicated(torch.device("cpu"), grad_dtype), view_dtype=torch.float32)
+    if grad_dtype != torch.float32:
+        state.update_scratch = torch.empty(max(state.sizes), dtype=torch.float32)
+    return state
+
+
+@pytest.mark.parametrize("factor", [None, 0.37])
+def test_the_update_from_a_bf16_accumulation_is_adamw_on_the_rounded_gradient(factor):
+    """Three updates, each from a bf16 accumulation and from an fp32 one holding the same
+    rounded gradient, clipping coefficient or not: masters and moments equal bit for bit, and
+    the norm is the fp32 one's."""
+    low, ref = _unit(torch.bfloat16), _unit(torch.float32)
+    assert low.grad.dtype == torch.bfloat16 and all(m.grad is None for m in low.masters)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        g = torch.randn(low.numel, generator=gen).bfloat16()
+        low.grad.copy_(g)
+        ref.grad.copy_(g.float())
+        assert torch.equal(low.sq_norm(), ref.sq_norm())
+        low.update(factor), ref.update(factor)
+        assert not low.grad.any() and not ref.grad.any()
+    for a, b in zip(low.masters, ref.masters):
+        assert torch.equal(a, b)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(low.optimizer.state[a][key], ref.optimizer.state[b][key])
+    assert not torch.equal(low.masters[0], _unit(torch.float32).masters[0])  # it moved
+
+
+def test_the_plan_field_round_trips_and_what_it_cannot_mean_is_refused():
+    plan = build_plan(2, 1, 1, 2, view_window=1, state_home="host", host_grad_dtype="bfloat16")
+    again = PipelinePlan.from_dict(plan.to_dict())
+    assert again.host_grad_dtype == "bfloat16" and again == plan
+    assert "host_grad_dtype" not in build_plan(2, 1, 1, 2).to_dict()  # older readers: as before
+    for kw, words in [({"state_home": "device", "view_window": 1}, "--state-home host"),
+                      ({"state_home": "host"}, "--view-window"),
+                      ({"state_home": "host", "view_window": 1, "host_grad_dtype": "fp8"},
+                       "unknown host gradient dtype")]:
+        kw = {"host_grad_dtype": "bfloat16", **kw}
+        with pytest.raises(ScheduleConfigError, match=words):
+            build_plan(2, 1, 1, 2, **kw)
+
+
+def test_the_flag_without_host_state_is_one_line(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--host-grad-dtype", "bfloat16",
+                           "--steps", "1")
+    assert code == 2 and "--host-grad-dtype bfloat16" in err and "--state-home host" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_the_executors_ledger_is_the_simulators_with_a_bf16_host_gradient(group, monkeypatch):
+    """On the GPU's fold path (run here on the CPU): half the host-homed units' gradient
+    bytes, plus the update's fp32 scratch of the largest parameter, as the simulator holds."""
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu", property(lambda self: True))
+    cfg = RunConfig(model=small_model())
+    cfg.train.seq_len, cfg.train.global_batch, cfg.train.micro_batch_size = 64, 8, 2
+    plans = {dtype: build_plan(2, 1, 1, 4, activation="recompute", view_window=1,
+                               state_home="host", micro_batch_group=group, update="carried",
+                               host_grad_dtype=dtype) for dtype in ("float32", "bfloat16")}
+    measured = {dtype: executor_ledger(cfg, plan, set()) for dtype, plan in plans.items()}
+    assert_simulated_ledger_is(measured["bfloat16"], plans["bfloat16"], cfg)
+    n = sum(uc.param_count(cfg.model, u) for u in range(4))
+    largest = max(s for kind in ("embedding", "block", "head")
+                  for s in uc.param_sizes(cfg.model, kind))
+    fewer = measured["float32"]["gradients"] - measured["bfloat16"]["gradients"]
+    assert abs(fewer - (2 * n - 4 * largest)) <= 4 * 512  # arena alignment
+
+
+def test_the_simulator_halves_the_folds_copies_and_adds_the_updates_cast():
+    model, profile = get_preset("llama2-7b"), load_profile(GPU)
+
+    def run(dtype):
+        plan = build_plan(model.n_layers, 1, 1, 4, activation="recompute", view_window=1,
+                          state_home="host", micro_batch_group=4, update="carried",
+                          host_grad_dtype=dtype)
+        return simulate(plan, model, profile, micro_batch_size=4, seq_len=4096,
+                        dtype="bfloat16").ranks[0]
+
+    fp32, bf16 = run("float32"), run("bfloat16")
+    n = sum(uc.param_count(model, u) for u in range(model.n_layers + 2))
+    scratch = 4 * model.vocab_size * model.dim
+    assert fp32.host_peak - bf16.host_peak == pytest.approx(2 * n - scratch, rel=1e-3)
+    assert bf16.device_peak == fp32.device_peak
+
+
+def test_under_a_host_budget_the_planner_finds_the_batch_16_plan_with_a_bf16_gradient():
+    """llama2-7b, batch 16 on the H200 profile, 20 GB of GPU and 100 GB of host state: with
+    fp32 host gradients the best plan keeps 3 units on the device in groups of 4; bf16 ones
+    leave room for more, and it is faster."""
+    model, profile = get_preset("llama2-7b"), load_profile(GPU)
+    profile = dataclasses.replace(profile, device=dataclasses.replace(
+        profile.device, host_memory_bytes=111.2e9))
+
+    def best(dtype):
+        found = search(PlanRequest(model=model, profile=profile, devices=1, global_batch=16,
+                                   seq_len=4096, dtype="bfloat16", budget=20e9,
+                                   host_grad_dtype=dtype, time_limit_s=60))
+        return found.best[0]
+
+    fp32, bf16 = best("float32"), best("bfloat16")
+    assert bf16.plan.host_grad_dtype == "bfloat16" and fp32.plan.host_grad_dtype == "float32"
+    assert bf16.step_time < fp32.step_time
+    assert bf16.host_bytes[0] <= profile.device.host_memory_bytes
+
+
+def test_where_only_a_bf16_host_gradient_fits_the_account_says_so(monkeypatch, capsys):
+    """llama2-7b at batch 16 with 90 GB of host tier (100 GB less the margin): no fp32 plan
+    fits, and the account names the flag that would."""
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "llama2-7b", "--profile", GPU,
+                           "--devices", "1", "--global-batch", "16", "--seq-len", "4096",
+                           "--dtype", "bfloat16", "--memory-budget", "20GB",
+                           "--host-memory-budget", "100GB")
+    assert code == 2 and "--host-grad-dtype bfloat16 would fit" in err
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "llama2-7b", "--profile", GPU,
+                           "--devices", "1", "--global-batch", "16", "--seq-len", "4096",
+                           "--dtype", "bfloat16", "--memory-budget", "20GB",
+                           "--host-memory-budget", "100GB", "--host-grad-dtype", "bfloat16")
+    assert code == 0 and "bf16 grad" in out.splitlines()[4]
+
+
+def test_a_flag_that_contradicts_the_plan_files_is_refused(monkeypatch, capsys, tmp_path):
+    cfg = RunConfig()
+    plan = build_plan(cfg.model.n_layers, 1, 1, cfg.n_micro, view_window=1, state_home="host",
+                      host_grad_dtype="bfloat16")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(path),
+                           "--host-grad-dtype", "float32", "--steps", "1")
+    assert code == 2 and "host_grad_dtype=bfloat16 (run has float32)" in err
