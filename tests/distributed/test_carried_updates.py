@@ -72,6 +72,7 @@ def _host_run(corpus, run_dir, group: int, update: str, device_units=(),
     run_dir.mkdir()
     (run_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
     cfg.parallel.state_home, cfg.parallel.plan_file = "host", str(run_dir / "plan.json")
+    cfg.parallel.host_grad_dtype = host_grad_dtype
     with one_thread():
         rank_main(cfg, str(run_dir), False, False, False)
     return run_dir, plan

@@ -66,6 +66,8 @@ def _show(cfg, out, as_json) -> None:
                if pipeline_plan.shard_state else "")
     summed = (", its gradients summed over the replicas on the device before they fold"
               if pipeline_plan.device_grad_sum else "")
+    if pipeline_plan.host_grad_dtype != "float32":
+        summed += f", its gradients held in {pipeline_plan.host_grad_dtype}"
     click.echo(f"activations per unit: {activation}; views: {views}; "
                f"state home: {pipeline_plan.state_home}{pipeline_plan.on_device_text}{sharded}"
                f"{summed}")

@@ -55,7 +55,8 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "state_home": plan.state_home, "view_window": plan.view_window,
                "shard_state": plan.shard_state, "schedule": plan.schedule,
                "weight_grad": plan.weight_grad, "grad_lifetime": plan.grad_lifetime,
-               "shard_group": plan.shard_group, "threads_per_rank": machine.threads_per_rank,
+               "shard_group": plan.shard_group, "host_grad_dtype": plan.host_grad_dtype,
+               "threads_per_rank": machine.threads_per_rank,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
     if edges:
         summary["step_time_range_s"] = list(edges)
