@@ -163,3 +163,10 @@ def test_a_flag_that_contradicts_the_plan_files_is_refused(monkeypatch, capsys, 
     code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(path),
                            "--host-grad-dtype", "float32", "--steps", "1")
     assert code == 2 and "host_grad_dtype=bfloat16 (run has float32)" in err
+
+
+def test_a_search_on_a_profile_without_a_host_tier_refuses_the_flag(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--profile", "cpu-local",
+                           "--host-grad-dtype", "bfloat16", "--global-batch", "4")
+    assert code == 2 and "profile cpu-local has no host tier" in err
+    assert len(err.strip().splitlines()) == 1

@@ -89,6 +89,11 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         raise UserError(f"--grad-lifetime {lifetime} needs --policy ratrain (the baseline "
                         f"accumulates the step's gradient)")
     hw.rate(cfg.train.dtype)
+    host_tier = hw.device.host_link is not None or any(g.device.host_link for g in hw.groups)
+    if cfg.parallel.host_grad_dtype != "float32" and not host_tier:
+        raise UserError(f"--host-grad-dtype {cfg.parallel.host_grad_dtype} holds host-homed "
+                        f"state's gradients; profile {hw.name} has no host tier apart from its "
+                        f"devices' memory (a CPU profile), so no plan on it keeps state there")
     if devices is None:
         devices = hw.device_count or (2 if hw.device.cores else 8)
     if devices < 1:
