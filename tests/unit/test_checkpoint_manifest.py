@@ -245,3 +245,25 @@ def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went
     record_failure(reports, 1, filled.value)
     first = _first_failure(reports, 0, "")
     assert first.rank == 1 and "No space left on device" in str(first), str(first)
+
+
+def test_under_torchrun_only_rank_0_hashes_the_checkpoint_a_run_resumes_from(tmp_path,
+                                                                             monkeypatch):
+    """Every rank of a node hashed the whole checkpoint (81 GB at llama2-7b, 8 times over). Now
+    rank 0 alone does; another rank takes the newest whose manifest reads, and rank 0's choice
+    once the world is joined (agreed_plan.agreed_checkpoint; tests/distributed/
+    test_resume_torchrun.py runs it)."""
+    from ratrain.config import RunConfig
+    from ratrain.training.run_dir import resume_point
+
+    _save(tmp_path, 2)
+    _flip_a_bit(_save(tmp_path, 4) / "unit_0000.safetensors")
+    hashed = []
+    real = manifest.file_problem
+    monkeypatch.setattr(manifest, "file_problem",
+                        lambda ckpt, name, entry: hashed.append(name) or real(ckpt, name, entry))
+    for key, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(key, value)
+    assert resume_point(tmp_path, RunConfig()).name == "step_000004" and hashed == []
+    monkeypatch.setenv("RANK", "0")
+    assert resume_point(tmp_path, RunConfig()).name == "step_000002" and hashed

@@ -1,9 +1,11 @@
-"""One plan for every rank under torchrun. There every rank makes its own plan
+"""One plan, and one checkpoint to resume from, for every rank under torchrun. There every
+rank makes its own plan
 (training/prepare.py), and with `--schedule auto` chooses its schedule from what its own node
 shows: its free memory, its cores, the moment it read them. Nodes that differ (mixed machines,
 one busier than another) could choose differently, and ranks running programs that do not
 match wait on each other until --comm-timeout. Once the world is joined, every rank takes rank
-0's choice, checked against its own node's memory."""
+0's choice, checked against its own node's memory. Likewise only rank 0 verifies the whole
+checkpoint a run resumes from (training/run_dir.resume_point): the others take its choice."""
 
 from __future__ import annotations
 
@@ -51,6 +53,14 @@ def agreed(cfg: RunConfig, plan: PipelinePlan, rank: int) -> PipelinePlan:
         print(f"the ranks chose different schedules on their nodes ({others}); every rank runs "
               f"rank 0's, {_label(chosen[0])}", file=sys.stderr, flush=True)
     return plan
+
+
+def agreed_checkpoint(resume_from: str | None, rank: int) -> tuple[str | None, bool]:
+    """Rank 0's checkpoint to resume from (the newest that verifies: it hashed every file),
+    and whether this rank's loading may skip the hashing of its own units' files (rank 0's
+    only). Collective: every rank of the world calls it."""
+    chosen = _gathered(resume_from)[0]
+    return chosen, rank == 0
 
 
 def _gathered(value) -> list:

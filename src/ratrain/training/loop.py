@@ -72,19 +72,20 @@ class Loop:
                         when, action, timed_comm.ranks_text(range(world), dist.get_rank()))
         return [tuple(None if v == -1 else v for v in row) for row in torch.stack(out).tolist()]
 
-    def run(self, ckpt: Path | None) -> bool:
-        """Train to the configured step, from `ckpt` if given; returns whether Ctrl-C stopped
-        the run early (after a checkpoint)."""
+    def run(self, ckpt: Path | None, verified: bool = True) -> bool:
+        """Train to the configured step, from `ckpt` if given (`verified`: its files hashed
+        already, else this rank hashes those it reads); returns whether Ctrl-C stopped the run
+        early (after a checkpoint)."""
         try:
-            return self._run(ckpt)
+            return self._run(ckpt, verified)
         except BaseException:
             self.saver.cancelled.set()  # a save in flight stops between units, unpublished
             raise
 
-    def _run(self, ckpt: Path | None) -> bool:
+    def _run(self, ckpt: Path | None, verified: bool) -> bool:
         t = self.cfg.train
         if ckpt:
-            self._resume(ckpt)
+            self._resume(ckpt, verified)
         start = self.loader.step
         log = MetricsLog(self.run_dir / "metrics.jsonl", start if ckpt else None) if self.is_main else None
         self.extras = StepExtras(self.cfg, self.run_dir, self.grid.world_size, self.engine.stage.device,
@@ -160,14 +161,13 @@ class Loop:
         self._finish(row, timed)
         return False
 
-    def _resume(self, ckpt: Path) -> None:
+    def _resume(self, ckpt: Path, verified: bool) -> None:
         """Weights, optimizer states, loss scale, loader position and random generators."""
         meta = checkpoint.load_meta(ckpt)
-        # read to the host a unit at a time: loading copies each into the unit's own home;
-        # run_dir.resume_point verified the whole checkpoint before the ranks started
+        # read to the host a unit at a time: loading copies each into the unit's own home
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.checkpoint_units(), "cpu",
-                                  self.groups.replica if self.groups else 0, verified=True))
+                                  self.groups.replica if self.groups else 0, verified=verified))
         # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
         # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
         same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)

@@ -34,7 +34,7 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
-from ratrain.training.agreed_plan import agreed
+from ratrain.training.agreed_plan import agreed, agreed_checkpoint
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
                                       threads_per_rank)
@@ -112,7 +112,8 @@ def _computing_on(threads: int | None):
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
               trace: bool, plan_dict: dict | None = None, agree: bool = False) -> bool:
     """One rank's run, from the checkpoint `resume_from` if given (verified by the caller:
-    run_dir.resume_point; its files are not hashed again here); returns whether Ctrl-C
+    run_dir.resume_point; its files are not hashed again here, except on torchrun's ranks
+    other than 0, which take rank 0's and hash their own units'); returns whether Ctrl-C
     stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
     plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
     (`train` passes what prepare returned), or where a caller of its own leaves it to be made
@@ -121,6 +122,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = is_distributed(cfg)
+    verified = True  # resume_from's files hashed already (not so on torchrun's other ranks)
     rank = int(os.environ.get("RANK", 0))
     if plan_dict is not None:
         plan = PipelinePlan.from_dict(plan_dict)
@@ -134,6 +136,8 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP)
         if agree:
             plan = agreed(cfg, plan, rank)
+            if resume_from:
+                resume_from, verified = agreed_checkpoint(resume_from, rank)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
     else:
@@ -152,7 +156,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         # A failure propagates without destroy_process_group: that is collective and would wait
         # on ranks that may be stuck or gone. The launcher (ours or torchrun) takes them down.
         loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan)
-        stopped = loop.run(Path(resume_from) if resume_from else None)
+        stopped = loop.run(Path(resume_from) if resume_from else None, verified)
     finally:
         signal.signal(signal.SIGINT, previous)
     if distributed:

@@ -15,6 +15,7 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.models.params import count_params
+from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.training.metrics import read_metrics
 
 
@@ -155,9 +156,15 @@ def _why_none(run_dir: Path) -> str:
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
     skips and why; a UserError if there is none, if it is of another model, or (unless
-    `done_ok`) if the run already reached cfg.train.steps."""
+    `done_ok`) if the run already reached cfg.train.steps.
+
+    Under torchrun only rank 0 hashes the whole checkpoint (81 GB at llama2-7b: each of a
+    node's 8 ranks read it all before); the others take the newest whose manifest reads, and
+    once the world is joined every rank resumes from rank 0's (agreed_plan.agreed_checkpoint),
+    each hashing the files of its own units as it loads them."""
     checkpoints = checkpoints_of(run_dir, cfg)
-    ckpt, skipped = checkpoint.scan(checkpoints)
+    hashed = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0
+    ckpt, skipped = checkpoint.scan(checkpoints, hashed)
     where = checkpoint.root(checkpoints)
     if ckpt is None:
         if skipped:
