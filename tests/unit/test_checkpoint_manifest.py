@@ -267,3 +267,16 @@ def test_under_torchrun_only_rank_0_hashes_the_checkpoint_a_run_resumes_from(tmp
     assert resume_point(tmp_path, RunConfig()).name == "step_000004" and hashed == []
     monkeypatch.setenv("RANK", "0")
     assert resume_point(tmp_path, RunConfig()).name == "step_000002" and hashed
+
+
+def test_a_damaged_checkpoint_does_not_count_among_the_k_kept(tmp_path):
+    """keep 2 with step 4 cut short: saving step 6 kept 4 and 6 and removed 2, the only other
+    one a resume could use. Now the damaged one goes, and the whole one stays."""
+    _save(tmp_path, 2)
+    damaged = _save(tmp_path, 4)
+    data = (damaged / "unit_0001.optim.pt").read_bytes()
+    (damaged / "unit_0001.optim.pt").write_bytes(data[:100])
+    _save(tmp_path, 6, keep=2)
+    assert [p.name for p in checkpoint.complete_dirs(tmp_path)] == ["step_000002", "step_000006"]
+    _save(tmp_path, 8, keep=1)
+    assert [p.name for p in checkpoint.complete_dirs(tmp_path)] == ["step_000008"]

@@ -97,7 +97,9 @@ def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[t
 
 def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep: int) -> Path:
     """Called once, after every process has saved its units: write the manifest (`meta` plus
-    `files`), mark the checkpoint complete, keep only the newest `keep`."""
+    `files`), mark the checkpoint complete, keep it and the newest `keep` - 1 others that are
+    whole (manifest.shape_problem: a damaged one neither counts nor stays: kept, it could
+    leave a run whose newest checkpoint was damaged with no other to fall back to)."""
     final = checkpoint_dir(run_dir, step)
     partial = _partial(run_dir, step)
     try:
@@ -108,8 +110,12 @@ def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep:
         manifest.sync_dir(final.parent)
     except OSError as e:
         raise _write_failed(run_dir, step, e) from None
-    for old in complete_dirs(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    others = [c for c in complete_dirs(run_dir) if c != final]
+    whole = [c for c in others if manifest.shape_problem(c) is None]
+    kept = set(whole[len(whole) - keep + 1:]) if keep > 1 else set()
+    for old in others:
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
     remove_partials(run_dir, before=step)  # a later save may be under way on another rank
     return final
 

@@ -78,6 +78,19 @@ def file_problem(ckpt: Path, name: str, entry: dict) -> str | None:
     return None
 
 
+def shape_problem(ckpt: Path) -> str | None:
+    """What keeps the checkpoint from being whole without reading its files: its manifest, and
+    each file there at its size (what a cut-short write or a lost file shows); None if whole."""
+    manifest, wrong = read(ckpt)
+    if wrong:
+        return wrong
+    for name, entry in sorted(manifest["files"].items()):
+        path = Path(ckpt) / name
+        if not path.is_file() or path.stat().st_size != entry["bytes"]:
+            return f"{name} is missing or not of its size"
+    return None
+
+
 def problem(ckpt: Path) -> str | None:
     """What keeps the checkpoint from verifying, or None when every file matches its manifest."""
     manifest, wrong = read(ckpt)
