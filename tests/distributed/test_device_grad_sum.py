@@ -36,11 +36,13 @@ CASES = [
 ]
 
 
-def _run(cfg, run_dir, pp, dp, group, activation, update, summed, device_units) -> dict:
+def _run(cfg, run_dir, pp, dp, group, activation, update, summed, device_units,
+         host_grad_dtype="float32") -> dict:
     plan = build_plan(cfg.model.n_layers, pp, dp, cfg.n_micro // dp, activation=activation,
                       view_window=1, state_home="host", micro_batch_group=group,
                       clip=cfg.train.grad_clip > 0, update=update, device_grad_sum=summed,
-                      device_units=device_units)
+                      device_units=device_units, host_grad_dtype=host_grad_dtype)
+    cfg.parallel.host_grad_dtype = host_grad_dtype
     run_dir.mkdir(parents=True)
     plan_file = run_dir / "plan.json"
     plan_file.write_text(json.dumps(plan.to_dict()))
@@ -112,3 +114,22 @@ def test_summing_on_the_device_computes_the_host_sums_run(case, corpus, referenc
             assert row["loss"] == pytest.approx(want["loss"], rel=1e-5)
         assert_final_weights_match(runs[True], reference[1], n_units)
 
+
+
+def test_a_bf16_host_gradient_summed_on_the_device_trains_as_the_fp32_one(corpus, tmp_path):
+    """--host-grad-dtype bfloat16 beside device_grad_sum: each unit's step's fp32 sum, summed
+    over the replicas, is cast once into the host's bf16 accumulation. The ledger is the
+    simulator's (2 bytes a host parameter, the update's scratch) and the losses are the fp32
+    accumulation's to within that rounding."""
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = micro_config(*corpus, steps=STEPS)
+        runs[dtype] = tmp_path / dtype
+        plan = _run(cfg, runs[dtype], 1, 2, 4, "recompute", "carried", True, (), dtype)
+        if dtype == "bfloat16":
+            _assert_ledger_is_simulated(runs[dtype], PipelinePlan.from_dict(plan), cfg)
+    rows, ref = (read_metrics(runs[d] / "metrics.jsonl") for d in ("bfloat16", "float32"))
+    for row, want in zip(rows, ref):
+        assert row["loss"] == pytest.approx(want["loss"], rel=5e-4)
+    assert [r["loss"] for r in rows] != [r["loss"] for r in ref]  # rounded: not the same run
+    assert ref[-1]["loss"] < ref[0]["loss"] - 0.5
