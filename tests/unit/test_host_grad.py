@@ -170,3 +170,29 @@ def test_a_search_on_a_profile_without_a_host_tier_refuses_the_flag(monkeypatch,
                            "--host-grad-dtype", "bfloat16", "--global-batch", "4")
     assert code == 2 and "profile cpu-local has no host tier" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_below_a_host_bounded_search_the_bf16_option_is_offered_and_written(
+        monkeypatch, capsys, tmp_path):
+    """The best fp32 plan held to 100 GB of host state predicts less than a bf16-gradient one:
+    `ratrain plan` says what the option buys and writes its plan beside --out's."""
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "llama2-7b", "--profile", GPU, "--devices", "1",
+            "--global-batch", "16", "--seq-len", "4096", "--dtype", "bfloat16",
+            "--memory-budget", "20GB", "--host-memory-budget", "111.2GB"]
+    code, text, _ = run_cli(monkeypatch, capsys, *args, "--out", str(out))
+    assert code == 0
+    line = next(x for x in text.splitlines() if x.startswith("with --host-grad-dtype bfloat16"))
+    option = json.loads(out.with_suffix(".bf16grad.json").read_text())
+    plan = PipelinePlan.from_dict(option)
+    plan.validate()
+    assert plan.host_grad_dtype == "bfloat16"
+    assert json.loads(out.read_text()).get("host_grad_dtype", "float32") == "float32"
+    tokens = option["prediction"]["tokens_per_s"]
+    assert f"{tokens:,.0f} tokens/s" in line
+    assert tokens > 1.02 * json.loads(out.read_text())["prediction"]["tokens_per_s"]
+    code, text, _ = run_cli(monkeypatch, capsys, *args, "--json")
+    assert json.loads(text)["host_grad_option"]["tokens_per_s"] == pytest.approx(tokens)
+    # asked for already: no option below it
+    code, text, _ = run_cli(monkeypatch, capsys, *args, "--host-grad-dtype", "bfloat16")
+    assert code == 0 and "with --host-grad-dtype" not in text

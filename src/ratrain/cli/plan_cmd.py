@@ -78,7 +78,7 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
             time_limit, out, as_json) -> None:
     from ratrain.cli.plan_search import (best_plans, search_request, unbounded_host_note,
                                          with_host_budget, with_this_machines_memory)
-    from ratrain.planner import low_comm, plan_file
+    from ratrain.planner import host_grad_option, low_comm, plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.sim.profile import load_profile
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
@@ -105,6 +105,10 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     offered = Path(out).with_suffix(".diloco.json") if out else None
     if offered and offer:
         offered.write_text(json.dumps(low_comm.plan_file_of(offer, cfg, request), indent=2))
+    low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
+    low_grad_file = Path(out).with_suffix(".bf16grad.json") if out and low_grad else None
+    if low_grad_file:
+        low_grad_file.write_text(json.dumps(plan_file.to_dict(low_grad, cfg, request), indent=2))
     note = unbounded_host_note(request, [("plan 1", best)]
                                + ([("the option", offer.candidate)] if offer else []))
     if as_json:
@@ -114,6 +118,11 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
         if edges:
             summary["plans"][0]["step_time_range_s"] = list(edges)
             summary["unstable_figures"] = unstable_figures(hw)
+        if low_grad:
+            summary["host_grad_option"] = {
+                "tokens_per_s": low_grad.result.tokens_per_s, "step_time_s": low_grad.step_time,
+                "stage_peak_bytes": low_grad.stage_bytes, "stage_host_peak_bytes":
+                low_grad.host_bytes, **({"plan_file": str(low_grad_file)} if low_grad_file else {})}
         if offer:
             summary["low_communication"] = low_comm.to_dict(offer)
             if offered:
@@ -129,6 +138,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                                     f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))
     if edges:
         click.echo("plan 1: " + range_line(edges, unstable_figures(hw)))
+    if low_grad:
+        click.echo(host_grad_option.describe(low_grad, best))
     if offer:
         click.echo(low_comm.describe(offer))
     if note:
@@ -138,6 +149,9 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     if out and offer:
         click.echo(f"wrote {offered}: the low-communication option (it changes the algorithm): "
                    f"`ratrain train --plan {offered}`")
+    if low_grad_file:
+        click.echo(f"wrote {low_grad_file}: the bf16-gradient option (it rounds the gradients): "
+                   f"`ratrain train --plan {low_grad_file}`")
 
 
 def _heading(found) -> str:
