@@ -46,10 +46,10 @@ class CopyEngine:
 
     def add_to_fp32(self, acc: torch.Tensor, low: torch.Tensor) -> None:
         """acc += low on the host (acc fp32, or a bf16 accumulation: runtime/host_grad.py), `low`
-        a bf16/fp16 copy of a gradient: chunk by chunk through
-        a small fp32 scratch. torch's add_ of a lower-precision tensor (or of its .float())
-        ran 5-10x slower than a conversion copy and an fp32 add (50M elements on 2 cores:
-        116-245 ms against 21 ms, 2026-11-26); the sums are bit for bit the same."""
+        a bf16/fp16 copy of a gradient: chunk by chunk through a small fp32 scratch. torch's
+        add_ of a lower-precision tensor (or of its .float()) ran 5-10x slower than a
+        conversion copy and an fp32 add (50M elements on 2 cores: 116-245 ms against 21 ms,
+        2026-11-26); the sums are bit for bit the same."""
         acc, low = acc.view(-1), low.view(-1)
         if low.dtype == torch.float32:  # a run's fp32 sum (run_grads.py): nothing to convert
             acc.add_(low)
