@@ -19,7 +19,6 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from multiprocessing import util as mp_util
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
@@ -37,12 +37,6 @@ _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
 _stop_requested = False
 
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
@@ -87,8 +81,11 @@ def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
+    # the launcher holds the rendezvous store (_launch): every rank joins it as a client, as
+    # under torchrun's agent (process_groups._restart_store)
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
     if checkpoint_on_interrupt:
         ask_to_stop_on_sigint()
     else:
@@ -154,8 +151,12 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
     # torch, and 2 s more for torch._dynamo, which the first optimizer's constructor imports.
     # The server itself never computes, so no thread pool or CUDA context is forked.
     multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", fn.__module__])
+    # The rendezvous store is served from here, on the port the OS gives it as it binds. A
+    # port found free here and bound later by rank 0 could be taken in between: "address
+    # already in use" seen on CI with two test workers launching at once (2026-11-28).
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
     ctx = mp.start_processes(
-        _child, args=(world, _free_port(), threads, Path(error_dir), checkpoint_on_interrupt,
+        _child, args=(world, store.port, threads, Path(error_dir), checkpoint_on_interrupt,
                       (os.getcwd(), dict(os.environ)), fn, args),
         nprocs=world, join=False, start_method="forkserver")
     procs = ctx.processes
