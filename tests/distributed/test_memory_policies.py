@@ -78,3 +78,10 @@ def test_memory_choices_match_single_process(case, corpus, reference, tmp_path):
     assert len(val) == len(ref_val) and max(abs(a - b) / b for a, b in zip(val, ref_val)) < 1e-5
     assert_final_weights_match(run_dir, reference[1], cfg.model.n_units)
     assert len(rows[-1]["ledger_peak_bytes_per_rank"]) == pp * dp
+    # each rank's peaks in a row only where they moved (they only grow), and in the last row
+    with_lists = [r for r in rows if "ledger_peak_bytes_per_rank" in r]
+    assert with_lists[0] is rows[0] and with_lists[-1] is rows[-1]
+    assert len(with_lists) < len(rows)
+    lists = [r["ledger_peak_bytes_per_rank"] for r in with_lists]
+    assert all(a != b for a, b in zip(lists, lists[1:-1]))
+    assert all(x <= y for a, b in zip(lists, lists[1:]) for x, y in zip(a, b))

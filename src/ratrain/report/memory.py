@@ -38,12 +38,13 @@ def stage_ledgers(run) -> list[dict[str, int]] | None:
 def measured_per_stage(run) -> tuple[str, list[float]] | None:
     """(what was measured, its peak per stage)."""
     rss = run.summary.get("rss_growth_bytes_per_stage")
-    last = run.metrics[-1]
-    if rss is None and "rss_growth_bytes_per_rank" in last:
-        rss = [max(last["rss_growth_bytes_per_rank"])]  # an unfinished run: no summary
+    growth = _latest(run.metrics, "rss_growth_bytes_per_rank")
+    if rss is None and growth:
+        rss = [max(growth)]  # an unfinished run: no summary
     if rss:
         return "measured: peak RSS growth", list(rss)
-    per_rank = last.get("peak_memory_bytes_per_rank") or [last.get("peak_memory_bytes")]
+    per_rank = (_latest(run.metrics, "peak_memory_bytes_per_rank")
+                or [run.metrics[-1].get("peak_memory_bytes")])
     if any(v is None for v in per_rank):
         return None
     grid = _grid(run)
@@ -51,6 +52,12 @@ def measured_per_stage(run) -> tuple[str, list[float]] | None:
     for rank, v in enumerate(per_rank):
         out[grid.coords(rank)[0]] = max(out[grid.coords(rank)[0]], v)
     return "measured: peak allocated (CUDA)", out
+
+
+def _latest(rows: list[dict], key: str):
+    """The latest row's `key` among those that have it (a row has its per-rank peaks only
+    where they moved: training/loop.Loop._per_rank); None where none does."""
+    return next((row[key] for row in reversed(rows) if key in row), None)
 
 
 def plot_memory(run, sim, path: Path) -> Path | None:

@@ -48,6 +48,7 @@ class Loop:
         self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, replica)
         self.where = checkpoints_of(run_dir, cfg)
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
+        self._per_rank_written: dict[str, list] = {}  # _per_rank's last lists by key
 
     def _barrier(self, when: str, action: str) -> None:
         if self.groups:
@@ -125,12 +126,11 @@ class Loop:
             row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                    "tokens_per_s": tokens_per_step / elapsed, "step_time_s": elapsed,
                    "peak_memory_bytes": max(peaks)}
-            if len(peaks) > 1:
-                row["peak_memory_bytes_per_rank"] = list(peaks)
-            if ledger[0] is not None:
-                row["ledger_peak_bytes_per_rank"] = list(ledger)
-            if growth[0] is not None and self.engine.stage.device.type == "cpu":
-                row["rss_growth_bytes_per_rank"] = list(growth)
+            self._per_rank(row, {
+                "peak_memory_bytes_per_rank": peaks if len(peaks) > 1 else None,
+                "ledger_peak_bytes_per_rank": ledger if ledger[0] is not None else None,
+                "rss_growth_bytes_per_rank": growth if growth[0] is not None
+                and self.engine.stage.device.type == "cpu" else None}, step + 1 == t.steps)
             if self.engine.loss_scale:
                 row["loss_scale"] = self.engine.loss_scale.scale
                 row["skipped"] = result.skipped
@@ -160,6 +160,15 @@ class Loop:
         self.saver.wait()  # the end of the run: its checkpoint published before the summary
         self._finish(row, timed)
         return False
+
+    def _per_rank(self, row: dict, lists: dict, final: bool) -> None:
+        """Each rank's peaks into the row where they moved since the last row that has them,
+        and in the run's last: they only grow, and most steps' are the last ones' (a row of
+        1,024 ranks' three lists is ~40 KB; every step's made metrics.jsonl grow by that).
+        What reads them reads the latest row that has them."""
+        for key, values in lists.items():
+            if values is not None and (final or list(values) != self._per_rank_written.get(key)):
+                row[key] = self._per_rank_written[key] = list(values)
 
     def _resume(self, ckpt: Path, verified: bool) -> None:
         """Weights, optimizer states, loss scale, loader position and random generators."""
