@@ -250,7 +250,8 @@ def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went
 def test_under_torchrun_only_rank_0_hashes_the_checkpoint_a_run_resumes_from(tmp_path,
                                                                              monkeypatch):
     """Every rank of a node hashed the whole checkpoint (81 GB at llama2-7b, 8 times over). Now
-    rank 0 alone does; another rank takes the newest whose manifest reads, and rank 0's choice
+    rank 0 alone does; another rank takes the newest whose files are there at their sizes (a
+    flipped bit shows only to the hash), and rank 0's choice
     once the world is joined (agreed_plan.agreed_checkpoint; tests/distributed/
     test_resume_torchrun.py runs it)."""
     from ratrain.config import RunConfig
@@ -259,9 +260,8 @@ def test_under_torchrun_only_rank_0_hashes_the_checkpoint_a_run_resumes_from(tmp
     _save(tmp_path, 2)
     _flip_a_bit(_save(tmp_path, 4) / "unit_0000.safetensors")
     hashed = []
-    real = manifest.file_problem
-    monkeypatch.setattr(manifest, "file_problem",
-                        lambda ckpt, name, entry: hashed.append(name) or real(ckpt, name, entry))
+    real = manifest.digest
+    monkeypatch.setattr(manifest, "digest", lambda path: hashed.append(path.name) or real(path))
     for key, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
         monkeypatch.setenv(key, value)
     assert resume_point(tmp_path, RunConfig()).name == "step_000004" and hashed == []

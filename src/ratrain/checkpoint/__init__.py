@@ -98,7 +98,7 @@ def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[t
 def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep: int) -> Path:
     """Called once, after every process has saved its units: write the manifest (`meta` plus
     `files`), mark the checkpoint complete, keep it and the newest `keep` - 1 others that are
-    whole (manifest.shape_problem: a damaged one neither counts nor stays: kept, it could
+    whole (manifest.problem unhashed: a damaged one neither counts nor stays: kept, it could
     leave a run whose newest checkpoint was damaged with no other to fall back to)."""
     final = checkpoint_dir(run_dir, step)
     partial = _partial(run_dir, step)
@@ -111,7 +111,7 @@ def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep:
     except OSError as e:
         raise _write_failed(run_dir, step, e) from None
     others = [c for c in complete_dirs(run_dir) if c != final]
-    whole = [c for c in others if manifest.shape_problem(c) is None]
+    whole = [c for c in others if manifest.problem(c, hashed=False) is None]
     kept = set(whole[len(whole) - keep + 1:]) if keep > 1 else set()
     for old in others:
         if old not in kept:
@@ -142,10 +142,10 @@ def remove_partials(run_dir: Path, before: int | None = None) -> None:
 
 def scan(run_dir: Path, hashed: bool = True) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest checkpoint that verifies (None if none does), and each newer one that does
-    not, with what is wrong with it. `hashed` False: whose manifest reads, its files unread."""
+    not, with what is wrong with it. `hashed` False: each file there at its size, none read."""
     skipped = []
     for ckpt in reversed(complete_dirs(run_dir)):
-        wrong = manifest.problem(ckpt) if hashed else manifest.read(ckpt)[1]
+        wrong = manifest.problem(ckpt, hashed)
         if wrong is None:
             return ckpt, skipped
         skipped.append((ckpt, wrong))

@@ -63,8 +63,9 @@ def read(ckpt: Path) -> tuple[dict | None, str | None]:
     return manifest, None
 
 
-def file_problem(ckpt: Path, name: str, entry: dict) -> str | None:
-    """What is wrong with one file of the checkpoint (missing, truncated, altered), or None."""
+def file_problem(ckpt: Path, name: str, entry: dict, hashed: bool = True) -> str | None:
+    """What is wrong with one file of the checkpoint (missing, truncated, altered), or None;
+    `hashed` False: its size only, the file unread."""
     path = Path(ckpt) / name
     if not path.is_file():
         return f"{name} is missing"
@@ -73,31 +74,20 @@ def file_problem(ckpt: Path, name: str, entry: dict) -> str | None:
         return f"{name} is truncated ({size} of {entry['bytes']} bytes)"
     if size > entry["bytes"]:
         return f"{name} has {size} bytes, the manifest says {entry['bytes']}"
-    if digest(path)["sha256"] != entry["sha256"]:
+    if hashed and digest(path)["sha256"] != entry["sha256"]:
         return f"{name} does not match its sha256 in the manifest (altered or corrupted)"
     return None
 
 
-def shape_problem(ckpt: Path) -> str | None:
-    """What keeps the checkpoint from being whole without reading its files: its manifest, and
-    each file there at its size (what a cut-short write or a lost file shows); None if whole."""
+def problem(ckpt: Path, hashed: bool = True) -> str | None:
+    """What keeps the checkpoint from verifying, or None when every file matches its manifest;
+    `hashed` False: each file there at its size (what a cut-short write or a lost file shows),
+    none read."""
     manifest, wrong = read(ckpt)
     if wrong:
         return wrong
     for name, entry in sorted(manifest["files"].items()):
-        path = Path(ckpt) / name
-        if not path.is_file() or path.stat().st_size != entry["bytes"]:
-            return f"{name} is missing or not of its size"
-    return None
-
-
-def problem(ckpt: Path) -> str | None:
-    """What keeps the checkpoint from verifying, or None when every file matches its manifest."""
-    manifest, wrong = read(ckpt)
-    if wrong:
-        return wrong
-    for name, entry in sorted(manifest["files"].items()):
-        wrong = file_problem(ckpt, name, entry)
+        wrong = file_problem(ckpt, name, entry, hashed)
         if wrong:
             return wrong
     return None

@@ -38,6 +38,12 @@ def with_this_machines_memory(hw, devices: int | None):
         hw.device, memory_bytes=float(available) / shared))
 
 
+def has_host_tier(hw) -> bool:
+    """Whether some device of the profile `hw` has a host tier apart from its memory (a GPU's
+    host; a CPU's host memory is the device's)."""
+    return hw.device.host_link is not None or any(g.device.host_link for g in hw.groups)
+
+
 def with_host_budget(hw, host_memory_budget: str | None):
     """The profile `hw` with each device's host tier at most `host_memory_budget` bytes
     (--host-memory-budget: 100GB, 90GiB); unchanged where none is given. A profile without a
@@ -49,7 +55,7 @@ def with_host_budget(hw, host_memory_budget: str | None):
     if host_memory_budget is None:
         return hw
     budget = parse_bytes(host_memory_budget, "--host-memory-budget")
-    if hw.device.host_link is None and not any(g.device.host_link for g in hw.groups):
+    if not has_host_tier(hw):
         raise UserError(f"--host-memory-budget: profile {hw.name} has no host tier apart from "
                         f"its devices' memory (a CPU profile): --memory-budget bounds it")
 
@@ -89,8 +95,7 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         raise UserError(f"--grad-lifetime {lifetime} needs --policy ratrain (the baseline "
                         f"accumulates the step's gradient)")
     hw.rate(cfg.train.dtype)
-    host_tier = hw.device.host_link is not None or any(g.device.host_link for g in hw.groups)
-    if cfg.parallel.host_grad_dtype != "float32" and not host_tier:
+    if cfg.parallel.host_grad_dtype != "float32" and not has_host_tier(hw):
         raise UserError(f"--host-grad-dtype {cfg.parallel.host_grad_dtype} holds host-homed "
                         f"state's gradients; profile {hw.name} has no host tier apart from its "
                         f"devices' memory (a CPU profile), so no plan on it keeps state there")

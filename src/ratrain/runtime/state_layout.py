@@ -25,10 +25,11 @@ reads, not as the UnitState that holds the layout.
 
 Replicated: the masters are one fp32 tensor per parameter in the home tier (the module's own
 parameters where there is no view); the gradient accumulation is one flat fp32 buffer of which
-every master's `.grad` is a view (or a bf16 one, which no `.grad` can be: runtime/host_grad.py), so the sync is a single all-reduce of it in place (no copy in or
-out) and the update reads it where it is. On the host, masters and gradient are carved from one
-block of the unit's exact size (runtime/host_arena.py). The view is one compute-dtype tensor per
-parameter, copied from its master by the copy engine.
+every master's `.grad` is a view (or a bf16 one, which no `.grad` can be: runtime/host_grad.py),
+so the sync is a single all-reduce of it in place (no copy in or out) and the update reads it
+where it is. On the host, masters and gradient are carved from one block of the unit's exact
+size (runtime/host_arena.py). The view is one compute-dtype tensor per parameter, copied from
+its master by the copy engine.
 """
 
 from __future__ import annotations

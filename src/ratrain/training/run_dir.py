@@ -159,9 +159,9 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
     `done_ok`) if the run already reached cfg.train.steps.
 
     Under torchrun only rank 0 hashes the whole checkpoint (81 GB at llama2-7b: each of a
-    node's 8 ranks read it all before); the others take the newest whose manifest reads, and
-    once the world is joined every rank resumes from rank 0's (agreed_plan.agreed_checkpoint),
-    each hashing the files of its own units as it loads them."""
+    node's 8 ranks read it all before); the others take the newest whose files are there at
+    their sizes, and once the world is joined every rank resumes from rank 0's
+    (agreed_plan.agreed_checkpoint), each hashing the files of its own units as it loads them."""
     checkpoints = checkpoints_of(run_dir, cfg)
     hashed = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0
     ckpt, skipped = checkpoint.scan(checkpoints, hashed)
