@@ -196,3 +196,44 @@ def test_below_a_host_bounded_search_the_bf16_option_is_offered_and_written(
     # asked for already: no option below it
     code, text, _ = run_cli(monkeypatch, capsys, *args, "--host-grad-dtype", "bfloat16")
     assert code == 0 and "with --host-grad-dtype" not in text
+
+
+def test_train_searching_under_a_host_bound_says_what_a_bf16_gradient_would_buy(
+        monkeypatch, capsys, tmp_path):
+    """`ratrain train --memory-budget` (its own search) names the option `ratrain plan` offers,
+    and takes the fp32 plan; here the machine's memory then refuses the 7B run."""
+    import ratrain.training.prepare
+
+    monkeypatch.setattr(ratrain.training.prepare, "available_host_bytes", lambda: 8 * 10**9)
+    search = ["--model", "llama2-7b", "--profile", GPU, "--devices", "1", "--global-batch", "16",
+              "--seq-len", "4096", "--dtype", "bfloat16", "--memory-budget", "20GB",
+              "--host-memory-budget", "111.2GB"]
+    code, text, _ = run_cli(monkeypatch, capsys, "plan", *search, "--json")
+    planned = json.loads(text)
+    code, _, err = run_cli(monkeypatch, capsys, "train", *search, "--steps", "1", "--run-dir",
+                           str(tmp_path / "run"), "--no-progress")
+    assert code == 2 and "does not fit this machine's memory" in err
+    first, offered = err.splitlines()[:2]
+    assert f"{planned['plans'][0]['tokens_per_s']:,.0f} tokens/s" in first
+    assert offered.startswith("not taken, since it rounds the gradients")
+    assert f"{planned['host_grad_option']['tokens_per_s']:,.0f} tokens/s" in offered
+    assert "x the plan above" in offered and "bf16 grad" in offered
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("available, devices, held", [
+    (120e9, 2, 60e9), (1000e9, 1, 200e9), (None, 1, 200e9)])
+def test_a_gpu_machines_search_holds_the_host_tier_to_its_memory(monkeypatch, available,
+                                                                   devices, held):
+    """Without --profile, `ratrain train --memory-budget` on GPUs searches the host memory
+    the run will be checked against, shared by the GPUs, not the preset's node (200 GB a GPU);
+    a CPU profile, whose host is the device, is left as it is."""
+    import ratrain.host_memory
+    from ratrain.cli.plan_search import with_this_machines_host
+
+    monkeypatch.setattr(ratrain.host_memory, "available_host_bytes", lambda: available)
+    hw = with_this_machines_host(load_profile("h100-80g-ib"), devices)
+    assert hw.device.host_memory_bytes == held
+    assert ("shared by the" in hw.notes["device.host_memory_bytes"]) == (available is not None)
+    cpu = load_profile("cpu-local")
+    assert with_this_machines_host(cpu, devices) == cpu

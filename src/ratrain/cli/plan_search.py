@@ -38,6 +38,22 @@ def with_this_machines_memory(hw, devices: int | None):
         hw.device, memory_bytes=float(available) / shared))
 
 
+def with_this_machines_host(hw, devices: int):
+    """The GPU profile `hw` with each device's host tier at most this machine's available
+    memory shared by the `devices` GPUs searched, where no --profile was given: `ratrain train
+    --memory-budget` then searches the host memory the run will be checked against (a preset
+    assumes a node's: 200 GB a GPU for the H100's, where a machine of one H200 had 125 GB, and
+    the search's plan was refused at the start). Unchanged where the memory cannot be read."""
+    from ratrain.host_memory import available_host_bytes
+
+    available = available_host_bytes()
+    if available is None or not has_host_tier(hw):
+        return hw
+    return _host_bounded(hw, float(available) / max(1, devices),
+                         f"this machine's available memory ({available / 1e9:.2f} GB) shared by "
+                         f"the {devices} GPUs searched")
+
+
 def has_host_tier(hw) -> bool:
     """Whether some device of the profile `hw` has a host tier apart from its memory (a GPU's
     host; a CPU's host memory is the device's)."""
@@ -48,8 +64,6 @@ def with_host_budget(hw, host_memory_budget: str | None):
     """The profile `hw` with each device's host tier at most `host_memory_budget` bytes
     (--host-memory-budget: 100GB, 90GiB); unchanged where none is given. A profile without a
     host tier (a CPU's) refuses it: its host memory is the device's."""
-    import dataclasses
-
     from ratrain.planner.budget import parse_bytes
 
     if host_memory_budget is None:
@@ -58,13 +72,19 @@ def with_host_budget(hw, host_memory_budget: str | None):
     if not has_host_tier(hw):
         raise UserError(f"--host-memory-budget: profile {hw.name} has no host tier apart from "
                         f"its devices' memory (a CPU profile): --memory-budget bounds it")
+    return _host_bounded(hw, budget, f"--host-memory-budget {host_memory_budget}")
+
+
+def _host_bounded(hw, limit: float, why: str):
+    """`hw` with each device's host memory at most `limit` bytes, the profile's note saying
+    `why`."""
+    import dataclasses
 
     def bounded(device):
         host = device.host_memory_bytes
-        return dataclasses.replace(device, host_memory_bytes=budget if host is None
-                                   else min(host, budget))
-    notes = {**hw.notes, "device.host_memory_bytes": f"--host-memory-budget "
-             f"{host_memory_budget}, or the profile's where less"}
+        return dataclasses.replace(device, host_memory_bytes=limit if host is None
+                                   else min(host, limit))
+    notes = {**hw.notes, "device.host_memory_bytes": f"{why}, or the profile's where less"}
     return dataclasses.replace(hw, notes=notes, device=bounded(hw.device), groups=[
         dataclasses.replace(g, device=bounded(g.device)) for g in hw.groups])
 

@@ -119,8 +119,9 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
     from ratrain.cli.options import use_plan
     from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, search_request,
-                                         with_host_budget, with_this_machines_memory)
-    from ratrain.planner import plan_file
+                                         with_host_budget, with_this_machines_host,
+                                         with_this_machines_memory)
+    from ratrain.planner import host_grad_option, plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.runtime.process_groups import pick_backend
     from ratrain.runtime.torchrun_env import under_torchrun
@@ -138,8 +139,9 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
     hw = load_profile(profile_spec or Machine(host_is_separate=gpus > 0,
                                               device_name=gpu_name).preset)
-    if profile_spec is None and not gpus:
-        hw = with_this_machines_memory(hw, devices)
+    if profile_spec is None:  # this machine's memory, which the run is checked against
+        hw = (with_this_machines_host(hw, devices or gpus) if gpus
+              else with_this_machines_memory(hw, devices))
     hw = with_host_budget(hw, host_memory_budget)
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
@@ -157,6 +159,10 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}: predicted "
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
                f"{decimal_bytes(max(best.stage_bytes))} a device", err=True)
+    low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
+    if low_grad:
+        click.echo("not taken, since it rounds the gradients (add the flag to take it): "
+                   + host_grad_option.describe(low_grad, best, "the plan above"), err=True)
     return data
 
 

@@ -37,14 +37,14 @@ def offer(found: SearchResult) -> Candidate | None:
     return other.best[0]
 
 
-def describe(option: Candidate, best: Candidate) -> str:
-    """The option's line below the plans."""
+def describe(option: Candidate, best: Candidate, than: str = "plan 1") -> str:
+    """The option's line below the plans (`than`: what `best` is called there)."""
     from ratrain.planner.account import decimal_bytes
 
     layout = option.layout
     return (f"with --host-grad-dtype bfloat16 (host-homed gradients in 2 bytes a parameter, "
             f"rounded to bfloat16 at each fold): {option.result.tokens_per_s:,.0f} tokens/s "
-            f"predicted ({best.step_time / option.step_time:.2f}x plan 1), "
+            f"predicted ({best.step_time / option.step_time:.2f}x {than}), "
             f"{layout.n_micro} x {layout.micro_batch_size}, "
             f"{layout.lifecycle.label(len(option.device_units), option.plan.device_grad_sum)}, "
             f"{decimal_bytes(max(option.stage_bytes))}, "
