@@ -158,9 +158,10 @@ def best_plans(request):
         if refused:
             raise UserError(f"no layout on {request.devices} devices can run: {refused[0]}")
     if not found.best and not found.complete:  # not "nothing fits": the search did not finish
-        raise UserError(f"the search stopped at --time-limit {request.time_limit_s:g} s before "
-                        f"it found a plan that fits ({found.simulated} simulated; "
-                        f"{found.layouts} layouts); raise --time-limit")
+        raise UserError(f"the search found no plan that fits in {found.seconds:.1f} s, "
+                        f"{search.FIRST_PLAN_GRACE}x its --time-limit {request.time_limit_s:g} s "
+                        f"({found.simulated} simulated; {found.layouts} layouts); raise "
+                        f"--time-limit")
     if not found.best:
         raise UserError(account.account(request))
     search.check(found.best[0])

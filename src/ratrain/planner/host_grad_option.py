@@ -31,7 +31,8 @@ def offer(found: SearchResult) -> Candidate | None:
             or host.host_link is None or host.host_memory_bytes is None):
         return None
     other = search(dataclasses.replace(r, host_grad_dtype="bfloat16", top=1,
-                                       time_limit_s=min(r.time_limit_s, TIME_LIMIT_S)))
+                                       time_limit_s=min(r.time_limit_s, TIME_LIMIT_S)),
+                   first_plan_grace=1)
     if not other.best or other.best[0].step_time * FASTER > best.step_time:
         return None
     return other.best[0]

@@ -40,7 +40,8 @@ def offer(found: search.SearchResult) -> Offer | None:
     first = found.best[0].result.tokens_per_s
     listed = [(rank, c) for rank, c in enumerate(found.best, 1) if c.layout.dp >= 2]
     if not listed and found.request.devices >= 2:
-        more = search.search(dataclasses.replace(found.request, min_dp=2, outer_sync=True))
+        more = search.search(dataclasses.replace(found.request, min_dp=2, outer_sync=True),
+                             first_plan_grace=1)
         listed = [(None, c) for c in more.best]
     made = _first(found.request, listed, first)
     if made is not None and made.rank is None:

@@ -59,7 +59,7 @@ def summary(found: SearchResult) -> dict:
         "global_batch": r.global_batch, "seq_len": r.seq_len, "dtype": r.dtype,
         "policy": r.policy, "budget_bytes": r.budget_bytes, "margin": r.margin,
         "layouts": found.layouts, "simulated": found.simulated, "seconds": found.seconds,
-        "complete": found.complete,
+        "complete": found.complete, "late": found.late,
         "plans": [{"pp": c.layout.pp, "dp": c.layout.dp,
                    "micro_batch_size": c.layout.micro_batch_size, "n_micro": c.layout.n_micro,
                    "rank_order": c.layout.rank_order, "state_home": c.layout.lifecycle.state_home,

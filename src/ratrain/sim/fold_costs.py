@@ -65,10 +65,8 @@ def last_fold_added(c, u: int, mb: int | None) -> bool:
     across a host link is a fold's add left for later (UnitState.fold_grads)."""
     if not c.runs_on_device(u):
         return False
-    roles = c.s.fold_roles
-    if roles:
-        folds = [(b, r) for (v, b), r in roles.items() if v == u and r != HOLD]
-        last_mb, role = folds[-1]
+    if c.s.fold_roles:
+        last_mb, role = c.last_folds[u]
         return role == LATER and (mb is None or mb == last_mb)
     runs = c.s.n_micro // c.s.micro_batch_group
     return runs > 1 and (mb is None or mb == c.s.n_micro - 1)
@@ -104,6 +102,13 @@ def summed_runs(roles: dict[tuple[int, int], str]) -> set[tuple[int, int]]:
             out.add(key)
         last[key[0]] = role
     return out
+
+
+def last_folds(roles: dict[tuple[int, int], str]) -> dict[int, tuple[int, str]]:
+    """Each unit's last fold of the step, (micro-batch, role), where `roles` (in program
+    order, as fold_roles gives them) has one: asked for at every backward, so made once (a
+    scan of the roles for each was a tenth of a 64-stage plan's simulation)."""
+    return {u: (mb, role) for (u, mb), role in roles.items() if role != HOLD}
 
 
 def summed_on_device(roles: dict[tuple[int, int], str]) -> set[int]:

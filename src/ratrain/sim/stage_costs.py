@@ -5,8 +5,8 @@ the stage's links (sim/links.py), and the named storages of the op registry's me
 
 from __future__ import annotations
 
-from ratrain.sim.fold_costs import (fold_copy_bytes, fold_s, summed_on_device, summed_runs,
-                                     unit_norm_s)
+from ratrain.sim.fold_costs import (fold_copy_bytes, fold_s, last_folds, summed_on_device,
+                                     summed_runs, unit_norm_s)
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link, ring, ring_half
 from ratrain.sim.shape_scale import shape_scale
@@ -33,6 +33,7 @@ class StageCosts(StageStorages):
         self._act_bytes = uc.output_bytes(setup.shape, "block")
         self.summed = summed_runs(setup.fold_roles or {})
         self.device_summed = summed_on_device(setup.fold_roles or {})
+        self.last_folds = last_folds(setup.fold_roles or {})
         # a unit's compute times depend on its kind alone, and are read at each micro-batch
         self._times: dict[tuple, object] = {}
         self._working: dict[tuple, int] = {}
