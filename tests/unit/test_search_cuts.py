@@ -85,3 +85,15 @@ def test_a_layout_too_large_by_its_state_and_views_has_no_partition_that_fits(
             assert not fits, layout
         fitting += fits
     assert rejected and fitting
+
+
+def test_the_search_says_what_it_tried_as_it_goes():
+    heard = []
+    found = search.search(PlanRequest(model=get_preset("small"), profile=load_profile("cpu-local"),
+                                      devices=4, global_batch=8, seq_len=256, budget=200e6),
+                          progress=heard.append)
+    assert found.best and found.complete
+    assert heard.count("plan") + heard.count("over") == found.simulated
+    # each layout once, and again (twice at most) where a plan of it was over the budget
+    assert heard.count("plan") >= len(found.best)
+    assert 0 < heard.count("layout") <= found.layouts + 2 * heard.count("over")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ratrain.planner.bounds import lower_bound, pipeline_bound, pipeline_path, stage_deferrals
@@ -260,11 +261,13 @@ def refine(request: PlanRequest, tables: UnitTables, candidate: Candidate) -> fl
 
 
 def search(request: PlanRequest, exhaustive: bool = False,
-           first_plan_grace: float = FIRST_PLAN_GRACE) -> SearchResult:
+           first_plan_grace: float = FIRST_PLAN_GRACE,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
     """The `top` fastest plans that fit, fastest first (exhaustive: simulate every candidate,
     no pruning, no time limit; for checking the pruning). With none by the time limit, it goes
     on for the first up to `first_plan_grace` times the limit (1: an option's search, which
-    may find none)."""
+    may find none). `progress` hears "layout" at each layout expanded, "plan" at each plan
+    simulated that fits and "over" at one that does not."""
     started = time.perf_counter()
     tables = UnitTables(request)
     queue: list = []
@@ -289,6 +292,8 @@ def search(request: PlanRequest, exhaustive: bool = False,
             late = True
         if kind == "layout":
             layout, slack = payload
+            if progress:
+                progress("layout")
             for c in expand(request, tables, layout, slack):
                 heapq.heappush(queue, (c.bound, next(order), "candidate", (c, slack)))
             continue
@@ -306,6 +311,8 @@ def search(request: PlanRequest, exhaustive: bool = False,
         evaluate(request, candidate)
         simulated += 1
         excess = candidate.excess(request)
+        if progress:
+            progress("over" if excess > 0 else "plan")
         if excess > 0:
             over.append(candidate)
             # The estimate was short of the simulated peak: ask the layout again for stages
