@@ -237,3 +237,23 @@ def test_a_gpu_machines_search_holds_the_host_tier_to_its_memory(monkeypatch, av
     assert ("shared by the" in hw.notes["device.host_memory_bytes"]) == (available is not None)
     cpu = load_profile("cpu-local")
     assert with_this_machines_host(cpu, devices) == cpu
+
+
+def test_where_the_options_search_finds_none_in_its_time_plan_1s_layout_is_priced(monkeypatch):
+    """The option's own search stops at its limit with no plan (a 70B search's first comes
+    after half a minute): plan 1's layout with bf16 gradients is simulated instead, and offered
+    where faster. baichuan2-13b on 8 A100s of the preset, 64 sequences: 32 micro-batches of 2
+    fold across PCIe, half the bytes in bf16."""
+    from ratrain.planner import host_grad_option
+
+    found = search(PlanRequest(model=get_preset("baichuan2-13b"),
+                               profile=load_profile("a100-40g-10gbe"), devices=8, global_batch=64,
+                               seq_len=4096, dtype="bfloat16", time_limit_s=60, top=1))
+    best = found.best[0]
+    assert best.plan.state_home == "host"
+    monkeypatch.setattr(host_grad_option, "TIME_LIMIT_S", 1e-9)  # no plan by then
+    option = host_grad_option.offer(found)
+    assert option is not None and option.plan.host_grad_dtype == "bfloat16"
+    same = ("pp", "dp", "micro_batch_size", "n_micro", "schedule", "weight_grad")
+    assert all(getattr(option.layout, k) == getattr(best.layout, k) for k in same)
+    assert option.step_time * host_grad_option.FASTER <= best.step_time

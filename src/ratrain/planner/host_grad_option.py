@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ratrain.planner.candidate import Candidate
-from ratrain.planner.search import SearchResult, search
+from ratrain.planner.candidate import Candidate, evaluate
+from ratrain.planner.device_units import keep_on_device
+from ratrain.planner.layouts import PlanRequest
+from ratrain.planner.search import SearchResult, UnitTables, expand, search
 
 FASTER = 1.02
 """How much faster the option must be predicted to be worth a line (the prediction's own
@@ -20,6 +22,8 @@ spread is a few percent)."""
 TIME_LIMIT_S = 10.0
 """Seconds its search may take: a second search, where the first may have taken the user's
 whole --time-limit."""
+TRIES = 3
+"""Plan 1's partitions with bf16 gradients simulated at most, where the search found none."""
 
 
 def offer(found: SearchResult) -> Candidate | None:
@@ -30,12 +34,28 @@ def offer(found: SearchResult) -> Candidate | None:
     if (r.host_grad_dtype != "float32" or best.plan.state_home != "host"
             or host.host_link is None or host.host_memory_bytes is None):
         return None
-    other = search(dataclasses.replace(r, host_grad_dtype="bfloat16", top=1,
-                                       time_limit_s=min(r.time_limit_s, TIME_LIMIT_S)),
-                   first_plan_grace=1)
-    if not other.best or other.best[0].step_time * FASTER > best.step_time:
+    request = dataclasses.replace(r, host_grad_dtype="bfloat16", top=1,
+                                  time_limit_s=min(r.time_limit_s, TIME_LIMIT_S))
+    found_low = search(request, first_plan_grace=1)
+    option = found_low.best[0] if found_low.best else _same_layout(request, best)
+    if option is None or option.step_time * FASTER > best.step_time:
         return None
-    return other.best[0]
+    return option
+
+
+def _same_layout(request: PlanRequest, best: Candidate) -> Candidate | None:
+    """Plan 1's layout with bf16 gradients, where the option's own search found no plan in
+    its time (llama2-70b on 64 GPUs: its first plan comes after half a minute of layouts that
+    do not fit): its partitions that fit, by their bounds, the first that the simulator
+    passes, with the device units the budget allows."""
+    layout = dataclasses.replace(best.layout, lifecycle=dataclasses.replace(
+        best.layout.lifecycle, host_grad_dtype="bfloat16"))
+    for candidate in sorted(expand(request, UnitTables(request), layout, 0.0),
+                            key=lambda c: c.bound)[:TRIES]:
+        evaluate(request, candidate)
+        if candidate.excess(request) <= 0:
+            return keep_on_device(request, candidate)
+    return None
 
 
 def describe(option: Candidate, best: Candidate, than: str = "plan 1") -> str:
