@@ -15,6 +15,7 @@ from ratrain.planner.candidate import Candidate, evaluate
 from ratrain.planner.device_units import keep_on_device
 from ratrain.planner.layouts import PlanRequest
 from ratrain.planner.search import SearchResult, UnitTables, expand, search
+from ratrain.schedule.plan_rules import host_grad_refusal
 
 FASTER = 1.02
 """How much faster the option must be predicted to be worth a line (the prediction's own
@@ -48,8 +49,11 @@ def _same_layout(request: PlanRequest, best: Candidate) -> Candidate | None:
     its time (llama2-70b on 64 GPUs: its first plan comes after half a minute of layouts that
     do not fit): its partitions that fit, by their bounds, the first that the simulator
     passes, with the device units the budget allows."""
-    layout = dataclasses.replace(best.layout, lifecycle=dataclasses.replace(
-        best.layout.lifecycle, host_grad_dtype="bfloat16"))
+    lifecycle = dataclasses.replace(best.layout.lifecycle, host_grad_dtype="bfloat16")
+    if host_grad_refusal(lifecycle.host_grad_dtype, lifecycle.state_home, lifecycle.shard_state,
+                         lifecycle.view_window):
+        return None
+    layout = dataclasses.replace(best.layout, lifecycle=lifecycle)
     for candidate in sorted(expand(request, UnitTables(request), layout, 0.0),
                             key=lambda c: c.bound)[:TRIES]:
         evaluate(request, candidate)
