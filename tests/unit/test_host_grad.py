@@ -15,6 +15,7 @@ from ratrain.config import RunConfig
 from ratrain.models.presets import get_preset
 from ratrain.planner.layouts import PlanRequest
 from ratrain.planner.search import search
+from ratrain.runtime import host_grad
 from ratrain.runtime.state_layout import Replicated
 from ratrain.runtime.unit_state import UnitState
 from ratrain.schedule.errors import ScheduleConfigError
@@ -36,16 +37,23 @@ def _unit(grad_dtype, seed=0):
     state = UnitState(params, lambda ps, decay=None: torch.optim.AdamW(ps, lr=1e-2, fused=True),
                       Replicated(torch.device("cpu"), grad_dtype), view_dtype=torch.float32)
     if grad_dtype != torch.float32:
-        state.update_scratch = torch.empty(max(state.sizes), dtype=torch.float32)
+        state.update_scratch = host_grad.update_scratch(state.sizes)
     return state
 
 
+@pytest.mark.parametrize("chunk", [host_grad.CHUNK, 448, 64])  # whole parameters; chunks
+@pytest.mark.parametrize("for_gpu", [False, True])  # AdamW scales as it reads: grad_scale
 @pytest.mark.parametrize("factor", [None, 0.37])
-def test_the_update_from_a_bf16_accumulation_is_adamw_on_the_rounded_gradient(factor):
+def test_the_update_from_a_bf16_accumulation_is_adamw_on_the_rounded_gradient(
+        factor, for_gpu, chunk, monkeypatch):
     """Three updates, each from a bf16 accumulation and from an fp32 one holding the same
-    rounded gradient, clipping coefficient or not: masters and moments equal bit for bit, and
-    the norm is the fp32 one's."""
+    rounded gradient, clipping coefficient or not, the gradient cast and stepped a chunk at a
+    time (the 1920-element weight in 5 chunks, the last one short, or in 30): masters and
+    moments equal bit for bit, and the norm is the fp32 one's."""
+    monkeypatch.setattr(host_grad, "CHUNK", chunk)
+    monkeypatch.setattr(UnitState, "_host_homed_on_gpu", property(lambda self: for_gpu))
     low, ref = _unit(torch.bfloat16), _unit(torch.float32)
+    assert low.update_scratch.numel() == min(chunk, max(low.sizes))
     assert low.grad.dtype == torch.bfloat16 and all(m.grad is None for m in low.masters)
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
@@ -54,12 +62,39 @@ def test_the_update_from_a_bf16_accumulation_is_adamw_on_the_rounded_gradient(fa
         ref.grad.copy_(g.float())
         assert torch.equal(low.sq_norm(), ref.sq_norm())
         low.update(factor), ref.update(factor)
-        assert not low.grad.any() and not ref.grad.any()
+        assert for_gpu or not (low.grad.any() or ref.grad.any())  # a GPU's: lazily
     for a, b in zip(low.masters, ref.masters):
         assert torch.equal(a, b)
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(low.optimizer.state[a][key], ref.optimizer.state[b][key])
     assert not torch.equal(low.masters[0], _unit(torch.float32).masters[0])  # it moved
+
+
+def test_a_skipped_step_from_a_bf16_accumulation_leaves_masters_moments_and_count(monkeypatch):
+    """found_inf = 1 on the chunked path: every chunk's fused AdamW skips, the step counter
+    stays where it was (each chunk steps from the same count), the gradient is zeroed; the
+    next step is the fp32 unit's, bit for bit."""
+    monkeypatch.setattr(host_grad, "CHUNK", 448)
+    low, ref = _unit(torch.bfloat16), _unit(torch.float32)
+    g = torch.randn(low.numel, generator=torch.Generator().manual_seed(2)).bfloat16()
+    for state in (low, ref):
+        state.grad.copy_(g)
+        state.update(0.5)
+    before = [(m.clone(), {k: v.clone() for k, v in low.optimizer.state[m].items()})
+              for m in low.masters]
+    low.grad.copy_(g)
+    low.update(0.5, found_inf=torch.tensor(1.0))
+    assert not low.grad.any()
+    for m, (was, state) in zip(low.masters, before):
+        assert torch.equal(m, was)
+        assert all(torch.equal(low.optimizer.state[m][k], v) for k, v in state.items())
+    for state in (low, ref):
+        state.grad.copy_(g)
+        state.update(0.5)
+    for a, b in zip(low.masters, ref.masters):
+        assert torch.equal(a, b) and torch.equal(low.optimizer.state[a]["step"],
+                                                 ref.optimizer.state[b]["step"])
+        assert low.optimizer.state[a]["step"].item() == 2
 
 
 def test_the_plan_field_round_trips_and_what_it_cannot_mean_is_refused():
@@ -114,7 +149,7 @@ def test_the_simulator_halves_the_folds_copies_and_adds_the_updates_cast():
 
     fp32, bf16 = run("float32"), run("bfloat16")
     n = sum(uc.param_count(model, u) for u in range(model.n_layers + 2))
-    scratch = 4 * model.vocab_size * model.dim
+    scratch = 4 * host_grad.CHUNK  # the embedding's 131M elements, a chunk at a time
     assert fp32.host_peak - bf16.host_peak == pytest.approx(2 * n - scratch, rel=1e-3)
     assert bf16.device_peak == fp32.device_peak
 

@@ -205,5 +205,5 @@ def _host_overflow(t: UnitTable, a: int, b: int) -> int:
 
 def _host_state(t: UnitTable, a: int, b: int) -> float:
     """Host-homed units [a, b)'s state, and where their gradients are bf16 the update's fp32
-    scratch (the model's largest parameter's: a bound on the stage's)."""
+    scratch (the model's largest parameter's or a chunk's: a bound on the stage's)."""
     return t.total("state", a, b) + (t.update_scratch if b > a else 0)

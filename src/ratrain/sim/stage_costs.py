@@ -155,10 +155,11 @@ class StageCosts(StageStorages):
         it) or, where the host updates for a GPU, by the AdamW as it reads it (it writes the
         scaled gradient back: 4 bytes; runtime/unit_state.step_masters)."""
         scale = (4 if self.across_link(u) else 8) if self.s.clip else 0
-        # a bf16 gradient is cast into the fp32 scratch first: read 2, write 4 and the
-        # write's lines read first (bench/host_grad_update.py: 1.25-1.38x the fp32 update on
-        # the host-for-GPU path, 2 cores, 2026-11-28; priced 42 / 32 = 1.31x)
-        cast = 10 if self.s.grad_bytes(u) == 2 else 0
+        # a bf16 gradient is cast into a cache-sized fp32 scratch chunk by chunk, each chunk
+        # stepped at once (runtime/host_grad.py): the cast's work, not its bytes, is what
+        # costs (bench/host_grad_update.py: 1.20-1.24x the fp32 update on the host-for-GPU
+        # path, 2 cores, 2026-11-29; priced 39 / 32 = 1.22x)
+        cast = 7 if self.s.grad_bytes(u) == 2 else 0
         return ((UPDATE_BYTES_PER_PARAM + scale + cast) * self.update_params(u)
                 / self.state_bandwidth(u))
 

@@ -14,6 +14,9 @@ from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link
 from ratrain.sim.profile import HardwareProfile
 
+UPDATE_CHUNK = 1 << 22
+"""Elements the host update casts from a bf16 gradient at a time (runtime/host_grad.CHUNK)."""
+
 
 @dataclass
 class StageSetup:
@@ -82,11 +85,12 @@ class StageSetup:
 
     @cached_property
     def update_scratch(self) -> int:
-        """Bytes of the fp32 buffer the host update casts a bf16 gradient's parameter into
-        (runtime/host_grad.py): the stage's largest such parameter; 0 without one."""
+        """Bytes of the fp32 buffer the host update casts a bf16 gradient into, a chunk at a
+        time (runtime/host_grad.py): the stage's largest such parameter's, at most a chunk's;
+        0 without one."""
         sizes = [n for u in self.units if self.grad_bytes(u) == 2
                  for n in uc.param_sizes(self.model, self.kind(u))]
-        return 4 * max(sizes, default=0)
+        return 4 * min(max(sizes, default=0), UPDATE_CHUNK)
 
     @property
     def shard_replicas(self) -> int:
