@@ -118,6 +118,15 @@ def test_the_flag_without_host_state_is_one_line(monkeypatch, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_on_a_cpu_in_float32_the_refusal_says_there_are_no_views(monkeypatch, capsys):
+    """Both flags given, and still no views: a float32 CPU run computes on its masters."""
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--host-grad-dtype", "bfloat16",
+                           "--state-home", "host", "--view-window", "1", "--dtype", "float32",
+                           "--steps", "1")
+    assert code == 2 and "--dtype other than float32" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("group", [1, 2])
 def test_the_executors_ledger_is_the_simulators_with_a_bf16_host_gradient(group, monkeypatch):
     """On the GPU's fold path (run here on the CPU): half the host-homed units' gradient

@@ -57,6 +57,8 @@ def test_a_search_with_no_plan_by_its_limit_goes_on_for_the_first(clock, monkeyp
     found = _search(clock, limit)
     assert found.best and not found.complete and len(fitting) == 1  # stopped at its first
     assert found.late and not cut.late and not unlimited.late
+    assert found.cut.startswith("none fitted by the") and unlimited.cut == ""
+    assert cut.cut == "time limit: the best found, not proven the best"
     assert found.best[0].step_time >= unlimited.best[0].step_time
     # a limit that leaves time for more: it stops there, as before
     fitting.clear()

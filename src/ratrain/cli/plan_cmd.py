@@ -164,11 +164,8 @@ def _heading(found) -> str:
             f"(plans keep {r.margin:.0%} free)\n"
             f"searched {found.layouts} layouts, simulated {found.simulated} "
             f"plan{'' if found.simulated == 1 else 's'} in {found.seconds:.1f} s")
-    if found.late:
-        text += (f" (none fitted by the {r.time_limit_s:g} s time limit: the first found, not "
-                 f"proven the best)")
-    elif not found.complete:
-        text += " (time limit: the best found, not proven the best)"
+    if found.cut:
+        text += f" ({found.cut})"
     threads = r.threads_of(found.best[0].layout)
     if used < r.devices and used == 1 and threads > 1:  # a CPU's one process on its cores
         text += (f"\nthe best plan runs one process on {threads} threads: more processes do "

@@ -153,8 +153,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     L = best.layout
     click.echo(f"--memory-budget {decimal_bytes(request.budget_bytes)} on {hw.name}: the fastest "
                f"of {found.layouts} layouts ({found.simulated} simulated in {found.seconds:.1f} s"
-               + ("" if found.complete else ", the first found past the time limit"
-                  if found.late else ", cut by the time limit") + f") is pp {L.pp} x dp "
+               + (f"; {found.cut}" if found.cut else "") + f") is pp {L.pp} x dp "
                f"{L.dp}, {L.schedule_label}, {L.n_micro} micro-batches of {L.micro_batch_size}, "
                f"state / views "
                f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}: predicted "

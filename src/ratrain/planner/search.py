@@ -49,6 +49,14 @@ class SearchResult:
     complete: bool  # False: the time limit cut the search before the bound proved the best
     late: bool = False  # no plan by the time limit: it went on for the first (FIRST_PLAN_GRACE)
 
+    @property
+    def cut(self) -> str:
+        """What the time limit did to the search, in words; "" where it proved the best."""
+        if self.late:
+            return (f"none fitted by the {self.request.time_limit_s:g} s time limit: the first "
+                    f"found, not proven the best")
+        return "" if self.complete else "time limit: the best found, not proven the best"
+
 
 class UnitTables:
     """Unit tables, one per stage of a layout, shared by every layout of one shape, lifecycle

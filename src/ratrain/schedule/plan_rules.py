@@ -146,7 +146,10 @@ def host_grad_refusal(host_grad_dtype: str, state_home: str, shard_state: bool,
         return None
     if state_home != "host" or view_window is None:
         return (f"--host-grad-dtype {host_grad_dtype} holds host-homed state's gradients in 2 "
-                f"bytes a parameter; it needs --state-home host and a --view-window")
+                f"bytes a parameter, folded from the compute views' gradients; it needs "
+                f"--state-home host and views apart from the masters: a --view-window, with a "
+                f"--dtype other than float32 or on a GPU (a float32 run on a CPU computes on the "
+                f"masters themselves)")
     if shard_state:
         return f"--host-grad-dtype {host_grad_dtype} does not go with --shard-state"
     return None
