@@ -234,6 +234,8 @@ def test_below_a_host_bounded_search_the_bf16_option_is_offered_and_written(
     assert json.loads(out.read_text()).get("host_grad_dtype", "float32") == "float32"
     tokens = option["prediction"]["tokens_per_s"]
     assert f"{tokens:,.0f} tokens/s" in line
+    # 4 micro-batches in unit-major groups of 2: each unit's two runs fold, each rounds
+    assert (plan.n_micro, plan.micro_batch_group) == (4, 2) and "each of 2 folds a step" in line
     assert tokens > 1.02 * json.loads(out.read_text())["prediction"]["tokens_per_s"]
     code, text, _ = run_cli(monkeypatch, capsys, *args, "--json")
     assert json.loads(text)["host_grad_option"]["tokens_per_s"] == pytest.approx(tokens)

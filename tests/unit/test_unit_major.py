@@ -12,7 +12,8 @@ from ratrain.runtime.unit_state import UnitState
 from ratrain.schedule.errors import ScheduleConfigError, ScheduleError
 from ratrain.schedule.ir import Action, Op, format_program
 from ratrain.schedule.plan import PipelinePlan, build_plan
-from ratrain.schedule.unit_major import FIRST, HOLD, LATER, SYNC, fold_roles, views_made
+from ratrain.schedule.unit_major import (FIRST, HOLD, LATER, SYNC, fold_roles, folds_a_step,
+                                         views_made)
 
 from .executor_ledger import assert_simulated_ledger_is, executor_ledger, small_model
 
@@ -59,6 +60,7 @@ def test_views_and_folds_per_unit_fall_with_the_group(m, g):
         program = plan.programs[0]
         roles = fold_roles(program)
         folds = sum(1 for (u, _), r in roles.items() if u == 5 and r != HOLD)
+        assert folds_a_step(program) == folds  # every unit alike: the most is any one's
         return views_made(program), folds
 
     views, folds = counts(g)
@@ -129,6 +131,7 @@ def test_summed_on_the_device_each_host_units_run_waits_for_its_sync():
     roles = fold_roles(plan.programs[0], plan.summed_on_device)
     assert roles == {(3, 0): HOLD, (3, 1): SYNC, (2, 0): HOLD, (2, 1): SYNC,
                      (1, 0): HOLD, (1, 1): SYNC, (0, 0): HOLD, (0, 1): FIRST}
+    assert folds_a_step(plan.programs[0], plan.summed_on_device) == 1
     assert PipelinePlan.from_dict(plan.to_dict()).device_grad_sum
     with pytest.raises(ScheduleConfigError, match="--micro-batch-group 2"):
         build_plan(2, 1, 2, 2, view_window=1, state_home="host", device_grad_sum=True)

@@ -16,6 +16,7 @@ from ratrain.planner.device_units import keep_on_device
 from ratrain.planner.layouts import PlanRequest
 from ratrain.planner.search import SearchResult, UnitTables, expand, search
 from ratrain.schedule.plan_rules import host_grad_refusal
+from ratrain.schedule.unit_major import folds_a_step
 
 FASTER = 1.02
 """How much faster the option must be predicted to be worth a line (the prediction's own
@@ -66,9 +67,11 @@ def describe(option: Candidate, best: Candidate, than: str = "plan 1") -> str:
     """The option's line below the plans (`than`: what `best` is called there)."""
     from ratrain.planner.account import decimal_bytes
 
-    layout = option.layout
+    layout, plan = option.layout, option.plan
+    folds = max(folds_a_step(p, plan.summed_on_device) for p in plan.programs)
     return (f"with --host-grad-dtype bfloat16 (host-homed gradients in 2 bytes a parameter, "
-            f"rounded to bfloat16 at each fold): {option.result.tokens_per_s:,.0f} tokens/s "
+            f"rounded to bfloat16 at each of {folds} fold{'' if folds == 1 else 's'} a step; "
+            f"docs/correctness.md says what that cost): {option.result.tokens_per_s:,.0f} tokens/s "
             f"predicted ({best.step_time / option.step_time:.2f}x {than}), "
             f"{layout.n_micro} x {layout.micro_batch_size}, "
             f"{layout.lifecycle.label(len(option.device_units), option.plan.device_grad_sum)}, "

@@ -144,6 +144,17 @@ def _close(pending: list[tuple[int, int]], roles: dict, folded: set[int],
     pending.clear()
 
 
+def folds_a_step(program: Program, device_sum: frozenset[int] = frozenset()) -> int:
+    """The most times any unit's gradient crosses into its accumulation in one step of the
+    program (fold_roles: each run's last backward, or the unit's sync): what a bf16 host
+    accumulation rounds (runtime/host_grad.py)."""
+    counts: dict[int, int] = {}
+    for (unit, _), role in fold_roles(program, device_sum).items():
+        if role != HOLD:
+            counts[unit] = counts.get(unit, 0) + 1
+    return max(counts.values(), default=0)
+
+
 def views_made(program: Program) -> dict[int, int]:
     """Unit -> how many times the program makes its view (P u)."""
     out: dict[int, int] = {}
