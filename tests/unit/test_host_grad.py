@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from ratrain.config import RunConfig
+from ratrain.models.llama import build_units
 from ratrain.models.presets import get_preset
 from ratrain.planner.layouts import PlanRequest
 from ratrain.planner.search import search
 from ratrain.runtime import host_grad
+from ratrain.runtime.optim import make_optimizer
 from ratrain.runtime.state_layout import Replicated
 from ratrain.runtime.unit_state import UnitState
 from ratrain.schedule.errors import ScheduleConfigError
@@ -68,6 +70,27 @@ def test_the_update_from_a_bf16_accumulation_is_adamw_on_the_rounded_gradient(
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(low.optimizer.state[a][key], ref.optimizer.state[b][key])
     assert not torch.equal(low.masters[0], _unit(torch.float32).masters[0])  # it moved
+
+
+def test_a_cpu_runs_folds_into_a_bf16_accumulation_are_the_fp32_adds_rounded():
+    """On a CPU each backward's bf16 gradient is added to the bf16 accumulation as it is:
+    bit for bit the fp32 sum rounded to bf16 at each fold."""
+    cfg = RunConfig(model=get_preset("tiny"))
+    block = build_units(cfg.model, 0, [1])[0]
+    state = UnitState(list(block.parameters()),
+                      lambda ps, decay=None: make_optimizer(ps, cfg.train),
+                      Replicated(torch.device("cpu"), torch.bfloat16), view_dtype=torch.bfloat16)
+    state.prefetch()
+    state.wait_view()
+    want = torch.zeros(state.numel, dtype=torch.bfloat16)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        block(torch.randn(2, 8, 256, dtype=torch.bfloat16)).float().square().mean().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in state.params])
+        want = (want.float() + grads.float()).bfloat16()
+        state.fold_grads()
+    assert state.grad.dtype == torch.bfloat16 and torch.equal(state.grad, want)
+    assert want.float().abs().sum() > 0
 
 
 def test_a_skipped_step_from_a_bf16_accumulation_leaves_masters_moments_and_count(monkeypatch):

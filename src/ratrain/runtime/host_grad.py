@@ -9,9 +9,10 @@ that chunk of the master and its moments at once (`step_from_low`, through torch
 `adamw`): the cast's fp32 is read back from cache, not from memory, and the scratch is a chunk,
 not the largest parameter (0.52 GB at 7B). The update costs 1.23-1.25x the fp32 one, against
 1.36-1.38x when each whole parameter was cast before its step (bench/host_grad_update.py, 2
-cores, 2026-11-29: docs/benchmarks.md). The fused AdamW is elementwise, so a chunk's step computes what the
-whole parameter's does, bit for bit (tests/unit/test_host_grad.py). A stage's host units update
-on one thread (carried: the update thread; inline: the walker), so one scratch serves them all.
+cores, 2026-11-29: docs/benchmarks.md). The fused AdamW is elementwise, so a chunk's step
+computes what the whole parameter's does, bit for bit (tests/unit/test_host_grad.py). A stage's
+host units update on one thread (carried: the update thread; inline: the walker), so one
+scratch serves them all.
 
 What it costs in precision: each fold rounds the accumulation to bf16 (a run's fp32 sum or a
 view's gradient once; a later fold's add again), so the update reads gradients good to bf16's
