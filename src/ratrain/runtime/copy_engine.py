@@ -49,10 +49,12 @@ class CopyEngine:
         a bf16/fp16 copy of a gradient: chunk by chunk through a small fp32 scratch. torch's
         add_ of a lower-precision tensor (or of its .float()) ran 5-10x slower than a
         conversion copy and an fp32 add (50M elements on 2 cores: 116-245 ms against 21 ms,
-        2026-11-26); the sums are bit for bit the same."""
+        2026-11-26); the sums are bit for bit the same. A bf16 accumulation adds a bf16 copy
+        as it is: the same bits as through the fp32 scratch, where that mixed-dtype add ran
+        12x slower (20M elements on 2 cores: 71 ms against 6, 2026-11-29)."""
         acc, low = acc.view(-1), low.view(-1)
-        if low.dtype == torch.float32:  # a run's fp32 sum (run_grads.py): nothing to convert
-            acc.add_(low)
+        if low.dtype in (torch.float32, acc.dtype):  # a run's fp32 sum (run_grads.py), or
+            acc.add_(low)  # the bf16 accumulation's own dtype: nothing to convert
             return
         scratch = getattr(self._scratch, "buffer", None)
         if scratch is None:

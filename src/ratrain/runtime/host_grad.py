@@ -17,7 +17,7 @@ scratch serves them all.
 What it costs in precision: each fold rounds the accumulation to bf16 (a run's fp32 sum or a
 view's gradient once; a later fold's add again), so the update reads gradients good to bf16's
 8 bits, as a bf16 reduce-scatter or all-reduce leaves them elsewhere. The norm reads them in
-fp32 arithmetic.
+fp32 arithmetic. Over a run it shows: docs/correctness.md (300 steps of `tiny`).
 """
 
 from __future__ import annotations
