@@ -174,11 +174,12 @@ def test_a_host_fold_adds_by_chunks_exactly_as_one_fp32_add(monkeypatch, dtype):
         expected = acc + low.float()
         engine.add_to_fp32(acc, low)
         assert torch.equal(acc, expected), shape
-        if dtype == torch.bfloat16:  # into a bf16 accumulation: the fp32 sum rounded
-            acc = torch.randn(shape, generator=g).bfloat16()
-            expected = (acc.float() + low.float()).bfloat16()
-            engine.add_to_fp32(acc, low)
-            assert torch.equal(acc, expected), shape
+        if dtype == torch.bfloat16:  # into a bf16 accumulation, a bf16 copy or an fp32 sum:
+            for other in (low, torch.randn(shape, generator=g)):  # the fp32 sum rounded
+                acc = torch.randn(shape, generator=g).bfloat16()
+                expected = (acc.float() + other.float()).bfloat16()
+                engine.add_to_fp32(acc, other)
+                assert torch.equal(acc, expected), (shape, other.dtype)
 
 
 def test_the_host_homed_norm_is_as_accurate_as_fp64_over_chunks_and_ragged_tails(monkeypatch):

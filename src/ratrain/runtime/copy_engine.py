@@ -49,19 +49,25 @@ class CopyEngine:
         a bf16/fp16 copy of a gradient: chunk by chunk through a small fp32 scratch. torch's
         add_ of a lower-precision tensor (or of its .float()) ran 5-10x slower than a
         conversion copy and an fp32 add (50M elements on 2 cores: 116-245 ms against 21 ms,
-        2026-11-26); the sums are bit for bit the same. A bf16 accumulation adds a bf16 copy
-        as it is: the same bits as through the fp32 scratch, where that mixed-dtype add ran
-        12x slower (20M elements on 2 cores: 71 ms against 6, 2026-11-29)."""
+        2026-11-26); the sums are bit for bit the same. The same holds for a bf16
+        accumulation: a copy in its own dtype is added as it is, and a run's fp32 sum
+        (run_grads.py) is added to the accumulation made fp32 in the scratch and rounded back
+        (20M elements on 2 cores, 2026-11-29: a mixed-dtype add_ took 71 ms against 6 for a
+        bf16 copy, 81 against 19 for an fp32 sum)."""
         acc, low = acc.view(-1), low.view(-1)
-        if low.dtype in (torch.float32, acc.dtype):  # a run's fp32 sum (run_grads.py), or
-            acc.add_(low)  # the bf16 accumulation's own dtype: nothing to convert
+        if low.dtype == acc.dtype:  # nothing to convert
+            acc.add_(low)
             return
         scratch = getattr(self._scratch, "buffer", None)
         if scratch is None:
             scratch = self._scratch.buffer = torch.empty(FOLD_CHUNK, dtype=torch.float32)
         for start in range(0, low.numel(), FOLD_CHUNK):
             part = low[start:start + FOLD_CHUNK]
-            acc[start:start + part.numel()].add_(scratch[:part.numel()].copy_(part))
+            into, wide = acc[start:start + part.numel()], scratch[:part.numel()]
+            if acc.dtype == torch.float32:
+                into.add_(wide.copy_(part))
+            else:  # added in fp32, rounded once
+                into.copy_(wide.copy_(into).add_(part))
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, *, gradient: bool = False):
         """Start `dst.copy_(src)`; returns the event that marks its completion (None on CPU).
