@@ -13,7 +13,8 @@ growth between two step rows, and the wall time of each step is when its row app
     .venv/bin/python bench/low_bandwidth.py --report     # plots and table from the results file
     sudo .venv/bin/python bench/low_bandwidth.py --start-lines 100mbit   # what a default run says
 
-A run spec is RATE,SYNC,STEPS[,PP[,FLAGS]] (FLAGS: more `ratrain train` flags, space-separated). Results accumulate in --out (one entry per run, written
+A run spec is RATE[+DELAY],SYNC,STEPS[,PP[,FLAGS]] (DELAY: one way, such as 25ms, through
+bench/delayed_link.py; FLAGS: more `ratrain train` flags, space-separated). Results accumulate in --out (one entry per run, written
 after each run, so a long sweep that is stopped keeps what it finished).
 """
 
@@ -33,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from two_nodes import LinkUnavailable, TwoNodes, parse_rate  # noqa: E402
+from two_nodes import LinkUnavailable, TwoNodes, parse_link  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench/results/low_bandwidth.json"
 # The shape of every run: tiny, 256 tokens, 4 sequences a step (2 per replica: one micro-batch
@@ -47,8 +48,8 @@ SHAPE = ["--model", "tiny", "--seq-len", str(SEQ_LEN), "--global-batch", str(GLO
 def parse_spec(text: str) -> dict:
     parts = text.split(",")
     if len(parts) not in (3, 4, 5):
-        raise SystemExit(f"--run {text!r}: expected RATE,SYNC,STEPS[,PP[,FLAGS]]")
-    parse_rate(parts[0])
+        raise SystemExit(f"--run {text!r}: expected RATE[+DELAY],SYNC,STEPS[,PP[,FLAGS]]")
+    parse_link(parts[0])
     return {"rate": parts[0], "sync": parts[1], "steps": int(parts[2]),
             "pp": int(parts[3]) if len(parts) > 3 else 1,
             "flags": parts[4] if len(parts) > 4 else ""}
@@ -122,6 +123,15 @@ def per_step(samples: list, steps: int) -> tuple[list[float], list[int]]:
     return when, sent
 
 
+def steps_per_s(samples: list) -> float:
+    """Steps a second by the wall clock, from the first sample with a row (the start and step 1
+    before it) to the last: rows that appear several at once (--sync diloco writes them where
+    the replicas meet) count from when they appeared."""
+    first = next(s for s in samples if s[3] >= 1)
+    last = samples[-1]
+    return (last[3] - first[3]) / (last[0] - first[0])
+
+
 def run_one(spec: dict, work: Path, port: int) -> dict:
     run_dir = work / "run"
     argv = ["-m", "ratrain.cli", "train", *SHAPE, "--pp", str(spec["pp"]), "--dp", "2",
@@ -148,7 +158,7 @@ def run_one(spec: dict, work: Path, port: int) -> dict:
     return {**spec, "started_utc": started, "wall_s": wall, "argv": ["ratrain", *argv[2:]],
             "tokens_per_step": tokens,
             "tokens_per_s": tokens * len(timed) / sum(r["step_time_s"] for r in timed),
-            "tokens_per_s_wall": tokens * (len(when) - 1) / (when[-1] - when[0]),
+            "tokens_per_s_wall": tokens * steps_per_s(sampler.samples),
             "loss": [r["loss"] for r in rows], "val_loss": {r["step"]: r["val_loss"] for r in rows
                                                             if "val_loss" in r},
             "step_time_s": [r["step_time_s"] for r in rows], "wall_at_step": when,
@@ -171,7 +181,7 @@ def start_lines(rate: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", action="append", default=[], type=parse_spec, metavar="RATE,SYNC,STEPS[,PP]")
+    ap.add_argument("--run", action="append", default=[], type=parse_spec, metavar="RATE[+DELAY],SYNC,STEPS[,PP[,FLAGS]]")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--report", action="store_true", help="plots and table from --out; runs nothing")
     ap.add_argument("--start-lines", metavar="RATE",

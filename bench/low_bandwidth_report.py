@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from two_nodes import parse_rate
+from two_nodes import parse_link, parse_rate
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW = 50  # steps: the loss gap compares the mean training loss over the last WINDOW steps
@@ -35,7 +35,7 @@ def rows(results: list[dict]) -> list[dict]:
     sync.update({(d["rate"], d["pp"], d["steps"]): d for d in results if d["sync"] == "step"})
     ref = {(d["pp"], d["steps"]): d for d in results if d["sync"] == "step"}
     out = []
-    for d in sorted(results, key=lambda d: (-parse_rate(d["rate"]), d["pp"],
+    for d in sorted(results, key=lambda d: (-parse_rate(parse_link(d["rate"])[0]), d["pp"],
                                             d["sync"] != "step", d["sync"])):
         timed = d["bytes_at_step"][1:]
         row = {"run": d, "mb_per_step": sum(timed) / len(timed) / 1e6,

@@ -4,9 +4,11 @@ shaped by a `tbf` qdisc, and torchrun started in each (the recipe in docs/machin
     with TwoNodes("200mbit") as net:
         net.run(ranks_per_node, ["-m", "ratrain.cli", "train", ...], port=29500, log_dir=Path("logs"))
 
-The addresses 10.231.0.1/24 and .2/24 exist only on the veth pair, inside the two namespaces;
-`GLOO_SOCKET_IFNAME` points gloo at the veth, so traffic between the nodes crosses the shaped
-link and traffic inside a node stays local.
+The addresses 10.231.0.1 and .2 exist only on the link, inside the two namespaces;
+`GLOO_SOCKET_IFNAME` points gloo at it, so traffic between the nodes crosses the shaped link
+and traffic inside a node stays local. A link with a delay ("200mbit+25ms": 25 ms each way, a
+50 ms round trip) is a pair of tun devices and a relay in this process (bench/delayed_link.py)
+in place of the veth pair.
 """
 
 from __future__ import annotations
@@ -19,10 +21,23 @@ import sys
 import time
 from pathlib import Path
 
+from delayed_link import MTU, DelayRelay
 from ratrain.errors import UserError
 
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
                "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}  # tc's units (bps = bytes/s)
+
+
+def parse_link(text: str) -> tuple[str, float]:
+    """RATE[+DELAY] ("200mbit", "200mbit+25ms"): the tc rate and the one-way delay in seconds."""
+    rate, _, delay = text.partition("+")
+    parse_rate(rate)
+    if not delay:
+        return rate, 0.0
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)ms", delay.strip())
+    if not m:
+        raise UserError(f"--link: {text!r}: the delay after '+' is in ms, such as 200mbit+25ms")
+    return rate, float(m[1]) / 1000
 
 
 def parse_rate(text: str) -> float:
@@ -45,13 +60,14 @@ class TwoNodes:
     names carry this process's pid. Everything is removed on exit, also after Ctrl-C.
     """
 
-    def __init__(self, rate: str):
+    def __init__(self, link: str):
         tag = f"rtb{os.getpid()}"
-        self.rate = rate
+        self.rate, self.delay_s = parse_link(link)
         self.ns = (f"{tag}a", f"{tag}b")
         self.dev = (f"{tag}va", f"{tag}vb")
         self.addr = ("10.231.0.1", "10.231.0.2")
         self._made: list[str] = []
+        self._relay = None
 
     @staticmethod
     def _run(*cmd: str) -> None:
@@ -68,15 +84,28 @@ class TwoNodes:
             for ns in self.ns:
                 self._run("ip", "netns", "add", ns)
                 self._made.append(ns)
-            self._run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-            self._made.append("veth")
-            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
+            if self.delay_s:
+                try:
+                    self._relay = DelayRelay(self.dev, self.delay_s)
+                except OSError as e:
+                    raise LinkUnavailable(f"no tun device: {e}") from None
+            else:
+                self._run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name",
+                          self.dev[1])
+                self._made.append("veth")
+            for ns, dev, addr, peer in zip(self.ns, self.dev, self.addr, self.addr[::-1]):
                 self._run("ip", "link", "set", dev, "netns", ns)
-                self._run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                if self._relay:  # a point-to-point tun: the peer's address is the route
+                    self._run("ip", "-n", ns, "addr", "add", addr, "peer", peer, "dev", dev)
+                    self._run("ip", "-n", ns, "link", "set", dev, "mtu", str(MTU))
+                else:
+                    self._run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 self._run("ip", "-n", ns, "link", "set", "lo", "up")
                 self._run("ip", "-n", ns, "link", "set", dev, "up")
                 self._run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
                           "rate", self.rate, "burst", "256kb", "latency", "100ms")
+            if self._relay:
+                self._relay.start()
         except BaseException:
             self.close()
             raise
@@ -93,6 +122,9 @@ class TwoNodes:
             if ns in self._made:
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
+        if self._relay:  # after the namespaces: their tun devices went with them
+            self._relay.close()
+            self._relay = None
 
     def run(self, k: int, argv: list[str], port: int, log_dir: Path, cwd: Path | None = None) -> None:
         """Run `torchrun ... argv` in each namespace, k ranks per node (node A: ranks 0..k-1,

@@ -81,6 +81,16 @@ class TrainConfig:
         """The cosine's floor: min_lr, or a tenth of the peak."""
         return self.lr / 10 if self.min_lr is None else self.min_lr
 
+    def evaluates_after(self, n: int) -> bool:
+        """Whether validation runs after step `n` (1-based)."""
+        return self.eval_batches > 0 and (n == self.steps or bool(self.eval_every
+                                                                   and n % self.eval_every == 0))
+
+    def saves_after(self, n: int) -> bool:
+        """Whether a checkpoint is saved after step `n` (1-based) on schedule."""
+        return self.checkpoints and (n == self.steps or bool(self.checkpoint_every
+                                                             and n % self.checkpoint_every == 0))
+
     def validate(self) -> None:
         # a NaN passes every comparison below, an inf most: each is refused by name first
         for name in ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",

@@ -70,3 +70,24 @@ def test_ctrl_c_stops_all_ranks_within_seconds(corpus, tmp_path):
     assert stderr.strip() == "interrupted: stopped all 2 ranks", stderr
     assert all(_gone(child) for child in children)
     assert not checkpoint.complete_dirs(run_dir)
+
+
+def test_under_diloco_ctrl_c_stops_where_the_replicas_next_meet(corpus, tmp_path):
+    """The replicas send nothing between outer syncs, the stop request included: they stop
+    together at the next one, and say so."""
+    cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
+    run_dir = tmp_path / "run"
+    proc = start(cfg_file, run_dir, "--pp", "1", "--dp", "2", "--sync", "diloco:6",
+                 "--checkpoint-on-interrupt")
+    wait_for_steps(proc, run_dir, 6)  # the rows come six at a time, at each outer sync
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    found = re.search(r"interrupted after step (\d+); saved checkpoint", stderr)
+    assert found, stderr
+    step = int(found[1])
+    assert step % 6 == 0 and step >= 12, stderr
+    waited = re.search(r"stopping after step (\d+), where the replicas next meet", stderr)
+    assert waited is None or int(waited[1]) == step, stderr
+    assert sorted(losses(run_dir)) == list(range(1, step + 1))
+    assert manifest.problem(checkpoint.checkpoint_dir(run_dir, step)) is None

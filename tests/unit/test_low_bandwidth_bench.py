@@ -3,6 +3,10 @@ step's bytes from the veth counter samples, and the table's ratio and loss gap."
 
 from __future__ import annotations
 
+import pytest
+
+from ratrain.errors import UserError
+
 from .bench_loader import load_bench
 
 bench = load_bench("low_bandwidth")
@@ -38,3 +42,18 @@ def test_the_table_compares_with_the_synchronous_run_of_the_same_link_and_steps(
     # no synchronous run at 50 Mbit/s: no ratio; the loss gap is against the same steps' sync
     assert rows["50mbit", "diloco:50"]["speedup"] is None and "gap" in rows["50mbit", "diloco:50"]
     assert "| 100mbit | 1 | diloco:50  | 3 | 300 | **3.00** |" in report.table(list(rows.values()))
+
+
+def test_the_wall_rate_counts_rows_from_when_they_appeared():
+    # (seconds, tx A, tx B, rows): step 1 at 1.0 s, then rows written five at a time
+    samples = [(0.0, 0, 0, 0), (1.0, 0, 0, 1), (2.0, 0, 0, 5), (3.0, 0, 0, 5), (4.0, 0, 0, 10)]
+    assert bench.steps_per_s(samples) == 9 / 3.0
+
+
+def test_a_link_takes_a_rate_and_a_one_way_delay():
+    two_nodes = load_bench("two_nodes")
+    assert two_nodes.parse_link("200mbit") == ("200mbit", 0.0)
+    assert two_nodes.parse_link("200mbit+25ms") == ("200mbit", 0.025)
+    for bad in ("200mbit+25", "200mbit+x ms", "fast+25ms"):
+        with pytest.raises(UserError):
+            two_nodes.parse_link(bad)

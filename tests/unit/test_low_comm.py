@@ -176,12 +176,13 @@ def test_where_state_must_live_on_the_host_of_gpus_the_option_spans_replicas_wit
 
 
 def test_an_option_slower_than_plan_1_is_not_offered():
-    """At 8 sequences a step the same layout on two GPUs, with its outer sync over 100 Mbit/s,
-    would run slower than plan 1 on one: changing the algorithm would buy nothing."""
+    """At 4 sequences a step the same layout on two GPUs, with its outer sync over 100 Mbit/s,
+    would run slower than plan 1 on one: changing the algorithm would buy nothing. (At 8 it
+    no longer does, since the inner steps' loss stopped crossing the replicas' link.)"""
     from ratrain.planner import low_comm as planner_low_comm
     from ratrain.planner import search
 
-    request = _gpu_request(8, mbit=100)
+    request = _gpu_request(4, mbit=100)
     found = search.search(request)
     more = search.search(dataclasses.replace(request, min_dp=2, outer_sync=True))
     listed = [(None, more.best[0])]

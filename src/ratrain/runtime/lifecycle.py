@@ -179,7 +179,9 @@ def wait_norm(ex, st: StepState, a: Action) -> None:
 
 def step_end(ex, st: StepState, a: Action) -> None:
     """Mean loss over all micro-batches of all replicas, known on every rank, read on the host
-    with the step's other device values in one transfer.
+    with the step's other device values in one transfer. --sync diloco's inner steps: of this
+    replica's micro-batches only; the replicas share nothing between their outer syncs, and the
+    loop averages their losses when they next meet (training/step_meetings.py).
 
     Sums and counts are reduced rather than means, because evaluation may give replicas
     different numbers of micro-batches."""
@@ -191,7 +193,7 @@ def step_end(ex, st: StepState, a: Action) -> None:
     if ex.pp > 1:
         ex.comm.wait(dist.all_reduce(total, group=g.pipeline, async_op=True), st.when, str(a),
                      ex.comm.pipeline_peers())
-    if ex.dp > 1:
+    if ex.dp > 1 and (ex.grad_replicas > 1 or not st.training):
         ex.comm.wait(dist.all_reduce(total, group=g.replicas, async_op=True), st.when, str(a),
                      ex.comm.replica_peers())
     extras = [v.reshape(1).float() for v in (st.grad_norm, st.found_inf) if v is not None]

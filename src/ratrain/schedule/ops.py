@@ -163,7 +163,8 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "sync, so each copy's gradient is then the whole model's.", OpClass.COLLECTIVE,
            mb=False, waited_by=Op.WAIT_TIED_SYNC, peers=(Peer.TIED,)),
     OpSpec(Op.STEP_END, "End of the step: reduce the step's loss over every stage and replica "
-           "(blocking), read the step's device values once, reset per-step state.",
+           "(blocking; --sync diloco's inner steps: over the stages only), read the step's "
+           "device values once, reset per-step state.",
            OpClass.COLLECTIVE, unit=False, mb=False, peers=(Peer.PIPELINE, Peer.REPLICAS),
            in_eval=True),
 )}

@@ -14,7 +14,8 @@ resource the action uses:
                 between the first and the last stage, once both have issued it
     norm        the all-reduce of the squared norm over the pipeline (N)
     wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WTS, WN, WP, WL)
-    step_end    the loss reduction: blocks until every stage reached it (E)
+    step_end    the loss reduction: blocks until every stage reached it (E); over the replicas
+                too, unless --sync diloco
     host        started on the rank's host update thread (SU, SN); SU's wait (WU) is in the next
                 step's program. On a machine whose ranks share their cores with the compute (a
                 CPU profile) the walker runs it, as it would run U: no overlap is claimed there
@@ -62,6 +63,7 @@ from typing import Callable
 
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, Peer, peer_offset
+from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.sim.links import ring
 from ratrain.sim.outer_sync import outer_step_time, outer_sync_time
 from ratrain.sim.stage_costs import (  # noqa: F401  (the cost model's vocabulary, re-exported)
@@ -91,6 +93,13 @@ def _saved_copy(c: StageCosts, a: Action) -> float:
 def _p2p_time(c: StageCosts, a: Action) -> float:
     link = c.s.p2p_next if peer_offset(a.op) > 0 else c.s.p2p_prev
     return link.time(c.act_bytes())
+
+
+def _step_end_time(c: StageCosts, a: Action) -> float:
+    """E: the loss's sum and count reduced over the pipeline, and over the replicas unless
+    --sync diloco (its inner steps share nothing between outer syncs)."""
+    return ring(c.s.pipeline, 8, c.s.pp) + (ring(c.s.replicas, 8, c.s.dp)
+                                            if c.s.sync == EVERY_STEP else 0.0)
 
 
 def _tied_sync_time(c: StageCosts, a: Action) -> float:
@@ -131,7 +140,7 @@ DURATIONS: dict[Op, Callable[[StageCosts, Action], float]] = {
     Op.PREFETCH: lambda c, a: c.view_time(a.unit),
     Op.WAIT_PREFETCH: _zero,
     Op.RELEASE: _zero,
-    Op.STEP_END: lambda c, a: ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.replicas, 8, c.s.dp),
+    Op.STEP_END: _step_end_time,
     Op.TIED_SYNC: _tied_sync_time,
     Op.WAIT_TIED_SYNC: _zero,
     Op.OUTER_SYNC: lambda c, a: outer_sync_time(c, a.unit),

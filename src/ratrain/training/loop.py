@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from ratrain import checkpoint
@@ -29,6 +27,8 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.metrics import MetricsLog, StepExtras
 from ratrain.training.run_dir import checkpoints_of
+from ratrain.training.step_meetings import (StepFigures, StepMeetings, meeting_steps,
+                                            replicas_mean)
 
 
 class TrainingDiverged(UserError):
@@ -59,19 +59,6 @@ class Loop:
             return [obj]
         return timed_comm.all_gather_object(obj, self.cfg.parallel.comm_timeout_s, when, action,
                                             self.groups.device)
-
-    def _gather_counts(self, values: tuple, when: str, action: str) -> list[tuple]:
-        """Every rank's `values` (whole numbers >= 0, or None), in rank order: one all-gather of
-        a small int64 tensor on the groups' device, None travelling as -1."""
-        if not self.groups:
-            return [tuple(values)]
-        mine = torch.tensor([-1 if v is None else int(v) for v in values], dtype=torch.int64,
-                            device=self.groups.device)
-        world = dist.get_world_size()
-        out = [torch.empty_like(mine) for _ in range(world)]
-        timed_comm.wait(dist.all_gather(out, mine, async_op=True), self.cfg.parallel.comm_timeout_s,
-                        when, action, timed_comm.ranks_text(range(world), dist.get_rank()))
-        return [tuple(None if v == -1 else v for v in row) for row in torch.stack(out).tolist()]
 
     def run(self, ckpt: Path | None, verified: bool = True) -> bool:
         """Train to the configured step, from `ckpt` if given (`verified`: its files hashed
@@ -104,52 +91,49 @@ class Loop:
         # what the RSS growth leaves out: the state allocated before training
         self.held_before_training = self.engine.ledger_bytes()
         timed, row = [], {}  # (tokens, seconds) of the steps after the first
+        meetings = StepMeetings(self.groups, self.cfg.parallel.comm_timeout_s,
+                                meeting_steps(t, self.engine.outer.sync if self.engine.outer else None))
+        mine: dict[int, dict] = {}  # this rank's rows of the steps the replicas have not met on
         for step in range(start, t.steps):
             batches = next(self.loader)
             lr = lr_at(step, t)
             t0 = time.perf_counter()
             result = self.engine.train_step(batches, lr, step)
             elapsed = time.perf_counter() - t0
-            if not math.isfinite(result.loss):
-                self.saver.wait()  # a save in flight is of a good step: it counts, on every rank
-                if self.saver.times and not self.is_main:
-                    saving.wait_published(self.where, self.saver.times[-1]["step"],
-                                          self.cfg.parallel.comm_timeout_s)
-                newest = checkpoint.complete_dirs(self.where)
-                kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
-                raise TrainingDiverged(f"loss is {result.loss} at step {step + 1}; {kept}; "
-                                       "lower the learning rate")
-            peaks, ledger, growth, stops = zip(*self._gather_counts(
-                (self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(), rss.peak(),
-                 stop_requested()), f"step {step + 1}", "the metrics gather"))
-            self.saver.check()  # a save that failed ends the run now
-            row = {"step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                   "tokens_per_s": tokens_per_step / elapsed, "step_time_s": elapsed,
-                   "peak_memory_bytes": max(peaks)}
-            self._per_rank(row, {
-                "peak_memory_bytes_per_rank": peaks if len(peaks) > 1 else None,
-                "ledger_peak_bytes_per_rank": ledger if ledger[0] is not None else None,
-                "rss_growth_bytes_per_rank": growth if growth[0] is not None
-                and self.engine.stage.device.type == "cpu" else None}, step + 1 == t.steps)
+            mine[step] = {"step": step + 1, "loss": result.loss, "lr": lr,
+                          "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_step / elapsed,
+                          "step_time_s": elapsed}
             if self.engine.loss_scale:
-                row["loss_scale"] = self.engine.loss_scale.scale
-                row["skipped"] = result.skipped
-            # every replica joins the loss reduction, those with no validation share too
-            if t.eval_batches > 0 and (step + 1 == t.steps or (t.eval_every and (step + 1) % t.eval_every == 0)):
-                row["val_loss"] = self.engine.eval_loss(self.val)
+                mine[step].update(loss_scale=self.engine.loss_scale.scale, skipped=result.skipped)
             if step > start:  # the first step pays for warm-up allocations
                 timed.append((tokens_per_step, elapsed))
-            if log:
-                self.extras.step(row)
-                log.write(row)
+            met = meetings.add(step, StepFigures(
+                result.loss, self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(),
+                rss.peak(), stop_requested()))
+            self.saver.check()  # a save that failed ends the run now
             bar.update(1)
+            if not met:
+                self._say_stop_waits(step, meetings)
+                continue
+            rows = [self._row(mine.pop(s), figures, s + 1 == t.steps) for s, figures in met]
+            for r in rows:
+                if not math.isfinite(r["loss"]):
+                    self._diverged(r)
+            row = rows[-1]
+            # every replica joins the loss reduction, those with no validation share too
+            if t.evaluates_after(step + 1):
+                row["val_loss"] = self.engine.eval_loss(self.val)
+            if log:
+                for r in rows:
+                    self.extras.step(r)
+                    log.write(r)
             # refresh=False: drawn at tqdm's own pace, not every step (500k steps made 42 MB
             # of one log line)
-            bar.set_postfix(loss=f"{result.loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
+            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             refresh=False)
-            stop = any(stops) and step + 1 < t.steps  # every rank sees the same: all stop
-            if stop or (t.checkpoints and (step + 1 == t.steps or (
-                    t.checkpoint_every and (step + 1) % t.checkpoint_every == 0))):
+            # every rank sees the same: all stop
+            stop = any(f.stop for _, figures in met for f in figures) and step + 1 < t.steps
+            if stop or t.saves_after(step + 1):
                 self._checkpoint(step + 1)
             if stop:
                 bar.close()
@@ -160,6 +144,40 @@ class Loop:
         self.saver.wait()  # the end of the run: its checkpoint published before the summary
         self._finish(row, timed)
         return False
+
+    def _say_stop_waits(self, step: int, meetings: StepMeetings) -> None:
+        """Ctrl-C between the replicas' meetings: say when they will stop (rank 0, once)."""
+        if not (self.is_main and stop_requested()) or getattr(self, "_said_stop", False):
+            return
+        self._said_stop = True
+        meeting = next(s for s in range(step + 1, self.cfg.train.steps) if meetings.meets(s))
+        tqdm.write(f"stopping after step {meeting + 1}, where the replicas next meet (--sync "
+                   "diloco: they do not talk between outer syncs); Ctrl-C again stops them at "
+                   "once", file=sys.stderr)
+
+    def _row(self, row: dict, figures: list[StepFigures], final: bool) -> dict:
+        """This rank's row of a step with what every rank said of it."""
+        row["loss"] = replicas_mean([f.loss for f in figures])
+        row["peak_memory_bytes"] = max(f.peak_memory for f in figures)
+        ledger = [f.ledger_peak for f in figures]
+        growth = [f.rss_growth for f in figures]
+        self._per_rank(row, {
+            "peak_memory_bytes_per_rank": ([f.peak_memory for f in figures]
+                                           if len(figures) > 1 else None),
+            "ledger_peak_bytes_per_rank": ledger if ledger[0] is not None else None,
+            "rss_growth_bytes_per_rank": growth if growth[0] is not None
+            and self.engine.stage.device.type == "cpu" else None}, final)
+        return row
+
+    def _diverged(self, row: dict) -> None:
+        self.saver.wait()  # a save in flight is of a good step: it counts, on every rank
+        if self.saver.times and not self.is_main:
+            saving.wait_published(self.where, self.saver.times[-1]["step"],
+                                  self.cfg.parallel.comm_timeout_s)
+        newest = checkpoint.complete_dirs(self.where)
+        kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
+        raise TrainingDiverged(f"loss is {row['loss']} at step {row['step']}; {kept}; "
+                               "lower the learning rate")
 
     def _per_rank(self, row: dict, lists: dict, final: bool) -> None:
         """Each rank's peaks into the row where they moved since the last row that has them,

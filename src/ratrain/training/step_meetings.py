@@ -1,0 +1,92 @@
+"""When a run's ranks agree on a step's figures: its loss over every replica, each rank's memory
+peaks, whether Ctrl-C asked to stop.
+
+A synchronous run agrees after every step: its gradients cross the replicas every step anyway,
+and one all-gather more costs a round trip. Under --sync diloco the replicas share nothing
+between their outer syncs, and a per-step gather would put the links' round trips back into
+every inner step (and hold every replica to the slowest, step by step). There each rank keeps
+its figures until the replicas meet anyway (an outer sync, a validation, a checkpoint, the last
+step) and they cross then, in one all-gather: the metrics rows of the steps between are written
+at the meeting, and a stop asked for between waits for it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ratrain.config import TrainConfig
+from ratrain.runtime import timed_comm
+from ratrain.schedule.outer_sync import OuterSync
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """One rank's figures of one step."""
+    loss: float  # its replica's mean loss (synchronous: the run's, the same on every rank)
+    peak_memory: int
+    ledger_peak: int | None  # None: no ledger on this rank
+    rss_growth: int | None  # None: not measured
+    stop: bool  # Ctrl-C asked this rank to stop
+
+    def encode(self) -> list[float]:
+        counts = (self.peak_memory, self.ledger_peak, self.rss_growth)
+        return [self.loss, float(self.stop)] + [-1.0 if v is None else float(v) for v in counts]
+
+    @classmethod
+    def decode(cls, row: list[float]) -> StepFigures:
+        counts = [None if v == -1 else int(v) for v in row[2:]]
+        return cls(row[0], counts[0], counts[1], counts[2], bool(row[1]))
+
+
+def meeting_steps(t: TrainConfig, sync: OuterSync | None) -> Callable[[int], bool]:
+    """Whether the ranks agree on the figures after a step (0-based): every step, but under
+    --sync diloco only where the replicas meet anyway."""
+    if sync is None:
+        return lambda step: True
+    return lambda step: (step + 1 == t.steps or t.evaluates_after(step + 1)
+                         or t.saves_after(step + 1) or sync.fragment_due(step) is not None)
+
+
+def replicas_mean(losses: list[float]) -> float:
+    """The run's loss from every rank's: each replica's pp ranks hold its loss, so the mean over
+    ranks weighs the replicas (of equal batches) alike. One value when they are all the same
+    (a synchronous run's), not its mean, which may differ from it in the last bit."""
+    first = losses[0]
+    if all(v == first for v in losses):
+        return first
+    return math.fsum(losses) / len(losses)
+
+
+class StepMeetings:
+    """Each step's figures from every rank, at the steps `meets` names (0-based); between them
+    held on each rank. A rank of one process meets itself at every step."""
+
+    def __init__(self, groups, timeout_s: float, meets: Callable[[int], bool]):
+        self.groups, self.timeout_s, self.meets = groups, timeout_s, meets
+        self.held: list[tuple[int, StepFigures]] = []
+
+    def add(self, step: int, figures: StepFigures) -> list[tuple[int, list[StepFigures]]]:
+        """Hold `figures` of `step`; at a meeting, every held step's figures from every rank, in
+        step order and rank order (an empty list between meetings)."""
+        self.held.append((step, figures))
+        if self.groups and not self.meets(step):
+            return []
+        held, self.held = self.held, []
+        if not self.groups:
+            return [(s, [f]) for s, f in held]
+        # float64 holds byte counts exactly to 2^53 (8 PiB)
+        mine = torch.tensor([f.encode() for _, f in held], dtype=torch.float64,
+                            device=self.groups.device)
+        world = dist.get_world_size()
+        out = [torch.empty_like(mine) for _ in range(world)]
+        when = f"step {step + 1}"
+        timed_comm.wait(dist.all_gather(out, mine, async_op=True), self.timeout_s, when,
+                        "the metrics gather", timed_comm.ranks_text(range(world), dist.get_rank()))
+        per_rank = torch.stack(out).tolist()  # [rank][held step][field]
+        return [(s, [StepFigures.decode(rows[i]) for rows in per_rank])
+                for i, (s, _) in enumerate(held)]

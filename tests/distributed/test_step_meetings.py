@@ -1,0 +1,95 @@
+"""--sync diloco's inner steps send nothing between the replicas: every collective of a run is
+written down with the step it followed and the ranks of its group, and those that span two
+replicas fall only in the steps where the replicas meet anyway (training/step_meetings.py:
+outer syncs, validation, checkpoints, the last step). The metrics rows of the steps between
+still hold the replicas' mean loss; a synchronous run meets every step."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ratrain.runtime.launch import launch_local
+from ratrain.schedule.grid import RankGrid
+from ratrain.schedule.outer_sync import parse_sync
+from ratrain.training.metrics import read_metrics
+from ratrain.training.run import rank_main
+from ratrain.training.step_meetings import StepFigures, meeting_steps, replicas_mean
+
+from .conftest import micro_config
+
+pytestmark = pytest.mark.dist
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "barrier", "broadcast",
+               "isend", "irecv")
+
+
+def _recording_collectives(cfg, run_dir: str) -> None:
+    """rank_main, writing down each collective's name, group ranks and the steps begun so far."""
+    from ratrain.runtime.engine import PipelineEngine as Engine
+
+    seen, begun = [], [0]
+    real_step = Engine.train_step
+
+    def train_step(self, batches, lr, step=0):
+        begun[0] = step + 1
+        return real_step(self, batches, lr, step)
+
+    def recorded(name, real):
+        def call(*args, group=None, **kwargs):
+            ranks = (list(range(dist.get_world_size())) if group is None
+                     else dist.get_process_group_ranks(group))
+            seen.append((begun[0], name, ranks))
+            return real(*args, group=group, **kwargs)
+        return call
+
+    Engine.train_step = train_step
+    for name in COLLECTIVES:
+        setattr(dist, name, recorded(name, getattr(dist, name)))
+    rank_main(cfg, run_dir, None, False, False)
+    Path(run_dir, f"collectives_{os.environ['RANK']}.json").write_text(json.dumps(seen))
+
+
+@pytest.mark.parametrize("sync, steps, eval_every, meet_after", [
+    ("diloco:3", 8, 0, {3, 6, 8}),  # outer syncs after 3 and 6, the last step
+    ("diloco:4:2", 8, 7, {5, 7, 8}),  # fragments in steps 5 and 7 (the last too), validation
+    ("step", 4, 0, {1, 2, 3, 4}),
+])
+def test_replicas_talk_only_where_they_meet(sync, steps, eval_every, meet_after, corpus,
+                                            tmp_path):
+    cfg = micro_config(*corpus, steps=steps)
+    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = 2, 2, sync
+    cfg.train.eval_every, cfg.train.checkpoint_every = eval_every, 0
+    grid = RankGrid(2, 2)
+    assert {s + 1 for s in range(steps) if meeting_steps(cfg.train, parse_sync(sync))(s)} \
+        == meet_after
+    launch_local(4, _recording_collectives, (cfg, str(tmp_path)), error_dir=tmp_path / "errors")
+    for rank in range(4):
+        seen = json.loads((tmp_path / f"collectives_{rank}.json").read_text())
+        across = {after for after, _, ranks in seen
+                  if len({grid.coords(r)[1] for r in ranks}) > 1 and 1 <= after <= steps}
+        assert across == meet_after, (rank, sorted(across))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(math.isfinite(r["loss"]) and r["peak_memory_bytes"] > 0 for r in rows)
+    assert len(rows[-1]["peak_memory_bytes_per_rank"]) == 4
+
+
+def test_figures_cross_as_they_were():
+    """What a rank holds is what the gather gives back, None and whole byte counts included."""
+    f = StepFigures(2.718281828459045, 3 * 2**50 + 7, None, 12345, True)
+    assert StepFigures.decode(f.encode()) == f
+    nan = StepFigures.decode(StepFigures(float("nan"), 0, 0, None, False).encode())
+    assert math.isnan(nan.loss) and nan.ledger_peak == 0 and nan.rss_growth is None
+
+
+def test_the_runs_loss_from_every_ranks():
+    same = 0.1 + 0.2  # three of it sum, then divide, to another last bit
+    assert replicas_mean([same] * 3) == same
+    assert replicas_mean([1.0, 1.0, 2.0, 2.0]) == 1.5  # two replicas of two stages each
+    assert math.isnan(replicas_mean([1.0, float("nan")]))
