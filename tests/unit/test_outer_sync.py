@@ -116,6 +116,24 @@ def test_the_simulator_prices_the_outer_sync_and_streaming_hides_it():
     assert plain - base == 8 * sum(uc.param_count(model, u) for u in range(model.n_units))
 
 
+def test_an_inner_steps_end_waits_for_no_replica():
+    """E reduces the loss over the replicas every synchronous step; an inner step's is the
+    replica's own (training/step_meetings.py), so a link's latency does not reach it."""
+    model, shape = get_preset("tiny"), dict(micro_batch_size=2, seq_len=256)
+    profile = _slow_link_profile(50e6)
+    for links in (profile.intra_node, profile.inter_node):
+        links.collective = Link(bandwidth=links.collective.bandwidth, latency=0.25)
+
+    def step_end(sync: str) -> float:
+        plan = build_plan(model.n_layers, 1, 2, 2, sync=sync)
+        (a, start, end), = [x for x in simulate(plan, model, profile, **shape).ranks[0].actions
+                            if x[0].op is Op.STEP_END]
+        return end - start
+
+    assert step_end("step") >= 2 * 0.25  # a ring of two: two hops, each the latency
+    assert step_end("diloco:8") < 1e-3
+
+
 def test_a_host_homed_units_outer_delta_is_in_host_memory():
     """With the state in a GPU's host memory (--sync diloco's outer sync over gloo) the delta
     in flight lives there too: a synced step holds no more on the device than an inner one,
