@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +96,25 @@ def test_the_runs_loss_from_every_ranks():
     assert replicas_mean([same] * 3) == same
     assert replicas_mean([1.0, 1.0, 2.0, 2.0]) == 1.5  # two replicas of two stages each
     assert math.isnan(replicas_mean([1.0, float("nan")]))
+
+
+def test_a_replica_that_diverges_between_meetings_stops_the_run_at_the_next(corpus, tmp_path):
+    """The loss is nan from a few steps in; the replicas learn it where they meet (a
+    validation, step 10) and stop there with the first bad step named, its good rows kept."""
+    cfg = micro_config(*corpus, steps=30)
+    cfg.parallel.dp, cfg.parallel.sync = 2, "diloco:50"
+    cfg.train.lr, cfg.train.warmup_steps, cfg.train.checkpoint_every = 1e5, 0, 0
+    cfg.save(tmp_path / "run.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ratrain.cli", "train", "--config", str(tmp_path / "run.yaml"),
+         "--run-dir", str(tmp_path / "run"), "--no-progress"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    found = re.search(r"loss is nan at step (\d+); no checkpoint was saved; lower the learning "
+                      r"rate", proc.stderr)
+    assert found, proc.stderr
+    bad = int(found[1])
+    assert 1 < bad <= 10
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, bad))
+    assert all(math.isfinite(r["loss"]) for r in rows)

@@ -116,17 +116,19 @@ class Loop:
                 self._say_stop_waits(step, meetings)
                 continue
             rows = [self._row(mine.pop(s), figures, s + 1 == t.steps) for s, figures in met]
-            for r in rows:
-                if not math.isfinite(r["loss"]):
-                    self._diverged(r)
-            row = rows[-1]
-            # every replica joins the loss reduction, those with no validation share too
-            if t.evaluates_after(step + 1):
-                row["val_loss"] = self.engine.eval_loss(self.val)
+            bad = next((r for r in rows if not math.isfinite(r["loss"])), None)
+            if bad:  # the rows before it are written: they were good steps
+                rows = rows[:rows.index(bad)]
+            elif t.evaluates_after(step + 1):
+                # every replica joins the loss reduction, those with no validation share too
+                rows[-1]["val_loss"] = self.engine.eval_loss(self.val)
             if log:
                 for r in rows:
                     self.extras.step(r)
                     log.write(r)
+            if bad:
+                self._diverged(bad)
+            row = rows[-1]
             # refresh=False: drawn at tqdm's own pace, not every step (500k steps made 42 MB
             # of one log line)
             bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
