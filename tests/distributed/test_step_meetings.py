@@ -2,7 +2,8 @@
 written down with the step it followed and the ranks of its group, and those that span two
 replicas fall only in the steps where the replicas meet anyway (training/step_meetings.py:
 outer syncs, validation, checkpoints, the last step). The metrics rows of the steps between
-still hold the replicas' mean loss; a synchronous run meets every step."""
+still hold the replicas' mean loss; a synchronous run meets every step; a loss gone nan
+between meetings ends the run at the next one."""
 
 from __future__ import annotations
 
