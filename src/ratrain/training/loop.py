@@ -116,9 +116,10 @@ class Loop:
                 self._say_stop_waits(step, meetings)
                 continue
             rows = [self._row(mine.pop(s), figures, s + 1 == t.steps) for s, figures in met]
-            bad = next((r for r in rows if not math.isfinite(r["loss"])), None)
-            if bad:  # the rows before it are written: they were good steps
-                rows = rows[:rows.index(bad)]
+            bad = next((i for i, r in enumerate(rows) if not math.isfinite(r["loss"])), None)
+            diverged = rows[bad] if bad is not None else None
+            if diverged:  # the rows before it are written: they were good steps
+                rows = rows[:bad]
             elif t.evaluates_after(step + 1):
                 # every replica joins the loss reduction, those with no validation share too
                 rows[-1]["val_loss"] = self.engine.eval_loss(self.val)
@@ -126,8 +127,8 @@ class Loop:
                 for r in rows:
                     self.extras.step(r)
                     log.write(r)
-            if bad:
-                self._diverged(bad)
+            if diverged:
+                self._diverged(diverged)
             row = rows[-1]
             # refresh=False: drawn at tqdm's own pace, not every step (500k steps made 42 MB
             # of one log line)
