@@ -131,8 +131,9 @@ class Loop:
                 self._diverged(diverged)
             row = rows[-1]
             # refresh=False: drawn at tqdm's own pace, not every step (500k steps made 42 MB
-            # of one log line)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
+            # of one log line); --sync diloco: the loss of the step the replicas last met at
+            said = "loss" if self.engine.outer is None else f"loss@{row['step']}"
+            bar.set_postfix({said: f"{row['loss']:.3f}", "tok_s": f"{row['tokens_per_s']:.0f}"},
                             refresh=False)
             # every rank sees the same: all stop
             stop = any(f.stop for _, figures in met for f in figures) and step + 1 < t.steps
