@@ -82,6 +82,11 @@ def test_replicas_talk_only_where_they_meet(sync, steps, eval_every, meet_after,
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(math.isfinite(r["loss"]) and r["peak_memory_bytes"] > 0 for r in rows)
     assert len(rows[-1]["peak_memory_bytes_per_rank"]) == 4
+    for r in rows:  # --sync diloco: each replica's loss too, the row's their mean
+        apart = r.get("loss_per_replica")
+        assert (apart is None) == (sync == "step")
+        assert apart is None or abs(sum(apart) / 2 - r["loss"]) <= 1e-12 * r["loss"]
+    assert sync == "step" or rows[1]["loss_per_replica"][0] != rows[1]["loss_per_replica"][1]
 
 
 def test_figures_cross_as_they_were():

@@ -162,6 +162,8 @@ class Loop:
     def _row(self, row: dict, figures: list[StepFigures], final: bool) -> dict:
         """This rank's row of a step with what every rank said of it."""
         row["loss"] = replicas_mean([f.loss for f in figures])
+        if self.engine.outer is not None:  # each replica's own, on its own weights
+            row["loss_per_replica"] = [figures[r].loss for r in self.grid.replica_ranks(0)]
         row["peak_memory_bytes"] = max(f.peak_memory for f in figures)
         ledger = [f.ledger_peak for f in figures]
         growth = [f.rss_growth for f in figures]
