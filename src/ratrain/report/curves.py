@@ -17,8 +17,12 @@ def plot_loss(metrics: list[dict], path: Path, title: str) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     steps = [r["step"] for r in metrics]
+    apart = [r for r in metrics if r.get("loss_per_replica")]  # --sync diloco
+    for k in range(len(apart[0]["loss_per_replica"]) if apart else 0):
+        ax.plot([r["step"] for r in apart], [r["loss_per_replica"][k] for r in apart], lw=0.6,
+                color="0.6", label="each replica's own" if k == 0 else None)
     ax.plot(steps, [r["loss"] for r in metrics], lw=1.2, marker="." if len(steps) < 30 else None,
-            label="training loss")
+            color="tab:blue", label="training loss" + (" (replicas' mean)" if apart else ""))
     val = [r for r in metrics if r.get("val_loss") is not None]
     if val:
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", color="tab:red",
