@@ -38,7 +38,8 @@ from ratrain.training.agreed_plan import agreed, agreed_checkpoint
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
                                       threads_per_rank)
-from ratrain.training.run_dir import kept_files, open_run_dir
+from ratrain.training.run_dir import checkpoints_of, kept_files, open_run_dir, saves_checkpoints
+from ratrain.training.shared_dir import check_shared
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
@@ -136,6 +137,9 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP)
         if agree:
             plan = agreed(cfg, plan, rank)
+            if saves_checkpoints(cfg) or resume_from:  # the nodes may not share a disk
+                check_shared(checkpoint.root(checkpoints_of(run_dir, cfg)), rank,
+                             p.comm_timeout_s, groups.device)
             if resume_from:
                 resume_from, verified = agreed_checkpoint(resume_from, rank)
         tracer = Tracer() if trace else None
