@@ -1,7 +1,9 @@
-"""--sync diloco's inner steps send nothing between the replicas: every collective of a run is
-written down with the step it followed and the ranks of its group, and those that span two
+"""--sync diloco's inner steps wait on nothing between the replicas: every collective of a run
+is written down with the step it followed and the ranks of its group, and those that span two
 replicas fall only in the steps where the replicas meet anyway (training/step_meetings.py:
-outer syncs, validation, checkpoints, the last step). The metrics rows of the steps between
+outer syncs, validation, checkpoints, the last step), but for the pace's token, posted after
+every step and waited four steps later, which keeps a faster replica within four steps of a
+slower. The metrics rows of the steps between
 still hold the replicas' mean loss; a synchronous run meets every step; a loss gone nan
 between meetings ends the run at the next one."""
 
@@ -34,25 +36,32 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "barrier", "broa
 
 
 def _recording_collectives(cfg, run_dir: str) -> None:
-    """rank_main, writing down each collective's name, group ranks and the steps begun so far."""
+    """rank_main, writing down each collective's name, group ranks, whether it is the pace's
+    token and the steps begun so far."""
     from ratrain.runtime.engine import PipelineEngine as Engine
+    from ratrain.training import run as run_module
 
-    seen, begun = [], [0]
-    real_step = Engine.train_step
+    seen, begun, made = [], [0], {}
+    real_step, real_init = Engine.train_step, run_module.init_groups
 
     def train_step(self, batches, lr, step=0):
         begun[0] = step + 1
         return real_step(self, batches, lr, step)
 
+    def init_groups(*args, **kwargs):
+        made["groups"] = real_init(*args, **kwargs)
+        return made["groups"]
+
     def recorded(name, real):
         def call(*args, group=None, **kwargs):
             ranks = (list(range(dist.get_world_size())) if group is None
                      else dist.get_process_group_ranks(group))
-            seen.append((begun[0], name, ranks))
+            pace = "groups" in made and group is not None and group is made["groups"].pace
+            seen.append((begun[0], name, ranks, pace))
             return real(*args, group=group, **kwargs)
         return call
 
-    Engine.train_step = train_step
+    Engine.train_step, run_module.init_groups = train_step, init_groups
     for name in COLLECTIVES:
         setattr(dist, name, recorded(name, getattr(dist, name)))
     rank_main(cfg, run_dir, None, False, False)
@@ -75,9 +84,15 @@ def test_replicas_talk_only_where_they_meet(sync, steps, eval_every, meet_after,
     launch_local(4, _recording_collectives, (cfg, str(tmp_path)), error_dir=tmp_path / "errors")
     for rank in range(4):
         seen = json.loads((tmp_path / f"collectives_{rank}.json").read_text())
-        across = {after for after, _, ranks in seen
-                  if len({grid.coords(r)[1] for r in ranks}) > 1 and 1 <= after <= steps}
+        across = {after for after, _, ranks, pace in seen
+                  if len({grid.coords(r)[1] for r in ranks}) > 1 and 1 <= after <= steps
+                  and not pace}
         assert across == meet_after, (rank, sorted(across))
+        # the pace's token: posted after every step, its round trip under the next one
+        tokens = [after for after, name, ranks, pace in seen if pace]
+        assert tokens == ([] if sync == "step" else list(range(1, steps + 1))), (rank, tokens)
+        assert all(len(ranks) == 2 and grid.coords(ranks[0])[0] == grid.coords(ranks[1])[0]
+                   for *_, ranks, pace in seen if pace)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(math.isfinite(r["loss"]) and r["peak_memory_bytes"] > 0 for r in rows)
@@ -124,3 +139,45 @@ def test_a_replica_that_diverges_between_meetings_stops_the_run_at_the_next(corp
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, bad))
     assert all(math.isfinite(r["loss"]) for r in rows)
+
+
+def _slow_second_replica(cfg, run_dir: str) -> None:
+    """rank_main with replica 1's steps 0.3 s longer, writing down when each step began and
+    ended on this rank."""
+    import time
+
+    from ratrain.runtime.engine import PipelineEngine as Engine
+
+    rank, times, real_step = int(os.environ["RANK"]), {}, Engine.train_step
+
+    def train_step(self, batches, lr, step=0):
+        began = time.time()
+        result = real_step(self, batches, lr, step)
+        if rank == 1:
+            time.sleep(0.3)
+        times[step + 1] = (began, time.time())
+        return result
+
+    Engine.train_step = train_step
+    rank_main(cfg, run_dir, None, False, False)
+    Path(run_dir, f"times_{rank}.json").write_text(json.dumps(times))
+
+
+def test_a_faster_replica_keeps_within_a_few_steps_of_a_slower_one(corpus, tmp_path):
+    """Between outer syncs nothing but the pace's tokens crosses: replica 0 runs ahead of
+    replica 1, 0.3 s slower a step, by no more than AHEAD (4) of its steps, where free it would
+    be ~3.6 s ahead by step 12 and wait that out in the outer sync, past a 3 s --comm-timeout
+    here (a third slower over a quarter-hour period would be the default's 300 s)."""
+    from ratrain.training.step_meetings import AHEAD
+
+    cfg = micro_config(*corpus, steps=12)
+    cfg.parallel.dp, cfg.parallel.sync, cfg.parallel.comm_timeout_s = 2, "diloco:12", 3.0
+    cfg.train.eval_every, cfg.train.checkpoint_every, cfg.train.checkpoints = 0, 0, False
+    cfg.train.eval_batches = 0
+    launch_local(2, _slow_second_replica, (cfg, str(tmp_path)), error_dir=tmp_path / "errors")
+    fast, slow = ({int(k): v for k, v in json.loads((tmp_path / f"times_{r}.json").read_text())
+                   .items()} for r in (0, 1))
+    step = (slow[12][1] - slow[1][0]) / 12
+    assert step > 0.3  # (the slow one was slow)
+    lead = max(slow[k][1] - fast[k][1] for k in range(1, 12))  # (12: the outer sync)
+    assert 2 * step < lead < (AHEAD + 1) * step, (lead, step)  # it ran ahead, but not far

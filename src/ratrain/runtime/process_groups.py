@@ -42,6 +42,9 @@ class Groups:
     # The stage's replicas over gloo, for DiLoCo's outer sync of state in host memory: NCCL
     # reduces device memory only (made on every backend, so a CPU run takes the GPU's path).
     host_replicas: dist.ProcessGroup | None = None
+    # --sync diloco: the stage's replicas over gloo again, for the token that keeps them within
+    # a step of each other between outer syncs (training/step_meetings.py)
+    pace: dist.ProcessGroup | None = None
 
     def outer_group(self, delta: torch.Tensor) -> dist.ProcessGroup:
         """The group an outer delta is summed over: the host group for one in host memory."""
@@ -118,7 +121,7 @@ def join_world(backend: str = "auto", timeout_s: float = 300.0) -> tuple[str, to
 
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
                 shard_group: int | None = None, tied: bool = False,
-                host_outer_sync: bool = False) -> Groups:
+                host_outer_sync: bool = False, paced: bool = False) -> Groups:
     """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
     local launcher or by torchrun) and create every pipeline and replica group. `timeout_s`
     bounds joining and every collective the backend times itself.
@@ -128,7 +131,8 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
     neighbouring replicas of each stage, and the groups across them). `tied`: tied embeddings
     cross the stages (each replica's first and last stage get a group of their own).
     `host_outer_sync`: DiLoCo with state in host memory (each stage's replicas get a gloo group,
-    Groups.host_replicas).
+    Groups.host_replicas). `paced`: --sync diloco (each stage's replicas get a gloo group for
+    their pace, Groups.pace).
     """
     world = int(os.environ["WORLD_SIZE"])
     if world != grid.world_size:
@@ -165,6 +169,11 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
             g = dist.new_group(grid.replica_ranks(s), backend="gloo")
             if s == stage:
                 groups.host_replicas = g
+    if paced and grid.dp > 1:
+        for s in range(grid.pp):
+            g = dist.new_group(grid.replica_ranks(s), backend="gloo")
+            if s == stage:
+                groups.pace = g
     if shard_group:
         groups.shard_size = shard_group
         for s in range(grid.pp):

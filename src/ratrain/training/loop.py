@@ -140,9 +140,11 @@ class Loop:
             if stop or t.saves_after(step + 1):
                 self._checkpoint(step + 1)
             if stop:
+                meetings.finish()
                 bar.close()
                 self.saver.wait()
                 return True
+        meetings.finish()
         bar.close()
         self.engine.finish_updates()  # the last step's carried updates: waited by no next step
         self.saver.wait()  # the end of the run: its checkpoint published before the summary

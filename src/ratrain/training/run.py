@@ -134,7 +134,8 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         p = cfg.parallel
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
                              plan.shard_group, bool(plan.tied_ends),
-                             host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP)
+                             host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP,
+                             paced=plan.sync != EVERY_STEP)
         if agree:
             plan = agreed(cfg, plan, rank)
             if saves_checkpoints(cfg) or resume_from:  # the nodes may not share a disk

@@ -8,11 +8,22 @@ every inner step (and hold every replica to the slowest, step by step). There ea
 its figures until the replicas meet anyway (an outer sync, a validation, a checkpoint, the last
 step) and they cross then, in one all-gather: the metrics rows of the steps between are written
 at the meeting, and a stop asked for between waits for it.
+
+Free to drift, a faster replica would get up to H steps ahead and then wait that long in the
+outer sync: past --comm-timeout where the replicas' machines differ by a third over a
+quarter-hour period, which the per-step reduction never allowed. So they keep pace: after
+each step a rank posts a token to its stage's replicas (an all-reduce over gloo, Groups.pace),
+which completes once every replica has posted that step's, and waits for the token of the
+step AHEAD steps back. No replica runs more than AHEAD steps ahead of another, and replicas
+that keep up with each other, give or take AHEAD steps of jitter, never wait: the round trips
+run under the steps that follow. (Waiting for the previous step's token cost ~10% of the
+tokens/s on a busy 2-core machine, where the replicas' steps jitter.)
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +33,11 @@ import torch.distributed as dist
 from ratrain.config import TrainConfig
 from ratrain.runtime import timed_comm
 from ratrain.schedule.outer_sync import OuterSync
+
+
+AHEAD = 4
+"""The most steps a replica may run ahead of another between meetings: what it may then wait
+at the next one is that many of the slower replica's steps."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +85,13 @@ class StepMeetings:
     def __init__(self, groups, timeout_s: float, meets: Callable[[int], bool]):
         self.groups, self.timeout_s, self.meets = groups, timeout_s, meets
         self.held: list[tuple[int, StepFigures]] = []
+        self.pace = groups.pace if groups else None
+        self._tokens: deque = deque()  # those of the steps not every replica has ended
 
     def add(self, step: int, figures: StepFigures) -> list[tuple[int, list[StepFigures]]]:
         """Hold `figures` of `step`; at a meeting, every held step's figures from every rank, in
         step order and rank order (an empty list between meetings)."""
+        self._keep_pace(step)
         self.held.append((step, figures))
         if self.groups and not self.meets(step):
             return []
@@ -90,3 +109,21 @@ class StepMeetings:
         per_rank = torch.stack(out).tolist()  # [rank][held step][field]
         return [(s, [StepFigures.decode(rows[i]) for rows in per_rank])
                 for i, (s, _) in enumerate(held)]
+
+    def _keep_pace(self, step: int) -> None:
+        """Post this step's token; wait for those more than AHEAD steps back."""
+        if self.pace is None:
+            return
+        self._tokens.append(dist.all_reduce(torch.zeros(1), group=self.pace, async_op=True))
+        while self._tokens and (len(self._tokens) > AHEAD or self._tokens[0].is_completed()):
+            self._wait(self._tokens.popleft(), f"step {step + 1}")
+
+    def finish(self) -> None:
+        """Every token waited for: the replicas all ended the last step."""
+        while self._tokens:
+            self._wait(self._tokens.popleft(), "end of run")
+
+    def _wait(self, work, when: str) -> None:
+        g = self.groups
+        timed_comm.wait(work, self.timeout_s, when, "the replicas' pace",
+                        timed_comm.ranks_text(g.grid.replica_ranks(g.stage), g.rank))
