@@ -2,9 +2,9 @@
 peaks, whether Ctrl-C asked to stop.
 
 A synchronous run agrees after every step: its gradients cross the replicas every step anyway,
-and one all-gather more costs a round trip. Under --sync diloco the replicas share nothing
-between their outer syncs, and a per-step gather would put the links' round trips back into
-every inner step (and hold every replica to the slowest, step by step). There each rank keeps
+and one all-gather more costs a round trip. Under --sync diloco the replicas' steps wait on
+nothing of each other's between their outer syncs, and a per-step gather would put the links'
+round trips back into every inner step (and hold every replica to the slowest, step by step). There each rank keeps
 its figures until the replicas meet anyway (an outer sync, a validation, a checkpoint, the last
 step) and they cross then, in one all-gather: the metrics rows of the steps between are written
 at the meeting, and a stop asked for between waits for it.
@@ -33,7 +33,6 @@ import torch.distributed as dist
 from ratrain.config import TrainConfig
 from ratrain.runtime import timed_comm
 from ratrain.schedule.outer_sync import OuterSync
-
 
 AHEAD = 4
 """The most steps a replica may run ahead of another between meetings: what it may then wait
