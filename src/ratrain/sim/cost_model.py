@@ -97,7 +97,7 @@ def _p2p_time(c: StageCosts, a: Action) -> float:
 
 def _step_end_time(c: StageCosts, a: Action) -> float:
     """E: the loss's sum and count reduced over the pipeline, and over the replicas unless
-    --sync diloco (its inner steps share nothing between outer syncs)."""
+    --sync diloco (an inner step's loss stays on its replica)."""
     return ring(c.s.pipeline, 8, c.s.pp) + (ring(c.s.replicas, 8, c.s.dp)
                                             if c.s.sync == EVERY_STEP else 0.0)
 
