@@ -180,8 +180,8 @@ def wait_norm(ex, st: StepState, a: Action) -> None:
 def step_end(ex, st: StepState, a: Action) -> None:
     """Mean loss over all micro-batches of all replicas, known on every rank, read on the host
     with the step's other device values in one transfer. --sync diloco's inner steps: of this
-    replica's micro-batches only; the loss does not cross the replicas' link between outer syncs, and the
-    loop averages their losses when they next meet (training/step_meetings.py).
+    replica's micro-batches only; the loss does not cross the replicas' link between outer
+    syncs, and the loop averages their losses when they next meet (training/step_meetings.py).
 
     Sums and counts are reduced rather than means, because evaluation may give replicas
     different numbers of micro-batches."""
