@@ -42,8 +42,8 @@ class Groups:
     # The stage's replicas over gloo, for DiLoCo's outer sync of state in host memory: NCCL
     # reduces device memory only (made on every backend, so a CPU run takes the GPU's path).
     host_replicas: dist.ProcessGroup | None = None
-    # --sync diloco: the stage's replicas over gloo again, for the token that keeps them within
-    # a step of each other between outer syncs (training/step_meetings.py)
+    # --sync diloco: the stage's replicas over gloo again, for the tokens that keep them within
+    # a few steps of each other between outer syncs (training/step_meetings.py: AHEAD)
     pace: dist.ProcessGroup | None = None
 
     def outer_group(self, delta: torch.Tensor) -> dist.ProcessGroup:

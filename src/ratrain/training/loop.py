@@ -49,6 +49,7 @@ class Loop:
         self.where = checkpoints_of(run_dir, cfg)
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
         self._per_rank_written: dict[str, list] = {}  # _per_rank's last lists by key
+        self._said_stop = self._said_short = False  # (each said once a run)
 
     def _barrier(self, when: str, action: str) -> None:
         if self.groups:
@@ -153,7 +154,7 @@ class Loop:
 
     def _say_stop_waits(self, step: int, meetings: StepMeetings) -> None:
         """Ctrl-C between the replicas' meetings: say when they will stop (rank 0, once)."""
-        if not (self.is_main and stop_requested()) or getattr(self, "_said_stop", False):
+        if not (self.is_main and stop_requested()) or self._said_stop:
             return
         self._said_stop = True
         meeting = next(s for s in range(step + 1, self.cfg.train.steps) if meetings.meets(s))
@@ -257,7 +258,7 @@ class Loop:
         # --sync diloco: each replica's norm, skips and scale are its own
         own_scale = (self.engine.loss_scale.state_dict()
                      if self.engine.loss_scale and self.engine.outer is not None else None)
-        if taken.written_now and self.saver.background and not getattr(self, "_said_short", False):
+        if taken.written_now and self.saver.background and not self._said_short:
             self._said_short = True
             print(f"rank {self.rank}: host memory is short of a snapshot: {taken.written_now} "
                   f"unit(s) of checkpoint step_{step:06d} written before training went on",
