@@ -177,7 +177,11 @@ def test_a_faster_replica_keeps_within_a_few_steps_of_a_slower_one(corpus, tmp_p
     launch_local(2, _slow_second_replica, (cfg, str(tmp_path)), error_dir=tmp_path / "errors")
     fast, slow = ({int(k): v for k, v in json.loads((tmp_path / f"times_{r}.json").read_text())
                    .items()} for r in (0, 1))
-    step = (slow[12][1] - slow[1][0]) / 12
-    assert step > 0.3  # (the slow one was slow)
-    lead = max(slow[k][1] - fast[k][1] for k in range(1, 12))  # (12: the outer sync)
-    assert 2 * step < lead < (AHEAD + 1) * step, (lead, step)  # it ran ahead, but not far
+    assert (slow[12][1] - slow[1][0]) / 12 > 0.3  # (the slow one was slow)
+    # not far: step s + 1 begins only once the slow one has ended step s - AHEAD (its token
+    # posted). Held exactly, on the one clock, not against a mean step time that the
+    # suite's load moves (a lead of 1.877 s against 5 mean steps of 0.373 s failed once).
+    for s in range(AHEAD + 1, 12):
+        assert fast[s + 1][0] >= slow[s - AHEAD][1], (s, fast[s + 1][0] - slow[s - AHEAD][1])
+    # but it ran ahead: by more than a step somewhere, where a token a step would not let it
+    assert any(fast[s + 1][0] < slow[s - 1][1] for s in range(2, 12))
