@@ -1,11 +1,14 @@
-"""Under torchrun the nodes may not share the checkpoint directory (a node-local disk): every
-rank looks for the file rank 0 wrote there before the first step (training/shared_dir.py). Two
-gloo ranks, given one directory, then each its own as two machines' local disks would be."""
+"""Under torchrun the nodes may not share the checkpoint directory (node-local disks): every
+rank looks for the others' files before the first step (training/shared_dir.py), and where
+they see several directories each keeps its own ranks' part of every checkpoint. gloo ranks
+given one directory, or each its own as machines' local disks would be; then two torchrun
+nodes, each running in its own working directory."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,66 +17,118 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ratrain.errors import UserError
+from ratrain import checkpoint
 from ratrain.runtime.launch import launch_local
+
+from .conftest import micro_config
+from .test_failure import losses
 
 pytestmark = pytest.mark.dist
 
 
-def _rank(out: str, own_disks: bool) -> None:
+def _rank(out: str, node_of: list[int]) -> None:
     from ratrain.runtime.process_groups import join_world
-    from ratrain.training.shared_dir import check_shared
+    from ratrain.training.shared_dir import shared_by
 
     rank = int(os.environ["RANK"])
     join_world("gloo", 60.0)
-    directory = Path(out, f"node_{rank}" if own_disks else "shared", "checkpoints")
-    try:
-        check_shared(directory, rank, 60.0, torch.device("cpu"), look_for_s=1.0)
-        dist.barrier()  # rank 0 removes the file once it knows every rank saw it
-        result = {"left": sorted(p.name for p in directory.iterdir())}
-    except UserError as e:
-        result = {"error": str(e)}
+    directory = Path(out, f"node_{node_of[rank]}", "checkpoints")
+    share = shared_by(directory, rank, len(node_of), 60.0, torch.device("cpu"), look_for_s=1.0)
+    dist.barrier()  # every rank removes its file once it knows what every rank saw
+    result = {"ranks": list(share.ranks), "directories": share.directories,
+              "left": sorted(p.name for p in directory.iterdir())}
     Path(out, f"rank_{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def _results(tmp_path, own_disks: bool) -> list[dict]:
-    launch_local(2, _rank, (str(tmp_path), own_disks), error_dir=tmp_path / "errors")
-    return [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(2)]
+def _shares(tmp_path, node_of: list[int]) -> list[dict]:
+    launch_local(len(node_of), _rank, (str(tmp_path), node_of), error_dir=tmp_path / "errors")
+    return [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(len(node_of))]
 
 
-def test_a_shared_directory_passes_and_keeps_nothing_of_the_check(tmp_path):
-    assert _results(tmp_path, own_disks=False) == [{"left": []}, {"left": []}]
+def test_ranks_that_share_a_directory_find_each_other_and_leave_nothing(tmp_path):
+    assert _shares(tmp_path, [0, 0]) == [{"ranks": [0, 1], "directories": 1, "left": []}] * 2
 
 
-def test_a_directory_each_node_has_its_own_of_is_refused_on_every_rank(tmp_path):
-    for result in _results(tmp_path, own_disks=True):
-        assert "is not the same on every node: rank(s) 1 do not see" in result["error"], result
-        assert "--no-checkpoints" in result["error"]
+def test_ranks_in_directories_of_their_own_are_told_apart_by_directory(tmp_path):
+    got = _shares(tmp_path, [0, 1, 0, 1])
+    assert [(g["ranks"], g["directories"], g["left"]) for g in got] == [
+        ([0, 2], 2, []), ([1, 3], 2, []), ([0, 2], 2, []), ([1, 3], 2, [])]
 
 
-def test_two_torchrun_nodes_with_their_own_run_dirs_are_refused_before_the_first_step(
-        corpus, tmp_path):
-    """`--run-dir run` from each node's own working directory: two directories, as on two
-    machines' local disks. Both nodes stop at the start and say why."""
-    from .conftest import micro_config
-
-    cfg = micro_config(*corpus, steps=4)
-    cfg.save(tmp_path / "run.yaml")
+def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True) -> list[str]:
+    """`ratrain train` on two torchrun nodes of one rank each, each with `--run-dir run` in its
+    own working directory (two directories, as two machines' local disks); their stderr, once
+    both ended as `ok` says."""
     env = {**os.environ, "RATRAIN_CACHE": str(corpus[1]), "OMP_NUM_THREADS": "1"}
     port = str(29700 + os.getpid() % 200)
     procs = []
     for node in (0, 1):
         where = tmp_path / f"node_{node}"
-        where.mkdir()
+        where.mkdir(exist_ok=True)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
              str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
              port, "-m", "ratrain.cli", "train", "--config", str(tmp_path / "run.yaml"),
-             "--dp", "2", "--run-dir", "run", "--no-progress"],
+             "--run-dir", "run", "--no-progress", *args],
             cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    said = [p.communicate(timeout=240)[1] for p in procs]
+    said = [p.communicate(timeout=300)[1] for p in procs]
     for node, (p, err) in enumerate(zip(procs, said)):
-        assert p.returncode != 0, err
-        assert "is not the same on every node: rank(s) 1 do not see" in err, (node, err[-2000:])
-        assert not (tmp_path / f"node_{node}" / "run" / "metrics.jsonl").exists()
+        assert (p.returncode == 0) == ok, (node, err[-3000:])
+    return said
+
+
+def test_diloco_nodes_without_a_shared_disk_checkpoint_their_parts_and_resume_exactly(
+        corpus, tmp_path):
+    """--sync diloco over two nodes: each node's directory holds its replica's units and the
+    outer states. With step 6 gone on both and step 4 on node 1 only, the resume agrees on
+    step 2, the newest both hold, and repeats the first run's losses exactly."""
+    cfg = micro_config(*corpus, steps=6)
+    cfg.train.checkpoint_every, cfg.train.keep_checkpoints, cfg.train.eval_every = 2, 3, 0
+    cfg.save(tmp_path / "run.yaml")
+    sync = ("--dp", "2", "--sync", "diloco:2")
+    said = _nodes(tmp_path, corpus, *sync)
+    assert "is not the same on every node: the ranks see 2 directories" in said[0]
+    ckpts = [tmp_path / f"node_{n}" / "run" / "checkpoints" for n in (0, 1)]
+    for node, ckpts_here in enumerate(ckpts):
+        assert [c.name for c in checkpoint.complete_dirs(checkpoint.Elsewhere(ckpts_here))] == [
+            "step_000002", "step_000004", "step_000006"]
+        meta = checkpoint.load_meta(ckpts_here / "step_000002")
+        assert meta["ranks"] == [node] and sorted(meta["rng"]) == [str(node)]
+        names = set(meta["files"])
+        n_units = len([n for n in names if n.endswith(".outer.pt")])
+        assert n_units >= 3 and all(f"unit_{u:04d}.outer.pt" in names for u in range(n_units))
+        assert all((".replica_1." in n) == (node == 1) for n in names if n.endswith(".safetensors"))
+    first = losses(tmp_path / "node_0" / "run")
+    assert sorted(first) == list(range(1, 7))
+    for c in ckpts:
+        shutil.rmtree(c / "step_000006")
+    shutil.rmtree(ckpts[1] / "step_000004")
+    said = _nodes(tmp_path, corpus, *sync, "--resume", "auto")
+    assert "resuming from step_000002, the newest checkpoint every node's directory holds: " \
+           "rank(s) 1 do not hold step_000004" in said[0], said[0][-3000:]
+    assert losses(tmp_path / "node_0" / "run") == first
+
+
+def test_synchronous_replicas_without_a_shared_disk_each_keep_a_whole_copy(corpus, tmp_path):
+    """A synchronous run's replicas hold the same units: node 1's directory, which holds no
+    replica 0, gets its replica's copy, under replica 0's names, the same bytes as node 0's."""
+    cfg = micro_config(*corpus, steps=2)
+    cfg.train.eval_every = 0
+    cfg.save(tmp_path / "run.yaml")
+    _nodes(tmp_path, corpus, "--dp", "2")
+    metas = [checkpoint.load_meta(tmp_path / f"node_{n}" / "run" / "checkpoints" / "step_000002")
+             for n in (0, 1)]
+    assert [m["ranks"] for m in metas] == [[0], [1]]
+    assert metas[0]["files"] == metas[1]["files"] and "unit_0000.safetensors" in metas[1]["files"]
+
+
+def test_a_tied_head_on_another_node_than_its_embedding_is_refused_at_the_start(corpus, tmp_path):
+    """The head stage reads the embedding's unit at a resume, which only stage 0's node would
+    hold: every node stops before the first step instead of saving what cannot resume."""
+    cfg = micro_config(*corpus, steps=2)
+    cfg.model.tie_embeddings = True
+    cfg.save(tmp_path / "run.yaml")
+    for err in _nodes(tmp_path, corpus, "--pp", "2", ok=False):
+        assert "rank 1 reads unit(s) 0 at a resume (a tied embedding's copy)" in err, err[-3000:]
+    assert not (tmp_path / "node_0" / "run" / "metrics.jsonl").exists()

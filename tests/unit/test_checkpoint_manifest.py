@@ -134,11 +134,11 @@ def test_a_disk_that_fills_while_saving_leaves_the_earlier_checkpoints(tmp_path,
     real_write = store.write_unit
     calls = []
 
-    def write_then_fill(directory, unit, state, replica=0):
+    def write_then_fill(directory, unit, state, replica=0, outer=True):
         calls.append(unit)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(directory, unit, state, replica)
+        return real_write(directory, unit, state, replica, outer)
 
     monkeypatch.setattr(checkpoint, "write_unit", write_then_fill)
     with pytest.raises(checkpoint.CheckpointWriteError) as e:
@@ -230,7 +230,7 @@ def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went
     _save(tmp_path, 2)
 
     def fails_with(code, text):
-        def write(directory, unit, state, replica=0):
+        def write(directory, unit, state, replica=0, outer=True):
             raise OSError(code, text)
         return write
 
@@ -280,3 +280,29 @@ def test_a_damaged_checkpoint_does_not_count_among_the_k_kept(tmp_path):
     assert [p.name for p in checkpoint.complete_dirs(tmp_path)] == ["step_000002", "step_000006"]
     _save(tmp_path, 8, keep=1)
     assert [p.name for p in checkpoint.complete_dirs(tmp_path)] == ["step_000008"]
+
+
+def test_a_node_local_part_without_a_units_files_names_the_layout_it_needs(tmp_path):
+    """A node-local checkpoint (training/shared_dir.py) holds its ranks' units only: a resume
+    that asks it for another's says so, with the layout it was saved with."""
+    files = checkpoint.save_units(tmp_path, 2, {1: _states(2)[1]}, replica=1)
+    parallel = {"pp": 2, "dp": 2, "rank_order": "pp-dp"}
+    ckpt = checkpoint.finalize(tmp_path, 2, {"config": {"parallel": parallel}, "loader": {},
+                                             "rng": {}, "ranks": [3]}, files, 2)
+    assert checkpoint.missing_units(ckpt, [1], replica=1) == []
+    assert checkpoint.missing_units(ckpt, [0, 1], replica=1) == [0]
+    assert checkpoint.load_units(ckpt, [1], "cpu", replica=1)[1]["weights"]["b"][0] == 1.0
+    with pytest.raises(checkpoint.CheckpointDamaged, match=r"one node's part \(ranks 3: .* no unit "
+                       r"0: node-local checkpoints resume with the layout they were saved with "
+                       r"\(--pp 2 --dp 2, rank order pp-dp\)"):
+        checkpoint.load_units(ckpt, [0, 1], "cpu", replica=1)
+
+
+def test_the_outer_state_is_written_by_whichever_replica_is_told_to(tmp_path):
+    """--sync diloco's outer states are the same on every replica: in a node-local directory
+    the first replica there writes them, replica 0 or not."""
+    state = {**_states(2)[0], "outer": {"params": torch.ones(3)}}
+    assert set(store.write_unit(tmp_path, 0, state, replica=1, outer=True)) == {
+        "unit_0000.replica_1.safetensors", "unit_0000.replica_1.optim.pt", "unit_0000.outer.pt"}
+    (tmp_path / "other").mkdir()
+    assert "unit_0000.outer.pt" not in store.write_unit(tmp_path / "other", 0, state, outer=False)

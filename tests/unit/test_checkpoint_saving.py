@@ -32,7 +32,7 @@ def _save(run_dir, states, copy: bool) -> tuple[checkpoint.Path, saving.Taken]:
         state["weights"]["w"].add_(100.0)
         state["optim"]["state"][0]["exp_avg"].add_(100.0)
     saving.write_part(run_dir, 5, 0, taken, {"torch": "generators"})
-    return saving.publish(run_dir, 5, 1, {"config": {}, "loader": {"step": 5}}, 2, 10), taken
+    return saving.publish(run_dir, 5, [0], {"config": {}, "loader": {"step": 5}}, 2, 10), taken
 
 
 def test_a_snapshot_is_what_the_step_left_and_short_memory_writes_the_same_files(tmp_path, monkeypatch):
@@ -57,7 +57,7 @@ def test_the_main_rank_publishes_only_when_every_rank_has_marked_its_part(tmp_pa
     saving.write_part(tmp_path, 3, 0, taken, {})
     published = []
     main = threading.Thread(target=lambda: published.append(
-        saving.publish(tmp_path, 3, 2, {"config": {}}, 2, 30)))
+        saving.publish(tmp_path, 3, range(2), {"config": {}}, 2, 30)))
     main.start()
     time.sleep(0.3)
     assert main.is_alive() and not checkpoint.complete_dirs(tmp_path)  # rank 1 is not done
@@ -76,10 +76,10 @@ def test_a_rank_that_never_marks_its_part_or_removes_the_directory_is_named(tmp_
     saving.write_part(tmp_path, 3, 0, saving.Taken(), {})
     with pytest.raises(checkpoint.CheckpointWriteError,
                        match=r"step_000003 was not published: rank\(s\) 1, 2 did not write"):
-        saving.publish(tmp_path, 3, 3, {}, 2, 0.1)
+        saving.publish(tmp_path, 3, range(3), {}, 2, 0.1)
     checkpoint.remove_partials(tmp_path)  # as a rank whose disk filled does
     with pytest.raises(checkpoint.CheckpointWriteError, match="another rank's write failed"):
-        saving.publish(tmp_path, 3, 2, {}, 2, 10)
+        saving.publish(tmp_path, 3, range(2), {}, 2, 10)
 
 
 def test_one_save_in_flight_and_its_failure_reaches_the_training_thread():

@@ -27,8 +27,8 @@ from ratrain.checkpoint.store import optim_file, outer_file, read_unit, weights_
 from ratrain.errors import RunFailure, UserError
 
 __all__ = ["CheckpointDamaged", "CheckpointWriteError", "Elsewhere", "checkpoint_dir", "complete_dirs",
-           "finalize", "latest", "load_meta", "load_units", "remove_partials", "root", "save_units",
-           "scan"]
+           "finalize", "latest", "load_meta", "load_units", "missing_units", "remove_partials", "root",
+           "save_units", "scan"]
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,17 @@ def complete_dirs(run_dir: Path) -> list[Path]:
 
 
 def save_units(run_dir: Path, step: int, states: Mapping[int, dict] | Iterable[tuple[int, dict]],
-               replica: int = 0) -> dict[str, dict]:
+               replica: int = 0, outer: bool = True) -> dict[str, dict]:
     """Write this process's units (a mapping, or (unit, state) pairs made as they are read)
-    into the partial directory of `step`; returns their files' manifest entries. On failure (a
-    full disk) the partial directory is removed."""
+    into the partial directory of `step`, with their --sync diloco outer states where `outer`;
+    returns their files' manifest entries. On failure (a full disk) the partial directory is
+    removed."""
     partial = _partial(run_dir, step)
     try:
         partial.mkdir(parents=True, exist_ok=True)
         files = {}
         for unit, state in (states.items() if isinstance(states, Mapping) else states):
-            files.update(write_unit(partial, unit, state, replica))
+            files.update(write_unit(partial, unit, state, replica, outer))
         return files
     except OSError as e:
         raise _write_failed(run_dir, step, e) from None
@@ -173,14 +174,15 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
     leaves the AdamW states unread (None) and unchecked. `verified`: the caller has checked
     the whole checkpoint already (scan, as run_dir.resume_point does), so its files are not
     hashed again (81 GB at llama2-7b: about 80 s a pass at 1 GB/s)."""
-    files = load_meta(ckpt)["files"]
-    own = {u: replica if weights_file(u, replica) in files else 0 for u in units}
+    meta = load_meta(ckpt)
+    missing = missing_units(ckpt, units, replica, meta)
+    if missing:
+        raise CheckpointDamaged(_missing_text(ckpt, meta, missing))
+    files = meta["files"]
+    own = {u: _owner(files, u, replica) for u in units}
     if not optimizer:
         unread = {optim_file(u, r) for u, r in own.items()}
         files = {name: entry for name, entry in files.items() if name not in unread}
-    for u in own:
-        if weights_file(u) not in files:
-            raise CheckpointDamaged(f"checkpoint {ckpt} has no unit {u}: was it saved from another model?")
     names = [] if verified else [name for u, r in own.items()
                                  for name in (weights_file(u, r), optim_file(u, r), outer_file(u))
                                  if name in files]
@@ -189,6 +191,30 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
         if wrong:
             raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
     return UnitStates(Path(ckpt), files, own, torch.device(device))
+
+
+def missing_units(ckpt: Path, units, replica: int = 0, meta: dict | None = None) -> list[int]:
+    """The units of `units` whose weights the checkpoint does not hold, `replica`'s or replica
+    0's (`meta`: its manifest, where read already)."""
+    files = (meta or load_meta(ckpt))["files"]
+    return [u for u in units if weights_file(u, _owner(files, u, replica)) not in files]
+
+
+def _owner(files: dict, unit: int, replica: int) -> int:
+    """Whose files of `unit` a replica loads: its own (--sync diloco's replicas save theirs),
+    else replica 0's."""
+    return replica if weights_file(unit, replica) in files else 0
+
+
+def _missing_text(ckpt: Path, meta: dict, missing: list[int]) -> str:
+    units = f"unit{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+    if "ranks" not in meta:
+        return f"checkpoint {ckpt} has no {units}: was it saved from another model?"
+    saved = meta["config"]["parallel"]
+    return (f"checkpoint {ckpt} is one node's part (ranks {', '.join(map(str, meta['ranks']))}: "
+            f"the nodes did not share the checkpoint directory) and has no {units}: node-local "
+            f"checkpoints resume with the layout they were saved with (--pp {saved['pp']} --dp "
+            f"{saved['dp']}, rank order {saved['rank_order']}) and the same ranks on each node")
 
 
 class UnitStates(Mapping):

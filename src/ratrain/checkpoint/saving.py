@@ -4,7 +4,9 @@ The training thread takes the state: each unit's weights and AdamW state copied 
 (`take`; 12 bytes a parameter of the rank's units, held until the files are written). A
 background thread then writes the files (`write_part`) and marks the rank's part done with a
 small file in the partial directory; the main rank's thread waits for every rank's mark, writes
-the manifest, last, and publishes the checkpoint with one rename (`publish`). Completion goes
+the manifest, last, and publishes the checkpoint with one rename (`publish`). Where the nodes'
+checkpoint directories are their own disks, each directory's lowest rank does so for the ranks
+that see it (training/shared_dir.py). Completion goes
 through the filesystem, not a collective: gloo is not safe for a collective issued beside the
 training thread's. At most one save is in flight (`Saver`): the next save, and the end of the
 run, wait for it. A run that dies mid-save leaves a partial directory that no run reads; the
@@ -49,15 +51,17 @@ class Taken:
     files: dict[str, dict] = field(default_factory=dict)
     written_now: int = 0  # units written in the training thread
     replica: int = 0  # whose files (store.weights_file): --sync diloco's replicas save their own
+    outer: bool = True  # whether it writes the --sync diloco outer states (one replica a directory)
     copy_bytes: int = 0  # host memory the copies hold until they are written
 
 
-def take(run_dir, step: int, states, writes: bool, copy: bool, replica: int = 0) -> Taken:
+def take(run_dir, step: int, states, writes: bool, copy: bool, replica: int = 0,
+         outer: bool = True) -> Taken:
     """In the training thread: go through `states` ((unit, state) pairs; with sharded state each
     is a gather every replica joins). A rank that `writes` copies each unit (`copy`, where host
     memory has room) or writes it now; one that does not (another replica holds the same
     units) only joins the gathers."""
-    taken = Taken(replica=replica)
+    taken = Taken(replica=replica, outer=outer)
     for unit, state in states:
         if not writes:
             continue
@@ -66,7 +70,7 @@ def take(run_dir, step: int, states, writes: bool, copy: bool, replica: int = 0)
             taken.copied.append((unit, snapshot(state)))
             taken.copy_bytes += need
         else:
-            taken.files.update(_write(run_dir, step, unit, state, replica))
+            taken.files.update(_write(run_dir, step, unit, state, taken))
             taken.written_now += 1
     return taken
 
@@ -90,7 +94,7 @@ def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
     for unit, state in taken.copied:
         if cancelled is not None and cancelled.is_set():
             return
-        files.update(_write(run_dir, step, unit, state, taken.replica))
+        files.update(_write(run_dir, step, unit, state, taken))
     partial = _partial(run_dir, step)
     try:
         partial.mkdir(parents=True, exist_ok=True)
@@ -102,12 +106,15 @@ def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
         raise _write_failed(run_dir, step, e) from None
 
 
-def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: float,
+def publish(run_dir, step: int, ranks, meta: dict, keep: int, timeout_s: float,
             cancelled: threading.Event | None = None) -> Path | None:
-    """On the main rank, after its own part: wait for the `world` ranks' marks, then write the
-    manifest and rename the directory (checkpoint.finalize). None if cancelled meanwhile."""
+    """On the main rank (of the directory's `ranks`: every rank, unless each node keeps its
+    own part, training/shared_dir.py), after its own part: wait for the `ranks`' marks, then
+    write the manifest and rename the directory (checkpoint.finalize). None if cancelled
+    meanwhile."""
     partial = _partial(run_dir, step)
-    marks = [partial / _MARK.format(r) for r in range(world)]
+    ranks = list(ranks)
+    marks = [partial / _MARK.format(r) for r in ranks]
     deadline = time.monotonic() + timeout_s
     while not all(m.is_file() for m in marks):
         if cancelled is not None and cancelled.is_set():
@@ -116,7 +123,7 @@ def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: fl
             raise CheckpointWriteError(f"checkpoint step_{step:06d} was not published: another "
                                        "rank's write failed and removed it", time.time())
         if time.monotonic() > deadline:
-            late = ", ".join(str(r) for r, m in enumerate(marks) if not m.is_file())
+            late = ", ".join(str(r) for r, m in zip(ranks, marks) if not m.is_file())
             raise CheckpointWriteError(f"checkpoint step_{step:06d} was not published: rank(s) "
                                        f"{late} did not write their part within {timeout_s:.0f} s",
                                        time.time())
@@ -125,8 +132,8 @@ def publish(run_dir, step: int, world: int, meta: dict, keep: int, timeout_s: fl
     for m in marks:
         m.unlink()
     files = {name: entry for part in parts for name, entry in part["files"].items()}
-    rng = {str(r): part["rng"] for r, part in enumerate(parts)}
-    scales = {str(r): part["loss_scale"] for r, part in enumerate(parts) if "loss_scale" in part}
+    rng = {str(r): part["rng"] for r, part in zip(ranks, parts)}
+    scales = {str(r): part["loss_scale"] for r, part in zip(ranks, parts) if "loss_scale" in part}
     own = {"loss_scale_per_rank": scales} if scales else {}
     return finalize(run_dir, step, {**meta, "rng": rng, **own}, files, keep)
 
@@ -199,8 +206,8 @@ class Saver:
             raise error
 
 
-def _write(run_dir, step: int, unit: int, state: dict, replica: int) -> dict[str, dict]:
-    files = save_units(run_dir, step, [(unit, state)], replica)
+def _write(run_dir, step: int, unit: int, state: dict, taken: Taken) -> dict[str, dict]:
+    files = save_units(run_dir, step, [(unit, state)], taken.replica, taken.outer)
     slow = float(os.environ.get(SLOW_WRITES_ENV, 0) or 0)
     if slow > 0:
         time.sleep(slow)

@@ -31,9 +31,11 @@ def outer_file(unit: int) -> str:
     return f"unit_{unit:04d}.outer.pt"
 
 
-def write_unit(directory: Path, unit: int, state: dict, replica: int = 0) -> dict[str, dict]:
-    """Write unit `unit`'s weights and optimizer state, each flushed to disk; returns their
-    manifest entries."""
+def write_unit(directory: Path, unit: int, state: dict, replica: int = 0,
+               outer: bool = True) -> dict[str, dict]:
+    """Write unit `unit`'s weights and optimizer state, and where `outer` its --sync diloco
+    outer state (the same on every replica: one replica of each directory writes it), each
+    flushed to disk; returns their manifest entries."""
     written = {}
     path = directory / weights_file(unit, replica)
     try:
@@ -45,7 +47,7 @@ def write_unit(directory: Path, unit: int, state: dict, replica: int = 0) -> dic
         path = directory / optim_file(unit, replica)
         _torch_save(_own_storage(state["optim"]), path)
         written[path.name] = _synced(path)
-    if state.get("outer") is not None and replica == 0:  # --sync diloco's outer state
+    if state.get("outer") is not None and outer:
         path = directory / outer_file(unit)
         _torch_save(state["outer"], path)
         written[path.name] = _synced(path)

@@ -52,3 +52,7 @@ class RankGrid:
     def replica_ranks(self, stage: int) -> list[int]:
         """Ranks that hold the same stage: the data-parallel group of that stage."""
         return [self.rank(stage, r) for r in range(self.dp)]
+
+    def largest_per_stage(self, per_rank: list[int]) -> list[int]:
+        """The largest of each stage's replicas' values, given by rank."""
+        return [max(per_rank[r] for r in self.replica_ranks(s)) for s in range(self.pp)]

@@ -27,6 +27,7 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.metrics import MetricsLog, StepExtras
 from ratrain.training.run_dir import checkpoints_of
+from ratrain.training.shared_dir import DirectoryShare
 from ratrain.training.step_meetings import (StepFigures, StepMeetings, meeting_steps,
                                             replicas_mean)
 
@@ -39,10 +40,14 @@ class Loop:
     """One rank's steps of a run, on its engine and (with several ranks) its process groups."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, engine, groups, tracer, rank: int,
-                 progress: bool, plan: PipelinePlan | None = None):
+                 progress: bool, plan: PipelinePlan | None = None,
+                 share: DirectoryShare | None = None):
+        """`share`: the ranks that see this rank's checkpoint directory (None: every rank)."""
         self.cfg, self.run_dir, self.engine, self.plan = cfg, run_dir, engine, plan
         self.groups, self.tracer, self.rank = groups, tracer, rank
         self.is_main = rank == 0
+        self.share = share or DirectoryShare(tuple(range(self.grid.world_size)))
+        self.publishes = rank == self.share.publisher  # this directory's checkpoints
         self.progress = progress and self.is_main
         dp, replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
         self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, replica)
@@ -82,7 +87,7 @@ class Loop:
         tokens_per_step = t.global_batch * t.seq_len
         bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
-        if self.is_main:  # what a save cut short left (a kill): a save of this run may reuse its name
+        if self.publishes:  # what a save cut short left (a kill): a save of this run may reuse its name
             checkpoint.remove_partials(self.where)
         self._barrier("start of training", "the first barrier")
         if self.tracer:
@@ -180,7 +185,7 @@ class Loop:
 
     def _diverged(self, row: dict) -> None:
         self.saver.wait()  # a save in flight is of a good step: it counts, on every rank
-        if self.saver.times and not self.is_main:
+        if self.saver.times and not self.publishes:
             saving.wait_published(self.where, self.saver.times[-1]["step"],
                                   self.cfg.parallel.comm_timeout_s)
         newest = checkpoint.complete_dirs(self.where)
@@ -243,16 +248,18 @@ class Loop:
         self.saver.wait()
         t0 = time.perf_counter()
         # --sync diloco: each replica's local state is its own, and each saves it; else the
-        # other replicas hold replica 0's units (sharded: they join each unit's gather)
-        own = self.groups.replica if self.groups and self.engine.outer is not None else 0
-        writes = not self.groups or self.groups.replica == 0 or bool(own)
-        taken = saving.take(self.where, step, self.engine.unit_states(), writes,
-                            copy=self.saver.background, replica=own)
+        # other replicas of a directory hold its first's units (sharded: they join the gathers)
+        diloco, first = self.engine.outer is not None, self.share.first_of_stage(self.grid, self.rank)
+        own = self.groups.replica if self.groups and diloco else 0
+        taken = saving.take(self.where, step, self.engine.unit_states(), diloco or first,
+                            copy=self.saver.background, replica=own, outer=first)
         generators = rng.capture()
         meta = None
-        if self.is_main:
+        if self.publishes:
             meta = {"config": self.cfg.to_dict(), "plan": self.plan.to_dict() if self.plan else None,
                     "loader": dict(self.loader.state_dict())}
+            if self.share.node_local:  # this directory holds these ranks' part only
+                meta["ranks"] = list(self.share.ranks)
             if self.engine.loss_scale:  # every rank's scale is the same: same norms, same skips
                 meta["loss_scale"] = self.engine.loss_scale.state_dict()
         # --sync diloco: each replica's norm, skips and scale are its own
@@ -270,7 +277,7 @@ class Loop:
             saving.write_part(self.where, step, self.rank, taken, generators, cancelled,
                               own_scale)
             if meta is not None:
-                saving.publish(self.where, step, self.grid.world_size, meta, keep, timeout_s,
+                saving.publish(self.where, step, self.share.ranks, meta, keep, timeout_s,
                                cancelled)
 
         self.saver.submit(step, time.perf_counter() - t0, job)
@@ -278,15 +285,6 @@ class Loop:
     @property
     def grid(self) -> RankGrid:
         return self.groups.grid if self.groups else RankGrid(1, 1)
-
-    def _per_stage(self, per_rank: list[int]) -> list[int]:
-        """The largest of each stage's replicas."""
-        grid = self.grid
-        out = [0] * grid.pp
-        for r, v in enumerate(per_rank):
-            stage = grid.coords(r)[0]
-            out[stage] = max(out[stage], v)
-        return out
 
     def _finish(self, last: dict, timed: list[tuple[int, float]]) -> None:
         traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None,
@@ -309,12 +307,13 @@ class Loop:
                    "peak_memory_bytes": last.get("peak_memory_bytes"),
                    "schedule": self.cfg.parallel.schedule, "weight_grad": self.cfg.parallel.weight_grad,
                    "grad_lifetime": self.cfg.parallel.grad_lifetime}
+        per_stage = self.grid.largest_per_stage
         if "ledger_peak_bytes_per_rank" in last:
-            summary["ledger_peak_bytes_per_stage"] = self._per_stage(last["ledger_peak_bytes_per_rank"])
+            summary["ledger_peak_bytes_per_stage"] = per_stage(last["ledger_peak_bytes_per_rank"])
             summary["ledger_at_peak_by_kind_per_rank"] = [at_peak for at_peak, _ in ledgers]
             summary["ledger_before_training_bytes_per_rank"] = [held for _, held in ledgers]
         if "rss_growth_bytes_per_rank" in last:
-            summary["rss_growth_bytes_per_stage"] = self._per_stage(last["rss_growth_bytes_per_rank"])
+            summary["rss_growth_bytes_per_stage"] = per_stage(last["rss_growth_bytes_per_rank"])
         if self.saver.times:  # the main rank's saves: training thread's and writer's seconds
             summary["checkpoint_saves"] = self.saver.times
         self.extras.finish(summary)

@@ -39,7 +39,7 @@ from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
                                       threads_per_rank)
 from ratrain.training.run_dir import checkpoints_of, kept_files, open_run_dir, saves_checkpoints
-from ratrain.training.shared_dir import check_shared
+from ratrain.training.shared_dir import agreed_local_checkpoint, shared_by
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
@@ -65,11 +65,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here
         summary_path.unlink(missing_ok=True)  # an earlier part of a resumed run's: not this one
         (run_dir / "trace.json").unlink(missing_ok=True)  # nor its trace (this part may have none)
-        cfg.save(run_dir / "config.yaml")
-        if plan:
-            # a plan file's whole (what it was made for, its prediction), where it has one
-            write_whole(run_dir / "plan.json", json.dumps(
-                plan_data if plan_data is not None else plan_dict, indent=2))
+        # a plan file's whole (what it was made for, its prediction), where it has one
+        _write_run_files(run_dir, cfg, plan_data if plan_data is not None else plan_dict)
     args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
     in_this_process = under_torchrun() or world == 1
     try:
@@ -136,17 +133,27 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
                              plan.shard_group, bool(plan.tied_ends),
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP,
                              paced=plan.sync != EVERY_STEP)
+        share, where = None, checkpoint.root(checkpoints_of(run_dir, cfg))
         if agree:
             plan = agreed(cfg, plan, rank)
-            if saves_checkpoints(cfg) or resume_from:  # the nodes may not share a disk
-                check_shared(checkpoint.root(checkpoints_of(run_dir, cfg)), rank,
-                             p.comm_timeout_s, groups.device)
-            if resume_from:
+            if saves_checkpoints(cfg) or any(timed_comm.all_gather_object(
+                    resume_from is not None, p.comm_timeout_s, "start of training",
+                    "the resume's agreement", groups.device)):
+                share = shared_by(where, rank, p.pp * p.dp, p.comm_timeout_s, groups.device)
+            if share and share.node_local:
+                if rank == share.publisher and rank != 0:  # a resume on its node reads them
+                    _write_run_files(run_dir, cfg, plan.to_dict())
+            elif resume_from:
                 resume_from, verified = agreed_checkpoint(resume_from, rank)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
+        if share and share.node_local:  # rank 0's choice, where every node's directory has it
+            written = {u for r in share.ranks for u in plan.stage_units[groups.grid.coords(r)[0]]}
+            resume_from, verified = agreed_local_checkpoint(
+                where, rank, resume_from, engine.checkpoint_units(), written, groups.replica,
+                p.comm_timeout_s, groups.device)
     else:
-        groups, tracer = None, None
+        groups, tracer, share = None, None, None
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if plan:
             tracer = Tracer() if trace else None
@@ -160,7 +167,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
     try:
         # A failure propagates without destroy_process_group: that is collective and would wait
         # on ranks that may be stuck or gone. The launcher (ours or torchrun) takes them down.
-        loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan)
+        loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan, share)
         stopped = loop.run(Path(resume_from) if resume_from else None, verified)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -168,6 +175,13 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         del engine, groups, loop  # the groups must be gone before the backend they belong to
         _shut_down_together(cfg.parallel.comm_timeout_s)
     return stopped
+
+
+def _write_run_files(run_dir: Path, cfg: RunConfig, plan: dict | None) -> None:
+    """The run's config.yaml and plan.json, which a resume reads (train_cmd)."""
+    cfg.save(run_dir / "config.yaml")
+    if plan:
+        write_whole(run_dir / "plan.json", json.dumps(plan, indent=2))
 
 
 SAYS_BUILDING_FROM = 500_000_000

@@ -1,57 +1,156 @@
-"""Under torchrun the ranks may be on several machines, and a checkpoint is one directory that
-every rank writes its part into and rank 0 then publishes. A checkpoint directory that is not
-the same on every node (a node-local disk, typical of two sites joined by a WAN for --sync
-diloco) was found out only at the first save, as rank 0 waiting out --comm-timeout for parts
-written elsewhere. So before the first step rank 0 writes a file there and every rank looks
-for it."""
+"""Under torchrun the ranks may be on several machines whose checkpoint directories are not the
+same one: node-local disks, typical of two sites joined by a WAN for --sync diloco. Before the
+first step every rank writes a file into the directory and looks for everyone's: the ranks that
+see each other's files share a directory. Where they all do, a checkpoint is one directory that
+rank 0 publishes; where they do not, each directory holds a checkpoint of its own ranks' part,
+published by its lowest rank (node-local checkpoints), and a resume takes the newest step every
+directory holds (`agreed_local_checkpoint`)."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ratrain import checkpoint
 from ratrain.errors import UserError
 from ratrain.runtime import timed_comm
 
 LOOK_FOR_S = 10.0
-"""How long a rank looks for the file before it says it cannot see it: a network filesystem
-may show a new file late (the name is new to every rank, so no cached "no such file" hides
-it on NFS; a lagging mount might)."""
+"""How long a rank looks for the others' files before it takes those it sees: a network
+filesystem may show a new file late (the names are new to every rank, so no cached "no such
+file" hides them on NFS; a lagging mount might). Node-local directories pay it at every start."""
+
+_PROBE = ".ratrain-shared-{}-{:05d}"
 
 
-def check_shared(directory: Path, rank: int, timeout_s: float, device: torch.device,
-                 look_for_s: float = LOOK_FOR_S) -> None:
-    """Raise a UserError on every rank unless all of them see the file rank 0 writes into
-    `directory` (made if missing); the file is removed afterwards."""
-    name = None
-    if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-        name = f".ratrain-shared-{secrets.token_hex(8)}"
-        (directory / name).write_text(name)
+@dataclass(frozen=True)
+class DirectoryShare:
+    """The ranks that see the same checkpoint directory as this rank, lowest first (every rank
+    of the world where the directory is shared), and how many directories the world's ranks
+    see between them."""
+
+    ranks: tuple[int, ...]
+    directories: int = 1
+
+    @property
+    def publisher(self) -> int:
+        """The rank that publishes this directory's checkpoints (writes their manifest)."""
+        return self.ranks[0]
+
+    @property
+    def node_local(self) -> bool:
+        return self.directories > 1
+
+    def first_of_stage(self, grid, rank: int) -> bool:
+        """Whether `rank` is the lowest replica of its stage among the directory's ranks: the
+        one that writes what its stage's replicas hold alike (the units of a synchronous run,
+        --sync diloco's outer states)."""
+        stage, replica = grid.coords(rank)
+        return replica == min(grid.coords(r)[1] for r in self.ranks if grid.coords(r)[0] == stage)
+
+
+def shared_by(directory: Path, rank: int, world: int, timeout_s: float, device: torch.device,
+              look_for_s: float = LOOK_FOR_S) -> DirectoryShare:
+    """Which ranks see the same `directory` (made if missing) as this one; collective. Rank 0
+    says on stderr when it is not the same for all. A UserError on every rank where what the
+    ranks see does not split them into groups (a filesystem that shows a file to some ranks of
+    a node and not to others)."""
     when, action = "start of training", "the shared-directory check"
-    name = timed_comm.all_gather_object(name, timeout_s, when, action, device)[0]
-    probe = directory / name
+    token = timed_comm.all_gather_object(secrets.token_hex(8) if rank == 0 else None, timeout_s,
+                                         when, action, device)[0]
+    directory.mkdir(parents=True, exist_ok=True)
+    own = directory / _PROBE.format(token, rank)
+    own.write_text(token)
     deadline = time.monotonic() + look_for_s
-    while not (seen := _reads(probe, name)) and time.monotonic() < deadline:
+    while len(seen := _seen(directory, token)) < world and time.monotonic() < deadline:
         time.sleep(0.5)
-    seen_by = timed_comm.all_gather_object(seen, timeout_s, when, action, device)
-    if rank == 0:
-        probe.unlink(missing_ok=True)
-    blind = [r for r, s in enumerate(seen_by) if not s]
-    if blind:
+    keys = timed_comm.all_gather_object(_key(seen), timeout_s, when, action, device)
+    own.unlink(missing_ok=True)
+    groups = set(keys)
+    odd = [r for r, k in enumerate(keys) if keys.count(k) != k[1]]
+    if odd:
         raise UserError(
-            f"the checkpoint directory {directory} is not the same on every node: rank(s) "
-            f"{', '.join(map(str, blind))} do not see the file rank 0 wrote there (a checkpoint "
-            "is one directory that every rank writes its part into). Put --run-dir, or "
-            "--checkpoint-dir, on a filesystem every node mounts, or train with "
+            f"the checkpoint directory {directory} is not seen alike by ranks that share it: "
+            f"rank(s) {', '.join(map(str, odd))} see files some of the ranks they share it with "
+            "do not (a mount that lags or differs). Put --run-dir, or --checkpoint-dir, on one "
+            "filesystem every node mounts, or on each node's own disk, or train with "
             "--no-checkpoints")
+    if rank == 0 and len(groups) > 1:
+        print(f"the checkpoint directory {directory} is not the same on every node: the ranks see "
+              f"{len(groups)} directories (rank 0's is seen by {len(seen)} of {world} ranks). "
+              "Each keeps its own ranks' part of every checkpoint; resuming needs each of them, "
+              "with the --pp, --dp and rank order the run was saved with, and the same ranks on "
+              "each node", file=sys.stderr, flush=True)
+    return DirectoryShare(tuple(sorted(seen)), len(groups))
 
 
-def _reads(probe: Path, name: str) -> bool:
-    try:
-        return probe.read_text() == name
-    except OSError:
-        return False
+def _seen(directory: Path, token: str) -> set[int]:
+    prefix = _PROBE.format(token, 0)[:-5]
+    found = set()
+    for name in (p.name for p in directory.iterdir()):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            found.add(int(name[len(prefix):]))
+    return found
+
+
+def _key(seen: set[int]) -> tuple[int, int, str]:
+    """A set of ranks, small to gather from every rank: its lowest, its size and a digest.
+    Where the ranks that give one key are as many as its size, they are the set itself (each
+    sees its own file): the keys tell a split into groups from anything else."""
+    ranks = sorted(seen)
+    return ranks[0], len(ranks), hashlib.sha256(",".join(map(str, ranks)).encode()).hexdigest()
+
+
+def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, written: set[int],
+                            replica: int, timeout_s: float,
+                            device: torch.device) -> tuple[str | None, bool]:
+    """Node-local checkpoints: the newest step whose checkpoint every rank's directory holds,
+    whole (its files at their sizes) and with the rank's `units`, as a path in this rank's
+    directory, and whether its files were hashed already; (None, True) where rank 0 starts
+    afresh. Rank 0's `chosen` is the newest of its directory that verifies. `written`: the
+    units the ranks of this rank's directory save. Collective; a UserError on every rank where
+    no step is in every directory, or where a rank needs a unit its directory will not hold
+    (a tied embedding's head on another node than the embedding), resuming or not."""
+    when, action = "start of training", "the node-local checkpoints' agreement"
+    gathered = timed_comm.all_gather_object((chosen, sorted(set(units) - written)), timeout_s,
+                                            when, action, device)
+    unheld = {r: missing for r, (_, missing) in enumerate(gathered) if missing}
+    if unheld:
+        r, missing = next(iter(unheld.items()))
+        raise UserError(
+            f"rank {r} reads unit(s) {', '.join(map(str, missing))} at a resume (a tied "
+            "embedding's copy) and no rank that sees its checkpoint directory saves them: the "
+            "nodes' own checkpoints could not be resumed. Put --run-dir, or --checkpoint-dir, "
+            "on a filesystem every node mounts, place the stages with another --rank-order, or "
+            "train with --no-checkpoints")
+    chosen = gathered[0][0]
+    if chosen is None:
+        return None, True
+    root = Path(root)
+    mine = [checkpoint.step_of(c) for c in checkpoint.complete_dirs(checkpoint.Elsewhere(root))
+            if checkpoint.manifest.problem(c, hashed=False) is None
+            and not checkpoint.missing_units(c, units, replica)]
+    steps = timed_comm.all_gather_object(mine, timeout_s, when, action, device)
+    newest = checkpoint.step_of(Path(chosen))
+    common = set(steps[0]).intersection(*steps[1:])
+    common = {s for s in common if s <= newest}
+    lacking = [r for r, s in enumerate(steps) if newest not in s]
+    if not common:
+        raise UserError(
+            f"no checkpoint is in every node's directory: rank 0's newest is step_{newest:06d}, "
+            f"which rank(s) {', '.join(map(str, lacking))} do not hold whole with their units "
+            "(a node's directory lost, or the run resumed with another layout: node-local "
+            "checkpoints resume with the --pp, --dp and rank order they were saved with)")
+    step = max(common)
+    if rank == 0 and step != newest:
+        print(f"resuming from step_{step:06d}, the newest checkpoint every node's directory "
+              f"holds: rank(s) {', '.join(map(str, lacking))} do not hold step_{newest:06d} whole",
+              file=sys.stderr, flush=True)
+    return str(checkpoint.checkpoint_dir(checkpoint.Elsewhere(root), step)), (
+        rank == 0 and step == newest)
