@@ -47,6 +47,9 @@ def _shares(tmp_path, node_of: list[int]) -> list[dict]:
 
 
 def test_ranks_that_share_a_directory_find_each_other_and_leave_nothing(tmp_path):
+    """Nor what a start killed during the check left (another run's file of rank 1)."""
+    (tmp_path / "node_0" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "node_0" / "checkpoints" / ".ratrain-shared-0123abcd-00001").write_text("x")
     assert _shares(tmp_path, [0, 0]) == [{"ranks": [0, 1], "directories": 1, "left": []}] * 2
 
 
@@ -81,8 +84,9 @@ def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True) -> list[str]:
 def test_diloco_nodes_without_a_shared_disk_checkpoint_their_parts_and_resume_exactly(
         corpus, tmp_path):
     """--sync diloco over two nodes: each node's directory holds its replica's units and the
-    outer states. With step 6 gone on both and step 4 on node 1 only, the resume agrees on
-    step 2, the newest both hold, and repeats the first run's losses exactly."""
+    outer states. With step 6 gone on node 0 (node 1's is newer than rank 0's newest) and a
+    file of node 1's step 4 altered, the resume agrees on step 2, the newest both hold whole,
+    and repeats the first run's losses exactly."""
     cfg = micro_config(*corpus, steps=6)
     cfg.train.checkpoint_every, cfg.train.keep_checkpoints, cfg.train.eval_every = 2, 3, 0
     cfg.save(tmp_path / "run.yaml")
@@ -101,12 +105,16 @@ def test_diloco_nodes_without_a_shared_disk_checkpoint_their_parts_and_resume_ex
         assert all((".replica_1." in n) == (node == 1) for n in names if n.endswith(".safetensors"))
     first = losses(tmp_path / "node_0" / "run")
     assert sorted(first) == list(range(1, 7))
-    for c in ckpts:
-        shutil.rmtree(c / "step_000006")
-    shutil.rmtree(ckpts[1] / "step_000004")
+    shutil.rmtree(ckpts[0] / "step_000006")
+    altered = ckpts[1] / "step_000004" / "unit_0001.replica_1.safetensors"
+    data = bytearray(altered.read_bytes())
+    data[-1] ^= 0xFF
+    altered.write_bytes(data)
     said = _nodes(tmp_path, corpus, *sync, "--resume", "auto")
-    assert "resuming from step_000002, the newest checkpoint every node's directory holds: " \
-           "rank(s) 1 do not hold step_000004" in said[0], said[0][-3000:]
+    assert "skipping checkpoint step_000004: rank 1: checkpoint " in said[0], said[0][-3000:]
+    assert "unit_0001.replica_1.safetensors does not match its sha256" in said[0]
+    assert "resuming from step_000002, the newest checkpoint every node's directory holds " \
+           "whole" in said[0]
     assert losses(tmp_path / "node_0" / "run") == first
 
 

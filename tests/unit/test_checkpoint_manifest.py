@@ -72,11 +72,14 @@ def test_units_are_verified_together_and_read_one_at_a_time(tmp_path, monkeypatc
     # verified whole, hashes nothing again (81 GB a pass at llama2-7b)
     hashed = []
     real_check = manifest.file_problem
-    monkeypatch.setattr(manifest, "file_problem",
-                        lambda ckpt, name, entry: hashed.append(name) or real_check(ckpt, name, entry))
+    monkeypatch.setattr(manifest, "file_problem", lambda ckpt, name, entry, hashed_too=True: (
+        hashed_too and hashed.append(name)) or real_check(ckpt, name, entry, hashed_too))
     assert checkpoint.load_units(ckpt, [0, 1], "cpu", optimizer=False)[1]["optim"] is None
     assert hashed == ["unit_0000.safetensors", "unit_0001.safetensors"]
-    assert checkpoint.load_units(ckpt, [0, 1], "cpu", verified=True)
+    assert checkpoint.load_units(ckpt, [0], "cpu", verified=True)
+    assert len(hashed) == 2
+    with pytest.raises(checkpoint.CheckpointDamaged, match="unit_0001.optim.pt is truncated"):
+        checkpoint.load_units(ckpt, [0, 1], "cpu", verified=True)  # sizes: a stat each
     assert len(hashed) == 2
 
 

@@ -28,7 +28,7 @@ from ratrain.errors import RunFailure, UserError
 
 __all__ = ["CheckpointDamaged", "CheckpointWriteError", "Elsewhere", "checkpoint_dir", "complete_dirs",
            "finalize", "latest", "load_meta", "load_units", "missing_units", "remove_partials", "root",
-           "save_units", "scan"]
+           "save_units", "scan", "units_problem"]
 
 
 @dataclass(frozen=True)
@@ -172,25 +172,37 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
     do; else replica 0's), every file to be read checked against the manifest before any is
     read; each unit's read onto `device` when it is asked for (UnitStates). `optimizer`: False
     leaves the AdamW states unread (None) and unchecked. `verified`: the caller has checked
-    the whole checkpoint already (scan, as run_dir.resume_point does), so its files are not
-    hashed again (81 GB at llama2-7b: about 80 s a pass at 1 GB/s)."""
+    the whole checkpoint already (scan, as run_dir.resume_point does), so its files are checked
+    at their sizes, not hashed again (81 GB at llama2-7b: about 80 s a pass at 1 GB/s)."""
     meta = load_meta(ckpt)
-    missing = missing_units(ckpt, units, replica, meta)
-    if missing:
-        raise CheckpointDamaged(_missing_text(ckpt, meta, missing))
+    wrong = units_problem(ckpt, units, replica, optimizer, hashed=not verified, meta=meta)
+    if wrong:
+        raise CheckpointDamaged(wrong)
     files = meta["files"]
     own = {u: _owner(files, u, replica) for u in units}
     if not optimizer:
         unread = {optim_file(u, r) for u, r in own.items()}
         files = {name: entry for name, entry in files.items() if name not in unread}
-    names = [] if verified else [name for u, r in own.items()
-                                 for name in (weights_file(u, r), optim_file(u, r), outer_file(u))
-                                 if name in files]
-    for name in names:
-        wrong = manifest.file_problem(ckpt, name, files[name])
-        if wrong:
-            raise CheckpointDamaged(f"checkpoint {ckpt}: {wrong}")
     return UnitStates(Path(ckpt), files, own, torch.device(device))
+
+
+def units_problem(ckpt: Path, units, replica: int = 0, optimizer: bool = True,
+                  hashed: bool = True, meta: dict | None = None) -> str | None:
+    """What keeps `units` from loading as load_units reads them (a unit the checkpoint does not
+    hold, a file of theirs missing, cut short or altered; `hashed` False: their sizes only),
+    or None (`meta`: the manifest, where read already)."""
+    meta = meta or load_meta(ckpt)
+    missing = missing_units(ckpt, units, replica, meta)
+    if missing:
+        return _missing_text(ckpt, meta, missing)
+    files = meta["files"]
+    for u in units:
+        r = _owner(files, u, replica)
+        for name in (weights_file(u, r), *([optim_file(u, r)] if optimizer else []), outer_file(u)):
+            wrong = name in files and manifest.file_problem(ckpt, name, files[name], hashed)
+            if wrong:
+                return f"checkpoint {ckpt}: {wrong}"
+    return None
 
 
 def missing_units(ckpt: Path, units, replica: int = 0, meta: dict | None = None) -> list[int]:

@@ -181,7 +181,10 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
         diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
                          for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
         raise UserError(f"checkpoint {ckpt} is of another model: {diff}")
-    if not done_ok and meta["step"] >= cfg.train.steps:
+    # another node's part of node-local checkpoints (training/shared_dir.py) may be newer than
+    # rank 0's, from which the run resumes: rank 0 says whether the run is done
+    others_part = 0 not in meta.get("ranks", [0])
+    if not done_ok and not others_part and meta["step"] >= cfg.train.steps:
         raise UserError(f"{run_dir} already reached step {meta['step']}; "
                         f"pass --steps N with N > {meta['step']} to train further")
     return ckpt

@@ -12,6 +12,7 @@ import hashlib
 import secrets
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 from ratrain import checkpoint
 from ratrain.errors import UserError
 from ratrain.runtime import timed_comm
+from ratrain.schedule.grid import RankGrid
 
 LOOK_FOR_S = 10.0
 """How long a rank looks for the others' files before it takes those it sees: a network
@@ -47,7 +49,7 @@ class DirectoryShare:
     def node_local(self) -> bool:
         return self.directories > 1
 
-    def first_of_stage(self, grid, rank: int) -> bool:
+    def first_of_stage(self, grid: RankGrid, rank: int) -> bool:
         """Whether `rank` is the lowest replica of its stage among the directory's ranks: the
         one that writes what its stage's replicas hold alike (the units of a synchronous run,
         --sync diloco's outer states)."""
@@ -65,15 +67,18 @@ def shared_by(directory: Path, rank: int, world: int, timeout_s: float, device: 
     token = timed_comm.all_gather_object(secrets.token_hex(8) if rank == 0 else None, timeout_s,
                                          when, action, device)[0]
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(_PROBE.format("*", rank)):  # a start that was killed here
+        stale.unlink(missing_ok=True)
     own = directory / _PROBE.format(token, rank)
     own.write_text(token)
     deadline = time.monotonic() + look_for_s
     while len(seen := _seen(directory, token)) < world and time.monotonic() < deadline:
         time.sleep(0.5)
+    seen.add(rank)  # its own file, whatever a lagging listing shows
     keys = timed_comm.all_gather_object(_key(seen), timeout_s, when, action, device)
-    own.unlink(missing_ok=True)
-    groups = set(keys)
-    odd = [r for r, k in enumerate(keys) if keys.count(k) != k[1]]
+    own.unlink(missing_ok=True)  # every rank is done looking
+    groups = Counter(keys)
+    odd = [r for r, k in enumerate(keys) if groups[k] != k[1]]
     if odd:
         raise UserError(
             f"the checkpoint directory {directory} is not seen alike by ranks that share it: "
@@ -110,13 +115,14 @@ def _key(seen: set[int]) -> tuple[int, int, str]:
 def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, written: set[int],
                             replica: int, timeout_s: float,
                             device: torch.device) -> tuple[str | None, bool]:
-    """Node-local checkpoints: the newest step whose checkpoint every rank's directory holds,
-    whole (its files at their sizes) and with the rank's `units`, as a path in this rank's
-    directory, and whether its files were hashed already; (None, True) where rank 0 starts
-    afresh. Rank 0's `chosen` is the newest of its directory that verifies. `written`: the
-    units the ranks of this rank's directory save. Collective; a UserError on every rank where
-    no step is in every directory, or where a rank needs a unit its directory will not hold
-    (a tied embedding's head on another node than the embedding), resuming or not."""
+    """Node-local checkpoints: the newest step, at most rank 0's `chosen` (the newest of its
+    directory that verifies), whose checkpoint every rank's directory holds with the rank's
+    `units`, their files whole (hashed here), as a path in this rank's directory, and True
+    (hashed, for load_units); (None, True) where rank 0 starts afresh. Rank 0 says on stderr
+    which newer ones it skips and why. `written`: the units the ranks of this rank's directory
+    save. Collective; a UserError on every rank where no step will do, or where a rank needs a
+    unit its directory will not hold (a tied embedding's head on another node than the
+    embedding), resuming or not."""
     when, action = "start of training", "the node-local checkpoints' agreement"
     gathered = timed_comm.all_gather_object((chosen, sorted(set(units) - written)), timeout_s,
                                             when, action, device)
@@ -132,25 +138,34 @@ def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, wr
     chosen = gathered[0][0]
     if chosen is None:
         return None, True
-    root = Path(root)
+    root, newest = Path(root), checkpoint.step_of(Path(chosen))
     mine = [checkpoint.step_of(c) for c in checkpoint.complete_dirs(checkpoint.Elsewhere(root))
             if checkpoint.manifest.problem(c, hashed=False) is None
-            and not checkpoint.missing_units(c, units, replica)]
+            and checkpoint.units_problem(c, units, replica, hashed=False) is None]
     steps = timed_comm.all_gather_object(mine, timeout_s, when, action, device)
-    newest = checkpoint.step_of(Path(chosen))
-    common = set(steps[0]).intersection(*steps[1:])
-    common = {s for s in common if s <= newest}
     lacking = [r for r, s in enumerate(steps) if newest not in s]
-    if not common:
-        raise UserError(
-            f"no checkpoint is in every node's directory: rank 0's newest is step_{newest:06d}, "
-            f"which rank(s) {', '.join(map(str, lacking))} do not hold whole with their units "
-            "(a node's directory lost, or the run resumed with another layout: node-local "
-            "checkpoints resume with the --pp, --dp and rank order they were saved with)")
-    step = max(common)
-    if rank == 0 and step != newest:
-        print(f"resuming from step_{step:06d}, the newest checkpoint every node's directory "
-              f"holds: rank(s) {', '.join(map(str, lacking))} do not hold step_{newest:06d} whole",
-              file=sys.stderr, flush=True)
-    return str(checkpoint.checkpoint_dir(checkpoint.Elsewhere(root), step)), (
-        rank == 0 and step == newest)
+    if lacking and rank == 0:
+        print(f"skipping checkpoint step_{newest:06d}: rank(s) {', '.join(map(str, lacking))} "
+              "do not hold it whole with their units", file=sys.stderr, flush=True)
+    common = set(steps[0]).intersection(*steps[1:])
+    for step in sorted((s for s in common if s <= newest), reverse=True):
+        ckpt = checkpoint.checkpoint_dir(checkpoint.Elsewhere(root), step)
+        # each rank hashes its units' files here, not as it loads them: a damaged part then
+        # costs every rank this checkpoint, not one rank the run (rank 0 hashed its newest)
+        wrong = None if rank == 0 and step == newest else checkpoint.units_problem(
+            ckpt, units, replica)
+        problems = timed_comm.all_gather_object(wrong, timeout_s, when, action, device)
+        bad = [(r, w) for r, w in enumerate(problems) if w]
+        if not bad:
+            if rank == 0 and step != newest:
+                print(f"resuming from step_{step:06d}, the newest checkpoint every node's "
+                      "directory holds whole", file=sys.stderr, flush=True)
+            return str(ckpt), True
+        if rank == 0:
+            print(f"skipping checkpoint step_{step:06d}: rank {bad[0][0]}: {bad[0][1]}",
+                  file=sys.stderr, flush=True)
+    raise UserError(
+        f"no checkpoint is whole in every node's directory (rank 0's newest: step_{newest:06d}; "
+        "rank 0 says on stderr what each lacks): a node's directory lost or damaged, or the run "
+        "resumed with another layout (node-local checkpoints resume with the --pp, --dp and "
+        "rank order they were saved with)")
