@@ -13,7 +13,7 @@ import pytest
 
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest
-from ratrain.training.run_dir import checkpoint_bytes
+from ratrain.training.disk_room import checkpoint_bytes
 
 from ..unit.cli_runner import run_cli
 from .conftest import micro_config
@@ -45,7 +45,7 @@ def test_a_disk_that_fills_while_saving(corpus, tmp_path, small_disk, monkeypatc
             "--no-progress", "--no-trace")
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2 and "needs room for 3 at once" in err, err  # refused before it starts
-    monkeypatch.setattr("ratrain.training.run_dir.checkpoints_at_once", lambda *a, **k: 1)
+    monkeypatch.setattr("ratrain.training.disk_room.checkpoints_at_once", lambda *a, **k: 1)
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 1
     lines = err.strip().splitlines()

@@ -59,6 +59,59 @@ def test_ranks_in_directories_of_their_own_are_told_apart_by_directory(tmp_path)
         ([0, 2], 2, []), ([1, 3], 2, []), ([0, 2], 2, []), ([1, 3], 2, [])]
 
 
+def _room(out: str, free_mib: list[float]) -> None:
+    """Rank r's own directory with free_mib[r] MiB free; a --sync diloco run at dp 2 on the
+    tiny preset, checkpoints only at its end."""
+    import shutil as shutil_module
+
+    from ratrain.config import RunConfig
+    from ratrain.errors import UserError
+    from ratrain.runtime.process_groups import join_world
+    from ratrain.schedule.grid import RankGrid
+    from ratrain.training.disk_room import check_room_together
+    from ratrain.training.shared_dir import shared_by
+
+    rank = int(os.environ["RANK"])
+    usage = shutil_module.disk_usage(out)
+    shutil_module.disk_usage = lambda path: usage._replace(free=int(free_mib[rank] * 2**20))
+    join_world("gloo", 60.0)
+    cfg = RunConfig()
+    cfg.parallel.dp, cfg.parallel.sync, cfg.train.checkpoint_every = 2, "diloco:50", 0
+    directory = Path(out, f"node_{rank}")
+    share = shared_by(directory / "checkpoints", rank, 2, 60.0, torch.device("cpu"),
+                      look_for_s=1.0)
+    try:
+        check_room_together(cfg, directory, directory, share, RankGrid(1, 2),
+                            [range(cfg.model.n_units)], rank, False, torch.device("cpu"))
+        said = "room"
+    except UserError as e:
+        said = str(e)
+    Path(out, f"rank_{rank}.json").write_text(json.dumps(said))
+    dist.destroy_process_group()
+
+
+def test_each_node_is_asked_for_room_for_its_own_part_and_all_stop_where_one_lacks_it(tmp_path):
+    """The default model's whole DiLoCo checkpoint at dp 2 is 32 bytes a parameter (105 MiB);
+    a node's part 20 (65 MiB): 80 MiB is room enough for a node; 60 MiB is not, on every rank."""
+    from ratrain.config import RunConfig
+    from ratrain.training.disk_room import checkpoint_bytes
+
+    cfg = RunConfig()
+    cfg.parallel.dp, cfg.parallel.sync = 2, "diloco:50"
+    whole = checkpoint_bytes(cfg) / 2**20
+    assert whole > 100
+    results = []
+    for free in ([80, 80], [80, 60]):
+        launch_local(2, _room, (str(tmp_path), free), error_dir=tmp_path / "errors")
+        results.append([json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)])
+    assert results[0] == ["room", "room"]
+    for said in results[1]:
+        assert said.startswith(
+            f"not enough disk space for {tmp_path / 'node_1'}: 60.0 MiB free, a checkpoint of "
+            f"{cfg.model.name} (the part of ranks 1, whose directory it is) takes about "
+            f"{whole * 20 / 32:.1f} MiB"), said
+
+
 def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True) -> list[str]:
     """`ratrain train` on two torchrun nodes of one rank each, each with `--run-dir run` in its
     own working directory (two directories, as two machines' local disks); their stderr, once

@@ -202,7 +202,7 @@ def test_free_space_is_checked_where_the_run_dir_will_be(monkeypatch, capsys, tm
         asked.append(Path(path))
         return shutil._ntuple_diskusage(10 * 2**30, 10 * 2**30 - 2**20, 2**20)
 
-    monkeypatch.setattr("ratrain.training.run_dir.shutil.disk_usage", usage)
+    monkeypatch.setattr("ratrain.training.disk_room.shutil.disk_usage", usage)
     _refused(monkeypatch, capsys, "not enough disk space for new/run: 1.0 MiB free",
              "train", "--run-dir", "new/run", "--no-progress")
     assert asked == [tmp_path] and not (tmp_path / "new").exists()

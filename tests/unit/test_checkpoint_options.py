@@ -143,14 +143,15 @@ def test_the_checkpoint_fields_round_trip_through_yaml_and_json(tmp_path):
 
 
 def _free(monkeypatch, mib: float) -> None:
-    monkeypatch.setattr("ratrain.training.run_dir.shutil.disk_usage",
+    monkeypatch.setattr("ratrain.training.disk_room.shutil.disk_usage",
                         lambda path: shutil._ntuple_diskusage(1 << 40, 0, int(mib * 2**20)))
 
 
 def test_the_disk_check_counts_the_checkpoints_on_disk_at_once(monkeypatch):
     """While one is written the newest --keep-checkpoints stay: the default run (300 steps, a
     checkpoint every 100, keep 2) has three of 39.2 MiB on disk at its third save."""
-    from ratrain.training.run_dir import check_run_dir, checkpoints_at_once
+    from ratrain.training.disk_room import checkpoints_at_once
+    from ratrain.training.run_dir import check_run_dir
 
     cfg = RunConfig()  # the tiny preset: 3.4M parameters, 39.2 MiB a checkpoint
     assert checkpoints_at_once(cfg) == 3
@@ -171,7 +172,8 @@ def test_the_disk_check_counts_the_checkpoints_on_disk_at_once(monkeypatch):
 
 
 def test_a_diloco_checkpoint_holds_every_replicas_state_and_the_outer_state(monkeypatch):
-    from ratrain.training.run_dir import check_run_dir, checkpoint_bytes
+    from ratrain.training.disk_room import checkpoint_bytes
+    from ratrain.training.run_dir import check_run_dir
 
     cfg = RunConfig()
     cfg.train.checkpoint_every = 0
@@ -189,7 +191,7 @@ def test_a_resumed_run_counts_the_checkpoints_its_directory_holds(monkeypatch, c
     code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run")
     assert code == 0, err  # checkpoints at 2 and 4, 17.7 MiB each
     size = RunConfig.load(tmp_path / "run" / "config.yaml")
-    from ratrain.training.run_dir import checkpoint_bytes
+    from ratrain.training.disk_room import checkpoint_bytes
 
     each = checkpoint_bytes(size) / 2**20
     _free(monkeypatch, 1.5 * each)  # to step 8: one more at a time beside the two there

@@ -35,6 +35,7 @@ from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
 from ratrain.training.agreed_plan import agreed, agreed_checkpoint
+from ratrain.training.disk_room import check_room_together
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
                                       threads_per_rank)
@@ -133,25 +134,18 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
                              plan.shard_group, bool(plan.tied_ends),
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP,
                              paced=plan.sync != EVERY_STEP)
-        share, where = None, checkpoint.root(checkpoints_of(run_dir, cfg))
+        share = None
         if agree:
-            plan = agreed(cfg, plan, rank)
-            if saves_checkpoints(cfg) or any(timed_comm.all_gather_object(
-                    resume_from is not None, p.comm_timeout_s, "start of training",
-                    "the resume's agreement", groups.device)):
-                share = shared_by(where, rank, p.pp * p.dp, p.comm_timeout_s, groups.device)
-            if share and share.node_local:
-                if rank == share.publisher and rank != 0:  # a resume on its node reads them
-                    _write_run_files(run_dir, cfg, plan.to_dict())
-            elif resume_from:
-                resume_from, verified = agreed_checkpoint(resume_from, rank)
+            plan, share, resume_from, verified = _agree_across_nodes(cfg, plan, groups, run_dir,
+                                                                     rank, resume_from)
         tracer = Tracer() if trace else None
         engine = PipelineEngine(cfg, plan, groups, tracer)
         if share and share.node_local:  # rank 0's choice, where every node's directory has it
             written = {u for r in share.ranks for u in plan.stage_units[groups.grid.coords(r)[0]]}
             resume_from, verified = agreed_local_checkpoint(
-                where, rank, resume_from, engine.checkpoint_units(), written, groups.replica,
-                p.comm_timeout_s, groups.device)
+                checkpoint.root(checkpoints_of(run_dir, cfg)), rank, resume_from,
+                engine.checkpoint_units(), written, groups.replica, p.comm_timeout_s,
+                groups.device)
     else:
         groups, tracer, share = None, None, None
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -175,6 +169,31 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         del engine, groups, loop  # the groups must be gone before the backend they belong to
         _shut_down_together(cfg.parallel.comm_timeout_s)
     return stopped
+
+
+def _agree_across_nodes(cfg: RunConfig, plan: PipelinePlan, groups, run_dir: Path, rank: int,
+                        resume_from: str | None):
+    """Under torchrun, where every rank made its own plan and found its own checkpoint: rank 0's
+    schedule; who shares the checkpoint directory, and room for what each will hold; in a
+    shared directory rank 0's checkpoint. Returns (plan, share, resume_from, verified); with
+    node-local directories the checkpoint is agreed on once the engine is built."""
+    p, verified = cfg.parallel, True
+    plan, share = agreed(cfg, plan, rank), None
+    where = checkpoint.root(checkpoints_of(run_dir, cfg))
+    if saves_checkpoints(cfg) or any(timed_comm.all_gather_object(
+            resume_from is not None, p.comm_timeout_s, "start of training",
+            "the resume's agreement", groups.device)):
+        share = shared_by(where, rank, p.pp * p.dp, p.comm_timeout_s, groups.device)
+    if saves_checkpoints(cfg):
+        check_room_together(cfg, checkpoints_of(run_dir, cfg), cfg.train.checkpoint_dir or run_dir,
+                            share, groups.grid, plan.stage_units, rank, resume_from is not None,
+                            groups.device)
+    if share and share.node_local:
+        if rank == share.publisher and rank != 0:  # a resume on its node reads them
+            _write_run_files(run_dir, cfg, plan.to_dict())
+    elif resume_from:
+        resume_from, verified = agreed_checkpoint(resume_from, rank)
+    return plan, share, resume_from, verified
 
 
 def _write_run_files(run_dir: Path, cfg: RunConfig, plan: dict | None) -> None:

@@ -4,7 +4,6 @@ from."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -14,8 +13,8 @@ from pathlib import Path
 from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
-from ratrain.models.params import count_params
 from ratrain.runtime.torchrun_env import under_torchrun
+from ratrain.training.disk_room import checkpoint_bytes, room_problem
 from ratrain.training.metrics import read_metrics
 
 
@@ -57,28 +56,6 @@ def new_run_dir(base: str | Path, model_name: str) -> Path:
     return run_dir
 
 
-def checkpoint_bytes(cfg: RunConfig) -> int:
-    """About what one checkpoint takes on disk: fp32 weights and AdamW's two fp32 moments;
-    under --sync diloco every replica's (their local weights differ), and the outer parameters
-    and momentum once."""
-    n = count_params(cfg.model)
-    if not cfg.parallel.diloco:
-        return 12 * n
-    return 12 * n * cfg.parallel.dp + 8 * n
-
-
-def checkpoints_at_once(cfg: RunConfig, start: int = 0, existing: int = 0) -> int:
-    """How many checkpoints' room the run needs beyond what its directory holds: while one is
-    written the newest --keep-checkpoints stay, so up to keep + 1 are on disk at once, or as
-    many as there will be (`existing` already there, this run's saves from step `start`)."""
-    t = cfg.train
-    if not t.checkpoints:
-        return 1  # (only Ctrl-C's, --checkpoint-on-interrupt)
-    every = t.checkpoint_every
-    saves = (t.steps // every - start // every + (t.steps % every != 0)) if every else 1
-    return max(1, min(t.keep_checkpoints + 1, existing + saves) - existing)
-
-
 def checkpoints_of(run_dir: Path, cfg: RunConfig) -> Path | checkpoint.Elsewhere:
     """Where the run's checkpoints are, as the checkpoint functions take it: the run directory
     (its checkpoints/), or train.checkpoint_dir."""
@@ -97,7 +74,6 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
     existing = _writable(run_dir, "run directory")
     if not saves_checkpoints(cfg):
         return
-    size = checkpoint_bytes(cfg)
     where, name = run_dir, run_dir
     if cfg.train.checkpoint_dir:
         where, name = _writable(cfg.train.checkpoint_dir, "checkpoint directory"), cfg.train.checkpoint_dir
@@ -107,23 +83,12 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
                             "continue that run with --resume RUN, or choose another directory")
     else:
         where = existing
-    there = checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)) if resume else []
-    start = checkpoint.step_of(there[-1]) if there else 0
-    count = checkpoints_at_once(cfg, start, len(there))
-    free = shutil.disk_usage(where).free
-    if free < count * size:
-        what = f"a checkpoint of {cfg.model.name}" + (
-            " (every replica's weights and AdamW state, and the outer state)"
-            if cfg.parallel.diloco else "")
-        many = "" if count == 1 else (
-            f" and this run needs room for {count} at once (the newest "
-            f"{cfg.train.keep_checkpoints} kept while the next is written): "
-            f"{count * size / 2**20:.1f} MiB")
-        fewer = count > 1 and cfg.train.keep_checkpoints > 1
-        hints = (["--keep-checkpoints 1 keeps fewer"] if fewer else []) + [
-            "--checkpoint-dir DIR saves elsewhere", "--no-checkpoints saves none"]
-        raise UserError(f"not enough disk space for {name}: {free / 2**20:.1f} MiB free, {what} "
-                        f"takes about {size / 2**20:.1f} MiB{many} ({', '.join(hints)})")
+    if under_torchrun():  # once the ranks know who shares a directory (disk_room.py)
+        return
+    problem = room_problem(cfg, checkpoints_of(run_dir, cfg), where, name, resume,
+                           checkpoint_bytes(cfg))
+    if problem:
+        raise UserError(problem)
 
 
 def _writable(directory: str | Path, what: str) -> Path:
