@@ -90,8 +90,9 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     elif run_dir:
         run_dir = Path(run_dir)
     elif under_torchrun():
-        raise UserError("under torchrun, pass --run-dir: every rank must write to the same "
-                        "directory (on a filesystem all nodes share)")
+        raise UserError("under torchrun, pass --run-dir: the directory every node writes into "
+                        "(one all nodes share, or each node's own disk: each then keeps its "
+                        "ranks' part of every checkpoint)")
     cfg.validate()  # a value out of range gets its line before torch loads (2.7 s)
     from ratrain.training.run import train as run_training
 
