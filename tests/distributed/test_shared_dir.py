@@ -112,7 +112,8 @@ def test_each_node_is_asked_for_room_for_its_own_part_and_all_stop_where_one_lac
             f"{whole * 20 / 32:.1f} MiB"), said
 
 
-def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True) -> list[str]:
+def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True,
+           timeout_s: float = 300) -> list[str]:
     """`ratrain train` on two torchrun nodes of one rank each, each with `--run-dir run` in its
     own working directory (two directories, as two machines' local disks); their stderr, once
     both ended as `ok` says."""
@@ -128,7 +129,7 @@ def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True) -> list[str]:
              port, "-m", "ratrain.cli", "train", "--config", str(tmp_path / "run.yaml"),
              "--run-dir", "run", "--no-progress", *args],
             cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    said = [p.communicate(timeout=300)[1] for p in procs]
+    said = [p.communicate(timeout=timeout_s)[1] for p in procs]
     for node, (p, err) in enumerate(zip(procs, said)):
         assert (p.returncode == 0) == ok, (node, err[-3000:])
     return said
@@ -193,3 +194,19 @@ def test_a_tied_head_on_another_node_than_its_embedding_is_refused_at_the_start(
     for err in _nodes(tmp_path, corpus, "--pp", "2", ok=False):
         assert "rank 1 reads unit(s) 0 at a resume (a tied embedding's copy)" in err, err[-3000:]
     assert not (tmp_path / "node_0" / "run" / "metrics.jsonl").exists()
+
+
+def test_a_node_stopped_before_the_ranks_join_stops_the_others_with_its_reason(corpus, tmp_path):
+    """A relative data path that only node 0's working directory holds: node 1 stops at its
+    data check, before the ranks join. It joins only to say so, and node 0 stops at once with
+    node 1's reason (it waited --comm-timeout, 300 s, to join a rank that was gone)."""
+    cfg = micro_config(*corpus, steps=2)
+    cfg.data.path = "text"
+    cfg.save(tmp_path / "run.yaml")
+    (tmp_path / "node_0").mkdir()
+    (tmp_path / "node_0" / "text").symlink_to(corpus[0])
+    said = _nodes(tmp_path, corpus, "--dp", "2", ok=False, timeout_s=120)
+    reason = next(line for line in said[1].splitlines() if line.startswith("error: "))
+    assert reason == "error: data path not found: text", said[1][-3000:]
+    assert [line for line in said[0].splitlines() if line.startswith(("error: ", "("))] == [
+        "error: rank 1 stopped before training: data path not found: text"], said[0][-3000:]

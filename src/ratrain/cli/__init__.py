@@ -43,6 +43,7 @@ def _run() -> int:
         return e.exit_code
     except UserError as e:
         click.echo(f"error: {e}", err=True)
+        _tell_the_other_ranks(e)
         return 2
     except RankFailed as e:
         click.echo(f"error: {e}", err=True)
@@ -57,3 +58,28 @@ def _run() -> int:
         click.echo("interrupted", err=True)
         return 130
     return 0
+
+
+def _tell_the_other_ranks(e: UserError) -> None:
+    """Under torchrun, a rank stopped before training (its disk, data or checkpoints) tells the
+    others why, joining them for that where it had not, so that they stop now and say it too
+    (process_groups.stop_together) instead of waiting --comm-timeout for it. Where the others
+    never come, the join's timeout ends the wait."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import torch.distributed as dist
+
+    from ratrain.runtime.process_groups import StoppedWithAnother, join_world, stop_together
+
+    if isinstance(e, StoppedWithAnother):
+        return
+
+    try:
+        if not dist.is_initialized():
+            join_world("auto", failed=str(e))
+        else:
+            stop_together(str(e))
+    except UserError:
+        pass  # its own message, which the caller says
+    except Exception as other:  # noqa: BLE001 -- the others gone: the user's error comes first
+        click.echo(f"(could not tell the other ranks: {other})", err=True)

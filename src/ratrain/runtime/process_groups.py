@@ -96,10 +96,14 @@ def _restart_store(world: int, timeout_s: float) -> dist.Store | None:
     return dist.PrefixStore(f"ratrain/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
-def join_world(backend: str = "auto", timeout_s: float = 300.0) -> tuple[str, torch.device]:
+def join_world(backend: str = "auto", timeout_s: float = 300.0,
+               failed: str | None = None) -> tuple[str, torch.device]:
     """Join the process group of RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (once: the link probe
     at a run's start joins before the plan exists, and init_groups then finds it joined); the
-    backend and this rank's device."""
+    backend and this rank's device.
+
+    Under torchrun the ranks first tell each other whether one failed before joining (`failed`:
+    its message, from a rank that joins only to say it; stop_together)."""
     backend = pick_backend(backend)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -116,7 +120,29 @@ def join_world(backend: str = "auto", timeout_s: float = 300.0) -> tuple[str, to
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s),
                                 store=_restart_store(world, timeout_s))
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            stop_together(failed)
     return backend, device
+
+
+class StoppedWithAnother(UserError):
+    """Another rank's mistake stopped this one (stop_together): said already, not to be told."""
+
+
+def stop_together(failed: str | None) -> None:
+    """Under torchrun, where each node checks its own disk, data and checkpoints before training:
+    every rank says whether it failed (`failed`: its message), and all stop together with the
+    first one's, a UserError on every rank. A node that stopped alone left the others waiting
+    --comm-timeout (300 s) for it, saying nothing. Collective; each rank takes part twice,
+    when it joins the world and right before training (training/run.py), or once, with its
+    message, where it failed: at the first where it had not joined yet, else at the second."""
+    said = [None] * dist.get_world_size()
+    dist.all_gather_object(said, failed)  # (NCCL: on the device join_world set)
+    first = next(((r, m) for r, m in enumerate(said) if m), None)
+    if first and first[0] != dist.get_rank():
+        raise StoppedWithAnother(f"rank {first[0]} stopped before training: {first[1]}")
+    if failed:
+        raise UserError(failed)
 
 
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,

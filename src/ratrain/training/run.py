@@ -28,7 +28,7 @@ from ratrain.errors import Interrupted
 from ratrain.models.params import count_params
 from ratrain.runtime.launch import ask_to_stop_on_sigint, launch_local
 from ratrain.runtime.torchrun_env import under_torchrun
-from ratrain.runtime.process_groups import init_groups
+from ratrain.runtime.process_groups import init_groups, join_world, stop_together
 from ratrain.runtime.trace import Tracer
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
@@ -130,6 +130,9 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
     built = _building(cfg, plan, rank, progress)
     if distributed:
         p = cfg.parallel
+        if agree:  # a node that stopped before training says why (cli._tell_the_other_ranks)
+            join_world(p.backend, p.comm_timeout_s)
+            stop_together(None)
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
                              plan.shard_group, bool(plan.tied_ends),
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP,
