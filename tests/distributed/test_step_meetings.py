@@ -68,6 +68,15 @@ def _recording_collectives(cfg, run_dir: str) -> None:
     Path(run_dir, f"collectives_{os.environ['RANK']}.json").write_text(json.dumps(seen))
 
 
+def test_with_nothing_else_to_meet_for_the_replicas_meet_every_100_steps(corpus):
+    """diloco:500 with validation and checkpoints off: rows, a Ctrl-C and a nan wait at most
+    100 steps, not 500."""
+    cfg = micro_config(*corpus, steps=1234)
+    cfg.train.eval_every, cfg.train.checkpoints = 0, False
+    meets = meeting_steps(cfg.train, parse_sync("diloco:500"))
+    assert [s + 1 for s in range(1234) if meets(s)] == [*range(100, 1201, 100), 1234]
+
+
 @pytest.mark.parametrize("sync, steps, eval_every, meet_after", [
     ("diloco:3", 8, 0, {3, 6, 8}),  # outer syncs after 3 and 6, the last step
     ("diloco:4:2", 8, 7, {5, 7, 8}),  # fragments in steps 5 and 7 (the last too), validation
