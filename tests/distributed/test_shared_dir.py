@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ratrain import checkpoint
 from ratrain.runtime.launch import launch_local
 
+from ..unit.cli_runner import run_cli
 from .conftest import micro_config
 from .test_failure import losses
 
@@ -135,8 +136,7 @@ def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True,
     return said
 
 
-def test_diloco_nodes_without_a_shared_disk_checkpoint_their_parts_and_resume_exactly(
-        corpus, tmp_path):
+def _parts_saved_and_resumed(corpus, tmp_path) -> dict[int, float]:
     """--sync diloco over two nodes: each node's directory holds its replica's units and the
     outer states. With step 6 gone on node 0 (node 1's is newer than rank 0's newest) and a
     file of node 1's step 4 altered, the resume agrees on step 2, the newest both hold whole,
@@ -170,6 +170,36 @@ def test_diloco_nodes_without_a_shared_disk_checkpoint_their_parts_and_resume_ex
     assert "resuming from step_000002, the newest checkpoint every node's directory holds " \
            "whole" in said[0]
     assert losses(tmp_path / "node_0" / "run") == first
+    return first
+
+
+def test_diloco_nodes_without_a_shared_disk_save_parts_resume_exactly_and_merge_them(
+        corpus, tmp_path, monkeypatch, capsys):
+    """_parts_saved_and_resumed; then `ratrain merge-parts` of the two nodes' run directories
+    at step 4: one checkpoint, every file verified, which pp 2 x dp 2 in local processes
+    resumes to the first run's losses (another layout: within 1e-5)."""
+    first = _parts_saved_and_resumed(corpus, tmp_path)
+    for n in (0, 1):
+        shutil.rmtree(tmp_path / f"node_{n}" / "run" / "checkpoints" / "step_000006")
+    merged = tmp_path / "merged"
+    code, out, err = run_cli(monkeypatch, capsys, "merge-parts", str(tmp_path / "node_0" / "run"),
+                             str(tmp_path / "node_1" / "run"), "--out", str(merged))
+    assert code == 0 and "merged step_000004 of 2 parts" in out, err
+    ckpt = checkpoint.latest(merged)
+    meta = checkpoint.load_meta(ckpt)
+    assert ckpt.name == "step_000004" and "ranks" not in meta and sorted(meta["rng"]) == ["0", "1"]
+    assert {n for n in meta["files"] if ".replica_1." in n} and checkpoint.missing_units(
+        ckpt, range(6), replica=1) == []
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(merged), "--pp", "2",
+                           "--no-progress")
+    assert code == 0, err
+    got = losses(merged)
+    assert sorted(got) == list(range(1, 7))
+    for step in (5, 6):
+        assert abs(got[step] - first[step]) <= 1e-5 * abs(first[step]), (step, got, first)
+    code, _, err = run_cli(monkeypatch, capsys, "merge-parts", str(tmp_path / "node_0" / "run"),
+                           str(tmp_path / "node_0" / "run"), "--out", str(tmp_path / "twice"))
+    assert code == 2 and "a node's part was given twice" in err, err
 
 
 def test_synchronous_replicas_without_a_shared_disk_each_keep_a_whole_copy(corpus, tmp_path):

@@ -1,4 +1,4 @@
-"""`ratrain models`, `tokenizer`, `export`, `profile`."""
+"""`ratrain models`, `tokenizer`, `export`, `merge-parts`, `profile`."""
 
 from __future__ import annotations
 
@@ -94,6 +94,42 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
             "replica's own weights)" if outer else f" (replica {replica}'s own weights)"
             if replica is not None else "")
     click.echo(f"exported {ckpt.name} of {run_dir} to {out}{what}")
+
+
+@cli.command("merge-parts")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", type=click.Path(), required=True, help="A new run directory: the merged checkpoint, with the config.yaml, plan.json and metrics.jsonl of rank 0's node.")
+def merge_parts_cmd(run_dirs: tuple[str, ...], out: str) -> None:
+    """Merge the checkpoint parts of a run whose nodes kept their own (a checkpoint directory
+    not shared by the nodes: each node's run directory, brought to one filesystem) into one
+    run directory: the newest step every part holds, which any layout resumes and `export`
+    reads."""
+    import shutil
+
+    from ratrain import checkpoint
+    from ratrain.checkpoint.merge import merge_parts, newest_common_step
+    from ratrain.training.run_dir import checkpoints_of
+
+    out_dir = Path(out)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"{out} exists and is not empty: merge into a new directory")
+    cfgs = []
+    for d in run_dirs:
+        if not (Path(d) / "config.yaml").is_file():
+            raise UserError(f"{d} is not a ratrain run directory (no config.yaml)")
+        cfgs.append(RunConfig.load(Path(d) / "config.yaml"))
+    roots = [checkpoints_of(Path(d), c) for d, c in zip(run_dirs, cfgs)]
+    step = newest_common_step(roots)
+    parts = [checkpoint.checkpoint_dir(r, step) for r in roots]
+    merged = merge_parts(parts, out_dir, step)
+    main = next(i for i, p in enumerate(parts) if 0 in checkpoint.load_meta(p)["ranks"])
+    for name in ("plan.json", "metrics.jsonl"):
+        if (Path(run_dirs[main]) / name).is_file():
+            shutil.copy2(Path(run_dirs[main]) / name, out_dir / name)
+    cfgs[main].train.checkpoint_dir = None  # the merged checkpoint is in OUT/checkpoints
+    cfgs[main].save(out_dir / "config.yaml")
+    click.echo(f"merged step_{step:06d} of {len(parts)} parts into {merged} (resume with "
+               f"--resume {out}, with any --pp and --dp; or export it)")
 
 
 @cli.command()
