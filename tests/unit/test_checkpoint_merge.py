@@ -1,0 +1,41 @@
+"""`ratrain merge-parts` (checkpoint/merge.py) refuses parts that are not one run's every node:
+a whole checkpoint, parts of different runs, a rank missing, a file two parts hold that differs.
+The merge itself is tested end to end with two torchrun nodes (tests/distributed/
+test_shared_dir.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ratrain import checkpoint
+from ratrain.checkpoint.merge import merge_parts, newest_common_step
+from ratrain.errors import UserError
+
+
+def _part(root, step: int, ranks, value: float, lr: float = 1e-3, unit: int = 0, whole=False):
+    files = checkpoint.save_units(root, step, {unit: {"weights": {"w": torch.full((2,), value)},
+                                                      "optim": None}})
+    config = {"model": {}, "parallel": {"pp": 1, "dp": 2}, "train": {"lr": lr}}
+    meta = {"config": config, "loader": {}, "rng": {str(r): {} for r in ranks}}
+    return checkpoint.finalize(root, step, {**meta, **({} if whole else {"ranks": ranks})},
+                               files, keep=3)
+
+
+def test_two_parts_of_one_run_merge_and_anything_else_is_refused(tmp_path):
+    a, b = _part(tmp_path / "a", 2, [0], 1.0), _part(tmp_path / "b", 2, [1], 1.0)
+    _part(tmp_path / "b", 4, [1], 1.0)  # only b has step 4
+    assert newest_common_step([tmp_path / "a", tmp_path / "b"]) == 2
+    merged = merge_parts([a, b], tmp_path / "out", 2)
+    meta = checkpoint.load_meta(merged)
+    assert "ranks" not in meta and sorted(meta["rng"]) == ["0", "1"]
+    assert checkpoint.manifest.problem(merged) is None
+    cases = [
+        ([a, _part(tmp_path / "w", 2, [1], 1.0, whole=True)], "is a whole checkpoint"),
+        ([a, _part(tmp_path / "lr", 2, [1], 1.0, lr=2e-3)], "of different runs"),
+        ([a], r"hold ranks \[0\], the run had 2: a node's part is missing"),
+        ([a, _part(tmp_path / "c", 2, [1], 5.0)], "unit_0000.safetensors differs between"),
+    ]
+    for n, (parts, message) in enumerate(cases):
+        with pytest.raises(UserError, match=message):
+            merge_parts(parts, tmp_path / f"refused_{n}", 2)
