@@ -88,13 +88,11 @@ def check_room_together(cfg: RunConfig, checkpoints: Path | checkpoint.Elsewhere
     shared_dir.DirectoryShare): each directory's publisher checks its room for what the
     directory will hold; a UserError on every rank where one lacks it. Collective."""
     problem = None
-    if rank == share.publisher:
-        size, part = checkpoint_bytes(cfg), ""
-        if share.node_local:
-            size = part_bytes(cfg, grid, stage_units, share.ranks)
-            part = f" (the part of ranks {', '.join(map(str, share.ranks))}, whose directory it is)"
+    if rank == share.publisher:  # (a shared directory's ranks are all: the whole checkpoint)
+        part = (f" (the part of ranks {', '.join(map(str, share.ranks))}, whose directory it is)"
+                if share.node_local else "")
         problem = room_problem(cfg, checkpoints, checkpoint.root(checkpoints), name, resume,
-                               size, part)
+                               part_bytes(cfg, grid, stage_units, share.ranks), part)
     problems = timed_comm.all_gather_object(problem, cfg.parallel.comm_timeout_s,
                                             "start of training", "the disk check", device)
     said = next((p for p in problems if p), None)

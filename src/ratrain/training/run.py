@@ -182,14 +182,15 @@ def _agree_across_nodes(cfg: RunConfig, plan: PipelinePlan, groups, run_dir: Pat
     node-local directories the checkpoint is agreed on once the engine is built."""
     p, verified = cfg.parallel, True
     plan, share = agreed(cfg, plan, rank), None
-    where = checkpoint.root(checkpoints_of(run_dir, cfg))
+    checkpoints = checkpoints_of(run_dir, cfg)
     if saves_checkpoints(cfg) or any(timed_comm.all_gather_object(
             resume_from is not None, p.comm_timeout_s, "start of training",
             "the resume's agreement", groups.device)):
-        share = shared_by(where, rank, p.pp * p.dp, p.comm_timeout_s, groups.device)
+        share = shared_by(checkpoint.root(checkpoints), rank, p.pp * p.dp, p.comm_timeout_s,
+                          groups.device)
     if saves_checkpoints(cfg):
-        check_room_together(cfg, checkpoints_of(run_dir, cfg), cfg.train.checkpoint_dir or run_dir,
-                            share, groups.grid, plan.stage_units, rank, resume_from is not None,
+        check_room_together(cfg, checkpoints, cfg.train.checkpoint_dir or run_dir, share,
+                            groups.grid, plan.stage_units, rank, resume_from is not None,
                             groups.device)
     if share and share.node_local:
         if rank == share.publisher and rank != 0:  # a resume on its node reads them

@@ -140,8 +140,8 @@ def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, wr
         return None, True
     root, newest = Path(root), checkpoint.step_of(Path(chosen))
     mine = [checkpoint.step_of(c) for c in checkpoint.complete_dirs(checkpoint.Elsewhere(root))
-            if checkpoint.manifest.problem(c, hashed=False) is None
-            and checkpoint.units_problem(c, units, replica, hashed=False) is None]
+            if checkpoint.manifest.problem(c, hashed=False) is None  # every file at its size
+            and not checkpoint.missing_units(c, units, replica)]
     steps = timed_comm.all_gather_object(mine, timeout_s, when, action, device)
     lacking = [r for r, s in enumerate(steps) if newest not in s]
     if lacking and rank == 0:
