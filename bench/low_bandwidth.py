@@ -13,8 +13,10 @@ growth between two step rows, and the wall time of each step is when its row app
     .venv/bin/python bench/low_bandwidth.py --report     # plots and table from the results file
     sudo .venv/bin/python bench/low_bandwidth.py --start-lines 100mbit   # what a default run says
 
-A run spec is RATE[+DELAY],SYNC,STEPS[,PP[,FLAGS]] (DELAY: one way, such as 25ms, through
-bench/delayed_link.py; FLAGS: more `ratrain train` flags, space-separated). Results accumulate in --out (one entry per run, written
+A run spec is RATE[+DELAY],SYNC,STEPS[,PP[xDP][,FLAGS]] (DELAY: one way, such as 25ms, through
+bench/delayed_link.py; DP: replicas, 2 unless given, half on each node: 1x4 puts replicas 0-1 on
+node A and 2-3 on node B, the islands of `:islands=2`; FLAGS: more `ratrain train` flags,
+space-separated). Results accumulate in --out (one entry per run, written
 after each run, so a long sweep that is stopped keeps what it finished).
 """
 
@@ -48,16 +50,17 @@ SHAPE = ["--model", "tiny", "--seq-len", str(SEQ_LEN), "--global-batch", str(GLO
 def parse_spec(text: str) -> dict:
     parts = text.split(",")
     if len(parts) not in (3, 4, 5):
-        raise SystemExit(f"--run {text!r}: expected RATE[+DELAY],SYNC,STEPS[,PP[,FLAGS]]")
+        raise SystemExit(f"--run {text!r}: expected RATE[+DELAY],SYNC,STEPS[,PP[xDP][,FLAGS]]")
     parse_link(parts[0])
-    return {"rate": parts[0], "sync": parts[1], "steps": int(parts[2]),
-            "pp": int(parts[3]) if len(parts) > 3 else 1,
-            "flags": parts[4] if len(parts) > 4 else ""}
+    pp, _, dp = (parts[3] if len(parts) > 3 else "1").partition("x")
+    return {"rate": parts[0], "sync": parts[1], "steps": int(parts[2]), "pp": int(pp),
+            "dp": int(dp or 2), "flags": parts[4] if len(parts) > 4 else ""}
 
 
 def label(spec: dict) -> str:
     flags = f" {spec['flags']}" if spec.get("flags") else ""
-    return f"{spec['rate']} pp={spec['pp']} {spec['sync']}{flags} ({spec['steps']} steps)"
+    dp = f" dp={spec['dp']}" if spec.get("dp", 2) != 2 else ""
+    return f"{spec['rate']} pp={spec['pp']}{dp} {spec['sync']}{flags} ({spec['steps']} steps)"
 
 
 class Sampler(threading.Thread):
@@ -134,8 +137,10 @@ def steps_per_s(samples: list) -> float:
 
 def run_one(spec: dict, work: Path, port: int) -> dict:
     run_dir = work / "run"
-    argv = ["-m", "ratrain.cli", "train", *SHAPE, "--pp", str(spec["pp"]), "--dp", "2",
-            "--steps", str(spec["steps"]), "--micro-batch-size", str(2 // spec["pp"]), "--sync", spec["sync"], "--run-dir", str(run_dir),
+    pp, dp = spec["pp"], spec.get("dp", 2)
+    argv = ["-m", "ratrain.cli", "train", *SHAPE, "--pp", str(pp), "--dp", str(dp),
+            "--steps", str(spec["steps"]), "--micro-batch-size", str(max(1, GLOBAL_BATCH // dp // pp)),
+            "--sync", spec["sync"], "--run-dir", str(run_dir),
             "--no-checkpoints", "--no-trace", "--no-report", "--no-progress", "--threads", "1"]
     if spec["pp"] > 1:
         argv += ["--rank-order", "dp-pp"]
@@ -146,7 +151,7 @@ def run_one(spec: dict, work: Path, port: int) -> dict:
         sampler.start()
         t0 = time.perf_counter()
         try:
-            net.run(spec["pp"], argv, port, work, cwd=REPO)
+            net.run(pp * dp // 2, argv, port, work, cwd=REPO)
         finally:
             sampler.stop.set()
             sampler.join()
@@ -181,7 +186,7 @@ def start_lines(rate: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", action="append", default=[], type=parse_spec, metavar="RATE[+DELAY],SYNC,STEPS[,PP[,FLAGS]]")
+    ap.add_argument("--run", action="append", default=[], type=parse_spec, metavar="RATE[+DELAY],SYNC,STEPS[,PP[xDP][,FLAGS]]")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--report", action="store_true", help="plots and table from --out; runs nothing")
     ap.add_argument("--start-lines", metavar="RATE",

@@ -23,6 +23,11 @@ def _smooth(xs: list[float], k: int = 25) -> list[float]:
     return out
 
 
+def shape(d: dict) -> tuple[int, int]:
+    """A run's pp and dp (2 for the runs made before dp was a choice)."""
+    return d["pp"], d.get("dp", 2)
+
+
 def rows(results: list[dict]) -> list[dict]:
     """One row per run, with its ratio to the synchronous run of its rate and pp and its loss
     gap to the synchronous run of equal steps and pp (the loss per step does not depend on
@@ -30,20 +35,20 @@ def rows(results: list[dict]) -> list[dict]:
     # the ratio's base: the synchronous run of the same link, pp and steps (a pair run close
     # in time on the shared machine), else the shortest of the same link and pp (the later
     # entries of the descending sort win)
-    sync = {(d["rate"], d["pp"]): d for d in sorted(results, key=lambda d: -d["steps"])
+    sync = {(d["rate"], shape(d)): d for d in sorted(results, key=lambda d: -d["steps"])
             if d["sync"] == "step"}
-    sync.update({(d["rate"], d["pp"], d["steps"]): d for d in results if d["sync"] == "step"})
-    ref = {(d["pp"], d["steps"]): d for d in results if d["sync"] == "step"}
+    sync.update({(d["rate"], shape(d), d["steps"]): d for d in results if d["sync"] == "step"})
+    ref = {(shape(d), d["steps"]): d for d in results if d["sync"] == "step"}
     out = []
-    for d in sorted(results, key=lambda d: (-parse_rate(parse_link(d["rate"])[0]), d["pp"],
+    for d in sorted(results, key=lambda d: (-parse_rate(parse_link(d["rate"])[0]), shape(d),
                                             d["sync"] != "step", d["sync"])):
         timed = d["bytes_at_step"][1:]
         row = {"run": d, "mb_per_step": sum(timed) / len(timed) / 1e6,
                "peak_mb": max(timed) / 1e6,
                "loss_tail": sum(d["loss"][-WINDOW:]) / len(d["loss"][-WINDOW:])}
-        base = sync.get((d["rate"], d["pp"], d["steps"])) or sync.get((d["rate"], d["pp"]))
+        base = sync.get((d["rate"], shape(d), d["steps"])) or sync.get((d["rate"], shape(d)))
         row["speedup"] = d["tokens_per_s"] / base["tokens_per_s"] if base else None
-        same = ref.get((d["pp"], d["steps"]))
+        same = ref.get((shape(d), d["steps"]))
         if same and same is not d:
             tail = sum(same["loss"][-WINDOW:]) / len(same["loss"][-WINDOW:])
             row["gap"] = row["loss_tail"] / tail - 1
@@ -63,7 +68,7 @@ def table(rs: list[dict]) -> str:
         d = r["run"]
         val = d["val_loss"].get(str(d["steps"]))
         lines.append(
-            f"| {d['rate']} | {d['pp']} | {d['sync']} {d.get('flags', '')} | {d['steps']} | "
+            f"| {d['rate']} | {d['pp']}{'' if shape(d)[1] == 2 else f' (dp {shape(d)[1]})'} | {d['sync']} {d.get('flags', '')} | {d['steps']} | "
             f"{d['tokens_per_s']:.0f} | "
             + (f"**{r['speedup']:.2f}**" if r["speedup"] and d["sync"] != "step" else "1") + " | "
             f"{r['mb_per_step']:.2f} | {r['peak_mb']:.2f} | {r['loss_tail']:.4f} | "

@@ -21,7 +21,7 @@ from ratrain.plain_data import parse_error, shown, typed_dataclass, unknown_keys
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, HOST_GRAD_DTYPES, SPLIT_SCHEDULES, UPDATES
 from ratrain.schedule.plan import ACTIVATIONS, SCHEDULES, STATE_HOMES
 from ratrain.schedule.weight_grads import parse_placement
-from ratrain.schedule.outer_sync import EVERY_STEP, parse_sync
+from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas, parse_sync
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
@@ -148,12 +148,27 @@ class ParallelConfig:
     backend: str = "auto"  # "auto": nccl with CUDA, gloo otherwise
     plan_file: str | None = None  # a PipelinePlan JSON to run instead of building one from the above
     comm_timeout_s: float = 300.0  # longest wait for a peer before the run ends naming it
-    sync: str = EVERY_STEP  # how replicas agree: "step", or "diloco:H[:F][:bf16]" (schedule/outer_sync.py)
+    sync: str = EVERY_STEP  # how replicas agree: "step", or "diloco:H[:F][:bf16][:islands=K]" (schedule/outer_sync.py)
 
     @property
     def diloco(self) -> bool:
         """The replicas agree by outer steps (--sync diloco), each with state of its own."""
         return self.sync != EVERY_STEP
+
+    @property
+    def island_size(self) -> int:
+        """Neighbouring replicas that hold the same state: those whose gradients are summed
+        every step (all dp synchronously; --sync diloco: an island's, 1 without islands)."""
+        return grad_sync_replicas(self.sync, self.dp)
+
+    def files_of(self, replica: int, saving: bool = False) -> int:
+        """Whose files of a checkpoint a replica's units are (checkpoint/store.py's replica):
+        --sync diloco: its island's (its own, without islands); synchronously replica 0's when
+        saving (the first replica of a stage in each directory writes them), and when loading
+        its own where a checkpoint holds them, else 0's (checkpoint.load_units)."""
+        if self.diloco:
+            return replica // self.island_size
+        return 0 if saving else replica
 
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:

@@ -184,6 +184,25 @@ def test_a_diloco_checkpoint_holds_every_replicas_state_and_the_outer_state(monk
     with pytest.raises(UserError, match=r"every replica's weights and AdamW state, and the "
                        r"outer state\) takes about 183.0 MiB \(--checkpoint-dir"):
         check_run_dir(Path("run"), cfg)
+    cfg.parallel.sync = "diloco:50:islands=2"  # an island's replicas hold one state
+    assert checkpoint_bytes(cfg) == 2 * one + one * 8 // 12
+
+
+def test_an_islands_first_replica_in_a_directory_writes_its_state():
+    from ratrain.schedule.grid import RankGrid
+    from ratrain.training.disk_room import part_bytes
+    from ratrain.training.shared_dir import DirectoryShare
+
+    grid = RankGrid(1, 4)
+    node_1 = DirectoryShare((1, 2, 3))  # replicas 1-3: island 0's second, island 1's two
+    assert [node_1.first_of_stage(grid, r, 2) for r in (1, 2, 3)] == [True, True, False]
+    assert [node_1.first_of_stage(grid, r) for r in (1, 2, 3)] == [True, False, False]
+    cfg = RunConfig()
+    cfg.parallel.dp, cfg.parallel.sync = 4, "diloco:50:islands=2"
+    units = [range(cfg.model.n_units)]
+    one_island = part_bytes(cfg, grid, units, [0, 1])
+    assert part_bytes(cfg, grid, units, [1, 2, 3]) == part_bytes(cfg, grid, units, [0, 1, 2, 3])
+    assert part_bytes(cfg, grid, units, [0, 1, 2, 3]) > one_island
 
 
 def test_a_resumed_run_counts_the_checkpoints_its_directory_holds(monkeypatch, capsys, tmp_path):

@@ -31,8 +31,27 @@ def test_the_form_and_its_refusals():
             parse_sync(bad)
 
 
+def test_islands_sum_their_gradients_every_step_and_are_the_workers():
+    sync = parse_sync("diloco:8:4:bf16:islands=2")
+    assert sync == OuterSync(8, 4, "bfloat16", islands=2)
+    assert (sync.island_size(8), sync.workers(8)) == (4, 2)
+    assert (OuterSync(8).island_size(8), OuterSync(8).workers(8)) == (1, 8)
+    for bad in ("diloco:8:islands=1", "diloco:8:islands=", "diloco:islands=2", "diloco:8:islands=2:bf16"):
+        with pytest.raises(ScheduleError, match="islands=K|diloco:H"):
+            parse_sync(bad)
+    plan = build_plan(2, 2, 4, 2, sync="diloco:2:islands=2")
+    assert plan.grad_sync_dp == 2
+    for program, units in zip(step_programs(plan, 1), plan.stage_units):
+        for u in units:  # the island's sum, then the update, then the outer delta
+            ops = [a.op for a in program if a.unit == u and a.op in (
+                Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.UPDATE, Op.OUTER_SYNC, Op.WAIT_OUTER_SYNC)]
+            assert ops == [Op.GRAD_SYNC, Op.WAIT_GRAD_SYNC, Op.UPDATE, Op.OUTER_SYNC,
+                           Op.WAIT_OUTER_SYNC], (u, ops)
+
+
 @pytest.mark.parametrize("args, says", [
     (["--dp", "1", "--sync", "diloco:4"], "needs --dp >= 2"),
+    (["--dp", "4", "--sync", "diloco:4:islands=3"], "do not divide --dp 4"),
     (["--dp", "2", "--sync", "diloco:0"], "H >= 1"),
     (["--dp", "2", "--sync", "diloco:4", "--shard-state"], "--shard-state"),
     (["--dp", "2", "--sync", "diloco:4", "--policy", "baseline"], "--policy ratrain"),

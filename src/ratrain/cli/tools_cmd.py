@@ -59,7 +59,7 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
 @cli.command()
 @click.argument("run_dir", type=click.Path())
 @click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
-@click.option("--replica", type=int, help="--sync diloco runs: this replica's own weights instead of the outer parameters (the replicas' last outer sync).")
+@click.option("--replica", type=int, help="--sync diloco runs: this replica's own weights (its island's, with islands) instead of the outer parameters (the replicas' last outer sync).")
 def export(run_dir: str, out: str, replica: int | None) -> None:
     """Export a run's newest checkpoint that verifies as a Hugging Face model directory; of a
     --sync diloco run, its outer parameters (--replica R: that replica's own weights)."""
@@ -83,7 +83,8 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
     with torch.device("meta"):  # shapes only: every weight comes from the checkpoint (a 7B
         units = build_units(cfg.model, cfg.train.seed)  # model's init took ~40 s for nothing)
     states = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"),
-                                   replica or 0, optimizer=False, verified=True)
+                                   cfg.parallel.files_of(replica or 0), optimizer=False,
+                                   verified=True)
     outer = diloco and replica is None
     for u, state in states.items():
         with_outer = outer and state["outer"] is not None

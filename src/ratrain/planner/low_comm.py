@@ -1,7 +1,8 @@
 """The low-communication option `ratrain plan` sets beside its plans where the link between
 replicas is too slow for a gradient sync every step: the fastest listed plan that --sync diloco
 can run, priced without its per-step sync and with the smallest H (and fragment count) that
-hides the outer sync (sim/low_comm.py). It is an option, never one of the plans: it changes the
+hides the outer sync, or where a stage's replicas span nodes, several to a node, with islands
+of a node's replicas (sim/low_comm.py). It is an option, never one of the plans: it changes the
 algorithm, so the search does not rank it and `--out` never writes it. Pure Python."""
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def offer(found: search.SearchResult) -> Offer | None:
         made.synchronous = layouts.refusal(found.request, lay.pp, lay.dp, lay.micro_batch_size,
                                            lay.lifecycle,
                                            lay.lifecycle.micro_batch_group) is None
+        if not made.synchronous:  # islands sum every step, as the layout cannot
+            made.low.options = [o for o in made.low.options if not o.islands]
+            if not made.low.options:
+                return None
     return made
 
 
@@ -116,11 +121,12 @@ def to_dict(o: Offer) -> dict:
     return {"changes_algorithm": True, "of_plan": o.rank, "runs_synchronously": o.synchronous,
             "pp": o.candidate.layout.pp,
             "dp": o.candidate.layout.dp, "sync": best.sync,
-            "every": best.every, "fragments": best.fragments, "hidden": best.hidden,
+            "every": best.every, "fragments": best.fragments, "islands": best.islands,
+            "hidden": best.hidden,
             "step_time_s": o.low.step_s, "inner_step_time_s": o.low.inner_s,
             "mean_step_time_s": best.mean_step_s, "tokens_per_s": tokens / best.mean_step_s,
             "outer_bytes_per_replica": best.bytes_per_period,
-            "options": [{"sync": x.sync, "mean_step_time_s": x.mean_step_s, "hidden": x.hidden}
-                        for x in o.low.options],
-            "why": "replicas step alone between outer syncs: the loss per token is not the "
-                   "synchronous run's"}
+            "options": [{"sync": x.sync, "mean_step_time_s": x.mean_step_s, "hidden": x.hidden,
+                         "islands": x.islands} for x in o.low.options],
+            "why": ("islands of replicas" if best.islands else "replicas") + " step alone "
+                   "between outer syncs: the loss per token is not the synchronous run's"}

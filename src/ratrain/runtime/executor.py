@@ -61,11 +61,12 @@ class Executor:
         self.dp = groups.grid.dp if groups else 1
         self.pp = groups.grid.pp if groups else 1
         # --sync diloco (runtime/outer_sync.OuterStates): no gradient is summed over the
-        # replicas, so each replica's loss is its own mean, not a 1/dp share of the global one
+        # replicas (with islands: only the island's), so each replica's loss is its own (its
+        # island's) mean, not a 1/dp share of the global one
         self.outer = outer
         # PipelinePlan.summed_on_device: their gradients are summed before they fold
         self.device_sum = frozenset(u for u, s in stage.state.items() if s.sums_on_device)
-        self.grad_replicas = 1 if outer is not None else self.dp
+        self.grad_replicas = outer.sync.island_size(self.dp) if outer is not None else self.dp
         self.clip = clip
         self.tracer = tracer
         self.comm = comm_for(groups, stage.device, comm_timeout_s)

@@ -79,7 +79,7 @@ def _waited(ex, st: StepState, a: Action):
 
 
 def grad_sync(ex, st: StepState, a: Action):
-    return _started(st, a, ex.stage.state[a.unit].start_sync(ex.groups.replicas))
+    return _started(st, a, ex.stage.state[a.unit].start_sync(ex.groups.grads))
 
 
 def wait_grad_sync(ex, st: StepState, a: Action) -> None:
@@ -180,7 +180,7 @@ def wait_norm(ex, st: StepState, a: Action) -> None:
 def step_end(ex, st: StepState, a: Action) -> None:
     """Mean loss over all micro-batches of all replicas, known on every rank, read on the host
     with the step's other device values in one transfer. --sync diloco's inner steps: of this
-    replica's micro-batches only; the loss does not cross the replicas' link between outer
+    replica's (its island's) micro-batches only; the loss does not cross the replicas' link between outer
     syncs, and the loop averages their losses when they next meet (training/step_meetings.py).
 
     Sums and counts are reduced rather than means, because evaluation may give replicas
@@ -194,7 +194,8 @@ def step_end(ex, st: StepState, a: Action) -> None:
         ex.comm.wait(dist.all_reduce(total, group=g.pipeline, async_op=True), st.when, str(a),
                      ex.comm.pipeline_peers())
     if ex.dp > 1 and (ex.grad_replicas > 1 or not st.training):
-        ex.comm.wait(dist.all_reduce(total, group=g.replicas, async_op=True), st.when, str(a),
+        group = g.grads if st.training else g.replicas
+        ex.comm.wait(dist.all_reduce(total, group=group, async_op=True), st.when, str(a),
                      ex.comm.replica_peers())
     extras = [v.reshape(1).float() for v in (st.grad_norm, st.found_inf) if v is not None]
     values = torch.cat([total] + [e.to(device) for e in extras]).tolist()  # the step's one read

@@ -43,7 +43,7 @@ class OuterUnit:
     @torch.no_grad()
     def step(self, summed: torch.Tensor, replicas: int, cfg: TrainConfig, mix: float | None) -> None:
         """The outer Nesterov SGD step (torch.optim.SGD's, nesterov=True, dampening 0) with the
-        replicas' mean delta as the gradient, then the merge: local := outer (mix None), or
+        mean of the `replicas`' (the islands') deltas as the gradient, then the merge: local := outer (mix None), or
         local := mix * local + (1 - mix) * outer (a result that arrived late)."""
         grad = summed.float() / replicas
         mu = cfg.outer_momentum
@@ -104,18 +104,41 @@ class OuterStates:
 
 def start(ex, st: StepState, a: Action):
     """OS u: the unit's outer delta, summed over the stage's replicas in place (a delta in
-    host memory over the stage's gloo group, Groups.outer_group)."""
+    host memory over the stage's gloo group, Groups.outer_group). With islands, each replica of
+    an island sums only its slice of it across the islands (the island's replicas hold the
+    same delta): one delta crosses per island."""
     delta = ex.outer.units[a.unit].delta(ex.outer.delta_dtype)
+    size = ex.groups.island_size
+    if size > 1:
+        part = -(-delta.numel() // size)
+        delta = torch.nn.functional.pad(delta, (0, part * size - delta.numel()))
     group = ex.groups.outer_group(delta)
-    work = dist.all_reduce(delta, group=group, async_op=True)
+    mine = _slice(delta, ex.groups) if size > 1 else delta
+    work = dist.all_reduce(mine, group=group, async_op=True)
     st.pending[a] = (work, delta, group is ex.groups.host_replicas)
     st.bind(outer_delta=[delta])
     return work
 
 
 def wait(ex, st: StepState, a: Action) -> None:
-    """WOS u: the sum waited for under the comm's deadline, then the outer step and merge."""
+    """WOS u: the sum waited for under the comm's deadline (with islands, then the island's
+    slices of it gathered), then the outer step and merge."""
     work, summed, on_host = st.pending.pop(Action(Op.OUTER_SYNC, a.unit))
     (ex.comm.wait_host if on_host else ex.comm.wait)(work, st.when, str(a),
                                                      ex.comm.replica_peers())
-    ex.outer.units[a.unit].step(summed, ex.dp, ex.outer.cfg, ex.outer.mix)
+    unit = ex.outer.units[a.unit]
+    if ex.groups.island_size > 1:
+        group = ex.groups.island_group(summed)
+        gathered = dist.all_gather(list(summed.chunk(ex.groups.island_size)),
+                                   _slice(summed, ex.groups).clone(), group=group, async_op=True)
+        (ex.comm.wait_host if on_host else ex.comm.wait)(gathered, st.when, str(a),
+                                                         ex.comm.replica_peers())
+        summed = summed[:unit.params.numel()]
+    unit.step(summed, ex.outer.sync.workers(ex.dp), ex.outer.cfg, ex.outer.mix)
+
+
+def _slice(delta: torch.Tensor, groups) -> torch.Tensor:
+    """This replica's slice of a padded delta: its place in its island's."""
+    part = delta.numel() // groups.island_size
+    at = groups.replica % groups.island_size
+    return delta[at * part:(at + 1) * part]

@@ -45,12 +45,32 @@ class Groups:
     # --sync diloco: the stage's replicas over gloo again, for the tokens that keep them within
     # a few steps of each other between outer syncs (training/step_meetings.py: AHEAD)
     pace: dist.ProcessGroup | None = None
+    # --sync diloco:...:islands=K: the stage's replicas in this rank's island (its gradients
+    # summed every step; the outer sums all-gathered), and those of the same place in the other
+    # islands (each carries its slice of the outer delta across); host_* over gloo, for state in
+    # host memory (host_replicas is then the group across)
+    island: dist.ProcessGroup | None = None
+    across: dist.ProcessGroup | None = None
+    island_size: int = 1
+    host_island: dist.ProcessGroup | None = None
+
+    @property
+    def grads(self) -> dist.ProcessGroup:
+        """The group a step's gradients (and training losses) are summed over."""
+        return self.island or self.replicas
 
     def outer_group(self, delta: torch.Tensor) -> dist.ProcessGroup:
-        """The group an outer delta is summed over: the host group for one in host memory."""
+        """The group an outer delta (or its slice) is summed over: the host group for one in
+        host memory."""
         if self.host_replicas is not None and delta.device.type == "cpu":
             return self.host_replicas
-        return self.replicas
+        return self.across or self.replicas
+
+    def island_group(self, delta: torch.Tensor) -> dist.ProcessGroup:
+        """The group the islands' outer sums are all-gathered in."""
+        if self.host_island is not None and delta.device.type == "cpu":
+            return self.host_island
+        return self.island
 
     @property
     def shard(self) -> dist.ProcessGroup:
@@ -147,7 +167,8 @@ def stop_together(failed: str | None) -> None:
 
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
                 shard_group: int | None = None, tied: bool = False,
-                host_outer_sync: bool = False, paced: bool = False) -> Groups:
+                host_outer_sync: bool = False, paced: bool = False,
+                island_size: int = 1) -> Groups:
     """Join the process group described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by our
     local launcher or by torchrun) and create every pipeline and replica group. `timeout_s`
     bounds joining and every collective the backend times itself.
@@ -158,7 +179,8 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
     cross the stages (each replica's first and last stage get a group of their own).
     `host_outer_sync`: DiLoCo with state in host memory (each stage's replicas get a gloo group,
     Groups.host_replicas). `paced`: --sync diloco (each stage's replicas get a gloo group for
-    their pace, Groups.pace).
+    their pace, Groups.pace). `island_size`: --sync diloco's islands of that many
+    neighbouring replicas (Groups.island and Groups.across; 1: none).
     """
     world = int(os.environ["WORLD_SIZE"])
     if world != grid.world_size:
@@ -190,7 +212,13 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
             g = dist.new_group(ends)
             if r == replica and stage in (0, grid.pp - 1):
                 groups.tied = g
-    if host_outer_sync and grid.dp > 1:
+    if island_size > 1:
+        groups.island_size = island_size
+        groups.island, groups.across = _neighbours(grid, stage, replica, island_size)
+        if host_outer_sync:
+            groups.host_island, groups.host_replicas = _neighbours(
+                grid, stage, replica, island_size, "gloo")
+    elif host_outer_sync and grid.dp > 1:
         for s in range(grid.pp):
             g = dist.new_group(grid.replica_ranks(s), backend="gloo")
             if s == stage:
@@ -202,14 +230,23 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
                 groups.pace = g
     if shard_group:
         groups.shard_size = shard_group
-        for s in range(grid.pp):
-            ranks = grid.replica_ranks(s)
-            for k in range(0, grid.dp, shard_group):
-                g = dist.new_group(ranks[k:k + shard_group])
-                if s == stage and k <= replica < k + shard_group:
-                    groups.shard_group = g
-            for i in range(shard_group):
-                g = dist.new_group(ranks[i::shard_group])
-                if s == stage and replica % shard_group == i:
-                    groups.cross_group = g
+        groups.shard_group, groups.cross_group = _neighbours(grid, stage, replica, shard_group)
     return groups
+
+
+def _neighbours(grid: RankGrid, stage: int, replica: int, size: int, backend: str | None = None):
+    """Per stage, its groups of `size` neighbouring replicas (hybrid sharding's shard groups,
+    DiLoCo's islands) and the groups across them (the replicas of the same place in each):
+    this rank's of each. Collective."""
+    island = across = None
+    for s in range(grid.pp):
+        ranks = grid.replica_ranks(s)
+        for k in range(0, grid.dp, size):
+            g = dist.new_group(ranks[k:k + size], backend=backend)
+            if s == stage and k <= replica < k + size:
+                island = g
+        for i in range(size):
+            g = dist.new_group(ranks[i::size], backend=backend)
+            if s == stage and replica % size == i:
+                across = g
+    return island, across

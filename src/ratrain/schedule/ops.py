@@ -154,7 +154,8 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            memory=(Release("views"),)),
     OpSpec(Op.OUTER_SYNC, "Low-communication training (--sync diloco): take unit u's outer "
            "delta (its outer parameters minus this replica's local ones) and start summing it "
-           "over the data-parallel replicas.", OpClass.COLLECTIVE, mb=False,
+           "over the data-parallel replicas (with islands: this replica's slice of it, over "
+           "the replicas of its place in the other islands).", OpClass.COLLECTIVE, mb=False,
            waited_by=Op.WAIT_OUTER_SYNC, peers=(Peer.REPLICAS,),
            memory=(Hold("outer", "optimizer", ("outer_delta",)),)),  # in the state's tier
     OpSpec(Op.TIED_SYNC, "Tied embeddings across stages: start summing the tied weight's "
@@ -163,7 +164,7 @@ SPECS: dict[Op, OpSpec] = {spec.op: spec for spec in (
            "sync, so each copy's gradient is then the whole model's.", OpClass.COLLECTIVE,
            mb=False, waited_by=Op.WAIT_TIED_SYNC, peers=(Peer.TIED,)),
     OpSpec(Op.STEP_END, "End of the step: reduce the step's loss over every stage and replica "
-           "(blocking; --sync diloco's inner steps: over the stages only), read the step's "
+           "(blocking; --sync diloco's inner steps: over the stages and the island only), read the step's "
            "device values once, reset per-step state.",
            OpClass.COLLECTIVE, unit=False, mb=False, peers=(Peer.PIPELINE, Peer.REPLICAS),
            in_eval=True),
@@ -187,8 +188,8 @@ SPECS.update({spec.op: spec for spec in (
           "every replica."),
     _wait(Op.GRAD_NORM, "Wait for that reduction; the clipping coefficient of the step is then "
           "known (as a device value: nothing is read on the host before E)."),
-    _wait(Op.OUTER_SYNC, "Wait for that sum; take the outer Nesterov step on the unit's outer "
-          "parameters with the mean delta and merge the result into the local parameters "
+    _wait(Op.OUTER_SYNC, "Wait for that sum (with islands, then gather the island's slices "
+          "of it); take the outer Nesterov step on the unit's outer parameters with the mean delta and merge the result into the local parameters "
           "(schedule/outer_sync.py says how).", memory=(Release("outer"),)),
     _wait(Op.TIED_SYNC, "Wait for that sum; both copies of the tied weight then have the same "
           "gradient, so their identical updates keep them equal."),

@@ -1,5 +1,5 @@
-"""Low-communication training (`--sync diloco:H[:F][:bf16]`, plan field `sync`): DiLoCo and
-Streaming DiLoCo for the data-parallel replicas of a pipeline, as lifecycle actions.
+"""Low-communication training (`--sync diloco:H[:F][:bf16][:islands=K]`, plan field `sync`):
+DiLoCo and Streaming DiLoCo for the data-parallel replicas of a pipeline, as lifecycle actions.
 
 With it the replicas do not sum gradients every step (the inner programs have no GS): each
 replica, a whole pipeline, takes H inner steps with its own AdamW. Then per unit, `OS u` takes
@@ -26,6 +26,14 @@ Two forms, by whether a fragment count is given:
 
 `:bf16` sends the deltas in bfloat16 (half the bytes); the outer step is fp32.
 
+`:islands=K` (hierarchical DiLoCo, for sites of several devices joined by a slow link): the dp
+replicas form K islands of dp / K neighbouring replicas, each a synchronous data-parallel group
+(its gradients summed every step, GS/WGS over the island, as `--sync step` does over all), and
+the islands are DiLoCo's workers. The replicas of an island hold the same local state, so each
+carries 1/(dp/K) of a unit's delta to the other islands (the all-reduce across them) and the
+island all-gathers the sums: one delta per island crosses the slow link, not dp / K. Without it
+every replica is an island of its own.
+
 Programs may differ per step: `step_programs(plan, step)` adds the outer sync of the units due
 at `step` to the plan's inner programs. Pure Python, no torch.
 """
@@ -50,6 +58,15 @@ class OuterSync:
     every: int  # H: inner steps between a unit's outer syncs
     fragments: int | None = None  # F: streaming, overlapped; None: DiLoCo, every unit at once
     delta_dtype: str = "float32"  # what the deltas cross the link in
+    islands: int | None = None  # K: synchronous groups of dp / K replicas; None: every replica one
+
+    def island_size(self, dp: int) -> int:
+        """Replicas per island: those whose gradients are summed every step."""
+        return dp // self.islands if self.islands else 1
+
+    def workers(self, dp: int) -> int:
+        """The inner loops that step apart and average their deltas: the islands."""
+        return self.islands or dp
 
     @property
     def streaming(self) -> bool:
@@ -87,14 +104,22 @@ class OuterSync:
 
 
 def parse_sync(text: str) -> OuterSync | None:
-    """`step` (None) or `diloco:H[:F][:bf16]`; ScheduleConfigError (a user error) otherwise."""
+    """`step` (None) or `diloco:H[:F][:bf16][:islands=K]`; ScheduleConfigError (a user error)
+    otherwise."""
     if text == EVERY_STEP:
         return None
     parts = text.split(":")
+    usage = f"--sync takes {EVERY_STEP} or diloco:H[:F][:bf16][:islands=K], got {text!r}"
+    islands = None
+    if parts[-1].startswith("islands="):
+        count = parts.pop()[len("islands="):]
+        if not count.isdigit() or int(count) < 2:
+            raise ScheduleConfigError(f"--sync ...:islands=K needs K >= 2 synchronous groups of "
+                                      f"replicas, got {text!r}")
+        islands = int(count)
     dtype = "float32"
     if parts[-1] == "bf16":
         dtype, parts = "bfloat16", parts[:-1]
-    usage = f"--sync takes {EVERY_STEP} or diloco:H[:F][:bf16], got {text!r}"
     if parts[0] != "diloco" or len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
         raise ScheduleConfigError(usage)
     every = int(parts[1])
@@ -105,7 +130,14 @@ def parse_sync(text: str) -> OuterSync | None:
     if fragments is not None and not 1 <= fragments <= every:
         raise ScheduleConfigError(f"--sync diloco:H:F needs 1 <= F <= H (each fragment syncs "
                                   f"at its own step of the H), got F={fragments}, H={every}")
-    return OuterSync(every, fragments, dtype)
+    return OuterSync(every, fragments, dtype, islands)
+
+
+def grad_sync_replicas(sync: str, dp: int) -> int:
+    """The replicas a step's gradients are summed over: all dp (synchronous), an island's
+    (`islands=K`), or 1 (DiLoCo: every replica alone)."""
+    outer = parse_sync(sync)
+    return dp if outer is None else outer.island_size(dp)
 
 
 def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
@@ -116,6 +148,9 @@ def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
         return None
     if dp < 2:
         return f"--sync {sync} averages replicas' deltas: it needs --dp >= 2, got dp={dp}"
+    if outer.islands and (outer.islands > dp or dp % outer.islands):
+        return (f"--sync {sync}: {outer.islands} islands of equal size do not divide "
+                f"--dp {dp} replicas; use a K that divides dp")
     if policy != "ratrain":
         return f"--sync {sync} needs --policy ratrain (the baseline policy syncs every step)"
     if shard_state:

@@ -154,8 +154,9 @@ class PipelinePlan:
 
     @property
     def grad_sync_dp(self) -> int:
-        """The replicas a step's gradients are summed over: 1 where they are not (diloco)."""
-        return self.dp if self.sync == outer_sync.EVERY_STEP else 1
+        """The replicas a step's gradients are summed over: all (synchronous), an island's
+        (diloco with islands), 1 where they are not (diloco)."""
+        return outer_sync.grad_sync_replicas(self.sync, self.dp)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -285,7 +286,7 @@ def build_plan(
     device_units = tuple(sorted(device_units))
     check_device_units(device_units, state_home, stage_units[-1].stop)
     check_host_grad(host_grad_dtype, state_home, shard_state, view_window)
-    sync_dp = dp if sync == outer_sync.EVERY_STEP else 1  # diloco: no per-step gradient sync
+    sync_dp = outer_sync.grad_sync_replicas(sync, dp)  # diloco: an island's replicas, or none
     builder = SCHEDULES[schedule]
     weight_grad = weight_grad_of(schedule, weight_grad)
     reason = micro_batch_refusal(n_micro, pp, schedule)

@@ -6,6 +6,7 @@ of what can run (setup/rule.py) applies them to a run's request."""
 from __future__ import annotations
 
 from ratrain.schedule.errors import ScheduleConfigError
+from ratrain.schedule.outer_sync import grad_sync_replicas
 from ratrain.schedule.weight_grads import parse_placement
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "zbh1": "ZB-H1"}
@@ -179,9 +180,10 @@ def device_grad_sum_refusal(device_grad_sum: bool, state_home: str, dp: int,
     if state_home != "host" or shard_state:
         return ("summing gradients on the device before they fold to the host is for "
                 "whole state in host memory (--state-home host, no --shard-state)")
-    if sync != "step" or dp < 2:
+    if grad_sync_replicas(sync, dp) < 2:
         return ("summing gradients on the device before they fold to the host needs a "
-                "gradient sum every step: --dp > 1 and --sync step")
+                "gradient sum every step: --dp > 1 and --sync step, or --sync diloco with "
+                "islands of 2 or more replicas")
     if policy != "ratrain":
         return (f"{summed}, a lifecycle choice of --policy ratrain: the baseline's syncs after "
                 f"the flush would hold every unit's fp32 gradient on the device at once")

@@ -11,7 +11,7 @@ the run's and the machine's. Pure Python: the planner calls it without torch.
 from __future__ import annotations
 
 from ratrain.errors import UserError
-from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
+from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas, outer_refusal
 from ratrain.schedule.plan_rules import (carried_update_refusal, device_grad_sum_refusal,
                                          host_grad_refusal, hybrid_refusal, micro_batch_refusal,
                                          sharding_refusal)
@@ -102,10 +102,11 @@ def has_views(dtype: str, state_home: str, host_is_separate: bool,
 def device_grad_sum_for(state_home: str, dp: int, sync: str, host_is_separate: bool,
                         host_collectives: bool | None) -> bool:
     """Whether host-homed gradients must be summed on the device before they fold: summed
-    every step over replicas whose collectives cannot reach the host (NCCL on GPUs)."""
+    every step (all replicas, or --sync diloco's islands) over replicas whose collectives
+    cannot reach the host (NCCL on GPUs)."""
     if host_collectives is None:
         host_collectives = not host_is_separate
-    return (state_home == "host" and dp > 1 and sync == EVERY_STEP and host_is_separate
+    return (state_home == "host" and grad_sync_replicas(sync, dp) > 1 and host_is_separate
             and not host_collectives)
 
 

@@ -9,13 +9,18 @@ resource the action uses:
                 on a device without a host link, the copies P, O, L: a CPU copies in place)
     copy        started on the copy engine; a later wait (WP, WL) waits for it
     send, recv  one side of a point-to-point transfer (SA/RA, SG/RG), matched with the peer
-    sync        the data-parallel all-reduce of one unit (GS), over the stage's replicas
+    sync        the data-parallel all-reduce of one unit (GS), over the stage's replicas (with
+                --sync diloco's islands, the island's; OS u: the outer delta's, or its slice's
+                across the islands)
     pair        the sum of a weight tied across stages (TS): an all-reduce of its fp32 gradient
                 between the first and the last stage, once both have issued it
     norm        the all-reduce of the squared norm over the pipeline (N)
-    wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WTS, WN, WP, WL)
+    wait        waits for the start it names (WSA, WRA, WSG, WRG, WGS, WTS, WN, WP, WL, WRS, WOS);
+                then the walker runs the wait's own work, where it has some (WRS's add, WOS's
+                outer step; with --sync diloco's islands WOS first all-gathers the island's
+                sums, blocking, on the rank's links: OpCost.blocking)
     step_end    the loss reduction: blocks until every stage reached it (E); over the replicas
-                too, unless --sync diloco
+                too, unless --sync diloco (with islands: over the island)
     host        started on the rank's host update thread (SU, SN); SU's wait (WU) is in the next
                 step's program. On a machine whose ranks share their cores with the compute (a
                 CPU profile) the walker runs it, as it would run U: no overlap is claimed there
@@ -63,12 +68,14 @@ from typing import Callable
 
 from ratrain.schedule.ir import Action
 from ratrain.schedule.ops import SPECS, Op, OpClass, OpSpec, Peer, peer_offset
-from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.sim.links import ring
-from ratrain.sim.outer_sync import outer_step_time, outer_sync_time
+from ratrain.sim.outer_sync import outer_gather_time, outer_step_time, outer_sync_time
 from ratrain.sim.stage_costs import (  # noqa: F401  (the cost model's vocabulary, re-exported)
     UPDATE_BYTES_PER_PARAM, StageCosts,
 )
+
+__all__ = ["BLOCKING", "DURATIONS", "OPS", "SHARDED_OPS", "OpCost", "StageCosts",
+           "UPDATE_BYTES_PER_PARAM", "kind_of", "ops_for"]  # (the re-export, named for pyflakes)
 
 @dataclass(frozen=True)
 class OpCost:
@@ -76,6 +83,9 @@ class OpCost:
 
     kind: str
     duration: Callable[[StageCosts, Action], float]
+    # a wait's blocking collective on the rank's links once what it waits for is done, before
+    # its duration's work on the walker (WOS u with islands: the island's all-gather)
+    blocking: Callable[[StageCosts, Action], float] | None = None
 
 
 def _zero(c: StageCosts, a: Action) -> float:
@@ -96,10 +106,10 @@ def _p2p_time(c: StageCosts, a: Action) -> float:
 
 
 def _step_end_time(c: StageCosts, a: Action) -> float:
-    """E: the loss's sum and count reduced over the pipeline, and over the replicas unless
-    --sync diloco (an inner step's loss stays on its replica)."""
-    return ring(c.s.pipeline, 8, c.s.pp) + (ring(c.s.replicas, 8, c.s.dp)
-                                            if c.s.sync == EVERY_STEP else 0.0)
+    """E: the loss's sum and count reduced over the pipeline, and over the replicas that sum
+    their gradients (a training step's: --sync diloco's inner step keeps its loss on its
+    replica, or with islands, on its island; runtime/lifecycle.step_end)."""
+    return ring(c.s.pipeline, 8, c.s.pp) + ring(c.s.sync_ring, 8, c.s.sync_replicas)
 
 
 def _tied_sync_time(c: StageCosts, a: Action) -> float:
@@ -168,7 +178,13 @@ def kind_of(spec: OpSpec) -> str:
             OpClass.HOST: "host"}[spec.cls]
 
 
-OPS: dict[Op, OpCost] = {op: OpCost(kind_of(spec), DURATIONS[op]) for op, spec in SPECS.items()}
+BLOCKING: dict[Op, Callable[[StageCosts, Action], float]] = {
+    Op.WAIT_OUTER_SYNC: lambda c, a: outer_gather_time(c, a.unit),
+}
+"""The waits that run a collective of their own before their work (OpCost.blocking)."""
+
+OPS: dict[Op, OpCost] = {op: OpCost(kind_of(spec), DURATIONS[op], BLOCKING.get(op))
+                         for op, spec in SPECS.items()}
 
 SHARDED_OPS: dict[Op, OpCost] = {
     Op.PREFETCH: OpCost("sync", lambda c, a: c.gather(a.unit)),  # an all-gather

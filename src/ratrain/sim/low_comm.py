@@ -3,7 +3,13 @@ every step: the same plan without that sync (its inner step), and the smallest p
 and without streaming fragments, at which the outer sync adds little to the mean step
 (sim/outer_period.py prices each). The planner offers it beside its plans and a run's start
 names it; neither switches it on, since it changes the algorithm (the loss per token is no
-longer the synchronous run's). Pure Python."""
+longer the synchronous run's).
+
+Where each stage's replicas span K nodes, several to a node, hierarchical DiLoCo
+(`:islands=K`, an island a node's replicas) is weighed too: its inner steps still sum the
+gradients every step, within the node, and only the outer sync crosses between nodes. Its
+workers are K islands, not dp replicas, so its loss is the closer to the synchronous run's:
+where it hides its syncs it is the option named. Pure Python."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
+from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.outer_period import outer_bytes_per_replica, outer_period
@@ -23,7 +30,9 @@ synchronous loss, so the smallest that hides the sync is the one to offer)."""
 FRAGMENTS = (None, 2, 4)
 """DiLoCo (every unit at once), and Streaming DiLoCo in 2 and 4 fragments."""
 HIDDEN = 0.05
-"""An H hides the outer sync where the period's mean step is within this of the inner step."""
+"""An H hides the outer sync where the period's mean step is within this of the inner step
+(the plan's step without a per-step sum: with islands, their sums within the node must hide
+as well)."""
 EXPOSED = 0.10
 """The per-step sync is worth avoiding where it adds at least this to the inner step: below
 it, the low-communication mode would change the algorithm for little."""
@@ -31,13 +40,14 @@ it, the low-communication mode would change the algorithm for little."""
 
 @dataclass
 class Option:
-    sync: str  # the --sync value: diloco:H or diloco:H:F
+    sync: str  # the --sync value: diloco:H, diloco:H:F, either with :islands=K
     every: int
     fragments: int | None
     mean_step_s: float  # over a period of H steps
     hidden: bool  # within HIDDEN of the inner step (False: the largest H weighed, still short)
-    bytes_per_period: int  # one replica's outer deltas per H steps
+    bytes_per_period: int  # one replica's outer deltas per H steps (islands: its slices)
     results: list[SimResult]  # the inner step and each fragment's: their peaks are the memory
+    islands: int | None = None  # K: hierarchical DiLoCo, an island a node's replicas
 
 
 @dataclass
@@ -56,10 +66,12 @@ class LowComm:
 
     @property
     def best(self) -> Option | None:
-        """The smallest hiding H (of equal ones, the fewest fragments), else the fastest."""
+        """Of the hiding options, islands first (fewer, bigger workers: the loss closer to
+        the synchronous run's), then the smallest H, then the fewest fragments; else the
+        fastest."""
         hidden = [o for o in self.options if o.hidden]
         if hidden:
-            return min(hidden, key=lambda o: (o.every, o.fragments or 1))
+            return min(hidden, key=lambda o: (o.islands is None, o.every, o.fragments or 1))
         return min(self.options, key=lambda o: o.mean_step_s, default=None)
 
 
@@ -84,27 +96,58 @@ def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step
     if plan.sync != EVERY_STEP or outer_refusal(f"diloco:{PERIODS[-1]}", plan.dp, plan.policy,
                                                 plan.shard_state, n_units):
         return None
+    islands = islands_of(plan, profile)
     inner_s, options = None, []
-    for fragments in FRAGMENTS:
-        if fragments and fragments > n_units:
-            continue
-        tail = f":{fragments}" if fragments else ""
-        # the synced steps' costs do not depend on H: one period prices every H
-        period = outer_period(diloco_plan(plan, f"diloco:{PERIODS[-1]}{tail}"), model, profile,
-                              **shape)
-        inner_s = period.inner.step_time
-        for every in PERIODS:
-            if fragments and fragments > every:
+    for k in (None, islands) if islands else (None,):
+        for fragments in FRAGMENTS:
+            if fragments and fragments > n_units:
                 continue
-            mean = dataclasses.replace(period, every=every).mean_step_time
-            hidden = mean <= (1 + HIDDEN) * inner_s
-            if hidden or every == PERIODS[-1]:
-                sync = f"diloco:{every}{tail}"
-                options.append(Option(sync, every, fragments, mean, hidden, sum(
-                    outer_bytes_per_replica(diloco_plan(plan, sync), model)),
-                    [period.inner, *period.synced]))
-                break
+            tail = (f":{fragments}" if fragments else "") + (f":islands={k}" if k else "")
+            # the synced steps' costs do not depend on H: one period prices every H
+            period = outer_period(diloco_plan(plan, f"diloco:{PERIODS[-1]}{tail}"), model,
+                                  profile, **shape)
+            if k is None:  # (the islands' inner step sums within nodes: measured against this)
+                inner_s = period.inner.step_time
+            for every in PERIODS:
+                if fragments and fragments > every:
+                    continue
+                mean = dataclasses.replace(period, every=every).mean_step_time
+                hidden = mean <= (1 + HIDDEN) * inner_s
+                if hidden or every == PERIODS[-1]:
+                    sync = f"diloco:{every}{tail}"
+                    options.append(Option(sync, every, fragments, mean, hidden, sum(
+                        outer_bytes_per_replica(diloco_plan(plan, sync), model)),
+                        [period.inner, *period.synced], k))
+                    break
     return LowComm(step_s, inner_s, options) if inner_s is not None else None
+
+
+def islands_of(plan: PipelinePlan, profile: HardwareProfile) -> int | None:
+    """K for `:islands=K`, where it keeps each island's per-step sum within a node: the nodes
+    each stage's replicas span under the plan's rank order (ranks fill nodes of
+    `devices_per_node`), where 1 < K < dp, K divides dp and each island of dp / K neighbouring
+    replicas is on one node; None elsewhere, and where host-homed gradients would be summed
+    every step by devices whose collectives cannot reach the host (on GPUs they are summed on
+    the device first, which the schedule's rules allow with a per-step sync only)."""
+    devices = [profile.device] + [g.device for g in profile.groups]
+    if plan.state_home == "host" and any(d.host_link is not None and not d.host_collectives
+                                         for d in devices):
+        return None
+    grid, per_node = RankGrid(plan.pp, plan.dp, plan.rank_order), profile.devices_per_node
+    spans = set()
+    for s in range(plan.pp):
+        ranks = grid.replica_ranks(s)
+        spans.add(len({r // per_node for r in ranks}))
+    k = spans.pop() if len(spans) == 1 else 0
+    if not 1 < k < plan.dp or plan.dp % k:
+        return None
+    size = plan.dp // k
+    for s in range(plan.pp):
+        ranks = grid.replica_ranks(s)
+        if any(len({r // per_node for r in ranks[i:i + size]}) > 1
+               for i in range(0, plan.dp, size)):
+            return None
+    return k
 
 
 def advice(low: LowComm, tokens_per_step: int) -> str:
@@ -118,7 +161,14 @@ def advice(low: LowComm, tokens_per_step: int) -> str:
             f"step; --sync {best.sync}{also} {what}: {tokens_per_step / best.mean_step_s:,.0f} "
             f"tokens/s predicted against {tokens_per_step / low.step_s:,.0f} "
             f"({low.step_s / best.mean_step_s:.2f}x), {best.bytes_per_period / 1e6:.3g} MB per "
-            f"replica every {best.every} steps. It changes the ALGORITHM (DiLoCo: each replica "
-            f"steps alone between outer syncs; the loss per token is not the synchronous run's; "
+            f"replica every {best.every} steps. It changes the ALGORITHM ({_algorithm(best)}; "
+            f"the loss per token is not the synchronous run's; "
             f"over a few thousand steps, average with --outer-lr 1 --outer-momentum 0: "
             f"docs/low_bandwidth.md), so it is never chosen for you")
+
+
+def _algorithm(option: Option) -> str:
+    if option.islands:
+        return (f"hierarchical DiLoCo: {option.islands} islands, each a node's replicas summing "
+                f"their gradients every step, step alone between outer syncs")
+    return "DiLoCo: each replica steps alone between outer syncs"

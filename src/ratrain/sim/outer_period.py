@@ -49,11 +49,16 @@ def outer_period(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
 
 
 def outer_bytes_per_replica(plan: PipelinePlan, model: ModelConfig) -> list[int]:
-    """Bytes each fragment's deltas put on one replica's link per sync (a ring all-reduce
-    sends 2 (dp - 1) / dp of them), fragment by fragment; their sum is every H steps' traffic."""
+    """Bytes each fragment's deltas put on one replica's link between the workers per sync (a
+    ring all-reduce over n sends 2 (n - 1) / n of them), fragment by fragment; their sum is
+    every H steps' traffic. With islands of I replicas, each replica's slice (1/I of each
+    unit's delta, padded) over the K islands; the all-gather of the sums within the island
+    stays on the island's link and is not counted."""
     outer = parse_sync(plan.sync)
     n_units = plan.stage_units[-1].stop
+    island, workers = outer.island_size(plan.dp), outer.workers(plan.dp)
     sizes = [0] * (outer.fragments or 1)
     for u in range(n_units):
-        sizes[outer.fragment_of(u, n_units)] += outer.delta_bytes * uc.param_count(model, u)
-    return [round(2 * (plan.dp - 1) / plan.dp * n) for n in sizes]
+        carried = -(-uc.param_count(model, u) // island)  # the replica's slice, padded
+        sizes[outer.fragment_of(u, n_units)] += outer.delta_bytes * carried
+    return [round(2 * (workers - 1) / workers * n) for n in sizes]

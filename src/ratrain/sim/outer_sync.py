@@ -3,28 +3,60 @@ unit u's outer delta over the stage's replicas (a "sync" on the replicas' links,
 only in the steps it is due: the simulator prices the step whose program it is given), `WOS u`,
 the outer Nesterov step and the merge (memory traffic in the state's tier), and the bytes the
 outer state holds (the outer parameters and momentum, fp32, counted as optimizer state) and the
-delta in flight. Pure Python."""
+delta in flight.
+
+With islands (`:islands=K`, islands of I = dp / K neighbouring replicas) each replica of an
+island carries slice j of the delta (1/I of it, the delta padded to a multiple of I) across:
+`OS u` is the all-reduce of that slice over the K replicas in its place in the islands (the
+across ring), and `WOS u` first all-gathers the summed slices within the island (the island
+ring), blocking, before the outer step.
+
+The delta in flight, in the ledger (storage `outer_delta`, OS u to WOS u, in the state's
+tier): the whole delta as it crosses (fp32, or bf16), with islands padded to a multiple of I;
+the runtime sums its slice in place and gathers the island's sums back into it
+(runtime/outer_sync.py). Left out, as the executor's ledger leaves it: WOS u's copy of the
+replica's summed slice that the all-gather sends from (1/I of the delta, for the gather only).
+Pure Python."""
 
 from __future__ import annotations
 
-from ratrain.schedule.outer_sync import parse_sync
-from ratrain.sim.links import ring
+from ratrain.sim.links import ring, ring_half
 
 OUTER_STEP_BYTES_PER_PARAM = 40
 """The outer step's memory traffic per parameter: read the summed delta, the momentum, the
 outer and local parameters, write the momentum, the outer and the local parameters (fp32; the
-delta once more for the division by dp)."""
+delta once more for the division by the workers)."""
+
+
+def _island(c) -> int:
+    """Replicas per island (1 without islands: each replica is a worker of its own)."""
+    outer = c.s.outer
+    return outer.island_size(c.s.dp) if outer else 1
 
 
 def delta_bytes(c, u: int) -> int:
-    """Unit u's outer delta as it crosses the link (fp32, or bf16 with :bf16)."""
-    outer = parse_sync(c.s.sync)
-    return (outer.delta_bytes if outer else 4) * c.s.params(u)
+    """Unit u's whole outer delta as the runtime holds it (fp32, or bf16 with :bf16), padded
+    to a multiple of the island's replicas: the ledger's `outer_delta`."""
+    island = _island(c)
+    padded = -(-c.s.params(u) // island) * island
+    return (c.s.outer.delta_bytes if c.s.outer else 4) * padded
 
 
 def outer_sync_time(c, u: int) -> float:
-    """A ring all-reduce of the delta over the stage's dp replicas."""
-    return ring(c.s.replicas, delta_bytes(c, u), c.s.dp)
+    """A ring all-reduce of the delta over the stage's dp replicas; with islands, of the
+    replica's slice over the K replicas in its place in the islands (the across ring)."""
+    island = _island(c)
+    if island == 1:
+        return ring(c.s.replicas, delta_bytes(c, u), c.s.dp)
+    return ring(c.s.across_ring or c.s.replicas, delta_bytes(c, u) / island,
+                c.s.dp // island)
+
+
+def outer_gather_time(c, u: int) -> float:
+    """With islands, WOS u's all-gather of the summed slices within the island (a ring
+    all-gather of the whole padded delta over the island's replicas); 0 without."""
+    island = _island(c)
+    return ring_half(c.s.island_ring or c.s.replicas, delta_bytes(c, u), island)
 
 
 def outer_step_time(c, u: int) -> float:
@@ -32,7 +64,9 @@ def outer_step_time(c, u: int) -> float:
 
 
 def outer_state_owners(c, u: int) -> list[tuple[tuple, str, tuple, int]]:
-    """The unit's outer parameters and momentum, where the run has them."""
-    if parse_sync(c.s.sync) is None:
+    """The unit's outer parameters and momentum, where the run has them: owned apart from
+    the delta in flight, whose owner ("outer", u) WOS u releases (until 2026-11-29 they shared
+    it, and the simulated ledger dropped the outer state at WOS)."""
+    if c.s.outer is None:
         return []
-    return [(("outer", u), "optimizer", ("outer", u), 8 * c.s.params(u))]
+    return [(("outer_state", u), "optimizer", ("outer", u), 8 * c.s.params(u))]

@@ -11,6 +11,7 @@ from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Op
+from ratrain.schedule.outer_sync import parse_sync
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.schedule.unit_major import fold_roles
 from ratrain.sim.links import Link
@@ -49,6 +50,7 @@ def stage_setups(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfil
             device_units=frozenset(plan.device_units).intersection(units),
             tied=tied if s in plan.tied_ends else None, host_grad_dtype=plan.host_grad_dtype,
             **hybrid_links(s, plan.pp, plan.dp, plan.rank_order, plan.shard_group, profile),
+            **island_links(s, plan.pp, plan.dp, plan.rank_order, plan.sync, profile),
         ))
     return setups
 
@@ -59,9 +61,28 @@ def hybrid_links(stage: int, pp: int, dp: int, rank_order: str, shard_group: int
     that of the replicas holding the same slice in the other groups; none without it."""
     if shard_group is None:
         return {}
+    group, cross = _group_links(stage, pp, dp, rank_order, shard_group, profile)
+    return {"shard_ring": group, "cross_ring": cross}
+
+
+def island_links(stage: int, pp: int, dp: int, rank_order: str, sync: str,
+                 profile: HardwareProfile) -> dict[str, Link]:
+    """--sync diloco's islands (schedule/outer_sync.py): the ring of replica 0's island (its
+    dp / K neighbouring replicas) and that of the replicas in its place in the other islands
+    (the runtime's Groups.island and Groups.across); none without islands."""
+    outer = parse_sync(sync)
+    if outer is None or not outer.islands:
+        return {}
+    island, across = _group_links(stage, pp, dp, rank_order, outer.island_size(dp), profile)
+    return {"island_ring": island, "across_ring": across}
+
+
+def _group_links(stage: int, pp: int, dp: int, rank_order: str, size: int,
+                 profile: HardwareProfile) -> tuple[Link, Link]:
+    """The ring of the stage's first `size` neighbouring replicas and the ring of replica 0
+    and its counterparts in the other groups of `size` (ranks[::size])."""
     ranks = RankGrid(pp, dp, rank_order).replica_ranks(stage)
-    return {"shard_ring": _link(profile, ranks[:shard_group]).collective,
-            "cross_ring": _link(profile, ranks[::shard_group]).collective}
+    return (_link(profile, ranks[:size]).collective, _link(profile, ranks[::size]).collective)
 
 
 def stage_groups(pp: int, dp: int, rank_order: str, profile: HardwareProfile) -> list[int] | None:

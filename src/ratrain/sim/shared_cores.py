@@ -123,7 +123,7 @@ class SharedCores:
         if not self.jobs:
             return
         rates = self._rates
-        first = None
+        first, soonest = None, 0.0
         for job_id, job in self.jobs.items():  # the first of the soonest, as min() takes
             left = job[1] / rates[job[0]]
             if first is None or left < soonest:

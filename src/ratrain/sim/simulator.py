@@ -190,7 +190,8 @@ class _Simulation(Transfers):
                     op.done = op.start + cost.duration(c, a)
                     self.send_free[s] = self.recv_free[s] = op.done
                     self._at(op.done, self._complete, s, op)
-                    self._occupy(op.start, op.done, s)
+                    self._occupy(op.start, op.done, s, members=c.s.sync_replicas
+                                 if a.op is Op.GRAD_SYNC else None)
                 elif kind == "pair":
                     self._pair(s, op, cost.duration(c, a))
                 else:
@@ -221,9 +222,23 @@ class _Simulation(Transfers):
                 if key[0] in CARRIED}
 
     def _finish_wait(self, s: int, a: Action, since: float) -> bool:
-        """The wait `a` returns now; True when the walker is busy for its overhead."""
+        """What the wait `a` waited for is done: it returns now, or runs its own blocking
+        collective and work first (WOS's gather and outer step, WRS's add; until 2026-11-29 a
+        wait's duration was dropped: the outer step cost nothing); True when the walker is
+        busy."""
+        c, cost = self.costs[s], self.op_tables[s][a.op]
+        work = cost.duration(c, a)
+        gather = cost.blocking(c, a) if cost.blocking else 0.0
+        if work or gather:
+            self.pc[s] += 1
+            compute = lambda: self._compute(s, a, work + c.overhead, since=since)  # noqa: E731
+            if gather:
+                self._over_replicas(s, gather, compute)
+            else:
+                compute()
+            return True
         self.memory[s].record(self.now)
-        overhead = self.costs[s].overhead
+        overhead = c.overhead
         self.timelines[s].actions.append((a, since, self.now + overhead))
         self.pc[s] += 1
         if overhead:
@@ -259,7 +274,10 @@ class _Simulation(Transfers):
 
     # -- compute: processor sharing on a node (sim/shared_cores.py) ---------------------------
 
-    def _compute(self, s: int, a: Action, seconds: float, then=None, op: InFlight | None = None) -> None:
+    def _compute(self, s: int, a: Action, seconds: float, then=None, op: InFlight | None = None,
+                 since: float | None = None) -> None:
+        """`since`: where a wait's work is the compute, when the wait began (its action's
+        span on the timeline)."""
         start = self.now
 
         def done() -> None:
@@ -268,7 +286,7 @@ class _Simulation(Transfers):
             self.timelines[s].compute += self.now - start
             if a.op in FOLDS:
                 self._copy_gradient(s, a)
-            self.timelines[s].actions.append((a, start, self.now))
+            self.timelines[s].actions.append((a, start if since is None else since, self.now))
             self.memory[s].record(self.now)
             if then is not None:
                 then()

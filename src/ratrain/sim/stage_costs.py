@@ -181,14 +181,15 @@ class StageCosts(StageStorages):
         return ring(self.s.shard_link, 4, self.s.shard_replicas) if self.s.shard_state else 0.0
 
     def grad_sync(self, u: int, link: Link | None = None, dp: int | None = None) -> float:
-        """Unit u's gradient sync (GS) over `link` among `dp` replicas (default: the stage's):
-        an all-reduce, or sharded, a reduce-scatter of the padded gradient (over the shard
-        group, with hybrid sharding), which costs an all-reduce on gloo."""
+        """Unit u's gradient sync (GS) over `link` among `dp` replicas (default: those the
+        stage sums its gradients over, an island's under --sync diloco's islands): an
+        all-reduce, or sharded, a reduce-scatter of the padded gradient (over the shard group,
+        with hybrid sharding), which costs an all-reduce on gloo."""
         if self.s.shard_state:
             link, dp = link or self.s.shard_link, dp or self.s.shard_replicas
             scatter = ring if self.s.profile.device.reduce_scatter_all_reduces else ring_half
             return scatter(link, self.grad_sync_bytes(u), dp)
-        return ring(link or self.s.replicas, self.grad_sync_bytes(u), dp or self.s.dp)
+        return ring(link or self.s.sync_ring, self.grad_sync_bytes(u), dp or self.s.sync_replicas)
 
     def cross_sync(self, u: int) -> float:
         """Hybrid sharding's GX u: an all-reduce of the slice's fp32 gradient over the

@@ -10,6 +10,7 @@ from functools import cached_property
 
 from ratrain.config import ModelConfig
 from ratrain.models.params import unit_param_counts
+from ratrain.schedule.outer_sync import OuterSync, parse_sync
 from ratrain.sim import unit_costs as uc
 from ratrain.sim.links import Link
 from ratrain.sim.profile import HardwareProfile
@@ -45,6 +46,11 @@ class StageSetup:
     shard_ring: Link | None = None  # hybrid: the ring of replica 0's shard group
     cross_ring: Link | None = None  # hybrid: the ring of the replicas holding replica 0's slice
     sync: str = "step"  # the plan's: "step", or --sync diloco's outer sync (sim/outer_sync.py)
+    # --sync diloco:...:islands=K: the ring of replica 0's island (its dp / K neighbouring
+    # replicas, which sum gradients every step) and that of the replicas in its place in the
+    # other islands (the outer deltas' slices cross it); None without islands
+    island_ring: Link | None = None
+    across_ring: Link | None = None
     # (unit, micro-batch) of each B/BW -> its fold (schedule/unit_major.fold_roles); None
     # (the planner's tables): the step's mean over groups of `micro_batch_group`
     fold_roles: dict[tuple[int, int], str] | None = None
@@ -91,6 +97,23 @@ class StageSetup:
         sizes = [n for u in self.units if self.grad_bytes(u) == 2
                  for n in uc.param_sizes(self.model, self.kind(u))]
         return 4 * min(max(sizes, default=0), UPDATE_CHUNK)
+
+    @cached_property
+    def outer(self) -> OuterSync | None:
+        """The plan's outer sync, parsed once: read by each outer sync's and step end's cost."""
+        return parse_sync(self.sync)
+
+    @property
+    def sync_replicas(self) -> int:
+        """The replicas a step's gradients, and a training step's loss, are summed over: all dp
+        (synchronous), an island's (islands), 1 (DiLoCo: none); outer_sync.grad_sync_replicas,
+        from the plan's sync parsed once."""
+        return self.dp if self.outer is None else self.outer.island_size(self.dp)
+
+    @property
+    def sync_ring(self) -> Link:
+        """The ring of those replicas: the island's, else the stage's."""
+        return self.island_ring or self.replicas
 
     @property
     def shard_replicas(self) -> int:

@@ -69,15 +69,18 @@ class Transfers:
             side.start, side.done = start, end
             self._at(end, self._complete, stage, side)
 
-    def _occupy(self, start: float, end: float, s: int, peer: int | None = None) -> None:
+    def _occupy(self, start: float, end: float, s: int, peer: int | None = None,
+                members: int | None = None) -> None:
         """Communication within one node is work of its cores (sim/shared_cores.py): stage s's
-        sync where all its replicas are on its node, or a transfer between s and `peer` on
-        one node. Between nodes the link does the work."""
+        sync where all its `members` (its first replicas: default all dp; an island's GS, its
+        island's) are on its node, or a transfer between s and `peer` on one node. Between
+        nodes the link does the work."""
         cores = self.cores
         if cores is None or end <= start:
             return
         if peer is None:
-            if cores.weight[s] == self.plan.dp:
+            # replica 0's node holds the stage's first `weight` replicas (ranks rise with them)
+            if cores.weight[s] >= (members or self.plan.dp):
                 cores.occupy(s, start, end)
         elif cores.node_of[s] == cores.node_of[peer]:
             cores.occupy(s, start, end)

@@ -13,6 +13,7 @@ step lands after it, and the result is mixed into the local parameters that move
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -34,10 +35,18 @@ class ReferenceRun:
 
 
 def run_reference(cfg: RunConfig, steps: int | None = None) -> ReferenceRun:
-    """`steps` (default: the config's) steps of cfg's --sync diloco run, in this process."""
+    """`steps` (default: the config's) steps of cfg's --sync diloco run, in this process. With
+    K islands, of the run of K replicas without islands: an island's replicas split its batch
+    (the loader gives a replica neighbouring rows) and sum their gradients every step, which
+    is the arithmetic of one replica of the island's rows in another order."""
     sync = parse_sync(cfg.parallel.sync)
     if sync is None:
         raise ValueError("the DiLoCo reference needs --sync diloco:...")
+    if sync.islands:
+        cfg = copy.deepcopy(cfg)
+        cfg.parallel.dp = sync.islands
+        cfg.parallel.sync = cfg.parallel.sync.rsplit(":islands=", 1)[0]
+        sync = parse_sync(cfg.parallel.sync)
     dp, t = cfg.parallel.dp, cfg.train
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     loaders = [make_data(cfg, tokenizer, dp, r)[0] for r in range(dp)]

@@ -23,23 +23,24 @@ from ratrain.schedule.grid import RankGrid
 
 def checkpoint_bytes(cfg: RunConfig) -> int:
     """About what one checkpoint takes on disk: fp32 weights and AdamW's two fp32 moments;
-    under --sync diloco every replica's (their local weights differ), and the outer parameters
-    and momentum once."""
+    under --sync diloco every island's (replica's: their local weights differ), and the outer
+    parameters and momentum once."""
     n = count_params(cfg.model)
     if not cfg.parallel.diloco:
         return 12 * n
-    return 12 * n * cfg.parallel.dp + 8 * n
+    return 12 * n * (cfg.parallel.dp // cfg.parallel.island_size) + 8 * n
 
 
 def part_bytes(cfg: RunConfig, grid: RankGrid, stage_units: list[range], ranks) -> int:
     """About what `ranks`' part of a checkpoint takes: each of their stages' units once (under
-    --sync diloco once per replica among them, and the outer state once)."""
+    --sync diloco once per island among them, and the outer state once)."""
     counts = unit_param_counts(cfg.model)
     total = 0
     for stage in {grid.coords(r)[0] for r in ranks}:
         n = sum(counts[u] for u in stage_units[stage])
-        replicas = sum(1 for r in ranks if grid.coords(r)[0] == stage)
-        total += (12 * replicas + 8) * n if cfg.parallel.diloco else 12 * n
+        islands = len({cfg.parallel.files_of(replica) for s, replica in map(grid.coords, ranks)
+                       if s == stage})
+        total += (12 * islands + 8) * n if cfg.parallel.diloco else 12 * n
     return total
 
 
@@ -68,7 +69,9 @@ def room_problem(cfg: RunConfig, checkpoints: Path | checkpoint.Elsewhere, on: P
     if free >= count * size:
         return None
     what = f"a checkpoint of {cfg.model.name}{part}" + (
-        " (every replica's weights and AdamW state, and the outer state)"
+        (" (every island's weights and AdamW state, and the outer state)"
+         if cfg.parallel.island_size > 1 else
+         " (every replica's weights and AdamW state, and the outer state)")
         if cfg.parallel.diloco and not part else "")
     many = "" if count == 1 else (
         f" and this run needs room for {count} at once (the newest "

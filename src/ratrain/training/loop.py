@@ -49,8 +49,8 @@ class Loop:
         self.share = share or DirectoryShare(tuple(range(self.grid.world_size)))
         self.publishes = rank == self.share.publisher  # this directory's checkpoints
         self.progress = progress and self.is_main
-        dp, replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
-        self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, replica)
+        dp, self.replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
+        self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, self.replica)
         self.where = checkpoints_of(run_dir, cfg)
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
         self._per_rank_written: dict[str, list] = {}  # _per_rank's last lists by key
@@ -208,7 +208,7 @@ class Loop:
         # read to the host a unit at a time: loading copies each into the unit's own home
         self.engine.load_unit_states(
             checkpoint.load_units(ckpt, self.engine.checkpoint_units(), "cpu",
-                                  self.groups.replica if self.groups else 0, verified=verified))
+                                  self.cfg.parallel.files_of(self.replica), verified=verified))
         # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
         # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
         same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)
@@ -247,12 +247,14 @@ class Loop:
         background unless --checkpoint-sync. The previous save is waited for first."""
         self.saver.wait()
         t0 = time.perf_counter()
-        # --sync diloco: each replica's local state is its own, and each saves it; else the
-        # other replicas of a directory hold its first's units (sharded: they join the gathers)
-        diloco, first = self.engine.outer is not None, self.share.first_of_stage(self.grid, self.rank)
-        own = self.groups.replica if self.groups and diloco else 0
-        taken = saving.take(self.where, step, self.engine.unit_states(), diloco or first,
-                            copy=self.saver.background, replica=own, outer=first)
+        # --sync diloco: each island's (replica's) local state is its own, and its first replica
+        # in the directory saves it; else the directory's first replica of the stage saves the
+        # units all hold (sharded: the others join the gathers)
+        writes = self.share.first_of_stage(self.grid, self.rank, self.cfg.parallel.island_size)
+        taken = saving.take(self.where, step, self.engine.unit_states(), writes,
+                            copy=self.saver.background,
+                            replica=self.cfg.parallel.files_of(self.replica, saving=True),
+                            outer=self.share.first_of_stage(self.grid, self.rank))
         generators = rng.capture()
         meta = None
         if self.publishes:

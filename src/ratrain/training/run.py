@@ -136,7 +136,8 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
                              plan.shard_group, bool(plan.tied_ends),
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP,
-                             paced=plan.sync != EVERY_STEP)
+                             paced=plan.sync != EVERY_STEP,
+                             island_size=plan.grad_sync_dp if plan.sync != EVERY_STEP else 1)
         share = None
         if agree:
             plan, share, resume_from, verified = _agree_across_nodes(cfg, plan, groups, run_dir,
@@ -147,7 +148,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
             written = {u for r in share.ranks for u in plan.stage_units[groups.grid.coords(r)[0]]}
             resume_from, verified = agreed_local_checkpoint(
                 checkpoint.root(checkpoints_of(run_dir, cfg)), rank, resume_from,
-                engine.checkpoint_units(), written, groups.replica, p.comm_timeout_s,
+                engine.checkpoint_units(), written, p.files_of(groups.replica), p.comm_timeout_s,
                 groups.device)
     else:
         groups, tracer, share = None, None, None

@@ -49,12 +49,15 @@ class DirectoryShare:
     def node_local(self) -> bool:
         return self.directories > 1
 
-    def first_of_stage(self, grid: RankGrid, rank: int) -> bool:
-        """Whether `rank` is the lowest replica of its stage among the directory's ranks: the
-        one that writes what its stage's replicas hold alike (the units of a synchronous run,
-        --sync diloco's outer states)."""
+    def first_of_stage(self, grid: RankGrid, rank: int, island: int | None = None) -> bool:
+        """Whether `rank` is the lowest replica of its stage among the directory's ranks (of
+        its island of `island` neighbouring replicas, where given): the one that writes what
+        they hold alike (the units of a synchronous run or of an island, --sync diloco's outer
+        states)."""
         stage, replica = grid.coords(rank)
-        return replica == min(grid.coords(r)[1] for r in self.ranks if grid.coords(r)[0] == stage)
+        size = island or grid.dp
+        return replica == min(r for s, r in map(grid.coords, self.ranks)
+                              if s == stage and r // size == replica // size)
 
 
 def shared_by(directory: Path, rank: int, world: int, timeout_s: float, device: torch.device,
