@@ -127,8 +127,8 @@ def islands_of(plan: PipelinePlan, profile: HardwareProfile) -> int | None:
     each stage's replicas span under the plan's rank order (ranks fill nodes of
     `devices_per_node`), where 1 < K < dp, K divides dp and each island of dp / K neighbouring
     replicas is on one node; None elsewhere, and where host-homed gradients would be summed
-    every step by devices whose collectives cannot reach the host (on GPUs they are summed on
-    the device first, which the schedule's rules allow with a per-step sync only)."""
+    every step by devices whose collectives cannot reach the host (a run sums them on the
+    device first, device_grad_sum, which diloco_plan does not set: not weighed yet)."""
     devices = [profile.device] + [g.device for g in profile.groups]
     if plan.state_home == "host" and any(d.host_link is not None and not d.host_collectives
                                          for d in devices):
