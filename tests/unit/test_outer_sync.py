@@ -163,3 +163,12 @@ def test_a_host_homed_units_outer_delta_is_in_host_memory():
     inner, synced = period.inner.ranks[0], period.synced[0].ranks[0]
     assert synced.device_peak == inner.device_peak
     assert synced.host_peak > inner.host_peak
+
+
+def test_plan_says_which_sync_its_programs_step_under(monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--global-batch", "8",
+                             "--dp", "4", "--micro-batch-size", "1", "--schedule", "1f1b",
+                             "--sync", "diloco:2:islands=2")
+    assert code == 0, err
+    assert "--sync diloco:2:islands=2 (the programs below: an inner step)" in out.splitlines()[0]
+    assert "GS0" in out  # the island's sum, every step

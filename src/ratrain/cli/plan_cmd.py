@@ -52,7 +52,9 @@ def _show(cfg, out, as_json) -> None:
               if pipeline_plan.weight_grad else "")
     click.echo(f"{pipeline_plan.policy} {pipeline_plan.schedule}{placed}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
                f"rank order {pipeline_plan.rank_order}, "
-               f"n_micro={cfg.n_micro}; {units}")
+               + (f"--sync {pipeline_plan.sync} (the programs below: an inner step), "
+                  if pipeline_plan.sync != "step" else "")
+               + f"n_micro={cfg.n_micro}; {units}")
     views = ("none (the views are the masters)" if pipeline_plan.view_window is None
              else "all resident" if pipeline_plan.view_window == 0
              else f"window {pipeline_plan.view_window}")
