@@ -171,12 +171,14 @@ def run_one(spec: dict, work: Path, port: int) -> dict:
             - sampler.samples[0][1] - sampler.samples[0][2]}
 
 
-def start_lines(rate: str) -> int:
-    argv = ["-m", "ratrain.cli", "train", "--model", "tiny", "--pp", "1", "--dp", "2",
-            "--global-batch", "8", "--micro-batch-size", "2", "--steps", "3", "--no-checkpoints",
-            "--no-report", "--threads", "1"]
+def start_lines(spec: str) -> int:
+    rate, _, dp = spec.partition(",")
+    dp = int(dp or 2)
+    argv = ["-m", "ratrain.cli", "train", "--model", "tiny", "--pp", "1", "--dp", str(dp),
+            "--global-batch", "8", "--micro-batch-size", str(8 // dp // 2), "--steps", "3",
+            "--no-checkpoints", "--no-report", "--threads", "1"]
     with tempfile.TemporaryDirectory() as tmp, TwoNodes(rate) as net:
-        net.run(1, [*argv, "--run-dir", str(Path(tmp) / "run")], 29590, Path(tmp), cwd=REPO)
+        net.run(dp // 2, [*argv, "--run-dir", str(Path(tmp) / "run")], 29590, Path(tmp), cwd=REPO)
         said = (Path(tmp) / "node0.log").read_text(errors="replace").splitlines()
     for line in said:
         if line.startswith(("links measured", "schedule ", "low-communication")):
@@ -189,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", action="append", default=[], type=parse_spec, metavar="RATE[+DELAY],SYNC,STEPS[,PP[xDP][,FLAGS]]")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--report", action="store_true", help="plots and table from --out; runs nothing")
-    ap.add_argument("--start-lines", metavar="RATE",
-                    help="run 3 steps of `ratrain train --pp 1 --dp 2` with default flags (two "
-                         "micro-batches per replica) over RATE and print what rank 0 said at the "
-                         "start: the links probed, the schedule chosen, the low-communication hint")
+    ap.add_argument("--start-lines", metavar="RATE[,DP]",
+                    help="run 3 steps of `ratrain train --pp 1 --dp DP` (2 unless given: DP / 2 "
+                         "ranks a node) with default flags (two micro-batches per replica) over "
+                         "RATE and print what rank 0 said at the start: the links probed, the "
+                         "schedule chosen, the low-communication hint")
     args = ap.parse_args(argv)
     if args.report:
         from low_bandwidth_report import report
