@@ -33,10 +33,10 @@ pytestmark = pytest.mark.dist
 STEPS = 6
 
 
-def _config(corpus, sync, state_home="device", steps=STEPS):
+def _config(corpus, sync, state_home="device", steps=STEPS, shard_state=False):
     cfg = micro_config(*corpus, steps=steps)
     cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = 1, 4, sync
-    cfg.parallel.state_home = state_home
+    cfg.parallel.state_home, cfg.parallel.shard_state = state_home, shard_state
     cfg.train.eval_batches = 0
     return cfg
 
@@ -68,15 +68,18 @@ def _recording_outer_traffic(cfg, run_dir: str) -> None:
     Path(run_dir, f"outer_traffic_{os.environ['RANK']}.json").write_text(json.dumps(seen))
 
 
-@pytest.mark.parametrize("sync, state_home, tolerance", [
-    ("diloco:2:islands=2", "device", 1e-5),
-    ("diloco:3:3:islands=2", "host", 1e-5),  # streaming; gloo groups of their own
+@pytest.mark.parametrize("sync, state_home, shard_state, tolerance", [
+    ("diloco:2:islands=2", "device", False, 1e-5),
+    ("diloco:3:3:islands=2", "host", False, 1e-5),  # streaming; gloo groups of their own
     # a bf16 delta's last bit (2**-8 of it) follows the order the island sums its gradients in,
     # which is not the reference's
-    ("diloco:2:bf16:islands=2", "device", 1e-4),
+    ("diloco:2:bf16:islands=2", "device", False, 1e-4),
+    # each island's state (and outer state) sharded over its two replicas
+    ("diloco:3:3:islands=2", "device", True, 1e-5),
 ])
-def test_islands_compute_diloco_over_the_islands(sync, state_home, tolerance, corpus, tmp_path):
-    cfg = _config(corpus, sync, state_home)
+def test_islands_compute_diloco_over_the_islands(sync, state_home, shard_state, tolerance,
+                                                 corpus, tmp_path):
+    cfg = _config(corpus, sync, state_home, shard_state=shard_state)
     launch_local(4, _recording_outer_traffic, (cfg, str(tmp_path)), error_dir=tmp_path / "errors")
     with one_thread():
         ref = run_reference(cfg)
@@ -93,13 +96,15 @@ def test_islands_compute_diloco_over_the_islands(sync, state_home, tolerance, co
         traffic = json.loads((tmp_path / f"outer_traffic_{rank}.json").read_text())
         reduces = [t for t in traffic if t[0] == "all_reduce"]
         gathers = [t for t in traffic if t[0] == "all_gather"]
-        assert reduces and len(reduces) == len(gathers), traffic
+        assert reduces, traffic
         # across the islands: this replica and its place in the other island; within: its own
         assert {tuple(t[1]) for t in reduces} == {(rank % 2, rank % 2 + 2)}, traffic
-        assert {tuple(t[1]) for t in gathers} == {(rank - rank % 2, rank - rank % 2 + 1)}
+        assert {tuple(t[1]) for t in gathers} <= {(rank - rank % 2, rank - rank % 2 + 1)}
         assert {t[3] for t in traffic} == {"gloo"}
-        # half of a unit's delta crosses from each replica (padded to an even count)
+        # half of a unit's delta crosses from each replica (padded to an even count; sharded:
+        # its shard's, with nothing to gather)
         assert {t[2] for t in reduces} <= {-(-n // 2) for n in unit_sizes}, (traffic, unit_sizes)
+        assert not gathers if shard_state else len(gathers) == len(reduces), traffic
 
     _assert_ledger_is_predicted(tmp_path, cfg)
     ckpt = checkpoint.latest(tmp_path)
@@ -118,11 +123,15 @@ def test_islands_compute_diloco_over_the_islands(sync, state_home, tolerance, co
 
 def _assert_ledger_is_predicted(run_dir, cfg) -> None:
     """Every rank's ledger at its peak, kind by kind, is what the run's memory check predicts
-    (setup/memory_fit.stage_bytes: the inner step and the synced steps, with the deltas)."""
+    (setup/memory_fit.stage_bytes: the inner step and the synced steps, with the deltas);
+    sharded, the first replica of each island's: the prediction is of the first slice (the
+    others' slices meet other parameters, whose AdamW step counters differ by a few bytes)."""
     plan = run_plan(cfg, Machine())  # (what the ranks ran)
     predicted = stage_bytes(cfg, plan, load_profile("cpu-local"))
     summary = json.loads((run_dir / "summary.json").read_text())
     for rank, at_peak in enumerate(summary["ledger_at_peak_by_kind_per_rank"]):
+        if cfg.parallel.shard_state and rank % cfg.parallel.island_size:
+            continue
         want = predicted[0]
         assert want.total == sum(at_peak.values()), (rank, want, at_peak)
         assert ({k: v for k, v in want.at_peak.items() if v}
@@ -149,16 +158,17 @@ def test_islands_sum_host_gradients_on_the_device_where_nccl_would(corpus, tmp_p
     assert all(abs(a - b) < 1e-5 * b for a, b in zip(loss, ref.losses)), (loss, ref.losses)
 
 
-def test_islands_resume_exactly(corpus, tmp_path):
+@pytest.mark.parametrize("shard_state", [False, True])
+def test_islands_resume_exactly(shard_state, corpus, tmp_path):
     sync = "diloco:2:islands=2"
-    cfg = _config(corpus, sync)
+    cfg = _config(corpus, sync, shard_state=shard_state)
     cfg.train.checkpoint_every = 3
     full = tmp_path / "full"
     train(cfg, full, progress=False, trace=False)
     run = tmp_path / "resumed"
     shutil.copytree(full, run)
     shutil.rmtree(checkpoint.checkpoint_dir(run, 6))  # as if the run had died after step 3
-    cfg = _config(corpus, sync)
+    cfg = _config(corpus, sync, shard_state=shard_state)
     cfg.train.checkpoint_every = 3
     train(cfg, run, resume=True, progress=False, trace=False)
     want = {r["step"]: r["loss"] for r in read_metrics(full / "metrics.jsonl")}

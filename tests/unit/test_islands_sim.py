@@ -207,3 +207,37 @@ def test_plan_offers_the_islands_option(monkeypatch, capsys, tmp_path):
     code, stdout, err = run_cli(monkeypatch, capsys, *args)
     offer = [line for line in stdout.splitlines() if line.startswith("low-communication option")]
     assert len(offer) == 1 and f"--sync {option['sync']}" in offer[0], stdout
+
+
+def test_a_sharded_islands_outer_state_and_delta_are_its_slices():
+    """--shard-state with islands: each replica holds 1/(dp/K) of its island's state, the
+    outer state too; its delta is its slice's, summed across the islands, with no gather."""
+    profile = nodes_of_two()
+    inter = profile.inter_node.collective
+    sharded = build_plan(MODEL.n_layers, 1, 4, 1, sync="diloco:1:islands=2", shard_state=True,
+                         view_window=1)
+    whole = build_plan(MODEL.n_layers, 1, 4, 1, sync="diloco:1:islands=2", view_window=1)
+    c, w = costs(sharded, profile), costs(whole, profile)
+    assert c.s.shard_replicas == 2 and c.s.shard_link == c.s.island_ring  # over the island
+    for u in range(MODEL.n_units):
+        size = uc.shard(MODEL, u, 2).size
+        assert delta_bytes(c, u) == 4 * size
+        assert duration(c, Op.OUTER_SYNC, u) == pytest.approx(ring(inter, 4 * size, 2))
+        assert OPS[Op.WAIT_OUTER_SYNC].blocking(c, Action(Op.WAIT_OUTER_SYNC, u)) == 0.0
+    synced = [StageMemory(x, step_programs(p, 0)[0], False).at_peak
+              for x, p in ((c, sharded), (w, whole))]
+    # AdamW's 8 bytes and the outer 8 a parameter, halved (a few bytes of AdamW step counters)
+    assert synced[0]["optimizer"] == pytest.approx(synced[1]["optimizer"] / 2, rel=1e-3)
+
+
+def test_shard_state_under_diloco_needs_islands_and_no_shard_group():
+    from ratrain.schedule.errors import ScheduleError
+
+    with pytest.raises(ScheduleError, match="shard each island's state"):
+        build_plan(MODEL.n_layers, 1, 4, 1, sync="diloco:4", shard_state=True, view_window=1)
+    with pytest.raises(ScheduleError, match="--shard-group 2 sums each shard"):
+        build_plan(MODEL.n_layers, 1, 4, 1, sync="diloco:4:islands=2", shard_state=True,
+                   view_window=1, shard_group=2)
+    plan = build_plan(MODEL.n_layers, 1, 4, 1, sync="diloco:4:islands=2", shard_state=True,
+                      view_window=1)
+    assert not any(a.op is Op.CROSS_SYNC for a in plan.programs[0])  # no sum across islands

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ratrain.config import TrainConfig
+from ratrain.runtime.sharded_layout import Sharded
 from ratrain.runtime.step_state import StepState
 from ratrain.runtime.unit_state import UnitState
 from ratrain.schedule.ir import Action
@@ -27,49 +28,76 @@ DELTA_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class OuterUnit:
-    """One unit's outer parameters (a copy of its masters when the run starts) and momentum."""
+    """One unit's outer parameters (a copy of its masters when the run starts) and momentum;
+    of sharded state (within an island), of this replica's slice of the unit, whose delta is
+    summed across the islands whole and whose checkpoint is gathered over the island."""
 
     def __init__(self, state: UnitState):
         self.state = state
+        self.sharded = state.layout if isinstance(state.layout, Sharded) else None
         start = self.fresh()
         self.params, self.momentum = start["params"], start["momentum"]
         state.ledger.hold(("outer", state), "optimizer", [self.params, self.momentum])
 
+    def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The local parameters this replica holds and the outer parameters' regions that match
+        them: the masters, or sharded, the master slice (its padding zero, as the outer's)."""
+        if self.sharded:
+            return [self.sharded.master], [self.params]
+        return self.state.masters, self.state.param_slices(self.params)
+
+    def _local(self) -> torch.Tensor:
+        """The local parameters, flat (a copy)."""
+        local = [self.sharded.master] if self.sharded else self.state.masters
+        return torch.cat([m.detach().reshape(-1) for m in local])
+
     def delta(self, dtype: torch.dtype) -> torch.Tensor:
         """Outer parameters minus this replica's local ones, in the dtype they travel in."""
-        local = torch.cat([m.detach().reshape(-1) for m in self.state.masters])
-        return (self.params - local).to(dtype)
+        return (self.params - self._local()).to(dtype)
 
     @torch.no_grad()
     def step(self, summed: torch.Tensor, replicas: int, cfg: TrainConfig, mix: float | None) -> None:
         """The outer Nesterov SGD step (torch.optim.SGD's, nesterov=True, dampening 0) with the
-        mean of the `replicas`' (the islands') deltas as the gradient, then the merge: local := outer (mix None), or
-        local := mix * local + (1 - mix) * outer (a result that arrived late)."""
+        mean of the `replicas`' (the islands') deltas as the gradient, then the merge: local :=
+        outer (mix None), or local := mix * local + (1 - mix) * outer (a result that arrived
+        late)."""
         grad = summed.float() / replicas
         mu = cfg.outer_momentum
         self.momentum.mul_(mu).add_(grad)
         self.params.sub_(grad.add(self.momentum, alpha=mu), alpha=cfg.outer_lr)
-        for m, outer in zip(self.state.masters, self.state.param_slices(self.params)):
+        for m, outer in zip(*self._pairs()):
             if mix is None:
                 m.copy_(outer)
             else:
                 m.mul_(mix).add_(outer, alpha=1 - mix)
 
+    def trade(self) -> None:
+        """The local and the outer parameters swap places (through one unit's copy)."""
+        local = self._local()
+        for m, outer in zip(*self._pairs()):
+            m.copy_(outer)
+        self.params.copy_(local)
+
     def fresh(self) -> dict:
         """The outer state of a run that starts here (from a checkpoint of a synchronous run,
         which has none): the masters as they are, no momentum."""
         with torch.no_grad():
-            params = torch.cat([m.detach().reshape(-1).float() for m in self.state.masters])
+            params = self._local().float().clone()
         return {"params": params, "momentum": torch.zeros_like(params)}
 
     def state_dict(self) -> dict:
-        return {"params": self.params.detach().cpu().clone(),
-                "momentum": self.momentum.detach().cpu().clone()}
+        """The whole unit's (sharded: gathered over the island, which every replica joins)."""
+        params, momentum = self.params.detach(), self.momentum.detach()
+        if self.sharded:
+            params, momentum = (self.sharded.whole(self.state, t) for t in (params, momentum))
+        return {"params": params.cpu().clone(), "momentum": momentum.cpu().clone()}
 
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
-        self.params.copy_(sd["params"])
-        self.momentum.copy_(sd["momentum"])
+        """A whole unit's outer state (state_dict's; sharded: this replica's slice of it)."""
+        for mine, whole in ((self.params, sd["params"]), (self.momentum, sd["momentum"])):
+            whole = whole.to(mine.device)
+            mine.copy_(self.sharded.slice_of(whole) if self.sharded else whole)
 
 
 class OuterStates:
@@ -77,7 +105,8 @@ class OuterStates:
 
     def __init__(self, states: dict[int, UnitState], sync: OuterSync, cfg: TrainConfig):
         self.sync, self.cfg = sync, cfg
-        self.units = {u: OuterUnit(s) for u, s in states.items() if s.masters}
+        self.units = {u: OuterUnit(s) for u, s in states.items()
+                      if s.masters or isinstance(s.layout, Sharded)}  # (a slice of padding)
         self.delta_dtype = DELTA_DTYPES[sync.delta_dtype]
         self.mix = cfg.outer_mix if sync.streaming else None
 
@@ -96,19 +125,18 @@ class OuterStates:
     @torch.no_grad()
     def _trade(self) -> None:
         for unit in self.units.values():
-            local = torch.cat([m.detach().reshape(-1) for m in unit.state.masters])
-            for m, outer in zip(unit.state.masters, unit.state.param_slices(unit.params)):
-                m.copy_(outer)
-            unit.params.copy_(local)
+            unit.trade()
 
 
 def start(ex, st: StepState, a: Action):
     """OS u: the unit's outer delta, summed over the stage's replicas in place (a delta in
     host memory over the stage's gloo group, Groups.outer_group). With islands, each replica of
     an island sums only its slice of it across the islands (the island's replicas hold the
-    same delta): one delta crosses per island."""
-    delta = ex.outer.units[a.unit].delta(ex.outer.delta_dtype)
-    size = ex.groups.island_size
+    same delta): one delta crosses per island. Sharded state's delta is its shard's already:
+    summed across the islands whole."""
+    unit = ex.outer.units[a.unit]
+    delta = unit.delta(ex.outer.delta_dtype)
+    size = 1 if unit.sharded else ex.groups.island_size  # a shard's delta crosses whole
     if size > 1:
         part = -(-delta.numel() // size)
         delta = torch.nn.functional.pad(delta, (0, part * size - delta.numel()))
@@ -127,7 +155,7 @@ def wait(ex, st: StepState, a: Action) -> None:
     (ex.comm.wait_host if on_host else ex.comm.wait)(work, st.when, str(a),
                                                      ex.comm.replica_peers())
     unit = ex.outer.units[a.unit]
-    if ex.groups.island_size > 1:
+    if ex.groups.island_size > 1 and not unit.sharded:
         group = ex.groups.island_group(summed)
         gathered = dist.all_gather(list(summed.chunk(ex.groups.island_size)),
                                    _slice(summed, ex.groups).clone(), group=group, async_op=True)

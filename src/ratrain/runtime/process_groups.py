@@ -215,6 +215,9 @@ def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,
     if island_size > 1:
         groups.island_size = island_size
         groups.island, groups.across = _neighbours(grid, stage, replica, island_size)
+        # --shard-state shards an island's state over the island (the islands do not sum
+        # their gradients every step: no cross group)
+        groups.shard_group, groups.shard_size = groups.island, island_size
         if host_outer_sync:
             groups.host_island, groups.host_replicas = _neighbours(
                 grid, stage, replica, island_size, "gloo")

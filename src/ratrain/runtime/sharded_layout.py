@@ -198,7 +198,7 @@ class Sharded(StateLayout):
 
     # -- checkpoints: the whole unit, in the unsharded format ---------------------------------
 
-    def _gather(self, state: UnitBuffers, slice_: torch.Tensor) -> torch.Tensor:
+    def whole(self, state: UnitBuffers, slice_: torch.Tensor) -> torch.Tensor:
         """The flat N-element whole of one S-element slice per replica (a collective)."""
         whole = torch.empty(self.shard * self.replicas, dtype=slice_.dtype, device=state.device)
         _all_gather(whole, slice_.contiguous(), group=self.group)
@@ -213,14 +213,19 @@ class Sharded(StateLayout):
         return out
 
     def full_masters(self, state: UnitBuffers) -> list[torch.Tensor]:
-        return [t.clone() for t in state.param_slices(self._gather(state, self.master))]
+        return [t.clone() for t in state.param_slices(self.whole(state, self.master))]
+
+    def slice_of(self, flat: torch.Tensor) -> torch.Tensor:
+        """This replica's S-element slice of a flat N-element whole (whole's inverse)."""
+        out = torch.zeros(self.shard, dtype=flat.dtype, device=self.master.device)
+        if self.hi > self.lo:
+            out[:self.hi - self.lo] = flat[self.lo:self.hi]
+        return out
 
     def load_masters(self, state: UnitBuffers, tensors: list[torch.Tensor]) -> None:
         flat = torch.cat([t.reshape(-1).float().to(state.device) for t in tensors])
         with torch.no_grad():
-            self.master.zero_()
-            if self.hi > self.lo:
-                self.master[:self.hi - self.lo] = flat[self.lo:self.hi]
+            self.master.copy_(self.slice_of(flat))
 
     def _template(self, state: UnitBuffers
                   ) -> tuple[torch.optim.Optimizer | None, list[torch.Tensor]]:
@@ -240,7 +245,7 @@ class Sharded(StateLayout):
             set_lr([template], state.optimizer.param_groups[0]["lr"])
         updates = int(self.steps)
         if updates:
-            moments = {k: state.param_slices(self._gather(state, self._slice_of_pieces(state, k)))
+            moments = {k: state.param_slices(self.whole(state, self._slice_of_pieces(state, k)))
                        for k in ("exp_avg", "exp_avg_sq")}
             for i, p in enumerate(stand_ins):
                 template.state[p] = {"step": torch.tensor(float(updates)),

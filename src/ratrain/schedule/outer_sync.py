@@ -31,8 +31,10 @@ replicas form K islands of dp / K neighbouring replicas, each a synchronous data
 (its gradients summed every step, GS/WGS over the island, as `--sync step` does over all), and
 the islands are DiLoCo's workers. The replicas of an island hold the same local state, so each
 carries 1/(dp/K) of a unit's delta to the other islands (the all-reduce across them) and the
-island all-gathers the sums: one delta per island crosses the slow link, not dp / K. Without it
-every replica is an island of its own.
+island all-gathers the sums: one delta per island crosses the slow link, not dp / K. With
+--shard-state each island's state (and its outer state) is sharded over its replicas: each
+replica's delta is its shard's, summed across the islands, with nothing to gather. Without
+islands every replica is an island of its own.
 
 Programs may differ per step: `step_programs(plan, step)` adds the outer sync of the units due
 at `step` to the plan's inner programs. Pure Python, no torch.
@@ -141,8 +143,11 @@ def grad_sync_replicas(sync: str, dp: int) -> int:
 
 
 def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
-                  n_units: int) -> str | None:
-    """Why this outer sync cannot run with this layout (one line), or None."""
+                  n_units: int, shard_group: int | None = None) -> str | None:
+    """Why this outer sync cannot run with this layout (one line), or None. With islands,
+    sharded state is sharded over each island's replicas, which hold one state between them
+    (not over the stage's: the islands' states differ); a --shard-group would sum the shards
+    across the islands every step."""
     outer = parse_sync(sync)
     if outer is None:
         return None
@@ -153,17 +158,23 @@ def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
                 f"--dp {dp} replicas; use a K that divides dp")
     if policy != "ratrain":
         return f"--sync {sync} needs --policy ratrain (the baseline policy syncs every step)"
-    if shard_state:
+    if shard_state and outer.island_size(dp) < 2:
         return (f"--sync {sync} keeps each replica's whole local state, which --shard-state "
-                f"slices over the replicas; drop one of them")
+                f"slices over the replicas; drop one of them, or shard each island's state "
+                f"over its replicas with :islands=K (2 or more replicas an island)")
+    if shard_group is not None:
+        return (f"--shard-group {shard_group} sums each shard across the groups every step, "
+                f"which --sync {sync} does not; with :islands=K, --shard-state shards each "
+                f"island's state over its replicas")
     if (outer.fragments or 1) > n_units:
         return (f"--sync {sync}: {outer.fragments} fragments for a model of {n_units} units; "
                 f"use at most {n_units}")
     return None
 
 
-def check_outer(sync: str, dp: int, policy: str, shard_state: bool, n_units: int) -> None:
-    reason = outer_refusal(sync, dp, policy, shard_state, n_units)
+def check_outer(sync: str, dp: int, policy: str, shard_state: bool, n_units: int,
+                shard_group: int | None = None) -> None:
+    reason = outer_refusal(sync, dp, policy, shard_state, n_units, shard_group)
     if reason:
         raise ScheduleConfigError(reason)
 

@@ -282,7 +282,7 @@ def build_plan(
     stage_units = builders.partition_units(n_layers, pp, units_per_stage)
     shared = shared_views(stage_units, tie_embeddings)
     check_tied(tie_embeddings, pp, shard_state, sync)
-    outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop)
+    outer_sync.check_outer(sync, dp, policy, shard_state, stage_units[-1].stop, shard_group)
     device_units = tuple(sorted(device_units))
     check_device_units(device_units, state_home, stage_units[-1].stop)
     check_host_grad(host_grad_dtype, state_home, shard_state, view_window)

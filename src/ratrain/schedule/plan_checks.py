@@ -34,7 +34,7 @@ def check_plan(plan) -> None:
                             f"{plan.schedule!r} (a split schedule takes one of "
                             f"{', '.join(WEIGHT_GRADS)} or {CAPPED}; the others none)")
     outer_sync.check_outer(plan.sync, plan.dp, plan.policy, plan.shard_state,
-                           plan.stage_units[-1].stop)
+                           plan.stage_units[-1].stop, plan.shard_group)
     for programs in [plan.programs, *outer_sync.every_variant(plan)]:
         validate(programs, plan.stage_units, plan.n_micro, plan.grad_sync_dp,
                  shared=plan.shared_views)

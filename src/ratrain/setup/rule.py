@@ -56,7 +56,7 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
     reason = (tied_refusal(tie_embeddings, pp, shard_state, sync)
               or sharding_refusal(shard_state, dp, state_home, view_window, grad_lifetime, policy)
               or hybrid_refusal(shard_group, shard_state, dp, policy)
-              or outer_refusal(sync, dp, policy, shard_state, n_units)
+              or outer_refusal(sync, dp, policy, shard_state, n_units, shard_group)
               or carried_update_refusal(update, shard_state, sync)
               or host_grad_refusal(host_grad_dtype, state_home, shard_state, view_window))
     if reason:

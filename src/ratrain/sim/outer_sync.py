@@ -34,33 +34,44 @@ def _island(c) -> int:
     return outer.island_size(c.s.dp) if outer else 1
 
 
+def _held(c, u: int) -> int:
+    """Elements of unit u's local (and outer) state a replica holds: all its parameters, or
+    sharded within the island, its slice (S, the last one's padding included)."""
+    shard = c.s.shard(u)
+    return shard.size if shard else c.s.params(u)
+
+
 def delta_bytes(c, u: int) -> int:
     """Unit u's whole outer delta as the runtime holds it (fp32, or bf16 with :bf16), padded
-    to a multiple of the island's replicas: the ledger's `outer_delta`."""
-    island = _island(c)
-    padded = -(-c.s.params(u) // island) * island
+    to a multiple of the island's replicas (sharded: its slice's): the ledger's
+    `outer_delta`."""
+    island = 1 if c.s.shard_state else _island(c)
+    padded = -(-_held(c, u) // island) * island
     return (c.s.outer.delta_bytes if c.s.outer else 4) * padded
 
 
 def outer_sync_time(c, u: int) -> float:
     """A ring all-reduce of the delta over the stage's dp replicas; with islands, of the
-    replica's slice over the K replicas in its place in the islands (the across ring)."""
+    replica's slice (sharded: of its shard's delta) over the K replicas in its place in the
+    islands (the across ring)."""
     island = _island(c)
     if island == 1:
         return ring(c.s.replicas, delta_bytes(c, u), c.s.dp)
-    return ring(c.s.across_ring or c.s.replicas, delta_bytes(c, u) / island,
-                c.s.dp // island)
+    carried = delta_bytes(c, u) if c.s.shard_state else delta_bytes(c, u) / island
+    return ring(c.s.across_ring or c.s.replicas, carried, c.s.dp // island)
 
 
 def outer_gather_time(c, u: int) -> float:
     """With islands, WOS u's all-gather of the summed slices within the island (a ring
-    all-gather of the whole padded delta over the island's replicas); 0 without."""
-    island = _island(c)
-    return ring_half(c.s.island_ring or c.s.replicas, delta_bytes(c, u), island)
+    all-gather of the whole padded delta over the island's replicas); 0 without, and with
+    sharded state (each replica steps its own shard)."""
+    if c.s.shard_state:
+        return 0.0
+    return ring_half(c.s.island_ring or c.s.replicas, delta_bytes(c, u), _island(c))
 
 
 def outer_step_time(c, u: int) -> float:
-    return OUTER_STEP_BYTES_PER_PARAM * c.s.params(u) / c.state_bandwidth(u)
+    return OUTER_STEP_BYTES_PER_PARAM * _held(c, u) / c.state_bandwidth(u)
 
 
 def outer_state_owners(c, u: int) -> list[tuple[tuple, str, tuple, int]]:
@@ -69,4 +80,4 @@ def outer_state_owners(c, u: int) -> list[tuple[tuple, str, tuple, int]]:
     it, and the simulated ledger dropped the outer state at WOS)."""
     if c.s.outer is None:
         return []
-    return [(("outer_state", u), "optimizer", ("outer", u), 8 * c.s.params(u))]
+    return [(("outer_state", u), "optimizer", ("outer", u), 8 * _held(c, u))]

@@ -117,13 +117,14 @@ class StageSetup:
 
     @property
     def shard_replicas(self) -> int:
-        """How many replicas a unit's state is sharded over."""
-        return self.shard_group or self.dp
+        """How many replicas a unit's state is sharded over: a hybrid shard group's, else
+        those that sum their gradients every step (all dp; with islands, an island's)."""
+        return self.shard_group or self.sync_replicas
 
     @property
     def shard_link(self) -> Link:
         """The ring of those replicas."""
-        return self.shard_ring or self.replicas
+        return self.shard_ring or self.sync_ring
 
     def shard(self, u: int) -> uc.Shard | None:
         """Replica 0's shard of unit u's state; None where the state is not sharded."""
