@@ -241,3 +241,16 @@ def test_shard_state_under_diloco_needs_islands_and_no_shard_group():
     plan = build_plan(MODEL.n_layers, 1, 4, 1, sync="diloco:4:islands=2", shard_state=True,
                       view_window=1)
     assert not any(a.op is Op.CROSS_SYNC for a in plan.programs[0])  # no sum across islands
+
+
+def test_a_sharded_plan_is_offered_islands_sharded_within_them():
+    profile = nodes_of_two()
+    sharded = build_plan(MODEL.n_layers, 1, 4, 1, shard_state=True, view_window=1)
+    step_s = simulate(sharded, MODEL, profile, **SHAPE).step_time
+    low = low_comm.price(sharded, MODEL, profile, step_s, **SHAPE)
+    assert low is not None and low.options
+    assert all(o.islands == 2 and o.sync.endswith(":islands=2") for o in low.options)
+    built = low_comm.diloco_plan(sharded, low.best.sync)
+    assert built.shard_state and built.grad_sync_dp == 2
+    one_node = dataclasses.replace(profile, devices_per_node=4)  # no islands: nothing to offer
+    assert low_comm.price(sharded, MODEL, one_node, step_s, **SHAPE) is None

@@ -77,8 +77,10 @@ class LowComm:
 
 def diloco_plan(plan: PipelinePlan, sync: str) -> PipelinePlan:
     """`plan`'s layout, schedule and memory choices with `sync` instead of a per-step sync
-    (updates inline: carried updates are for the synchronous sync)."""
+    (updates inline: carried updates are for the synchronous sync; sharded state, sharded
+    within each island)."""
     return build_plan(plan.n_layers, plan.pp, plan.dp, plan.n_micro, schedule=plan.schedule,
+                      shard_state=plan.shard_state,
                       policy=plan.policy, units_per_stage=[len(r) for r in plan.stage_units],
                       clip=plan.clip, rank_order=plan.rank_order, view_window=plan.view_window,
                       state_home=plan.state_home, unit_activation=plan.unit_activation,
@@ -91,14 +93,18 @@ def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step
           **shape) -> LowComm | None:
     """The low-communication options of a synchronous `plan` whose simulated step is `step_s`
     (`shape`: simulate's micro_batch_size, seq_len, dtype); None where --sync diloco cannot
-    run it (one replica, the baseline policy, sharded state) or it syncs no gradients."""
+    run it (one replica, the baseline policy, sharded state without islands) or it syncs no
+    gradients. A sharded plan is weighed with islands only (each island's state sharded over
+    its replicas), and its options hide against the islands' own inner step."""
     n_units = plan.stage_units[-1].stop
-    if plan.sync != EVERY_STEP or outer_refusal(f"diloco:{PERIODS[-1]}", plan.dp, plan.policy,
-                                                plan.shard_state, n_units):
-        return None
     islands = islands_of(plan, profile)
+    kinds = (islands,) if plan.shard_state else (None, islands) if islands else (None,)
+    tail = f":islands={islands}" if plan.shard_state and islands else ""
+    if plan.sync != EVERY_STEP or plan.shard_state and not islands or outer_refusal(
+            f"diloco:{PERIODS[-1]}{tail}", plan.dp, plan.policy, plan.shard_state, n_units):
+        return None
     inner_s, options = None, []
-    for k in (None, islands) if islands else (None,):
+    for k in kinds:
         for fragments in FRAGMENTS:
             if fragments and fragments > n_units:
                 continue
@@ -106,7 +112,8 @@ def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step
             # the synced steps' costs do not depend on H: one period prices every H
             period = outer_period(diloco_plan(plan, f"diloco:{PERIODS[-1]}{tail}"), model,
                                   profile, **shape)
-            if k is None:  # (the islands' inner step sums within nodes: measured against this)
+            if k is None or plan.shard_state and inner_s is None:
+                # (the islands' inner step sums within nodes: measured against the plain one)
                 inner_s = period.inner.step_time
             for every in PERIODS:
                 if fragments and fragments > every:
