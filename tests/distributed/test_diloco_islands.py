@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ratrain import checkpoint
 from ratrain.runtime.launch import launch_local
+from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.ir import Op
 from ratrain.schedule.plan import build_plan
 from ratrain.setup import Machine, run_plan
@@ -33,9 +34,9 @@ pytestmark = pytest.mark.dist
 STEPS = 6
 
 
-def _config(corpus, sync, state_home="device", steps=STEPS, shard_state=False):
+def _config(corpus, sync, state_home="device", steps=STEPS, shard_state=False, pp=1):
     cfg = micro_config(*corpus, steps=steps)
-    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = 1, 4, sync
+    cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.sync = pp, 4, sync
     cfg.parallel.state_home, cfg.parallel.shard_state = state_home, shard_state
     cfg.train.eval_batches = 0
     return cfg
@@ -68,19 +69,22 @@ def _recording_outer_traffic(cfg, run_dir: str) -> None:
     Path(run_dir, f"outer_traffic_{os.environ['RANK']}.json").write_text(json.dumps(seen))
 
 
-@pytest.mark.parametrize("sync, state_home, shard_state, tolerance", [
-    ("diloco:2:islands=2", "device", False, 1e-5),
-    ("diloco:3:3:islands=2", "host", False, 1e-5),  # streaming; gloo groups of their own
+@pytest.mark.parametrize("pp, sync, state_home, shard_state, tolerance", [
+    (1, "diloco:2:islands=2", "device", False, 1e-5),
+    (1, "diloco:3:3:islands=2", "host", False, 1e-5),  # streaming; gloo groups of their own
     # a bf16 delta's last bit (2**-8 of it) follows the order the island sums its gradients in,
     # which is not the reference's
-    ("diloco:2:bf16:islands=2", "device", False, 1e-4),
+    (1, "diloco:2:bf16:islands=2", "device", False, 1e-4),
     # each island's state (and outer state) sharded over its two replicas
-    ("diloco:3:3:islands=2", "device", True, 1e-5),
+    (1, "diloco:3:3:islands=2", "device", True, 1e-5),
+    (2, "diloco:2:islands=2", "device", False, 1e-5),  # each stage's replicas in islands
 ])
-def test_islands_compute_diloco_over_the_islands(sync, state_home, shard_state, tolerance,
+def test_islands_compute_diloco_over_the_islands(pp, sync, state_home, shard_state, tolerance,
                                                  corpus, tmp_path):
-    cfg = _config(corpus, sync, state_home, shard_state=shard_state)
-    launch_local(4, _recording_outer_traffic, (cfg, str(tmp_path)), error_dir=tmp_path / "errors")
+    cfg = _config(corpus, sync, state_home, shard_state=shard_state, pp=pp)
+    grid = RankGrid(pp, 4)
+    launch_local(pp * 4, _recording_outer_traffic, (cfg, str(tmp_path)),
+                 error_dir=tmp_path / "errors")
     with one_thread():
         ref = run_reference(cfg)
     assert len(ref.replicas) == 2  # the islands
@@ -92,14 +96,16 @@ def test_islands_compute_diloco_over_the_islands(sync, state_home, shard_state, 
     assert float(((loss - want).abs() / want).max()) < 1e-5, (loss, want)
 
     unit_sizes = [sum(p.numel() for p in m.parameters()) for m in ref.replicas[0].stage.modules.values()]
-    for rank in range(4):
+    for rank in range(pp * 4):
         traffic = json.loads((tmp_path / f"outer_traffic_{rank}.json").read_text())
         reduces = [t for t in traffic if t[0] == "all_reduce"]
         gathers = [t for t in traffic if t[0] == "all_gather"]
         assert reduces, traffic
         # across the islands: this replica and its place in the other island; within: its own
-        assert {tuple(t[1]) for t in reduces} == {(rank % 2, rank % 2 + 2)}, traffic
-        assert {tuple(t[1]) for t in gathers} <= {(rank - rank % 2, rank - rank % 2 + 1)}
+        stage, replica = grid.coords(rank)
+        ranks, first = grid.replica_ranks(stage), replica - replica % 2
+        assert {tuple(t[1]) for t in reduces} == {(ranks[replica % 2], ranks[replica % 2 + 2])}
+        assert {tuple(t[1]) for t in gathers} <= {(ranks[first], ranks[first + 1])}
         assert {t[3] for t in traffic} == {"gloo"}
         # half of a unit's delta crosses from each replica (padded to an even count; sharded:
         # its shard's, with nothing to gather)
@@ -129,10 +135,12 @@ def _assert_ledger_is_predicted(run_dir, cfg) -> None:
     plan = run_plan(cfg, Machine())  # (what the ranks ran)
     predicted = stage_bytes(cfg, plan, load_profile("cpu-local"))
     summary = json.loads((run_dir / "summary.json").read_text())
+    grid = RankGrid(cfg.parallel.pp, cfg.parallel.dp)
     for rank, at_peak in enumerate(summary["ledger_at_peak_by_kind_per_rank"]):
-        if cfg.parallel.shard_state and rank % cfg.parallel.island_size:
+        stage, replica = grid.coords(rank)
+        if cfg.parallel.shard_state and replica % cfg.parallel.island_size:
             continue
-        want = predicted[0]
+        want = predicted[stage]
         assert want.total == sum(at_peak.values()), (rank, want, at_peak)
         assert ({k: v for k, v in want.at_peak.items() if v}
                 == {k: v for k, v in at_peak.items() if v}), rank
