@@ -163,12 +163,18 @@ def test_islands_are_weighed_where_a_stages_replicas_span_nodes_several_to_a_nod
     assert low_comm.islands_of(build_plan(MODEL.n_layers, 2, 4, 2, rank_order="dp-pp"),
                                nodes_of_two()) is None
     assert low_comm.islands_of(build_plan(MODEL.n_layers, 2, 4, 2), nodes_of_two()) == 2
-    # host-homed state on GPUs whose collectives cannot reach the host: summed every step, its
-    # gradients would be summed on the device first, which an outer sync's rules refuse
+    # host-homed state on GPUs whose collectives cannot reach the host: an island's per-step
+    # sum runs on the device first, as the synchronous plan's does (device_grad_sum), or not
+    # at all
     gpus = nodes_of_two("h100-80g-ib")
     assert low_comm.islands_of(plan, gpus) == 2
     host = build_plan(MODEL.n_layers, 1, 4, 1, state_home="host", view_window=1)
     assert low_comm.islands_of(host, gpus) is None
+    summed = build_plan(MODEL.n_layers, 1, 4, 1, state_home="host", view_window=1,
+                        device_grad_sum=True)
+    assert low_comm.islands_of(summed, gpus) == 2
+    assert low_comm.diloco_plan(summed, "diloco:50:islands=2").device_grad_sum
+    assert not low_comm.diloco_plan(summed, "diloco:50").device_grad_sum  # nothing summed
 
 
 def test_the_option_on_two_nodes_of_two_is_islands_of_a_node():

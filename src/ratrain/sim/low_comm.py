@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
 from ratrain.schedule.grid import RankGrid
-from ratrain.schedule.outer_sync import EVERY_STEP, outer_refusal
+from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas, outer_refusal
 from ratrain.schedule.plan import PipelinePlan, build_plan
 from ratrain.sim.outer_period import outer_bytes_per_replica, outer_period
 from ratrain.sim.profile import HardwareProfile
@@ -78,7 +78,8 @@ class LowComm:
 def diloco_plan(plan: PipelinePlan, sync: str) -> PipelinePlan:
     """`plan`'s layout, schedule and memory choices with `sync` instead of a per-step sync
     (updates inline: carried updates are for the synchronous sync; sharded state, sharded
-    within each island)."""
+    within each island; gradients summed on the device before the host, within each island:
+    plain DiLoCo sums none)."""
     return build_plan(plan.n_layers, plan.pp, plan.dp, plan.n_micro, schedule=plan.schedule,
                       shard_state=plan.shard_state,
                       policy=plan.policy, units_per_stage=[len(r) for r in plan.stage_units],
@@ -86,6 +87,7 @@ def diloco_plan(plan: PipelinePlan, sync: str) -> PipelinePlan:
                       state_home=plan.state_home, unit_activation=plan.unit_activation,
                       check=False, weight_grad=plan.weight_grad, grad_lifetime=plan.grad_lifetime,
                       micro_batch_group=plan.micro_batch_group, sync=sync, update="inline",
+                      device_grad_sum=plan.device_grad_sum and grad_sync_replicas(sync, plan.dp) > 1,
                       tie_embeddings=plan.tie_embeddings)
 
 
@@ -134,11 +136,11 @@ def islands_of(plan: PipelinePlan, profile: HardwareProfile) -> int | None:
     each stage's replicas span under the plan's rank order (ranks fill nodes of
     `devices_per_node`), where 1 < K < dp, K divides dp and each island of dp / K neighbouring
     replicas is on one node; None elsewhere, and where host-homed gradients would be summed
-    every step by devices whose collectives cannot reach the host (a run sums them on the
-    device first, device_grad_sum, which diloco_plan does not set: not weighed yet)."""
+    every step by devices whose collectives cannot reach the host without being summed on the
+    device first (the plan's device_grad_sum, which diloco_plan keeps for islands)."""
     devices = [profile.device] + [g.device for g in profile.groups]
-    if plan.state_home == "host" and any(d.host_link is not None and not d.host_collectives
-                                         for d in devices):
+    if plan.state_home == "host" and not plan.device_grad_sum and any(
+            d.host_link is not None and not d.host_collectives for d in devices):
         return None
     grid, per_node = RankGrid(plan.pp, plan.dp, plan.rank_order), profile.devices_per_node
     spans = set()
