@@ -88,8 +88,8 @@ class PipelinePlan:
     so only a shard's worth of gradient crosses between groups. None: sharded over all dp."""
     sync: str = outer_sync.EVERY_STEP
     """How the replicas agree (schedule/outer_sync.py): "step", every gradient summed every
-    step; "diloco:H[:F][:bf16]", each replica takes H inner steps alone, then the units' outer
-    sync (OS/WOS), which `programs` do not hold: step_programs adds it at the steps it is due.
+    step; "diloco:H[:F][:bf16][:islands=K]", each replica (island) takes H inner steps alone,
+    then the units' outer sync (OS/WOS), which `programs` do not hold: step_programs adds it.
     It changes the algorithm, not only the schedule."""
     micro_batch_group: int = 1
     """Micro-batches run through a stage unit by unit, in groups of this many, 1F1B over the
