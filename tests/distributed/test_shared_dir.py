@@ -114,10 +114,10 @@ def test_each_node_is_asked_for_room_for_its_own_part_and_all_stop_where_one_lac
 
 
 def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True,
-           timeout_s: float = 300) -> list[str]:
-    """`ratrain train` on two torchrun nodes of one rank each, each with `--run-dir run` in its
-    own working directory (two directories, as two machines' local disks); their stderr, once
-    both ended as `ok` says."""
+           timeout_s: float = 300, per_node: int = 1) -> list[str]:
+    """`ratrain train` on two torchrun nodes of `per_node` ranks each, each with `--run-dir
+    run` in its own working directory (two directories, as two machines' local disks); their
+    stderr, once both ended as `ok` says."""
     env = {**os.environ, "RATRAIN_CACHE": str(corpus[1]), "OMP_NUM_THREADS": "1"}
     port = str(29700 + os.getpid() % 200)
     procs = []
@@ -126,7 +126,8 @@ def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True,
         where.mkdir(exist_ok=True)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
-             str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+             str(node), "--nproc-per-node", str(per_node), "--master-addr", "127.0.0.1",
+             "--master-port",
              port, "-m", "ratrain.cli", "train", "--config", str(tmp_path / "run.yaml"),
              "--run-dir", "run", "--no-progress", *args],
             cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -200,6 +201,29 @@ def test_diloco_nodes_without_a_shared_disk_save_parts_resume_exactly_and_merge_
     code, _, err = run_cli(monkeypatch, capsys, "merge-parts", str(tmp_path / "node_0" / "run"),
                            str(tmp_path / "node_0" / "run"), "--out", str(tmp_path / "twice"))
     assert code == 2 and "a node's part was given twice" in err, err
+
+
+def test_islands_on_nodes_without_a_shared_disk_each_keep_their_islands_part(corpus, tmp_path):
+    """dp 4 in 2 islands, a node each (--sync diloco:2:islands=2): each node's directory holds
+    its island's units once (island 1's under replica 1's names) and the outer states, written
+    by the island's first replica; both resume in place to the first run's losses exactly."""
+    cfg = micro_config(*corpus, steps=4)
+    cfg.train.checkpoint_every, cfg.train.eval_every = 2, 0
+    cfg.save(tmp_path / "run.yaml")
+    sync = ("--dp", "4", "--global-batch", "16", "--sync", "diloco:2:islands=2")
+    _nodes(tmp_path, corpus, *sync, per_node=2)
+    for node in (0, 1):
+        meta = checkpoint.load_meta(tmp_path / f"node_{node}" / "run" / "checkpoints" / "step_000002")
+        assert meta["ranks"] == [2 * node, 2 * node + 1]
+        weights = {n for n in meta["files"] if n.endswith(".safetensors")}
+        assert weights and all((".replica_1." in n) == (node == 1) for n in weights), weights
+        assert not any(".replica_2." in n or ".replica_3." in n for n in meta["files"])
+        assert "unit_0001.outer.pt" in meta["files"]
+    first = losses(tmp_path / "node_0" / "run")
+    for node in (0, 1):
+        shutil.rmtree(tmp_path / f"node_{node}" / "run" / "checkpoints" / "step_000004")
+    _nodes(tmp_path, corpus, *sync, "--resume", "auto", per_node=2)
+    assert losses(tmp_path / "node_0" / "run") == first
 
 
 def test_synchronous_replicas_without_a_shared_disk_each_keep_a_whole_copy(corpus, tmp_path):
