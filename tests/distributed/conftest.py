@@ -91,6 +91,29 @@ def assert_final_weights_match(run_dir, ref_dir, n_units):
     return units, ref_units
 
 
+def assert_resumes_exactly(make_config, tmp_path) -> Path:
+    """A 6-step run of `make_config()` checkpointed every 3 steps, and a copy of it resumed as
+    if it had died after step 3: the copy's steps 4-6 have the first run's losses, bit for bit
+    (the same plan: the same arithmetic). Returns the resumed run's directory."""
+    from ratrain.training.metrics import read_metrics
+    from ratrain.training.run import train
+
+    full, run = tmp_path / "full", tmp_path / "resumed"
+    for where, resume in ((full, False), (run, True)):
+        if resume:
+            shutil.copytree(full, run)
+            shutil.rmtree(checkpoint.checkpoint_dir(run, 6))  # as if it had died after step 3
+        cfg = make_config()
+        cfg.train.steps, cfg.train.checkpoint_every = 6, 3
+        train(cfg, where, resume=resume, progress=False, trace=False)
+    want = {r["step"]: r["loss"] for r in read_metrics(full / "metrics.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
+    assert sorted(got) == list(range(1, 7))
+    for step in range(4, 7):
+        assert got[step] == want[step], (step, got[step], want[step])
+    return run
+
+
 @pytest.fixture(autouse=True)
 def _no_run_left_behind():
     """Kill what a failed test's runs (test_failure.start) left running."""

@@ -25,7 +25,7 @@ from ratrain.training.diloco_reference import run_reference
 from ratrain.training.metrics import read_metrics
 from ratrain.training.run import rank_main, train
 
-from .conftest import micro_config, one_thread, rel
+from .conftest import assert_resumes_exactly, micro_config, one_thread, rel
 
 pytestmark = pytest.mark.dist
 
@@ -159,22 +159,9 @@ def test_validation_evaluates_the_outer_parameters(corpus, tmp_path):
 
 
 def test_diloco_resumes_exactly(corpus, tmp_path):
-    cfg = _config(corpus, 2, 2, "diloco:3:2", steps=6)
-    cfg.train.checkpoint_every = 3
-    full = tmp_path / "full"
-    train(cfg, full, progress=False, trace=False)
-    run = tmp_path / "resumed"
-    shutil.copytree(full, run)
-    shutil.rmtree(checkpoint.checkpoint_dir(run, 6))  # as if the run had died after step 3
-    files = checkpoint.load_meta(checkpoint.latest(run))["files"]
+    run = assert_resumes_exactly(lambda: _config(corpus, 2, 2, "diloco:3:2", steps=6), tmp_path)
+    files = checkpoint.load_meta(checkpoint.checkpoint_dir(run, 3))["files"]
     assert "unit_0001.outer.pt" in files and "unit_0001.replica_1.optim.pt" in files
-    train(_config(corpus, 2, 2, "diloco:3:2", steps=6), run, resume=True, progress=False,
-          trace=False)
-    want = {r["step"]: r["loss"] for r in read_metrics(full / "metrics.jsonl")}
-    got = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
-    assert sorted(got) == list(range(1, 7))
-    for step in range(4, 7):  # the same plan: the same arithmetic
-        assert got[step] == want[step], (step, got[step], want[step])
 
 
 def test_export_takes_the_outer_parameters_or_a_replicas_own(corpus, tmp_path, monkeypatch,

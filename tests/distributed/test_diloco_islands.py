@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,9 @@ from ratrain.setup.memory_fit import stage_bytes
 from ratrain.sim.profile import load_profile
 from ratrain.training.diloco_reference import run_reference
 from ratrain.training.metrics import read_metrics
-from ratrain.training.run import rank_main, train
+from ratrain.training.run import rank_main
 
-from .conftest import micro_config, one_thread, rel
+from .conftest import assert_resumes_exactly, micro_config, one_thread, rel
 
 pytestmark = pytest.mark.dist
 
@@ -168,19 +167,5 @@ def test_islands_sum_host_gradients_on_the_device_where_nccl_would(corpus, tmp_p
 
 @pytest.mark.parametrize("shard_state", [False, True])
 def test_islands_resume_exactly(shard_state, corpus, tmp_path):
-    sync = "diloco:2:islands=2"
-    cfg = _config(corpus, sync, shard_state=shard_state)
-    cfg.train.checkpoint_every = 3
-    full = tmp_path / "full"
-    train(cfg, full, progress=False, trace=False)
-    run = tmp_path / "resumed"
-    shutil.copytree(full, run)
-    shutil.rmtree(checkpoint.checkpoint_dir(run, 6))  # as if the run had died after step 3
-    cfg = _config(corpus, sync, shard_state=shard_state)
-    cfg.train.checkpoint_every = 3
-    train(cfg, run, resume=True, progress=False, trace=False)
-    want = {r["step"]: r["loss"] for r in read_metrics(full / "metrics.jsonl")}
-    got = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl")}
-    assert sorted(got) == list(range(1, STEPS + 1))
-    for step in range(4, STEPS + 1):  # the same plan: the same arithmetic
-        assert got[step] == want[step], (step, got[step], want[step])
+    assert_resumes_exactly(lambda: _config(corpus, "diloco:2:islands=2", shard_state=shard_state),
+                           tmp_path)

@@ -7,9 +7,10 @@ small file in the partial directory; the main rank's thread waits for every rank
 the manifest, last, and publishes the checkpoint with one rename (`publish`). Where the nodes'
 checkpoint directories are their own disks, each directory's lowest rank does so for the ranks
 that see it (training/shared_dir.py). Completion goes through the filesystem, not a
-collective: gloo is not safe for a collective issued beside the training thread's. At most one save is in flight (`Saver`): the next save, and the end of the
-run, wait for it. A run that dies mid-save leaves a partial directory that no run reads; the
-checkpoint before it stays the newest that verifies.
+collective: gloo is not safe for a collective issued beside the training thread's. At most one
+save is in flight (`Saver`): the next save, and the end of the run, wait for it. A run that
+dies mid-save leaves a partial directory that no run reads; the checkpoint before it stays the
+newest that verifies.
 
 Where host memory is short of a unit's copy, that unit is written at once, in the training
 thread (the save is then partly synchronous); `Saver(background=False)` writes every unit so.

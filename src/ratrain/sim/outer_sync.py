@@ -28,12 +28,6 @@ outer and local parameters, write the momentum, the outer and the local paramete
 delta once more for the division by the workers)."""
 
 
-def _island(c) -> int:
-    """Replicas per island (1 without islands: each replica is a worker of its own)."""
-    outer = c.s.outer
-    return outer.island_size(c.s.dp) if outer else 1
-
-
 def _held(c, u: int) -> int:
     """Elements of unit u's local (and outer) state a replica holds: all its parameters, or
     sharded within the island, its slice (S, the last one's padding included)."""
@@ -45,7 +39,7 @@ def delta_bytes(c, u: int) -> int:
     """Unit u's whole outer delta as the runtime holds it (fp32, or bf16 with :bf16), padded
     to a multiple of the island's replicas (sharded: its slice's): the ledger's
     `outer_delta`."""
-    island = 1 if c.s.shard_state else _island(c)
+    island = 1 if c.s.shard_state else c.s.sync_replicas
     padded = -(-_held(c, u) // island) * island
     return (c.s.outer.delta_bytes if c.s.outer else 4) * padded
 
@@ -54,7 +48,7 @@ def outer_sync_time(c, u: int) -> float:
     """A ring all-reduce of the delta over the stage's dp replicas; with islands, of the
     replica's slice (sharded: of its shard's delta) over the K replicas in its place in the
     islands (the across ring)."""
-    island = _island(c)
+    island = c.s.sync_replicas  # an island's replicas (1 without islands)
     if island == 1:
         return ring(c.s.replicas, delta_bytes(c, u), c.s.dp)
     carried = delta_bytes(c, u) if c.s.shard_state else delta_bytes(c, u) / island
@@ -67,7 +61,7 @@ def outer_gather_time(c, u: int) -> float:
     sharded state (each replica steps its own shard)."""
     if c.s.shard_state:
         return 0.0
-    return ring_half(c.s.island_ring or c.s.replicas, delta_bytes(c, u), _island(c))
+    return ring_half(c.s.sync_ring, delta_bytes(c, u), c.s.sync_replicas)
 
 
 def outer_step_time(c, u: int) -> float:
