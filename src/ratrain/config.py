@@ -161,14 +161,14 @@ class ParallelConfig:
         every step (all dp synchronously; --sync diloco: an island's, 1 without islands)."""
         return grad_sync_replicas(self.sync, self.dp)
 
-    def files_of(self, replica: int, saving: bool = False) -> int:
+    def files_of(self, replica: int) -> int:
         """Whose files of a checkpoint a replica's units are (checkpoint/store.py's replica):
-        --sync diloco: its island's (its own, without islands); synchronously replica 0's when
-        saving (the first replica of a stage in each directory writes them), and when loading
-        its own where a checkpoint holds them, else 0's (checkpoint.load_units)."""
+        --sync diloco: its island's (its own, without islands); synchronously replica 0's (the
+        first replica of a stage in each directory writes them). A resume of another layout
+        reads others (training/resuming.py)."""
         if self.diloco:
             return replica // self.island_size
-        return 0 if saving else replica
+        return 0
 
     def validate(self) -> None:
         if self.pp < 1 or self.dp < 1:

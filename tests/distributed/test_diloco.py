@@ -75,7 +75,7 @@ def _recording_outer_groups(cfg, run_dir: str) -> None:
 
 @pytest.mark.parametrize("pp, dp, sync, state_home, device_units", [
     (1, 2, "diloco:2", "device", 0), (2, 2, "diloco:4:2", "device", 0),
-    (1, 4, "diloco:3:3", "device", 0), (2, 4, "diloco:2", "device", 0),
+    (1, 4, "diloco:3:3", "device", 0), (2, 4, "diloco:3", "device", 0),
     (2, 2, "diloco:4:2", "host", 0),
     (2, 2, "diloco:2", "host", 1),  # each stage's first unit's state (and outer state) on the device
 ])
@@ -119,17 +119,20 @@ def test_diloco_matches_the_single_process_reference(pp, dp, sync, state_home, d
     last = checkpoint.load_units(ckpt, [1], "cpu", dp - 1)[1]["weights"]
     first = checkpoint.load_units(ckpt, [1], "cpu", 0)[1]["weights"]
     same = all(torch.equal(first[n], last[n]) for n in first)
-    # DiLoCo's last step (8 = 4 x 2) was an outer sync: the replicas continue from its result,
-    # bit for bit; streaming mixes each replica's own weights in, so they stay apart
-    assert same == (sync == "diloco:2"), sync
+    # DiLoCo's last step was an outer sync (8 = 4 x 2; diloco:3: the run's final sync): the
+    # replicas continue from its result, bit for bit; streaming mixes each replica's own
+    # weights in, so they stay apart
+    assert same == (sync.count(":") == 1), sync
 
 
 def test_validation_evaluates_the_outer_parameters(corpus, tmp_path):
     """Validation under DiLoCo is of the outer parameters (the model the run exports), the
     same on every replica, not each replica's local weights (until 2026-11-27): at step 2 of
-    diloco:3 they are the initial weights, at steps 4 and 5 those of the sync after step 3,
-    while the local weights move on. The local weights come back bit for bit: the losses
-    after each validation stay the reference's."""
+    diloco:3 they are the initial weights, at step 4 those of the sync after step 3, while the
+    local weights move on, and at step 5, the last, those of the run's final sync (until
+    2026-11-29 the steps after the last multiple of H were left out of the model a run ended
+    with). The local weights come back bit for bit: the losses after each validation stay the
+    reference's."""
     cfg = _config(corpus, 2, 2, "diloco:3", steps=5)
     cfg.train.eval_batches, cfg.train.eval_every = 2, 2
     train(cfg, tmp_path, progress=False, trace=False)
@@ -153,7 +156,7 @@ def test_validation_evaluates_the_outer_parameters(corpus, tmp_path):
     want_2, _ = outer_loss(2)
     assert abs(val[5] - want_5) < 1e-5 * want_5, (val[5], want_5)
     assert abs(val[2] - want_2) < 1e-5 * want_2, (val[2], want_2)
-    assert val[4] == val[5] and abs(val[2] - val[5]) > 1e-3, val
+    assert abs(val[4] - val[5]) > 1e-4 and abs(val[2] - val[4]) > 1e-3, val
     loss = [r["loss"] for r in rows]
     assert all(abs(a - b) < 1e-5 * b for a, b in zip(loss, ref.losses)), (loss, ref.losses)
 
@@ -164,17 +167,20 @@ def test_diloco_resumes_exactly(corpus, tmp_path):
     assert "unit_0001.outer.pt" in files and "unit_0001.replica_1.optim.pt" in files
 
 
-def test_export_takes_the_outer_parameters_or_a_replicas_own(corpus, tmp_path, monkeypatch,
-                                                            capsys):
-    """Mid-period (diloco:3, 4 steps) the replicas' local weights differ; the model a DiLoCo
-    run exports is its outer parameters, a replica's own only when asked."""
+def test_export_and_a_synchronous_resume_take_the_outer_parameters(corpus, tmp_path, monkeypatch,
+                                                                 capsys):
+    """Mid-period (diloco:3, the checkpoint of step 4 of 5) the replicas' local weights differ;
+    the model a DiLoCo run exports is its outer parameters, a replica's own only when asked."""
     from ratrain.models.hf import load_hf_weights
 
     from ..unit.cli_runner import run_cli
 
-    cfg = _config(corpus, 1, 2, "diloco:3", steps=4)
+    cfg = _config(corpus, 1, 2, "diloco:3", steps=5)
+    cfg.train.checkpoint_every = 4
     train(cfg, tmp_path / "run", progress=False, trace=False)
+    shutil.rmtree(checkpoint.checkpoint_dir(tmp_path / "run", 5))  # after the final sync
     ckpt = checkpoint.latest(tmp_path / "run")
+    assert ckpt.name == "step_000004"
 
     def exported(*flags) -> list:
         out = tmp_path / f"hf{'_'.join(flags)}"
@@ -199,25 +205,39 @@ def test_export_takes_the_outer_parameters_or_a_replicas_own(corpus, tmp_path, m
                            str(tmp_path / "x"), "--replica", "2")
     assert code == 2 and "has replicas 0-1" in err
 
+    # resumed synchronously, every replica starts from the outer parameters (until 2026-11-29
+    # each went on from its own local weights): at an lr too small to move a weight, the
+    # synchronous checkpoint after one step holds them
+    resumed = _config(corpus, 1, 2, "step", steps=5)
+    resumed.train.lr = 1e-30
+    train(resumed, tmp_path / "run", resume=True, progress=False, trace=False)
+    after = checkpoint.load_units(checkpoint.latest(tmp_path / "run"), range(cfg.model.n_units),
+                                  "cpu")
+    assert checkpoint.latest(tmp_path / "run").name == "step_000005"
+    for u in range(cfg.model.n_units):
+        assert torch.equal(torch.cat([after[u]["weights"][n].reshape(-1) for n in names[u]]),
+                           outer[u]), u
+
 
 def test_a_synchronous_checkpoint_starts_diloco_from_its_weights(corpus, tmp_path):
     """A synchronous run's checkpoint has no outer state: the DiLoCo run resumed from it starts
     its outer parameters at the checkpoint's weights, with no momentum (it crashed on that
-    until 2026-11-27). Its first outer step (after 2 inner steps) is then W - lr (g + mu g),
-    g the replicas' mean of W - local; their local weights before it are those of the same
-    resume with no sync in reach (diloco:100)."""
+    until 2026-11-27). Its first outer step (diloco:3 resumed at step 2: after inner step 3)
+    is then W - lr (g + mu g), g the replicas' mean of W - local; their local weights before
+    it are those of the same resume with no sync in reach (diloco:100's checkpoint of step 3,
+    before its final sync)."""
     cfg = _config(corpus, 1, 2, "step", steps=2)
     train(cfg, tmp_path / "sync", progress=False, trace=False)
     w = checkpoint.load_units(checkpoint.latest(tmp_path / "sync"), range(cfg.model.n_units),
                               "cpu")
     ends = {}
-    for sync in ("diloco:2", "diloco:100"):
+    for sync in ("diloco:3", "diloco:100"):
         run = tmp_path / sync.replace(":", "_")
         shutil.copytree(tmp_path / "sync", run)
         resumed = _config(corpus, 1, 2, sync, steps=4)
-        resumed.train.checkpoint_every = 0
+        resumed.train.checkpoint_every = 1
         train(resumed, run, resume=True, progress=False, trace=False)
-        ends[sync] = checkpoint.latest(run)
+        ends[sync] = checkpoint.checkpoint_dir(run, 3)
     lr, mu = cfg.train.outer_lr, cfg.train.outer_momentum
     units = build_units(cfg.model, 0)
     for u in range(cfg.model.n_units):
@@ -230,6 +250,6 @@ def test_a_synchronous_checkpoint_starts_diloco_from_its_weights(corpus, tmp_pat
         locals_ = [flat(checkpoint.load_units(ends["diloco:100"], [u], "cpu", r)[u]["weights"])
                    for r in (0, 1)]
         g = sum(start - x for x in locals_) / 2
-        got = checkpoint.load_units(ends["diloco:2"], [u], "cpu")[u]["outer"]["params"]
+        got = checkpoint.load_units(ends["diloco:3"], [u], "cpu")[u]["outer"]["params"]
         assert rel(got, start - lr * (g + mu * g)) < 1e-6, u
         assert rel(got, start) > 1e-4, u  # it moved

@@ -69,6 +69,12 @@ def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
      "--micro-batch-size)"),
     (["--global-batch", "6", "--micro-batch-size", "4"],
      "global_batch 6 is not a multiple of micro_batch_size 4"),
+    (["--outer-lr", "0.5"], "--outer-lr 0.5 is for the outer step of --sync diloco:H, which "
+     "this run does not take: it syncs every step (--sync step)"),
+    (["--outer-momentum", "0.8"], "--outer-momentum 0.8 is for the outer step of --sync"),
+    (["--outer-mix", "0.3"], "--outer-mix 0.3 is for the outer step of --sync"),
+    (["--dp", "2", "--sync", "diloco:4", "--outer-mix", "0.3"], "--outer-mix 0.3 mixes a "
+     "fragment's outer result into the local weights, which needs fragments: --sync diloco:H:F"),
 ])
 def test_bad_flags(monkeypatch, capsys, tmp_path, args, needle):
     _refused(monkeypatch, capsys, needle, "train", "--no-progress", *args)
@@ -254,6 +260,41 @@ def test_resuming_a_run_that_saved_no_checkpoint_says_why(monkeypatch, capsys, t
     _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints: the run was started with "
              "--no-checkpoints and saved none", "train", "--resume", "run", "--steps", "4",
              "--no-progress")
+
+
+def _started(tmp_path: Path, parallel: dict, train: dict | None = None) -> None:
+    """A run directory `run` whose config.yaml has these settings (no checkpoint: a resume
+    that gets past its settings stops at that)."""
+    from ratrain.config import RunConfig
+
+    cfg = RunConfig.load(small_config(tmp_path))
+    for section, values in (("parallel", parallel), ("train", train or {})):
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    (tmp_path / "run").mkdir()
+    cfg.save(tmp_path / "run" / "config.yaml")
+
+
+def test_a_refusal_of_a_resumed_runs_setting_says_whose_it_is(monkeypatch, capsys, tmp_path):
+    _started(tmp_path, {"dp": 2, "shard_state": True})
+    resume = ("train", "--resume", "run", "--steps", "4", "--no-progress")
+    line = _refused(monkeypatch, capsys, "--dp 1 has none to split over", *resume, "--dp", "1")
+    assert line.endswith("(--shard-state comes from the resumed run, run/config.yaml; "
+                         "--no-shard-state turns it off)")
+    line = _refused(monkeypatch, capsys, "none to split over", *resume, "--dp", "1", "--shard-state")
+    assert "comes from the resumed run" not in line  # typed now: the flag is the user's
+    _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints", *resume, "--dp", "1",
+             "--no-shard-state")
+
+
+def test_outer_flags_count_only_where_typed(monkeypatch, capsys, tmp_path):
+    """A DiLoCo run's config keeps its outer values when it goes on synchronously."""
+    _started(tmp_path, {"dp": 2, "sync": "diloco:2"}, {"outer_lr": 0.5})
+    resume = ("train", "--resume", "run", "--steps", "4", "--no-progress")
+    _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints", *resume, "--sync", "step")
+    _refused(monkeypatch, capsys, "--outer-lr 0.6 is for the outer step", *resume,
+             "--sync", "step", "--outer-lr", "0.6")
+    _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints", *resume, "--outer-lr", "0.6")
 
 
 def test_export_of_a_directory_that_is_no_run(monkeypatch, capsys, tmp_path):

@@ -287,9 +287,10 @@ def test_a_damaged_checkpoint_does_not_count_among_the_k_kept(tmp_path):
 
 def test_a_node_local_part_without_a_units_files_names_the_layout_it_needs(tmp_path):
     """A node-local checkpoint (training/shared_dir.py) holds its ranks' units only: a resume
-    that asks it for another's says so, with the layout it was saved with."""
+    that asks it for another's says so, with the layout it was saved with. (Replica 1's files
+    of its own: a --sync diloco run's.)"""
     files = checkpoint.save_units(tmp_path, 2, {1: _states(2)[1]}, replica=1)
-    parallel = {"pp": 2, "dp": 2, "rank_order": "pp-dp"}
+    parallel = {"pp": 2, "dp": 2, "rank_order": "pp-dp", "sync": "diloco:2"}
     ckpt = checkpoint.finalize(tmp_path, 2, {"config": {"parallel": parallel}, "loader": {},
                                              "rng": {}, "ranks": [3]}, files, 2)
     assert checkpoint.missing_units(ckpt, [1], replica=1) == []

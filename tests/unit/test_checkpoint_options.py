@@ -110,6 +110,40 @@ def test_a_run_resumes_from_its_checkpoint_dir(monkeypatch, capsys, tmp_path):
              "--checkpoint-dir", "ckpts")
 
 
+def test_resume_auto_looks_where_the_runs_config_says(monkeypatch, capsys, tmp_path):
+    """A restarted job's command line, repeated without --checkpoint-dir: until 2026-11-29 it
+    found no checkpoint in RUN/checkpoints and started the run over."""
+    cfg = str(_config(tmp_path))
+    assert _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run",
+                  "--checkpoint-dir", "ckpts")[0] == 0
+    code, err = _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run", "--resume",
+                       "auto", "--steps", "6")
+    assert code == 0, err
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 7))
+    assert (tmp_path / "ckpts" / "step_000006").is_dir() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_moved_checkpoint_dir_is_said_to_be_gone_and_found_with_the_flag(
+        monkeypatch, capsys, tmp_path):
+    cfg = str(_config(tmp_path))
+    assert _train(monkeypatch, capsys, "--config", cfg, "--run-dir", "run",
+                  "--checkpoint-dir", "ckpts")[0] == 0
+    (tmp_path / "ckpts").rename(tmp_path / "moved")
+    gone = (f"the run's checkpoint directory {tmp_path / 'ckpts'} (config.yaml's "
+            "train.checkpoint_dir) does not exist (moved or deleted?), though the run reached "
+            "step 4; resume with --checkpoint-dir DIR to say where it is now")
+    assert _refused(monkeypatch, capsys, gone, "--resume", "run", "--steps", "6") == f"error: {gone}"
+    _refused(monkeypatch, capsys, f"--resume auto: {gone}", "--config", cfg, "--run-dir", "run",
+             "--resume", "auto", "--steps", "6")  # not a new run over its files
+    _refused(monkeypatch, capsys, f"--checkpoint-dir {tmp_path / 'nowhere'} does not exist",
+             "--resume", "run", "--steps", "6", "--checkpoint-dir", "nowhere")
+    code, err = _train(monkeypatch, capsys, "--resume", "run", "--steps", "6",
+                       "--checkpoint-dir", "moved")
+    assert code == 0, err
+    assert checkpoint.load_meta(tmp_path / "moved" / "step_000006")["loader"]["step"] == 6
+    assert RunConfig.load(tmp_path / "run" / "config.yaml").train.checkpoint_dir == str(tmp_path / "moved")
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--checkpoint-dir", ""], "train.checkpoint_dir must name a directory, got an empty string"),
     (["--checkpoint-dir", "small.yaml"], "cannot make checkpoint directory"),

@@ -98,7 +98,7 @@ def test_tokenizer_command_trains_bpe(monkeypatch, capsys, tmp_path):
 def test_plan_prints_the_programs_and_writes_json(monkeypatch, capsys, tmp_path):
     code, out, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", str(tmp_path / "p.json"))
     assert code == 0
-    assert "Rank 0" in out and "Rank 1" in out and "SA2.0" in out
+    assert "Stage 0" in out and "Stage 1" in out and "SA2.0" in out
     plan = json.loads((tmp_path / "p.json").read_text())
     assert plan["pp"] == 2 and plan["n_micro"] == 4
     assert plan["programs"][1].split()[-1] == "E"
@@ -141,7 +141,7 @@ def test_a_broken_plan_file_is_refused_with_the_table(monkeypatch, capsys, tmp_p
     code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(tmp_path / "bad.json"),
                            "--no-progress")
     assert code == 2
-    assert "fails the schedule checks" in err and ">>" in err and "Rank 1" in err
+    assert "fails the schedule checks" in err and ">>" in err and "Stage 1" in err
     assert not (tmp_path / "runs").exists()
 
 

@@ -41,10 +41,10 @@ def two_nodes(mbit: float):
                                devices_per_node=1, inter_node=LinkClass(link, link))
 
 
-def priced(profile, **plan_args):
+def priced(profile, steps=None, **plan_args):
     plan = build_plan(MODEL.n_layers, 1, 2, 1, **plan_args)
     return low_comm.price(plan, MODEL, profile, simulate(plan, MODEL, profile, **SHAPE).step_time,
-                          **SHAPE)
+                          steps, **SHAPE)
 
 
 def test_a_slow_link_is_worth_avoiding_and_the_smallest_hiding_period_is_named():
@@ -65,6 +65,16 @@ def test_a_slow_link_is_worth_avoiding_and_the_smallest_hiding_period_is_named()
     assert priced(two_nodes(10)).best.every > low.best.every
 
 
+def test_a_short_run_is_offered_only_periods_that_sync_it_twice():
+    """`ratrain plan --steps 100` offered diloco:500 until 2026-11-29: replicas that would
+    meet only at the run's end."""
+    hiding = priced(two_nodes(10)).best.every
+    short = priced(two_nodes(10), steps=2 * hiding - 1)
+    assert short.options and all(2 * o.every <= 2 * hiding - 1 for o in short.options)
+    assert not short.best.hidden
+    assert priced(two_nodes(10), steps=2 * low_comm.PERIODS[0] - 1) is None
+
+
 def test_a_fast_link_is_not_worth_it_and_some_plans_cannot_run_diloco():
     assert not priced(load_profile("cpu-local")).worth_it
     slow = two_nodes(100)
@@ -79,7 +89,7 @@ def test_plan_offers_it_beside_the_plans_marked_and_never_writes_it(monkeypatch,
     two_nodes(100).save(profile)
     out = tmp_path / "plan.json"
     args = ("plan", "--model", "tiny", "--profile", str(profile), "--devices", "2",
-            "--global-batch", "4", "--pp", "1")
+            "--global-batch", "4", "--pp", "1", "--steps", "1000")  # (H <= steps / 2)
     code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "--out", str(out))
     assert code == 0, stderr
     offer = [line for line in stdout.splitlines() if line.startswith("low-communication option")]

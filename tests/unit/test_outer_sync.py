@@ -36,7 +36,9 @@ def test_islands_sum_their_gradients_every_step_and_are_the_workers():
     assert sync == OuterSync(8, 4, "bfloat16", islands=2)
     assert (sync.island_size(8), sync.workers(8)) == (4, 2)
     assert (OuterSync(8).island_size(8), OuterSync(8).workers(8)) == (1, 8)
-    for bad in ("diloco:8:islands=1", "diloco:8:islands=", "diloco:islands=2", "diloco:8:islands=2:bf16"):
+    assert parse_sync("diloco:8:islands=2:bf16") == parse_sync("diloco:8:bf16:islands=2")
+    for bad in ("diloco:8:islands=1", "diloco:8:islands=", "diloco:islands=2",
+                "diloco:8:islands=x", "diloco:8:islands=2:islands=2", "diloco:8:bf16:bf16"):
         with pytest.raises(ScheduleError, match="islands=K|diloco:H"):
             parse_sync(bad)
     plan = build_plan(2, 2, 4, 2, sync="diloco:2:islands=2")

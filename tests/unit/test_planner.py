@@ -49,6 +49,14 @@ def test_a_budget_that_is_not_one_is_named(text):
 _EVERY_PLAN: dict[str, list[search.Candidate]] = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_every_plan():
+    """Millions of objects: kept past this file they made every full garbage collection of the
+    xdist worker that ran it take seconds (test_host_arena's gc.collect() 25 s)."""
+    yield
+    _EVERY_PLAN.clear()
+
+
 def _every_plan(request: search.PlanRequest) -> list[search.Candidate]:
     """Every layout x every partition x every activation choice of every stage, simulated;
     once per space: requests that differ only in their budget (or how many plans they list)

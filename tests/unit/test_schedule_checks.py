@@ -32,7 +32,7 @@ def _caught(match, **programs) -> str:
     with pytest.raises(ScheduleError, match=match) as info:
         _check(**programs)
     message = str(info.value)
-    assert "Rank 0" in message and "Rank 1" in message and "Step 00:" in message
+    assert "Stage 0" in message and "Stage 1" in message and "Step 00:" in message
     return message
 
 
@@ -172,13 +172,13 @@ def test_table_marks_and_elides():
     programs = build_plan(14, 4, 2, 16).programs
     table = format_table(programs, {1: 100, 3: 20})
     lines = table.splitlines()
-    assert lines[0].split() == ["Rank", "0", "Rank", "1", "Rank", "2", "Rank", "3"]
+    assert lines[0].split() == ["Stage", "0", "Stage", "1", "Stage", "2", "Stage", "3"]
     assert f">>{programs[1][100]}<<" in table and f">>{programs[3][20]}<<" in table
     assert "..." in table and len(lines) < 40
     assert lines[-1].startswith("... (") and lines[-1].endswith("steps in all)")
     short = format_table([parse_program("F0.0 E"), parse_program("E")], {1: 0})
     assert short.splitlines() == [
-        "        Rank 0  Rank 1",
-        "Step 0: F0.0    >>E<<",
+        "        Stage 0  Stage 1",
+        "Step 0: F0.0     >>E<<",
         "Step 1: E",
     ]

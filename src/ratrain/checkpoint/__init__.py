@@ -168,8 +168,8 @@ def load_meta(ckpt: Path) -> dict:
 
 def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
                optimizer: bool = True, verified: bool = False) -> "UnitStates":
-    """The states of `units` (`replica`'s own where it saved them, as --sync diloco's replicas
-    do; else replica 0's), every file to be read checked against the manifest before any is
+    """The states of `units` (of a --sync diloco checkpoint, `replica`'s, whose files it saved
+    under its index; a synchronous one holds replica 0's only), every file to be read checked against the manifest before any is
     read; each unit's read onto `device` when it is asked for (UnitStates). `optimizer`: False
     leaves the AdamW states unread (None) and unchecked. `verified`: the caller has checked
     the whole checkpoint already (scan, as run_dir.resume_point does), so its files are checked
@@ -179,7 +179,7 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
     if wrong:
         raise CheckpointDamaged(wrong)
     files = meta["files"]
-    own = {u: _owner(files, u, replica) for u in units}
+    own = {u: _owner(meta, replica) for u in units}
     if not optimizer:
         unread = {optim_file(u, r) for u, r in own.items()}
         files = {name: entry for name, entry in files.items() if name not in unread}
@@ -197,7 +197,7 @@ def units_problem(ckpt: Path, units, replica: int = 0, optimizer: bool = True,
         return _missing_text(ckpt, meta, missing)
     files = meta["files"]
     for u in units:
-        r = _owner(files, u, replica)
+        r = _owner(meta, replica)
         for name in (weights_file(u, r), *([optim_file(u, r)] if optimizer else []), outer_file(u)):
             wrong = name in files and manifest.file_problem(ckpt, name, files[name], hashed)
             if wrong:
@@ -206,16 +206,18 @@ def units_problem(ckpt: Path, units, replica: int = 0, optimizer: bool = True,
 
 
 def missing_units(ckpt: Path, units, replica: int = 0, meta: dict | None = None) -> list[int]:
-    """The units of `units` whose weights the checkpoint does not hold, `replica`'s or replica
-    0's (`meta`: its manifest, where read already)."""
-    files = (meta or load_meta(ckpt))["files"]
-    return [u for u in units if weights_file(u, _owner(files, u, replica)) not in files]
+    """The units of `units` whose weights the checkpoint does not hold, `replica`'s (of a
+    synchronous checkpoint, replica 0's) (`meta`: its manifest, where read already)."""
+    meta = meta or load_meta(ckpt)
+    return [u for u in units if weights_file(u, _owner(meta, replica)) not in meta["files"]]
 
 
-def _owner(files: dict, unit: int, replica: int) -> int:
-    """Whose files of `unit` a replica loads: its own (--sync diloco's replicas save theirs),
-    else replica 0's."""
-    return replica if weights_file(unit, replica) in files else 0
+def _owner(meta: dict, replica: int) -> int:
+    """Whose files a replica's units are: under --sync diloco each replica (island) saved its
+    own; a synchronous run saved replica 0's only. One node's part of a DiLoCo checkpoint lacks
+    the other nodes' replicas: no falling back to replica 0's, whose weights differ."""
+    sync = meta.get("config", {}).get("parallel", {}).get("sync", "step")
+    return replica if sync != "step" else 0
 
 
 def _missing_text(ckpt: Path, meta: dict, missing: list[int]) -> str:
@@ -226,7 +228,9 @@ def _missing_text(ckpt: Path, meta: dict, missing: list[int]) -> str:
     return (f"checkpoint {ckpt} is one node's part (ranks {', '.join(map(str, meta['ranks']))}: "
             f"the nodes did not share the checkpoint directory) and has no {units}: node-local "
             f"checkpoints resume with the layout they were saved with (--pp {saved['pp']} --dp "
-            f"{saved['dp']}, rank order {saved['rank_order']}) and the same ranks on each node")
+            f"{saved['dp']}, rank order {saved['rank_order']}) and the same ranks on each node; "
+            f"`ratrain merge-parts` makes the nodes' parts one checkpoint, which any layout "
+            f"resumes and `export` reads")
 
 
 class UnitStates(Mapping):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
 
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
+from ratrain.schedule.outer_sync import parse_sync
 from ratrain.setup.plan_file import read_plan_file
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, HOST_GRAD_DTYPES
 from ratrain.schedule.plan import SCHEDULES
@@ -152,6 +154,45 @@ def _fit_micro_batch(cfg: RunConfig, opts: dict) -> None:
             and isinstance(dp, int) and dp >= 1 and t.global_batch % dp == 0
             and 1 <= t.global_batch // dp < t.micro_batch_size):
         t.micro_batch_size = t.global_batch // dp
+
+
+def refuse_idle_outer_flags(cfg: RunConfig, opts: dict) -> None:
+    """--outer-lr, --outer-momentum and --outer-mix, typed for a run whose --sync (final once a
+    plan file or the resumed run has set it) has no outer step or no fragments, would do
+    nothing. Only typed flags: a resumed DiLoCo run's config keeps its outer values under
+    --sync step."""
+    outer = parse_sync(cfg.parallel.sync)
+    for key in ("outer_lr", "outer_momentum", "outer_mix"):
+        if opts.get(key) is None:
+            continue
+        flag = f"--{key.replace('_', '-')} {opts[key]}"
+        if outer is None:
+            raise UserError(f"{flag} is for the outer step of --sync diloco:H, which this run "
+                            f"does not take: it syncs every step (--sync {cfg.parallel.sync}); "
+                            f"add --sync diloco:H or leave the flag out")
+        if key == "outer_mix" and not outer.streaming:
+            raise UserError(f"{flag} mixes a fragment's outer result into the local weights, "
+                            f"which needs fragments: --sync diloco:H:F (this run has --sync "
+                            f"{cfg.parallel.sync})")
+
+
+# A resumed run's lifecycle settings that a refusal may name, and the flag that turns each off.
+_TURNED_OFF = {"shard_state": "--no-shard-state", "grad_lifetime": "--grad-lifetime step",
+               "sync": "--sync step"}
+
+
+def blame_the_resumed_run(error: UserError, run_dir: Path, opts: dict) -> None:
+    """Add to `error` (a refusal of a resumed run's settings) where it names a setting that came
+    from the run's config.yaml, not from a flag typed now: the rules word refusals in flags,
+    and this user typed none of these."""
+    saved, default = RunConfig.load(run_dir / "config.yaml").parallel, RunConfig().parallel
+    for key, off in _TURNED_OFF.items():
+        flag = "--" + key.replace("_", "-")
+        if (opts.get(key) is None and getattr(saved, key) != getattr(default, key)
+                and re.search(re.escape(flag) + r"(?![\w-])", str(error))):
+            error.args = (f"{error} ({flag} comes from the resumed run, {run_dir}/config.yaml; "
+                          f"{off} turns it off)",)
+            return
 
 
 def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:

@@ -142,7 +142,7 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
         grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit,
         threads_per_rank=cfg.parallel.threads_per_rank,
-        host_grad_dtype=cfg.parallel.host_grad_dtype)
+        host_grad_dtype=cfg.parallel.host_grad_dtype, steps=t.steps)
 
 
 def best_plans(request):

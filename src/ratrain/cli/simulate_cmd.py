@@ -8,7 +8,8 @@ import click
 
 from ratrain.cli.format import fmt_bytes, range_line, table
 from ratrain.cli.group import cli
-from ratrain.cli.options import build_config, config_options, use_plan_file
+from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
+                                 use_plan_file)
 
 
 @cli.command()
@@ -28,6 +29,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
 
     cfg = build_config(opts)
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
+    refuse_idle_outer_flags(cfg, opts)
     hw = load_profile(profile_spec)
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
     # what could not run on the profile's devices is not predicted (setup/rule.py); --schedule

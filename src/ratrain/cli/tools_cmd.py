@@ -60,7 +60,8 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
 @click.argument("run_dir", type=click.Path())
 @click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
 @click.option("--replica", type=int, help="--sync diloco runs: this replica's own weights (its island's, with islands) instead of the outer parameters (the replicas' last outer sync).")
-def export(run_dir: str, out: str, replica: int | None) -> None:
+@click.option("--checkpoint-dir", type=click.Path(), help="Where the run's checkpoints are, if not where its config.yaml says (moved since).")
+def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | None) -> None:
     """Export a run's newest checkpoint that verifies as a Hugging Face model directory; of a
     --sync diloco run, its outer parameters (--replica R: that replica's own weights)."""
     import torch
@@ -74,6 +75,8 @@ def export(run_dir: str, out: str, replica: int | None) -> None:
     if not (Path(run_dir) / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
+    if checkpoint_dir:
+        cfg.train.checkpoint_dir = checkpoint_dir
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
     diloco = cfg.parallel.diloco
     if replica is not None and not (diloco and 0 <= replica < cfg.parallel.dp):

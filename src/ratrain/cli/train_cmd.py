@@ -9,7 +9,8 @@ import click
 
 from ratrain.cli.format import fmt_bytes
 from ratrain.cli.group import cli
-from ratrain.cli.options import build_config, config_options, use_plan_file
+from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
+                                 refuse_idle_outer_flags, use_plan_file)
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
@@ -62,11 +63,17 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
                         + ("--plan is one already" if plan_file else
                            "a resumed run keeps the plan it ran (RUN/plan.json)")
                         + ": leave one of them out")
+    # --resume RUN takes the settings no flag gives from RUN's config.yaml (--resume auto: all
+    # from the flags), so a refusal may name one the user never typed
+    inherited = resume_dir not in (None, "auto")
     if resume_dir == "auto":
         if not run_dir:
             raise UserError("--resume auto needs --run-dir: the directory a restarted job continues")
         cfg = build_config(opts)
         _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
+        saved = Path(run_dir) / "config.yaml"
+        if checkpoint_dir is None and saved.is_file():  # a restarted job's flags may not name it
+            cfg.train.checkpoint_dir = RunConfig.load(saved).train.checkpoint_dir
         resume_dir = run_dir if _has_checkpoint(Path(run_dir), cfg) else None
         if resume_dir:
             _check_same_run(cfg, Path(run_dir))
@@ -94,10 +101,16 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
                         "(one all nodes share, or each node's own disk: each then keeps its "
                         "ranks' part of every checkpoint)")
     cfg.validate()  # a value out of range gets its line before torch loads (2.7 s)
+    refuse_idle_outer_flags(cfg, opts)
     from ratrain.training.run import train as run_training
 
-    summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress, trace=trace,
-                           plan_data=plan_data)
+    try:
+        summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress,
+                               trace=trace, plan_data=plan_data)
+    except UserError as e:
+        if inherited:
+            blame_the_resumed_run(e, run_dir, opts)
+        raise
     if not summary:  # a torchrun rank other than 0
         return
     if as_json:
@@ -221,10 +234,17 @@ def _use_checkpoint_flags(cfg: RunConfig, checkpoints: bool | None, checkpoint_d
 
 
 def _has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether --resume auto continues the run; where its checkpoints are gone (moved), a
+    UserError rather than a new run over its files."""
     from ratrain import checkpoint
-    from ratrain.training.run_dir import checkpoints_of
+    from ratrain.training.run_dir import checkpoints_gone, checkpoints_of
 
-    return bool(checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)))
+    if checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)):
+        return True
+    gone = checkpoints_gone(run_dir, cfg)
+    if gone:
+        raise UserError(f"--resume auto: {gone}")
+    return False
 
 
 def _check_same_run(cfg: RunConfig, run_dir: Path) -> None:

@@ -53,6 +53,7 @@ class PlanRequest:
     outer_sync: bool = False
     threads_per_rank: int | None = None  # --threads; None: what `ratrain train` gives them
     host_grad_dtype: str = "float32"  # what host-homed lifecycles accumulate gradients in
+    steps: int | None = None  # the run's: the low-communication option's H leaves 2 syncs in it
 
     def threads_of(self, layout: Layout) -> int:
         """The CPU threads each rank of the layout computes on (sim/shared_cores.py)."""

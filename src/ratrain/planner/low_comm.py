@@ -66,7 +66,8 @@ def _first(request, listed: list, first: float) -> Offer | None:
         if plan.sync != EVERY_STEP:  # an outer sync's plan (outer_sync search): priced against
             plan = low_comm.diloco_plan(plan, EVERY_STEP)  # the same plan summing every step
             step_s = simulate(plan, request.model, request.profile, **shape).step_time
-        low = low_comm.price(plan, request.model, request.profile, step_s, **shape)
+        low = low_comm.price(plan, request.model, request.profile, step_s, request.steps,
+                             **shape)
         if low is None:
             continue
         if not low.worth_it:

@@ -175,8 +175,10 @@ class PipelineEngine(_UnitStateMixin):
         return self.stage.ledger.total
 
     def train_step(self, batches, lr: float, step: int = 0) -> StepResult:
-        # with an outer sync the step decides which units sync in it (schedule/outer_sync.py)
-        program = step_programs(self.plan, step)[self.stage_index] if self.outer else self.program
+        # with an outer sync the step decides which units sync in it (schedule/outer_sync.py),
+        # the run's last step all that have steps the outer parameters do not hold
+        program = (step_programs(self.plan, step, self.cfg.train.steps)[self.stage_index]
+                   if self.outer else self.program)
         return self.executor.train_step(program, batches, lr, step)
 
     def finish_updates(self) -> None:

@@ -3,7 +3,7 @@
 `validate` runs, in order: the stage layout, completeness, matched pipeline communication,
 start/wait pairing, per-rank dependency order, parameter-view lifetimes, and a dry run across
 all pipeline ranks that proves the programs cannot deadlock. The first failure raises
-ScheduleError whose message is a one-line reason followed by a step x rank table of the
+ScheduleError whose message is a one-line reason followed by a step x stage table of the
 programs with the offending (or, for a deadlock, every blocked) action marked `>>like this<<`.
 """
 

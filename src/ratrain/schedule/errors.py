@@ -11,7 +11,7 @@ from ratrain.errors import UserError
 
 class ScheduleError(Exception):
     """A program (or a request for one) is invalid; the message says why, and for a program
-    that fails its checks it holds a step x rank table with the offending action marked."""
+    that fails its checks it holds a step x stage table with the offending action marked."""
 
 
 class ScheduleConfigError(ScheduleError, UserError):

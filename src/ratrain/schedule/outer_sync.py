@@ -36,8 +36,15 @@ island all-gathers the sums: one delta per island crosses the slow link, not dp 
 replica's delta is its shard's, summed across the islands, with nothing to gather. Without
 islands every replica is an island of its own.
 
-Programs may differ per step: `step_programs(plan, step)` adds the outer sync of the units due
-at `step` to the plan's inner programs. Pure Python, no torch.
+A run's last step syncs every unit whose local steps the outer parameters do not hold yet
+(where H does not divide --steps, or under streaming, always): else the model a run ends with
+(its outer parameters: what validation reads, `export` writes and a resume continues from)
+would leave out up to H - 1 steps, and all of them where H > --steps. That final sync runs each
+unit's `OS u` and `WOS u` right after its `U u`, one unit's delta held at a time (no more
+memory than any synced step), since nothing is left to overlap it with.
+
+Programs may differ per step: `step_programs(plan, step, steps)` adds the outer sync of the
+units due at `step` (of a run of `steps`) to the plan's inner programs. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -98,6 +105,14 @@ class OuterSync:
                 return f
         return None
 
+    def final_sync_due(self, step: int, steps: int | None) -> bool:
+        """Whether `step` (0-based) is the last of a run of `steps` and ends it with local steps
+        the outer parameters do not hold: not a DiLoCo sync step (kH), or under streaming,
+        where each fragment's delta is taken a step before its sync."""
+        if steps is None or step + 1 != steps:
+            return False
+        return self.streaming or self.fragment_due(step) is None
+
     def synced_steps(self) -> list[int]:
         """The steps of a steady period (the second: streaming's fragments first sync there)
         whose programs hold an outer sync, one a fragment."""
@@ -112,16 +127,19 @@ def parse_sync(text: str) -> OuterSync | None:
         return None
     parts = text.split(":")
     usage = f"--sync takes {EVERY_STEP} or diloco:H[:F][:bf16][:islands=K], got {text!r}"
-    islands = None
-    if parts[-1].startswith("islands="):
-        count = parts.pop()[len("islands="):]
-        if not count.isdigit() or int(count) < 2:
-            raise ScheduleConfigError(f"--sync ...:islands=K needs K >= 2 synchronous groups of "
-                                      f"replicas, got {text!r}")
-        islands = int(count)
-    dtype = "float32"
-    if parts[-1] == "bf16":
-        dtype, parts = "bfloat16", parts[:-1]
+    islands, dtype = None, "float32"
+    for option in [p for p in parts[2:] if not p.isdigit()]:  # after H, in any order
+        if option.startswith("islands=") and islands is None:
+            count = option[len("islands="):]
+            if not count.isdigit() or int(count) < 2:
+                raise ScheduleConfigError(f"--sync ...:islands=K needs a whole number K >= 2 of "
+                                          f"synchronous groups of replicas, got {text!r}")
+            islands = int(count)
+        elif option == "bf16" and dtype == "float32":
+            dtype = "bfloat16"
+        else:
+            raise ScheduleConfigError(usage)
+        parts.remove(option)
     if parts[0] != "diloco" or len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
         raise ScheduleConfigError(usage)
     every = int(parts[1])
@@ -158,6 +176,10 @@ def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
                 f"--dp {dp} replicas; use a K that divides dp")
     if policy != "ratrain":
         return f"--sync {sync} needs --policy ratrain (the baseline policy syncs every step)"
+    if shard_state and outer.islands and outer.island_size(dp) < 2:
+        return (f"--sync {sync} at --dp {dp} makes islands of one replica, which --shard-state "
+                f"has none to shard over: it needs 2 or more replicas an island (more --dp, or "
+                f"fewer islands)")
     if shard_state and outer.island_size(dp) < 2:
         return (f"--sync {sync} keeps each replica's whole local state, which --shard-state "
                 f"slices over the replicas; drop one of them, or shard each island's state "
@@ -211,14 +233,32 @@ def due_units(outer: OuterSync, stage_units: list[range], step: int) -> frozense
                      if outer.fragment_of(u, n_units) == fragment)
 
 
-def step_programs(plan, step: int) -> list[Program]:
-    """The programs of a plan (schedule/plan.PipelinePlan) at `step`: its inner programs, with
-    the outer sync of the units due at that step."""
+def add_final_sync(programs: list[Program], units: frozenset[int]) -> list[Program]:
+    """A run's last step's outer sync of `units`: each unit's `OS u` and `WOS u` right after its
+    `U u` (see the module docstring)."""
+    out = []
+    for program in programs:
+        at = {i + 1: [Action(Op.OUTER_SYNC, a.unit), Action(Op.WAIT_OUTER_SYNC, a.unit)]
+              for i, a in enumerate(program) if a.op is Op.UPDATE and a.unit in units}
+        out.append(insert_at(program, at))
+    return out
+
+
+def step_programs(plan, step: int, steps: int | None = None) -> list[Program]:
+    """The programs of a plan (schedule/plan.PipelinePlan) at `step` of a run of `steps` (None:
+    a step that is not the last): its inner programs, with the outer sync of the units due at
+    that step, or the run's final sync of them all."""
     outer = parse_sync(plan.sync)
     if outer is None:
         return plan.programs
+    if outer.final_sync_due(step, steps):
+        return _final(tuple(map(tuple, plan.programs)), _all_units(plan))
     units = due_units(outer, plan.stage_units, step)
     return _with_outer(tuple(map(tuple, plan.programs)), units, outer.streaming) if units else plan.programs
+
+
+def _all_units(plan) -> frozenset[int]:
+    return frozenset(u for units in plan.stage_units for u in units)
 
 
 @lru_cache(maxsize=64)
@@ -227,12 +267,19 @@ def _with_outer(programs: tuple, units: frozenset[int], streaming: bool) -> list
     return add_outer_sync([list(p) for p in programs], units, streaming)
 
 
+@lru_cache(maxsize=8)
+def _final(programs: tuple, units: frozenset[int]) -> list[Program]:
+    return add_final_sync([list(p) for p in programs], units)
+
+
 def every_variant(plan) -> list[list[Program]]:
-    """Each distinct set of a plan's step programs (for the checks): one per fragment."""
+    """Each distinct set of a plan's step programs (for the checks): one per fragment, and the
+    last step's final sync."""
     outer = parse_sync(plan.sync)
     if outer is None:
         return []
     n_units = plan.stage_units[-1].stop
-    return [add_outer_sync(plan.programs, frozenset(
+    return [*(add_outer_sync(plan.programs, frozenset(
         u for units in plan.stage_units for u in units if outer.fragment_of(u, n_units) == f),
-        outer.streaming) for f in range(outer.fragments or 1)]
+        outer.streaming) for f in range(outer.fragments or 1)),
+        add_final_sync(plan.programs, _all_units(plan))]

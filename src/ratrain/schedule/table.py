@@ -1,4 +1,4 @@
-"""The step x rank table of programs that a failed check prints, as
+"""The step x stage table of programs that a failed check prints, as
 torch.distributed.pipelining's _format_pipeline_order does."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ _TABLE_ROWS = 80  # tables longer than this are cut to the marked steps and thei
 
 
 def format_table(programs: list[Program], marks: dict[int, int] | None = None) -> str:
-    """Step x rank table (as torch.distributed.pipelining's _format_pipeline_order): row i holds
-    each rank's i-th action; `marks` maps a rank to the step whose action is marked. Long
-    tables keep only the steps near a mark."""
+    """Step x stage table (as torch.distributed.pipelining's _format_pipeline_order): row i
+    holds each stage's i-th action; `marks` maps a stage to the step whose action is marked.
+    Long tables keep only the steps near a mark."""
     marks = marks or {}
     cells = [[str(a) for a in program] for program in programs]
-    for rank, step in marks.items():
-        cells[rank][step] = f">>{cells[rank][step]}<<"
+    for stage, step in marks.items():
+        cells[stage][step] = f">>{cells[stage][step]}<<"
     n_steps = max((len(c) for c in cells), default=0)
     if n_steps <= _TABLE_ROWS:
         shown = list(range(n_steps))
@@ -28,7 +28,9 @@ def format_table(programs: list[Program], marks: dict[int, int] | None = None) -
         })
     else:
         shown = list(range(_TABLE_ROWS))
-    headers = [f"Rank {r}" for r in range(len(programs))]
+    # a plan's programs are its stages', which every replica runs: under --dp a column is not
+    # one rank (pp-dp order puts stage 1 of replica 0 at rank dp)
+    headers = [f"Stage {s}" for s in range(len(programs))]
     widths = [max([len(h)] + [len(c) for c in col]) for h, col in zip(headers, cells)]
     digits = len(str(max(n_steps - 1, 0)))
     label = " " * (len("Step ") + digits + 2)

@@ -50,7 +50,7 @@ def low_comm_hint(cfg: RunConfig, plan: PipelinePlan, profile,
     shape = {"micro_batch_size": t.micro_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
              "threads_per_rank": threads_per_rank}
     low = low_comm.price(plan, cfg.model, profile,
-                         simulate(plan, cfg.model, profile, **shape).step_time, **shape)
+                         simulate(plan, cfg.model, profile, **shape).step_time, t.steps, **shape)
     if low is None or not low.worth_it:
         return None
     return ("low-communication mode (not switched on): "

@@ -92,13 +92,17 @@ def diloco_plan(plan: PipelinePlan, sync: str) -> PipelinePlan:
 
 
 def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step_s: float,
-          **shape) -> LowComm | None:
+          steps: int | None = None, **shape) -> LowComm | None:
     """The low-communication options of a synchronous `plan` whose simulated step is `step_s`
-    (`shape`: simulate's micro_batch_size, seq_len, dtype); None where --sync diloco cannot
-    run it (one replica, the baseline policy, sharded state without islands) or it syncs no
-    gradients. A sharded plan is weighed with islands only (each island's state sharded over
+    (`shape`: simulate's micro_batch_size, seq_len, dtype) for a run of `steps` (an H that
+    leaves it fewer than two outer syncs is not weighed: DiLoCo's replicas would meet only
+    at the end; None: any); None where --sync diloco cannot run it (one replica, the baseline
+    policy, sharded state without islands), it syncs no gradients, or the run is too short. A sharded plan is weighed with islands only (each island's state sharded over
     its replicas), and its options hide against the islands' own inner step."""
     n_units = plan.stage_units[-1].stop
+    periods = [h for h in PERIODS if steps is None or 2 * h <= steps]
+    if not periods:
+        return None
     islands = islands_of(plan, profile)
     kinds = (islands,) if plan.shard_state else (None, islands) if islands else (None,)
     tail = f":islands={islands}" if plan.shard_state and islands else ""
@@ -117,12 +121,12 @@ def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step
             if k is None or plan.shard_state and inner_s is None:
                 # (the islands' inner step sums within nodes: measured against the plain one)
                 inner_s = period.inner.step_time
-            for every in PERIODS:
+            for every in periods:
                 if fragments and fragments > every:
                     continue
                 mean = dataclasses.replace(period, every=every).mean_step_time
                 hidden = mean <= (1 + HIDDEN) * inner_s
-                if hidden or every == PERIODS[-1]:
+                if hidden or every == periods[-1]:
                     sync = f"diloco:{every}{tail}"
                     options.append(Option(sync, every, fragments, mean, hidden, sum(
                         outer_bytes_per_replica(diloco_plan(plan, sync), model)),
@@ -165,7 +169,7 @@ def advice(low: LowComm, tokens_per_step: int) -> str:
     best = low.best
     others = [o for o in low.options if o.hidden and o is not best]
     also = (" (or " + ", ".join(f"--sync {o.sync}" for o in others) + ")" if others else "")
-    what = "hides it" if best.hidden else f"is the best of H <= {PERIODS[-1]}, still short"
+    what = "hides it" if best.hidden else "is the fastest H weighed, still short"
     return (f"the per-step gradient sync adds {low.exposed_s:.3g} s to a {low.inner_s:.3g} s "
             f"step; --sync {best.sync}{also} {what}: {tokens_per_step / best.mean_step_s:,.0f} "
             f"tokens/s predicted against {tokens_per_step / low.step_s:,.0f} "

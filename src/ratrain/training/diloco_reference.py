@@ -8,7 +8,8 @@ test_diloco.py).
 The algorithm is schedule/outer_sync.py's: after inner steps kH every unit's mean delta
 (outer - local) steps the outer parameters by Nesterov SGD and every replica continues from
 them; streaming (diloco:H:F), fragment f's deltas are taken before step off_f + kH, the outer
-step lands after it, and the result is mixed into the local parameters that moved on.
+step lands after it, and the result is mixed into the local parameters that moved on. The
+run's last step syncs every unit whose steps the outer parameters do not hold yet.
 """
 
 from __future__ import annotations
@@ -58,15 +59,16 @@ def run_reference(cfg: RunConfig, steps: int | None = None) -> ReferenceRun:
         run.outer = {u: [p.detach().clone() for p in local[0][u]] for u in range(n_units)}
         run.momentum = {u: [torch.zeros_like(p) for p in run.outer[u]] for u in range(n_units)}
     for step in range(steps if steps is not None else t.steps):
+        final = sync.final_sync_due(step, t.steps)  # every unit, its delta taken after the step
         fragment = sync.fragment_due(step)
-        due = [u for u in range(n_units)
-               if fragment is not None and sync.fragment_of(u, n_units) == fragment]
-        if sync.streaming:  # the deltas of the step's fragment, taken before it
+        due = [u for u in range(n_units) if final or (
+            fragment is not None and sync.fragment_of(u, n_units) == fragment)]
+        if sync.streaming and not final:  # the deltas of the step's fragment, taken before it
             deltas = _deltas(run, local, due, sync.delta_dtype)
         lr = lr_at(step, t)
         results = [e.train_step(next(loader), lr, step) for e, loader in zip(run.replicas, loaders)]
         run.losses.append(sum(r.loss for r in results) / dp)
-        if not sync.streaming:
+        if final or not sync.streaming:
             deltas = _deltas(run, local, due, sync.delta_dtype)
         _outer_step(run, local, deltas, cfg, t.outer_mix if sync.streaming else None)
     return run

@@ -3,7 +3,6 @@ trace and summary."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -26,6 +25,7 @@ from ratrain.runtime.trace import write_chrome_trace
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.metrics import MetricsLog, StepExtras
+from ratrain.training.resuming import OuterAsWeights, resumed_state, say_what_changed
 from ratrain.training.run_dir import checkpoints_of
 from ratrain.training.shared_dir import DirectoryShare
 from ratrain.training.step_meetings import (StepFigures, StepMeetings, meeting_steps,
@@ -205,10 +205,12 @@ class Loop:
     def _resume(self, ckpt: Path, verified: bool) -> None:
         """Weights, optimizer states, loss scale, loader position and random generators."""
         meta = checkpoint.load_meta(ckpt)
+        whose = resumed_state(meta["config"]["parallel"], self.cfg.parallel, self.replica)
         # read to the host a unit at a time: loading copies each into the unit's own home
-        self.engine.load_unit_states(
-            checkpoint.load_units(ckpt, self.engine.checkpoint_units(), "cpu",
-                                  self.cfg.parallel.files_of(self.replica), verified=verified))
+        states = checkpoint.load_units(ckpt, self.engine.checkpoint_units(), "cpu", whose.files,
+                                       verified=verified)
+        self.engine.load_unit_states(OuterAsWeights(states, self.cfg) if whose.from_outer
+                                     else states)
         # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
         # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
         same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)
@@ -219,27 +221,9 @@ class Loop:
             self.engine.loss_scale.load_state_dict(scale)
         self.loader.load_state_dict(meta["loader"])
         if self.is_main:
-            self._say_what_changed(meta)
+            say_what_changed(meta, self.cfg, len(self.loader.tokens))
         if same_layout and str(self.rank) in meta["rng"]:
             rng.restore(meta["rng"][str(self.rank)])
-
-    def _say_what_changed(self, meta: dict) -> None:
-        """What a resume changes in the run's course, on stderr: other training data (other
-        sequences from here), or another --steps (the cosine stretched: the learning rate
-        jumps at the resumed step)."""
-        step = meta["step"]
-        before, now = meta["loader"].get("tokens"), len(self.loader.tokens)
-        if before is not None and before != now:
-            print(f"the training data changed since the checkpoint ({before:,} tokens, now "
-                  f"{now:,}: another corpus, tokenizer or val_fraction): the sequences are drawn "
-                  f"anew from step {step} on, not as the run would have", file=sys.stderr,
-                  flush=True)
-        saved = dataclasses.replace(self.cfg.train, steps=meta["config"]["train"]["steps"])
-        was, will = lr_at(step, saved), lr_at(step, self.cfg.train)
-        if saved.steps != self.cfg.train.steps and abs(will - was) > 0.01 * max(was, will):
-            print(f"--steps {saved.steps:,} -> {self.cfg.train.steps:,}: the cosine schedule is "
-                  f"stretched over the new length, so the learning rate at step {step:,} goes "
-                  f"{was:.3g} -> {will:.3g}", file=sys.stderr, flush=True)
 
     def _checkpoint(self, step: int) -> None:
         """Save the state after `step`: taken now, in this thread (copied to host memory, see
@@ -253,7 +237,7 @@ class Loop:
         writes = self.share.first_of_stage(self.grid, self.rank, self.cfg.parallel.island_size)
         taken = saving.take(self.where, step, self.engine.unit_states(), writes,
                             copy=self.saver.background,
-                            replica=self.cfg.parallel.files_of(self.replica, saving=True),
+                            replica=self.cfg.parallel.files_of(self.replica),
                             outer=self.share.first_of_stage(self.grid, self.rank))
         generators = rng.capture()
         meta = None

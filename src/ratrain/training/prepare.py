@@ -15,6 +15,7 @@ from ratrain.host_memory import available_host_bytes
 from ratrain.runtime.engine import needs_executor
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import pick_backend
+from ratrain.schedule.outer_sync import parse_sync
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup import Machine, check_memory_fits, run_plan
 from ratrain.training import link_profile
@@ -106,6 +107,12 @@ def prepare(cfg: RunConfig, progress: bool = True,
     check_memory_fits(cfg, plan, machine)
     keep = is_distributed(cfg) or needs_executor(cfg)
     first = int(os.environ.get("RANK", 0)) == 0
+    outer = parse_sync(cfg.parallel.sync)
+    if first and outer and 2 * outer.every > cfg.train.steps:
+        print(f"--sync {cfg.parallel.sync} over {cfg.train.steps} steps: the replicas meet "
+              f"{'once, at the last step' if outer.every >= cfg.train.steps else f'twice, after step {outer.every} and at the last'}"
+              f" (each trains alone until then); a smaller H syncs them more often",
+              file=sys.stderr, flush=True)
     check_data(cfg, progress and first, first_here=int(os.environ.get("LOCAL_RANK", 0)) == 0,
                first=first)
     return plan if keep else None

@@ -106,16 +106,40 @@ def _writable(directory: str | Path, what: str) -> Path:
     return existing
 
 
-def _why_none(run_dir: Path) -> str:
-    """Why a run has no checkpoint to resume from, where its config says."""
+def checkpoints_gone(run_dir: Path, cfg: RunConfig) -> str | None:
+    """Where the run's checkpoint directory, as its config.yaml names it, does not exist though
+    its metrics.jsonl shows it reached a save: the line that says it was moved or deleted.
+    None for a run yet to save there, or where cfg names another directory."""
+    where = checkpoint.root(checkpoints_of(run_dir, cfg))
     try:
         saved = RunConfig.load(run_dir / "config.yaml").train
     except (UserError, OSError):
-        return ""
+        return None
+    if where.exists() or not saved.checkpoints or cfg.train.checkpoint_dir != saved.checkpoint_dir:
+        return None
+    log = run_dir / "metrics.jsonl"
+    reached = max((r["step"] for r in read_metrics(log)), default=0) if log.is_file() else 0
+    if reached < min(saved.checkpoint_every or saved.steps, saved.steps):
+        return None
+    named = " (config.yaml's train.checkpoint_dir)" if saved.checkpoint_dir else ""
+    return (f"the run's checkpoint directory {where}{named} does not exist (moved or deleted?), "
+            f"though the run reached step {reached}; resume with --checkpoint-dir DIR to say "
+            f"where it is now")
+
+
+def _why_none(run_dir: Path, cfg: RunConfig, where: Path) -> str:
+    """Why a run has no checkpoint in `where` to resume from, as far as its files say."""
+    try:
+        saved = RunConfig.load(run_dir / "config.yaml").train
+    except (UserError, OSError):
+        return f"no checkpoint in {where}"
     if not saved.checkpoints:
-        return ": the run was started with --no-checkpoints and saved none"
+        return f"no checkpoint in {where}: the run was started with --no-checkpoints and saved none"
+    if not where.exists() and cfg.train.checkpoint_dir != saved.checkpoint_dir:
+        return f"--checkpoint-dir {where} does not exist"
     every = f"every {saved.checkpoint_every} steps and " if saved.checkpoint_every else ""
-    return f": the run saves one {every}at its end, and had not reached one"
+    return checkpoints_gone(run_dir, cfg) or (f"no checkpoint in {where}: the run saves one "
+                                               f"{every}at its end, and had not reached one")
 
 
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
@@ -135,7 +159,7 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
         if skipped:
             raise checkpoint.CheckpointDamaged(f"no checkpoint in {where} verifies: " + "; ".join(
                 f"{path.name}: {why}" for path, why in skipped))
-        raise UserError(f"no checkpoint in {where}{_why_none(run_dir)}")
+        raise UserError(_why_none(run_dir, cfg, where))
     if int(os.environ.get("RANK", 0)) == 0:
         for path, why in skipped:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",

@@ -1,0 +1,103 @@
+"""What a resume takes from a checkpoint saved with other settings: whose state each replica
+starts from, and what it says about the run's course changing.
+
+A synchronous checkpoint holds one state, which every replica takes. A --sync diloco checkpoint
+holds each worker's (replica's, or island's) own local weights and AdamW state, and the outer
+parameters: the model of the last outer sync. Resumed with the same workers (--dp and islands),
+each takes its own. Resumed with others (another --dp or islands, or `--sync step`), the saved
+workers do not map onto the new ones: until 2026-11-29 a replica took the state of the saved
+worker of its index, or worker 0's where there was none, so a synchronous resume went on with
+replicas on different weights, and a larger --dp counted worker 0 twice in every average. Now
+every replica starts from the outer parameters, with worker 0's AdamW state, and the run says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ratrain.checkpoint.store import outer_weights
+from ratrain.config import ParallelConfig, RunConfig
+from ratrain.runtime.optim import lr_at
+from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas
+
+
+@dataclass(frozen=True)
+class ResumedState:
+    """Whose files a replica reads (checkpoint/store.py's replica), and whether its weights are
+    the outer parameters instead of that worker's local ones."""
+
+    files: int
+    from_outer: bool = False
+
+
+def resumed_state(saved: dict, now: ParallelConfig, replica: int) -> ResumedState:
+    """`saved`: the checkpoint's config's parallel section; `now`: the resuming run's."""
+    sync = saved.get("sync", EVERY_STEP)
+    if sync == EVERY_STEP:
+        return ResumedState(0)
+    if now.diloco and _workers(sync, saved["dp"]) == _workers(now.sync, now.dp):
+        return ResumedState(now.files_of(replica))
+    return ResumedState(0, from_outer=True)
+
+
+def _workers(sync: str, dp: int) -> tuple[int, int]:
+    """How a DiLoCo layout maps replicas to saved states: dp, and replicas an island."""
+    return dp, grad_sync_replicas(sync, dp)
+
+
+def relayout_note(saved: dict, now: ParallelConfig) -> str | None:
+    """What a resume onto other workers does, for stderr (None: each takes its own)."""
+    if not resumed_state(saved, now, 0).from_outer:
+        return None
+    return (f"the checkpoint was saved by --sync {saved['sync']} at --dp {saved['dp']}, whose "
+            f"replicas' local states do not map onto this run's (--sync {now.sync} at --dp "
+            f"{now.dp}): every replica starts from its outer parameters (the model of its last "
+            f"outer sync; local steps after it, if any, are left out) with replica 0's optimizer state")
+
+
+class OuterAsWeights(Mapping):
+    """Unit states (checkpoint.UnitStates) with each unit's outer parameters as its weights."""
+
+    def __init__(self, states: Mapping[int, dict], cfg: RunConfig):
+        from ratrain.models.llama import build_units
+
+        self.states = states
+        with torch.device("meta"):  # the parameters' names and shapes only
+            self.modules = build_units(cfg.model, cfg.train.seed)
+
+    def __getitem__(self, unit: int) -> dict:
+        state = self.states[unit]
+        return {**state, "weights": outer_weights(self.modules[unit], state)}
+
+    def __iter__(self):
+        return iter(self.states)
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+
+def say_what_changed(meta: dict, cfg: RunConfig, tokens: int) -> None:
+    """What a resume changes in the run's course, on stderr: replicas that start from the outer
+    parameters (relayout_note), other training data (`tokens`: the loader's now; other
+    sequences from here), or another --steps (the cosine stretched: the learning rate jumps at
+    the resumed step)."""
+    step = meta["step"]
+    note = relayout_note(meta["config"]["parallel"], cfg.parallel)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    before = meta["loader"].get("tokens")
+    if before is not None and before != tokens:
+        print(f"the training data changed since the checkpoint ({before:,} tokens, now "
+              f"{tokens:,}: another corpus, tokenizer or val_fraction): the sequences are drawn "
+              f"anew from step {step} on, not as the run would have", file=sys.stderr, flush=True)
+    saved = dataclasses.replace(cfg.train, steps=meta["config"]["train"]["steps"])
+    was, will = lr_at(step, saved), lr_at(step, cfg.train)
+    if saved.steps != cfg.train.steps and abs(will - was) > 0.01 * max(was, will):
+        print(f"--steps {saved.steps:,} -> {cfg.train.steps:,}: the cosine schedule is "
+              f"stretched over the new length, so the learning rate at step {step:,} goes "
+              f"{was:.3g} -> {will:.3g}", file=sys.stderr, flush=True)
