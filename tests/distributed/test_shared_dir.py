@@ -118,7 +118,8 @@ def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True,
     """`ratrain train` on two torchrun nodes of `per_node` ranks each, each with `--run-dir
     run` in its own working directory (two directories, as two machines' local disks); their
     stderr, once both ended as `ok` says."""
-    env = {**os.environ, "RATRAIN_CACHE": str(corpus[1]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "RATRAIN_CACHE": str(corpus[1]), "OMP_NUM_THREADS": "1",
+           "RATRAIN_SHARED_DIR_WAIT_S": "2"}  # (local directories: 10 s a start for nothing)
     port = str(29700 + os.getpid() % 200)
     procs = []
     for node in (0, 1):

@@ -280,3 +280,19 @@ def test_a_resumed_run_that_fails_before_its_first_step_leaves_its_files_as_they
     config = (tmp_path / "run" / "config.yaml").read_bytes()
     assert (config == before["config.yaml"]) != stepped
     assert (tmp_path / "run" / "summary.json").exists() != stepped
+
+
+@pytest.mark.parametrize("text, wait", [(None, 10.0), ("2", 2.0), ("0", 0.0), ("x", None),
+                                        ("-1", None), ("nan", None), ("inf", None)])
+def test_the_shared_directory_wait_is_set_by_its_variable(monkeypatch, text, wait):
+    from ratrain.training.shared_dir import _wait_s
+
+    if text is None:
+        monkeypatch.delenv("RATRAIN_SHARED_DIR_WAIT_S", raising=False)
+    else:
+        monkeypatch.setenv("RATRAIN_SHARED_DIR_WAIT_S", text)
+    if wait is None:
+        with pytest.raises(UserError, match="RATRAIN_SHARED_DIR_WAIT_S="):
+            _wait_s()
+    else:
+        assert _wait_s() == wait

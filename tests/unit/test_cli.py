@@ -9,6 +9,7 @@ import yaml
 
 import pytest
 
+from ratrain.cli.options import resolve_model
 from ratrain.config import RunConfig
 from ratrain.data.tokenizer import train_bpe
 from ratrain.data.corpus import stdlib_files
@@ -285,7 +286,12 @@ def test_resuming_refuses_a_changed_setting_but_not_the_same_one_repeated(monkey
     assert code == 2 and err.strip() == ("error: cannot change --seq-len (256 -> 128) when "
                                          "resuming; start a new run instead"), err
     code, _, err = run_cli(monkeypatch, capsys, *resume, "--model", "tiny")
-    assert code == 2 and "cannot change --model when resuming" in err, err
+    assert code == 2 and "cannot change --model (custom -> tiny) when resuming" in err, err
+    tiny = RunConfig()
+    resolve_model("tiny", tiny)
+    tiny.save(tmp_path / "run" / "config.yaml")
+    code, _, err = run_cli(monkeypatch, capsys, *resume, "--model", "tiny")  # (refused until
+    assert code == 2 and "cannot change" not in err and "no checkpoint" in err, err  # 11-29)
 
 
 def test_a_resume_says_when_the_training_data_changed(monkeypatch, capsys, tmp_path):

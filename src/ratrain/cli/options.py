@@ -118,6 +118,7 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
         # a flag repeating the run's own value is no change (a job's command line, repeated)
         saved = {k: getattr(getattr(cfg, _FIELDS[k]), _RENAMED.get(k, k)) for k in _FIXED_ON_RESUME
                  if k in _FIELDS}
+        saved["model"] = cfg.model.name  # a preset's name (a Hugging Face directory's differs)
         changed = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None and (
             k not in saved or saved[k] != opts[k])]
         if changed:
@@ -131,7 +132,7 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
         from ratrain.models.presets import get_preset
 
         cfg = RunConfig(model=get_preset("tiny"))
-    if opts["model"]:
+    if opts["model"] and not resume_dir:  # (resumed: the run's own, checked above)
         resolve_model(opts["model"], cfg)
     for key, section in _FIELDS.items():
         if opts[key] is not None:

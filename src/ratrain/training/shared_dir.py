@@ -9,6 +9,7 @@ directory holds (`agreed_local_checkpoint`)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import sys
 import time
@@ -26,7 +27,8 @@ from ratrain.schedule.grid import RankGrid
 LOOK_FOR_S = 10.0
 """How long a rank looks for the others' files before it takes those it sees: a network
 filesystem may show a new file late (the names are new to every rank, so no cached "no such
-file" hides them on NFS; a lagging mount might). Node-local directories pay it at every start."""
+file" hides them on NFS; a lagging mount might). Node-local directories pay it at every start;
+RATRAIN_SHARED_DIR_WAIT_S sets it (shorter where the directories are known to be local)."""
 
 _PROBE = ".ratrain-shared-{}-{:05d}"
 
@@ -61,11 +63,12 @@ class DirectoryShare:
 
 
 def shared_by(directory: Path, rank: int, world: int, timeout_s: float, device: torch.device,
-              look_for_s: float = LOOK_FOR_S) -> DirectoryShare:
+              look_for_s: float | None = None) -> DirectoryShare:
     """Which ranks see the same `directory` (made if missing) as this one; collective. Rank 0
     says on stderr when it is not the same for all. A UserError on every rank where what the
     ranks see does not split them into groups (a filesystem that shows a file to some ranks of
     a node and not to others)."""
+    look_for_s = _wait_s() if look_for_s is None else look_for_s  # (before any rank waits)
     when, action = "start of training", "the shared-directory check"
     token = timed_comm.all_gather_object(secrets.token_hex(8) if rank == 0 else None, timeout_s,
                                          when, action, device)[0]
@@ -96,6 +99,18 @@ def shared_by(directory: Path, rank: int, world: int, timeout_s: float, device: 
               "with the --pp, --dp and rank order the run was saved with, and the same ranks on "
               "each node", file=sys.stderr, flush=True)
     return DirectoryShare(tuple(sorted(seen)), len(groups))
+
+
+def _wait_s() -> float:
+    text = os.environ.get("RATRAIN_SHARED_DIR_WAIT_S", str(LOOK_FOR_S))
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait < float("inf"):
+        raise UserError(f"RATRAIN_SHARED_DIR_WAIT_S={text!r}: give the seconds ranks look for "
+                        f"each other's files in the checkpoint directory, 0 or more")
+    return wait
 
 
 def _seen(directory: Path, token: str) -> set[int]:
