@@ -99,7 +99,7 @@ def test_a_deadlock_through_the_tied_sum_is_found():
     last.remove("WTS4")
     last.insert(last.index("SG2.1"), "WTS4")
     data = {**plan.to_dict(), "programs": [format_program(plan.programs[0]), " ".join(last)]}
-    with pytest.raises(ScheduleError, match=r"deadlock: .*rank 1 waits WTS4 \(rank 0 has not "
+    with pytest.raises(ScheduleError, match=r"deadlock: .*stage 1 waits WTS4 \(stage 0 has not "
                                             r"started its TS\)"):
         PipelinePlan.from_dict(data).validate()
 

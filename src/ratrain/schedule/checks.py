@@ -80,34 +80,34 @@ def check_completeness(
     for s, (program, units, counts) in enumerate(zip(programs, stage_units, all_counts)):
         for i, a in enumerate(program):
             if forward_only and not SPECS[a.op].in_eval:
-                fail(programs, f"rank {s}: {a} has no place in {kind} program", {s: i})
+                fail(programs, f"stage {s}: {a} has no place in {kind} program", {s: i})
             if SPECS[a.op].own_unit and a.unit not in units:
-                fail(programs, f"rank {s}: {a} names unit {a.unit}, but stage {s} owns "
+                fail(programs, f"stage {s}: {a} names unit {a.unit}, but stage {s} owns "
                                 f"units {units.start}..{units.stop - 1}", {s: i})
             if a.mb is not None and not 0 <= a.mb < n_micro:
-                fail(programs, f"rank {s}: {a} names micro-batch {a.mb}, but the step has "
+                fail(programs, f"stage {s}: {a} names micro-batch {a.mb}, but the step has "
                                 f"{n_micro}", {s: i})
         for u in units:
             for m in range(n_micro):
                 for a, expected in _compute_counts(counts, u, m, forward_only):
                     if counts[a] != expected:
                         why = "" if a.op is Op.FORWARD else " (a backward is B, or BI and BW)"
-                        fail(programs, f"rank {s} runs {a} {counts[a]} times; expected "
+                        fail(programs, f"stage {s} runs {a} {counts[a]} times; expected "
                                         f"{'once' if expected else 'none'}{why}")
         for a, c in counts.items():
             if a.op is Op.RECOMPUTE and c > 1:
-                fail(programs, f"rank {s} runs {a} {c} times; expected at most once",
+                fail(programs, f"stage {s} runs {a} {c} times; expected at most once",
                       {s: program.index(a)})
         offload_ops = (Op.OFFLOAD, Op.RELOAD, WAIT_OF[Op.RELOAD])  # all or none per (u, m)
         offloaded = sorted({(a.unit, a.mb) for a in program if a.op in offload_ops})
         for u, m in offloaded:
             for op in offload_ops:
                 if counts[Action(op, u, m)] != 1:
-                    fail(programs, f"rank {s} runs {Action(op, u, m)} "
+                    fail(programs, f"stage {s} runs {Action(op, u, m)} "
                                     f"{counts[Action(op, u, m)]} times; an offloaded activation "
                                     f"takes exactly one O, L and WL")
             if counts[Action(Op.RECOMPUTE, u, m)]:
-                fail(programs, f"rank {s}: {Action(Op.OFFLOAD, u, m)} and "
+                fail(programs, f"stage {s}: {Action(Op.OFFLOAD, u, m)} and "
                                 f"{Action(Op.RECOMPUTE, u, m)}: a recomputed forward saves "
                                 f"nothing to offload", {s: program.index(Action(Op.OFFLOAD, u, m))})
         syncs = int(dp > 1 and not forward_only)
@@ -116,20 +116,20 @@ def check_completeness(
             reduces = [counts[Action(Op.GRAD_REDUCE, u, m)] for m in range(n_micro)]
             if any(reduces):
                 if counts[Action(Op.GRAD_SYNC, u)] or set(reduces) != {syncs}:
-                    fail(programs, f"rank {s} reduces unit {u}'s gradient per micro-batch "
+                    fail(programs, f"stage {s} reduces unit {u}'s gradient per micro-batch "
                                     f"(RS{u}.*: {reduces}) and starts GS{u} "
                                     f"{counts[Action(Op.GRAD_SYNC, u)]} times; expected one RS "
                                     f"per micro-batch and no GS with dp={dp}")
             elif counts[Action(Op.GRAD_SYNC, u)] != syncs:
-                fail(programs, f"rank {s} starts GS{u} {counts[Action(Op.GRAD_SYNC, u)]} times; "
+                fail(programs, f"stage {s} starts GS{u} {counts[Action(Op.GRAD_SYNC, u)]} times; "
                                 f"expected {syncs} with dp={dp} in {kind} program")
             if counts[Action(Op.CROSS_SYNC, u)] > syncs:
-                fail(programs, f"rank {s} starts GX{u} {counts[Action(Op.CROSS_SYNC, u)]} "
+                fail(programs, f"stage {s} starts GX{u} {counts[Action(Op.CROSS_SYNC, u)]} "
                                 f"times; expected at most {syncs} with dp={dp} in {kind} program")
         end = Action(Op.STEP_END)
         if counts[end] != 1 or program[-1] != end:
             marks = {s: program.index(end)} if end in program else {}
-            fail(programs, f"rank {s}: E must occur exactly once, as the last action", marks)
+            fail(programs, f"stage {s}: E must occur exactly once, as the last action", marks)
 
     updates = (Op.UPDATE, Op.START_UPDATE)  # inline, or carried into the next step
     for ops, per_unit in ((updates, True), ((Op.GRAD_NORM,), False)):
@@ -141,8 +141,8 @@ def check_completeness(
                 runs = sum(counts[Action(op, u)] for op in ops)
                 if runs != 1:
                     names = " or ".join(str(Action(op, u)) for op in ops)
-                    fail(programs, f"rank {s} runs {names} {runs} times; expected once "
-                                    f"(other ranks run {ops[0].name})")
+                    fail(programs, f"stage {s} runs {names} {runs} times; expected once "
+                                    f"(other stages run {ops[0].name})")
 
 
 def _compute_counts(counts: Counter, u: int, m: int,
@@ -171,15 +171,15 @@ def check_communication(programs: list[Program], stage_units: list[range]) -> No
                 continue
             peer = s + peer_offset(a.op)
             if not 0 <= peer < p:
-                fail(programs, f"rank {s}: {a} has no peer (rank {peer} does not exist)", {s: i})
+                fail(programs, f"stage {s}: {a} has no peer (stage {peer} does not exist)", {s: i})
             unit = exchanged_unit(a.op, stage_units[s])
             if a.unit != unit:
-                fail(programs, f"rank {s}: {a} names unit {a.unit}, but rank {s} exchanges "
-                                f"unit {unit}'s tensors with rank {peer}", {s: i})
+                fail(programs, f"stage {s}: {a} names unit {a.unit}, but stage {s} exchanges "
+                                f"unit {unit}'s tensors with stage {peer}", {s: i})
             match = Action(peer_op, a.unit, a.mb)
             found = counts[peer][match]
             if found != 1:
-                fail(programs, f"rank {s}: {a} has {found} matching {match} on rank {peer}; "
+                fail(programs, f"stage {s}: {a} has {found} matching {match} on stage {peer}; "
                                 f"expected exactly one", {s: i})
     transfers = [(op, spec.pairs_with, peer_offset(op)) for op, spec in SPECS.items()
                  if spec.pairs_with and spec.sends]
@@ -192,8 +192,8 @@ def check_communication(programs: list[Program], stage_units: list[range]) -> No
                 k = next(k for k, (a, b) in enumerate(zip(sends, recvs)) if a != b)
                 at_send = [i for i, a in enumerate(programs[sender]) if a.op is send][k]
                 at_recv = [i for i, a in enumerate(programs[receiver]) if a.op is recv][k]
-                fail(programs, f"rank {sender} posts {send.value} in micro-batch order {sends} "
-                                f"but rank {receiver} posts {recv.value} in order {recvs}",
+                fail(programs, f"stage {sender} posts {send.value} in micro-batch order {sends} "
+                                f"but stage {receiver} posts {recv.value} in order {recvs}",
                       {sender: at_send, receiver: at_recv})
 
 
@@ -208,17 +208,17 @@ def check_waits(programs: list[Program]) -> None:
                 continue  # check_carried
             if SPECS[a.op].starts:
                 if a in outstanding:
-                    fail(programs, f"rank {s}: {a} starts again before its previous start "
+                    fail(programs, f"stage {s}: {a} starts again before its previous start "
                                     f"(step {outstanding[a]}) was waited", {s: i})
                 outstanding[a] = i
             elif SPECS[a.op].waits:
                 start = Action(SPECS[a.op].waits, a.unit, a.mb)
                 if outstanding.pop(start, None) is None:
-                    fail(programs, f"rank {s}: {a} waits for {start}, which has not been "
+                    fail(programs, f"stage {s}: {a} waits for {start}, which has not been "
                                     f"started before it", {s: i})
         for start, i in outstanding.items():
             wait = Action(WAIT_OF[start.op], start.unit, start.mb)
-            fail(programs, f"rank {s}: {start} is started but never waited (no {wait} after it)",
+            fail(programs, f"stage {s}: {start} is started but never waited (no {wait} after it)",
                   {s: i})
 
 
@@ -231,14 +231,14 @@ def check_carried(programs: list[Program]) -> None:
                 continue
             wait = Action(WAIT_OF[a.op], a.unit, a.mb)
             if program.count(a) != 1 or program.count(wait) != 1:
-                fail(programs, f"rank {s}: {a} and {wait} must each run once a step", {s: i})
+                fail(programs, f"stage {s}: {a} and {wait} must each run once a step", {s: i})
             if program.index(wait) > i:
-                fail(programs, f"rank {s}: {wait} (the previous step's {a}) must come before "
+                fail(programs, f"stage {s}: {wait} (the previous step's {a}) must come before "
                                 f"{a}", {s: program.index(wait)})
         for i, a in enumerate(program):
             start = SPECS[a.op].waits
             if start in CARRIED and Action(start, a.unit, a.mb) not in program:
-                fail(programs, f"rank {s}: {a} waits for {Action(start, a.unit, a.mb)}, which "
+                fail(programs, f"stage {s}: {a} waits for {Action(start, a.unit, a.mb)}, which "
                                 f"the program never starts", {s: i})
 
 
@@ -265,7 +265,7 @@ def check_dependencies(programs: list[Program], stage_units: list[range]) -> Non
                     continue
                 name = str(need) if isinstance(need, Action) else need[0]
                 if at < 0:
-                    fail(programs, f"rank {s}: {a} needs {name}, which rank {s} never runs",
+                    fail(programs, f"stage {s}: {a} needs {name}, which stage {s} never runs",
                           {s: i})
-                fail(programs, f"rank {s}: {a} at step {i} comes before {name} (step {at}), "
+                fail(programs, f"stage {s}: {a} at step {i} comes before {name} (step {at}), "
                                 f"which it needs", {s: i})

@@ -53,15 +53,15 @@ def _blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
 def _why_blocked(a: Action, rank: int, p: int, arrived: dict[Op, set[int]],
                  started: list[set[Action]]) -> str:
     if tied := _tied_start(a, rank, p):
-        return f"rank {rank} waits {a} (rank {tied[0]} has not started its {tied[1].value})"
+        return f"stage {rank} waits {a} (stage {tied[0]} has not started its {tied[1].value})"
     if peer := _peer_start(a):
         offset, start = peer
-        return f"rank {rank} waits {a} (rank {rank + offset} has not started {start})"
+        return f"stage {rank} waits {a} (stage {rank + offset} has not started {start})"
     if start := _collective_start(a):
         missing = [r for r in range(p) if start not in started[r]]
-        return f"rank {rank} waits {a} (ranks {missing} have not started {start})"
+        return f"stage {rank} waits {a} (stages {missing} have not started {start})"
     missing = [r for r in range(p) if r not in arrived[a.op]]
-    return f"rank {rank} waits {a} (ranks {missing} have not reached {a})"
+    return f"stage {rank} waits {a} (stages {missing} have not reached {a})"
 
 
 def dry_run(programs: list[Program]) -> None:

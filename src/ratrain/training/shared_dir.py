@@ -185,5 +185,6 @@ def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, wr
     raise UserError(
         f"no checkpoint is whole in every node's directory (rank 0's newest: step_{newest:06d}; "
         "rank 0 says on stderr what each lacks): a node's directory lost or damaged, or the run "
-        "resumed with another layout (node-local checkpoints resume with the --pp, --dp and "
-        "rank order they were saved with)")
+        "resumed with another layout (node-local checkpoints resume with the --pp, --dp, "
+        "--sync and rank order they were saved with; `ratrain merge-parts` makes the parts one "
+        "checkpoint, which any layout resumes)")
