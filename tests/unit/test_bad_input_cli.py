@@ -271,7 +271,7 @@ def _started(tmp_path: Path, parallel: dict, train: dict | None = None) -> None:
     for section, values in (("parallel", parallel), ("train", train or {})):
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(exist_ok=True)
     cfg.save(tmp_path / "run" / "config.yaml")
 
 
@@ -285,6 +285,10 @@ def test_a_refusal_of_a_resumed_runs_setting_says_whose_it_is(monkeypatch, capsy
     assert "comes from the resumed run" not in line  # typed now: the flag is the user's
     _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints", *resume, "--dp", "1",
              "--no-shard-state")
+    # hybrid sharding and a short gradient lifetime go with the sharded state they were for
+    _started(tmp_path, {"dp": 4, "shard_state": True, "shard_group": 2,
+                        "grad_lifetime": "transient"})
+    _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints", *resume, "--no-shard-state")
 
 
 def test_outer_flags_count_only_where_typed(monkeypatch, capsys, tmp_path):

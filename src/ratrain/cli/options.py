@@ -137,6 +137,11 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
     for key, section in _FIELDS.items():
         if opts[key] is not None:
             setattr(getattr(cfg, section), _RENAMED.get(key, key), opts[key])
+    if resume_dir and opts.get("shard_state") is False:  # what only sharded state has goes too
+        if opts.get("shard_group") is None:
+            cfg.parallel.shard_group = None
+        if opts.get("grad_lifetime") is None:
+            cfg.parallel.grad_lifetime = "step"
     if opts["partition"]:
         try:
             cfg.parallel.partition = [int(x) for x in opts["partition"].split(",")]
