@@ -57,7 +57,7 @@ class TrainConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     eval_every: int = 100
-    eval_batches: int = 4
+    eval_batches: int = 4  # the validation set: this many global batches of the split's first sequences
     seed: int = 0
     dtype: str = "float32"  # compute dtype: float32, bfloat16 or float16 (masters stay fp32; float16 with loss scaling)
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end of the run)

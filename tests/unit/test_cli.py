@@ -89,6 +89,31 @@ def test_unsupported_hf_architecture(monkeypatch, capsys, tmp_path):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_run_from_a_hugging_face_directory_resumes_without_it(monkeypatch, capsys, tmp_path):
+    """The checkpoint holds the weights: the starting directory, moved since (or named relative
+    to another working directory), is not read (refused until 2026-11-29). Weights in .bin
+    files, which ratrain does not read, are refused, not replaced by random ones."""
+    from ratrain.models.hf import save_hf
+    from ratrain.models.llama import build_units
+    from ratrain.models.presets import get_preset
+
+    model = get_preset("tiny")
+    save_hf(build_units(model, 0), model, tmp_path / "hf")
+    run = ("--seq-len", "32", "--global-batch", "8", "--no-progress", "--no-report")
+    (tmp_path / "text.txt").write_text("hello world\n" * 1000)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--model", str(tmp_path / "hf"),
+                           "--data", str(tmp_path / "text.txt"), "--steps", "2", "--run-dir",
+                           str(tmp_path / "run"), *run)
+    assert code == 0, err
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(tmp_path / "run"),
+                           "--steps", "3", *run)
+    assert code == 0, err
+    (tmp_path / "moved" / "model.safetensors").rename(tmp_path / "moved" / "pytorch_model.bin")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--model", str(tmp_path / "moved"), *run)
+    assert code == 2 and "its weights are PyTorch .bin files" in err, err
+
+
 def test_tokenizer_command_trains_bpe(monkeypatch, capsys, tmp_path):
     code, out, _ = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(_tiny_text(tmp_path)),
                            "--vocab-size", "300", "--out", str(tmp_path / "tok"))

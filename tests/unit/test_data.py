@@ -413,17 +413,21 @@ def test_loader_rejects_too_little_data():
         MicroBatchLoader(_stream(50), SEQ, 8, 4, dp_size=4)
 
 
-def test_eval_batches_fixed_and_dp_invariant():
+def test_eval_batches_fixed_whatever_computes_them():
+    """The same sequences at every dp and micro-batch size (until 2026-11-29 the set was a
+    count of micro-batches: its loss changed with --micro-batch-size)."""
     tokens = _stream(20)
-    full = eval_batches(tokens, SEQ, 2, n_batches=4)
+    full = eval_batches(tokens, SEQ, 2, n_sequences=8)
     assert _windows(full) == list(range(8))  # first windows, in order
     assert all(torch.equal(y, x + 1) for x, y in full)
-    for dp in (2, 3, 4):
-        merged = [b for r in range(dp) for b in eval_batches(tokens, SEQ, 2, 4, dp, r)]
-        assert _windows(merged) == list(range(8))
-    assert len(eval_batches(tokens, SEQ, 2, n_batches=100)) == 10  # capped at what exists
-    assert eval_batches(tokens, SEQ, 2, n_batches=0) == []
-    with pytest.raises(UserError, match="fewer than one micro-batch of 4"):
-        eval_batches(_stream(3), SEQ, 4, n_batches=1)
+    for dp, mbs in ((1, 1), (1, 4), (2, 1), (2, 2), (4, 2)):
+        merged = [b for r in range(dp) for b in eval_batches(tokens, SEQ, mbs, 8, dp, r)]
+        assert _windows(merged) == list(range(8)), (dp, mbs)
+        assert all(len(x) == mbs for x, _ in merged)
+    assert len(eval_batches(tokens, SEQ, 2, n_sequences=100)) == 10  # capped at what exists
+    assert _windows(eval_batches(tokens, SEQ, 3, 100, 2, 1)) == list(range(9, 18))  # whole ones
+    assert eval_batches(tokens, SEQ, 2, n_sequences=0) == []
+    with pytest.raises(UserError, match="fewer than a micro-batch of 4 for each of 1"):
+        eval_batches(_stream(3), SEQ, 4, n_sequences=4)
     with pytest.raises(UserError, match="0 tokens, too few"):
-        eval_batches(np.zeros(0, np.uint16), SEQ, 2, n_batches=1)
+        eval_batches(np.zeros(0, np.uint16), SEQ, 2, n_sequences=2)

@@ -5,6 +5,7 @@ Exit codes: 0 success, 2 a user's mistake (one clear line on stderr), 1 an inter
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -54,6 +55,12 @@ def _run() -> int:
     except Interrupted as e:
         click.echo(str(e), err=True)
         return 130
+    except OSError as e:
+        if e.filename is None:  # not about a path the user named: an internal failure
+            raise
+        click.echo(f"error: {e.filename}: {e.strerror or e}", err=True)
+        # A full or failing disk is no mistake of the user's input
+        return 1 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO) else 2
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130

@@ -26,7 +26,12 @@ def resolve_model(spec: str, cfg: RunConfig) -> None:
 
         cfg.model = config_from_hf(path)
         if any(path.glob("*.safetensors")):
-            cfg.train.init_from = str(path)
+            cfg.train.init_from = str(path.resolve())  # (a resume may start elsewhere)
+        elif any(path.glob("*.bin")):  # trained from random weights, silently, until 2026-11-29
+            raise UserError(f"--model {spec}: its weights are PyTorch .bin files, which ratrain "
+                            "does not read (they are pickles); save them as safetensors "
+                            "(transformers: save_pretrained(dir, safe_serialization=True)), or "
+                            "give a directory with config.json alone to start from random weights")
     elif spec not in PRESETS and (path.exists() or "/" in spec):
         raise UserError(f"--model {spec}: " + ("a file; a Hugging Face model is a directory "
                         "(config.json and its safetensors)" if path.exists() else
@@ -118,7 +123,11 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
         # a flag repeating the run's own value is no change (a job's command line, repeated)
         saved = {k: getattr(getattr(cfg, _FIELDS[k]), _RENAMED.get(k, k)) for k in _FIXED_ON_RESUME
                  if k in _FIELDS}
-        saved["model"] = cfg.model.name  # a preset's name (a Hugging Face directory's differs)
+        saved["model"] = cfg.model.name  # a preset's name
+        given = Path(opts.get("model") or "")
+        if cfg.train.init_from and given.is_dir() and given.resolve() == Path(
+                cfg.train.init_from).resolve():  # the Hugging Face directory it started from
+            saved["model"] = opts["model"]
         changed = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None and (
             k not in saved or saved[k] != opts[k])]
         if changed:

@@ -10,7 +10,7 @@ import click
 from ratrain.cli.format import range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
-from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S
+from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
 
 
 @cli.command()
@@ -29,9 +29,10 @@ def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin
     """Search for the fastest plan that fits a memory budget (--profile, --devices,
     --memory-budget), or show the per-stage programs of the layout the flags describe (step x
     stage table; every replica runs its stage's)."""
+    refuse_no_devices(devices)
     cfg = build_config(opts)
     refuse_idle_outer_flags(cfg, opts)
-    if profile_spec or devices or memory_budget or host_memory_budget:
+    if profile_spec or devices is not None or memory_budget or host_memory_budget:
         _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                 memory_margin, top, time_limit, out, as_json)
     else:

@@ -18,6 +18,13 @@ TIME_LIMIT_S = 25.0
 """Seconds a search may take; past it, the best plan found so far."""
 
 
+def refuse_no_devices(devices: int | None) -> None:
+    """--devices below 1, refused before anything is sized by it: 0 is no "not given" (taken
+    so, `plan` showed the default programs and `train` searched the default devices)."""
+    if devices is not None and devices < 1:
+        raise UserError(f"--devices must be at least 1, got {devices}")
+
+
 def with_this_machines_memory(hw, devices: int | None):
     """The CPU profile `hw` with a device's memory what this machine has available now, shared
     by the `devices` searched (search_request's default on a CPU: 2), where no --profile was
@@ -121,8 +128,6 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
                         f"devices' memory (a CPU profile), so no plan on it keeps state there")
     if devices is None:
         devices = hw.device_count or (2 if hw.device.cores else 8)
-    if devices < 1:
-        raise UserError(f"--devices must be at least 1, got {devices}")
     if hw.device_count and devices > hw.device_count:
         raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
                         f"in its groups")

@@ -10,12 +10,13 @@ from ratrain.cli.format import fmt_bytes, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
                                  use_plan_file)
+from ratrain.errors import UserError
 
 
 @cli.command()
 @config_options
 @click.option("--plan", "plan_file", type=click.Path(), help="Simulate this plan (JSON from `ratrain plan --out`) instead of the one the flags describe.")
-@click.option("--profile", "profile_spec", default="cpu-local", show_default=True, help="Hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.")
+@click.option("--profile", "profile_spec", help="Hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: with --plan, the profile the plan was made on; else cpu-local]")
 @click.option("--trace", "trace_file", type=click.Path(), help="Write the simulated timeline here (Chrome trace JSON, as trace.json; open in ui.perfetto.dev).")
 @click.option("--json", "as_json", is_flag=True, help="Print the prediction as JSON on stdout.")
 def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
@@ -30,7 +31,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     cfg = build_config(opts)
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
     refuse_idle_outer_flags(cfg, opts)
-    hw = load_profile(profile_spec)
+    hw = load_profile(profile_spec or _plans_profile(plan_data, plan_file, as_json))
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
     # what could not run on the profile's devices is not predicted (setup/rule.py); --schedule
     # auto is chosen on this profile
@@ -60,6 +61,11 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "shard_group": plan.shard_group, "host_grad_dtype": plan.host_grad_dtype,
                "threads_per_rank": machine.threads_per_rank,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
+    host = hw.device.host_memory_bytes if hw.device.host_link else None
+    for stage, r in zip(summary["stages"], result.ranks):
+        # each tier's verdict, as the table says it (fits_host None: the profile has no host tier)
+        stage["fits_device"] = r.device_peak <= hw.device.memory_bytes
+        stage["fits_host"] = None if host is None else r.host_peak <= host
     if edges:
         summary["step_time_range_s"] = list(edges)
         summary["unstable_figures"] = unstable_figures(hw)
@@ -92,10 +98,9 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                    f"{'s' if len(period['exposed_sync_s']) > 1 else ''} (the step above is an "
                    f"inner one); device peak in a synced step {fmt_bytes(period['peak_bytes'])}")
     rows = []
-    host = hw.device.host_memory_bytes if hw.device.host_link else None
-    for r in result.ranks:
-        fits = ("NO" if r.device_peak > hw.device.memory_bytes else
-                "NO: host" if host is not None and r.host_peak > host else "yes")
+    for r, stage in zip(result.ranks, summary["stages"]):
+        fits = ("NO" if not stage["fits_device"] else
+                "NO: host" if stage["fits_host"] is False else "yes")
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_device_peak.items() if v)
         rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", fmt_bytes(r.device_peak),
                      fits, fmt_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
@@ -106,6 +111,24 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                              "on the device at its peak, by kind"]))
     if trace_file:
         click.echo(f"wrote {trace_file}")
+
+
+def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool) -> str:
+    """The profile to simulate on where --profile is not given: the one a `ratrain plan` file
+    records it was made on (as `report` does), so that its prediction is reproduced rather than
+    this machine's preset's; cpu-local without one."""
+    from ratrain.sim.profile import presets
+
+    made_on = ((plan_data or {}).get("prediction") or {}).get("profile")
+    if not isinstance(made_on, str):
+        return "cpu-local"
+    # a file records its profile by name: a preset's loads; a YAML file's has to be given again
+    if made_on not in presets():
+        raise UserError(f"{plan_file} was made on profile {made_on!r}, which is not a preset: "
+                        "give its YAML file as --profile (or another profile to simulate on)")
+    if not as_json:
+        click.echo(f"profile {made_on}: the one {plan_file} was made on (--profile to change it)")
+    return made_on
 
 
 def _outer_period(plan, cfg, hw, inner, shape) -> dict | None:

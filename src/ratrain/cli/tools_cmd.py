@@ -51,9 +51,25 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
     out_path = Path(out)
     if out_path.is_dir() or not out_path.suffix:
         out_path = out_path / "tokenizer.json"
+    if out_path.is_file() and not _is_tokenizer_json(out_path):
+        # A corpus file named as --out by mistake would be lost, replaced by the tokenizer
+        raise UserError(f"--out {out_path} is an existing file that is not a tokenizer.json; "
+                        "refusing to overwrite it (give a new path or a directory)")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tok = train_bpe(files, vocab_size, out_path)
     click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} files)")
+
+
+def _is_tokenizer_json(path: Path) -> bool:
+    """Whether `path` holds a Hugging Face tokenizer.json (a JSON object with a "model"), which
+    training a tokenizer again may replace."""
+    if path.suffix != ".json":
+        return False
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return False
+    return isinstance(found, dict) and "model" in found
 
 
 @cli.command()

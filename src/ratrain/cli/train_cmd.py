@@ -11,6 +11,7 @@ from ratrain.cli.format import fmt_bytes
 from ratrain.cli.group import cli
 from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
                                  refuse_idle_outer_flags, use_plan_file)
+from ratrain.cli.plan_search import refuse_no_devices
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
@@ -52,6 +53,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     ends the run after --comm-timeout; Ctrl-C stops every rank. See docs/reliability.md."""
     from ratrain.runtime.torchrun_env import under_torchrun
 
+    refuse_no_devices(devices)
     if memory_budget is None and devices is not None:
         raise UserError("--devices goes with --memory-budget (the devices a search may use); "
                         "without it, --pp x --dp are the run's")

@@ -18,7 +18,8 @@ def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool =
     train_tokens, val_tokens = split_train_val(tokens, cfg.data.val_fraction)
     loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
                               dp_size=dp, dp_rank=replica, seed=t.seed)
-    val = (eval_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval_batches, dp, replica)
+    val = (eval_batches(val_tokens, t.seq_len, t.micro_batch_size,
+                        t.eval_batches * t.global_batch, dp, replica)
            if t.eval_batches > 0 else [])
     return loader, val
 

@@ -1,7 +1,8 @@
 """`--schedule auto` (the default): the schedule and weight-gradient placement a run takes when
 the user names neither, chosen by simulating the run's own plan under each candidate the
 planner would weigh for its layout (planner.layouts.schedules) on a hardware profile, and taking
-the fastest whose every stage's memory estimate fits the device, and whose ranks' bytes fit
+the fastest whose every stage's memory estimate fits the device (and the profile's host tier
+per device, where it has one), and whose ranks' bytes fit
 the machine the run starts on (its host memory: the state kept there, offloaded activations;
 on a CPU the whole run's).
 
@@ -43,6 +44,7 @@ class Candidate:
     peak_bytes: int  # the largest stage's device peak
     micro_batch_group: int = 1
     refused_here: str | None = None  # why its bytes cannot fit the machine the run starts on
+    host_peak_bytes: int = 0  # the largest stage's peak in the host tier
 
     @property
     def label(self) -> str:
@@ -80,6 +82,8 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
 
     p, t = cfg.parallel, cfg.train
     budget = budget or profile.device.memory_bytes
+    # a host tier over its bytes fails the run as surely as the device (`simulate`'s NO: host)
+    host = profile.device.host_memory_bytes if profile.device.host_link else None
     options = [(s, w) for s, w in schedules(p.pp, p.dp)
                if p.weight_grad is None or w == p.weight_grad]
     if p.policy == "baseline" and p.weight_grad is None:  # the GPU-style 1F1B it stands for
@@ -108,16 +112,19 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
         result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
                           seq_len=t.seq_len, dtype=t.dtype, threads_per_rank=threads_per_rank)
         found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks),
-                               g, refusal_here(trial, plan) if refusal_here else None))
+                               g, refusal_here(trial, plan) if refusal_here else None,
+                               max(r.host_peak for r in result.ranks)))
     if not found:
         raise UserError("no schedule can run this layout: " + "; ".join(refused))
-    fits = ([c for c in found if _fits(c, budget)] or
+    # where no schedule fits the host tier (its state, the same under each), it does not choose
+    fits = ([c for c in found if _fits(c, budget, host)] or
+            [c for c in found if _fits(c, budget, None)] or
             [min(found, key=lambda c: (c.refused_here is not None, c.peak_bytes))])
     fastest = min(c.step_s for c in fits)
     alike = [c for c in fits if c.step_s * (1 - MARGIN) < fastest]
     best = min(alike, key=lambda c: (c.peak_bytes, c.step_s))
-    return Choice(best.schedule, best.weight_grad, _why(best, found, budget, profile.name), found,
-                  best.micro_batch_group)
+    return Choice(best.schedule, best.weight_grad, _why(best, found, budget, host, profile.name),
+                  found, best.micro_batch_group)
 
 
 def _label(schedule: str, weight_grad: str | None, group: int = 1) -> str:
@@ -125,17 +132,23 @@ def _label(schedule: str, weight_grad: str | None, group: int = 1) -> str:
             + (f" in groups of {group}" if group > 1 else ""))
 
 
-def _fits(c: Candidate, budget: float) -> bool:
-    return c.peak_bytes <= budget and c.refused_here is None
+def _fits(c: Candidate, budget: float, host: float | None) -> bool:
+    return (c.peak_bytes <= budget and c.refused_here is None
+            and (host is None or c.host_peak_bytes <= host))
 
 
-def _why(best: Candidate, found: list[Candidate], budget: float, profile: str) -> str:
+def _why(best: Candidate, found: list[Candidate], budget: float, host: float | None,
+         profile: str) -> str:
     gib = 2 ** 30
-    others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if _fits(c, budget) else
+    others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if _fits(c, budget, host) else
                                                         " (does not fit)")
                        for c in found if c is not best)
     others = others or "the only candidate that can run here"
-    fit = ("fits" if _fits(best, budget) else "the least memory of none that fit")
+    fit = ("fits" if _fits(best, budget, host) else
+           "fits the device but not the host tier, as no candidate does"
+           if _fits(best, budget, None) else "the least memory of none that fit")
+    held = (f" and {best.host_peak_bytes / gib:.2f} GiB of a {host / gib:.1f} GiB host tier"
+            if host is not None else "")
     return (f"schedule {best.label}: simulated {best.step_s:.3g} s/step on {profile} "
             f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB of a "
-            f"{budget / gib:.1f} GiB budget, {fit}. --schedule overrides")
+            f"{budget / gib:.1f} GiB budget{held}, {fit}. --schedule overrides")

@@ -8,6 +8,7 @@ them) and every rank runs `rank_main` with its own stage of the pipeline plan.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -143,7 +144,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
             plan, share, resume_from, verified = _agree_across_nodes(cfg, plan, groups, run_dir,
                                                                      rank, resume_from)
         tracer = Tracer() if trace else None
-        engine = PipelineEngine(cfg, plan, groups, tracer)
+        engine = PipelineEngine(_built_from(cfg, resume_from), plan, groups, tracer)
         if share and share.node_local:  # rank 0's choice, where every node's directory has it
             written = {u for r in share.ranks for u in plan.stage_units[groups.grid.coords(r)[0]]}
             resume_from, verified = agreed_local_checkpoint(
@@ -155,9 +156,10 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if plan:
             tracer = Tracer() if trace else None
-            engine = PipelineEngine(cfg, plan, None, tracer, device=device)
+            engine = PipelineEngine(_built_from(cfg, resume_from), plan, None, tracer,
+                                    device=device)
         else:
-            engine = LocalEngine(cfg, device)
+            engine = LocalEngine(_built_from(cfg, resume_from), device)
     built()
     previous = signal.getsignal(signal.SIGINT)
     if cfg.train.checkpoint_on_interrupt:
@@ -211,6 +213,17 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, plan: dict | None) -> None:
 SAYS_BUILDING_FROM = 500_000_000
 """Parameters from which rank 0 says that it builds the model: a 7B model's units and state
 took minutes to build with nothing on the screen."""
+
+
+def _built_from(cfg: RunConfig, resume_from: str | None) -> RunConfig:
+    """The config the engine builds the model from: a resumed run's weights are its
+    checkpoint's, so the Hugging Face directory it started from is not read (it may have moved
+    since, or the resume runs in another working directory: refused until 2026-11-29)."""
+    if not (resume_from and cfg.train.init_from):
+        return cfg
+    built = copy.deepcopy(cfg)
+    built.train.init_from = None
+    return built
 
 
 def _building(cfg: RunConfig, plan: PipelinePlan | None, rank: int, progress: bool):

@@ -1,0 +1,93 @@
+"""What a new user met: an output path that cannot be written, a corpus file named as the
+tokenizer's --out, --devices 0 (each one line on stderr, exit code 2); `simulate --plan` on
+another profile than the plan's; a schedule line that said "fits" over the host tier."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .cli_runner import run_cli
+
+TINY = ("--model", "tiny", "--seq-len", "32", "--global-batch", "8")
+
+
+@pytest.mark.parametrize("args, said", [
+    (("plan", *TINY, "--memory-budget", "50MB", "--out", "{tmp}/no/dir/p.json"),
+     "error: {tmp}/no/dir/p.json: No such file or directory"),
+    (("simulate", *TINY, "--trace", "{tmp}"), "error: {tmp}: Is a directory"),
+])
+def test_an_output_path_that_cannot_be_written(monkeypatch, capsys, tmp_path, args, said):
+    code, _, stderr = run_cli(monkeypatch, capsys, *(a.format(tmp=tmp_path) for a in args))
+    assert code == 2
+    assert stderr.strip() == said.format(tmp=tmp_path)
+
+
+def test_the_tokenizer_refuses_to_overwrite_a_file_that_is_no_tokenizer(monkeypatch, capsys,
+                                                                        tmp_path):
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    text = "def f(x):\n    return x + 1\n" * 50
+    (corpus / "f1.txt").write_text(text)
+    code, _, stderr = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(corpus),
+                              "--vocab-size", "300", "--out", str(corpus / "f1.txt"))
+    assert code == 2 and "refusing to overwrite it" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert (corpus / "f1.txt").read_text() == text
+    out = tmp_path / "tok.json"
+    for _ in range(2):  # a tokenizer.json is replaced by a new one
+        code, _, stderr = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(corpus),
+                                  "--vocab-size", "300", "--out", str(out))
+        assert code == 0, stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("plan", "--devices", "0"),
+    ("plan", "--devices", "0", "--memory-budget", "50MB"),
+    ("train", "--devices", "0", "--memory-budget", "50MB"),
+])
+def test_zero_devices_is_refused_as_below_one_is(monkeypatch, capsys, tmp_path, args):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, *TINY)
+    assert code == 2 and stdout == ""
+    assert stderr.strip() == "error: --devices must be at least 1, got 0"
+
+
+def test_simulate_plan_takes_the_profile_the_plan_was_made_on(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--profile",
+                              "cpu-local", "--devices", "2", "--memory-budget", "60MB",
+                              "--out", str(out))
+    assert code == 0, stderr
+    plan = json.loads(out.read_text())
+    plan["prediction"]["profile"] = "mt3000"  # as if made there: the default must follow it
+    out.write_text(json.dumps(plan))
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out))
+    assert code == 0, stderr
+    assert stdout.splitlines()[0] == f"profile mt3000: the one {out} was made on (--profile to change it)"
+    assert stdout.splitlines()[1].startswith("tiny on mt3000:")
+    plan["prediction"]["profile"] = "measured-elsewhere"  # a YAML file's, not loadable by name
+    out.write_text(json.dumps(plan))
+    code, _, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out))
+    assert code == 2 and "give its YAML file as --profile" in stderr
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out),
+                                   "--profile", "cpu-local")
+    assert code == 0 and stdout.startswith("tiny on cpu-local:"), stderr
+
+
+README_SIMULATE = ("simulate", "--model", "llama2-7b", "--profile", "mt3000", "--pp", "8", "--dp",
+                   "128", "--seq-len", "4096", "--global-batch", "1024", "--micro-batch-size", "1",
+                   "--dtype", "float16", "--activation", "recompute", "--state-home", "host",
+                   "--view-window", "1")
+
+
+def test_a_host_tier_over_its_bytes_is_no_fit_in_the_schedule_line_or_the_json(monkeypatch,
+                                                                                capsys):
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *README_SIMULATE)
+    assert code == 0, stderr
+    assert "GiB host tier, fits the device but not the host tier, as no candidate does." \
+        in stdout.splitlines()[0]
+    code, stdout, _ = run_cli(monkeypatch, capsys, *README_SIMULATE, "--json")
+    stages = json.loads(stdout)["stages"]
+    assert all(s["fits_device"] and s["fits_host"] is False for s in stages)
