@@ -76,7 +76,8 @@ def test_simulate_plan_takes_the_profile_the_plan_was_made_on(monkeypatch, capsy
     assert code == 0 and stdout.startswith("tiny on cpu-local:"), stderr
 
 
-README_SIMULATE = ("simulate", "--model", "llama2-7b", "--profile", "mt3000", "--pp", "8", "--dp",
+# (README's example until 2026-11-29: every stage's host tier over its 3.7 GiB)
+HOST_OVER = ("simulate", "--model", "llama2-7b", "--profile", "mt3000", "--pp", "8", "--dp",
                    "128", "--seq-len", "4096", "--global-batch", "1024", "--micro-batch-size", "1",
                    "--dtype", "float16", "--activation", "recompute", "--state-home", "host",
                    "--view-window", "1")
@@ -84,10 +85,10 @@ README_SIMULATE = ("simulate", "--model", "llama2-7b", "--profile", "mt3000", "-
 
 def test_a_host_tier_over_its_bytes_is_no_fit_in_the_schedule_line_or_the_json(monkeypatch,
                                                                                 capsys):
-    code, stdout, stderr = run_cli(monkeypatch, capsys, *README_SIMULATE)
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *HOST_OVER)
     assert code == 0, stderr
     assert "GiB host tier, fits the device but not the host tier, as no candidate does." \
         in stdout.splitlines()[0]
-    code, stdout, _ = run_cli(monkeypatch, capsys, *README_SIMULATE, "--json")
+    code, stdout, _ = run_cli(monkeypatch, capsys, *HOST_OVER, "--json")
     stages = json.loads(stdout)["stages"]
     assert all(s["fits_device"] and s["fits_host"] is False for s in stages)
