@@ -177,7 +177,8 @@ class ParallelConfig:
             raise UserError(f"parallel.comm_timeout_s must be in (0, {MAX_COMM_TIMEOUT_S}] seconds, "
                             f"got {self.comm_timeout_s}")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
-            raise UserError(f"parallel.threads_per_rank must be >= 1, got {self.threads_per_rank}")
+            raise UserError(f"--threads (parallel.threads_per_rank) must be >= 1, got "
+                            f"{self.threads_per_rank}")
         if self.policy not in ("ratrain", "baseline"):
             raise UserError(f"unknown policy {self.policy!r}; available: ratrain, baseline")
         if self.rank_order not in ("pp-dp", "dp-pp"):

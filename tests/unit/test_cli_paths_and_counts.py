@@ -54,6 +54,16 @@ def test_zero_devices_is_refused_as_below_one_is(monkeypatch, capsys, tmp_path, 
     assert stderr.strip() == "error: --devices must be at least 1, got 0"
 
 
+def test_more_stages_than_devices_is_said_so(monkeypatch, capsys, tmp_path):
+    """It was said as a host tier overfilled by one unit a stage (cpu-local has none)."""
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--memory-budget", "50MB", "--pp",
+                              "3", *TINY)
+    assert code == 2
+    assert stderr.strip() == "error: --pp 3 needs a device a stage, 3 at least; the search has " \
+                             "2 (--devices)"
+
+
 def test_simulate_plan_takes_the_profile_the_plan_was_made_on(monkeypatch, capsys, tmp_path):
     out = tmp_path / "plan.json"
     code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--profile",

@@ -32,12 +32,20 @@ def main() -> None:
     sys.exit(code)
 
 
+def _kept() -> str:
+    """What a Ctrl-C'd `ratrain train` leaves, said after "interrupted"."""
+    if sys.argv[1:2] != ["train"]:
+        return ""
+    return ("; the run keeps its checkpoints up to the last completed save "
+            "(--checkpoint-on-interrupt saves one at Ctrl-C)")
+
+
 def _run() -> int:
     """Run the command line; map what a user can cause to one line on stderr and an exit code."""
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort:  # Ctrl-C in this process (click's name for it)
+        click.echo(f"interrupted{_kept()}", err=True)
         return 130
     except click.ClickException as e:
         e.show()
@@ -53,7 +61,7 @@ def _run() -> int:
         click.echo(f"error: {e}", err=True)
         return 1
     except Interrupted as e:
-        click.echo(str(e), err=True)
+        click.echo(f"{e}{_kept() if 'saved checkpoint' not in str(e) else ''}", err=True)
         return 130
     except OSError as e:
         if e.filename is None:  # not about a path the user named: an internal failure

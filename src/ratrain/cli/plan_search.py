@@ -131,6 +131,9 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
     if hw.device_count and devices > hw.device_count:
         raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
                         f"in its groups")
+    if opts.get("pp") and cfg.parallel.pp > devices:  # (said as a full host tier before)
+        raise UserError(f"--pp {cfg.parallel.pp} needs a device a stage, {cfg.parallel.pp} at "
+                        f"least; the search has {devices} (--devices)")
     if top < 1:
         raise UserError(f"--top must be at least 1, got {top}")
     if not 0 <= margin < 1:
