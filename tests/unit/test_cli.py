@@ -286,6 +286,10 @@ def test_threads_apply_to_a_run_in_this_process_and_are_given_back(monkeypatch, 
                            "--threads", str(before + 1), "--run-dir", str(tmp_path / "run"),
                            "--no-progress", "--no-report", "--steps", "3")
     assert code == 0, err
+    from ratrain.host_cores import usable_cores
+
+    # more threads than cores: said, not silently slow
+    assert ("outnumber the cores" in err) == (before + 1 > usable_cores()), err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["threads_per_rank"] == before + 1
     from ratrain.training.metrics import read_metrics

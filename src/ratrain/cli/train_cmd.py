@@ -38,7 +38,7 @@ _FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_
 @click.option("--comm-timeout", type=float, help="Seconds a rank waits for a peer before the run ends, naming the step, the action and the peer.  [default: 300]")
 @click.option("--checkpoint-on-interrupt", is_flag=True, default=None, help="On Ctrl-C, finish the step and save a checkpoint before stopping (a second Ctrl-C stops at once).")
 @click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--progress/--no-progress", default=True, show_default=True, help="The progress bar and the start's notes on the choices made (the schedule and why). Errors, warnings and the summary are said either way.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
 @click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")

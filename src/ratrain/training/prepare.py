@@ -107,6 +107,13 @@ def prepare(cfg: RunConfig, progress: bool = True,
     check_memory_fits(cfg, plan, machine)
     keep = is_distributed(cfg) or needs_executor(cfg)
     first = int(os.environ.get("RANK", 0)) == 0
+    asked, ranks = cfg.parallel.threads_per_rank, len(_local_ranks() or range(
+        cfg.parallel.pp * cfg.parallel.dp))
+    if first and asked and pick_backend(cfg.parallel.backend) == "gloo" and \
+            asked * ranks > usable_cores():
+        print(f"--threads {asked} x {ranks} rank(s) here on {usable_cores()} cores: the threads "
+              f"outnumber the cores and wait on each other (slower steps); leave --threads out "
+              f"to split the cores among the ranks", file=sys.stderr, flush=True)
     outer = parse_sync(cfg.parallel.sync)
     if first and outer and 2 * outer.every > cfg.train.steps:
         print(f"--sync {cfg.parallel.sync} over {cfg.train.steps} steps: the replicas meet "
