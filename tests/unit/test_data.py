@@ -427,7 +427,10 @@ def test_eval_batches_fixed_whatever_computes_them():
     assert len(eval_batches(tokens, SEQ, 2, n_sequences=100)) == 10  # capped at what exists
     assert _windows(eval_batches(tokens, SEQ, 3, 100, 2, 1)) == list(range(9, 18))  # whole ones
     assert eval_batches(tokens, SEQ, 2, n_sequences=0) == []
-    with pytest.raises(UserError, match="fewer than a micro-batch of 4 for each of 1"):
+    for dp in (2, 3):  # a short split: its whole micro-batches, in uneven shares
+        merged = [b for r in range(dp) for b in eval_batches(tokens, SEQ, 3, 100, dp, r)]
+        assert _windows(merged) == list(range(18))
+    with pytest.raises(UserError, match="fewer than one micro-batch of 4"):
         eval_batches(_stream(3), SEQ, 4, n_sequences=4)
     with pytest.raises(UserError, match="0 tokens, too few"):
         eval_batches(np.zeros(0, np.uint16), SEQ, 2, n_sequences=2)

@@ -115,23 +115,24 @@ def eval_batches(
     The set is what the run validates on whatever computes it: `n_sequences` is the caller's
     (train.eval_batches global batches), not a count of micro-batches, which made the loss of
     the same weights depend on --micro-batch-size and on the plan a search chose (until
-    2026-11-29). Where the split holds fewer, the set is the most whole micro-batches on every
-    rank it holds. Rank r gets the r-th contiguous share. Combine ranks by summing losses and
-    token counts, not by averaging rank means.
+    2026-11-29). Where the split holds fewer, the set is the whole micro-batches it holds. Rank
+    r gets the r-th contiguous share of the micro-batches, which may be empty or one shorter
+    than another rank's where dp does not divide them (only then: a global batch's sequences
+    split evenly). Combine ranks by summing losses and token counts, not by averaging rank
+    means.
     """
     if n_sequences <= 0:
         return []
     n_windows = _count_windows(tokens, seq_len, "validation")
-    per_round = micro_batch_size * dp_size
-    n = min(n_sequences, n_windows) // per_round * per_round
+    n = min(n_sequences, n_windows) // micro_batch_size  # whole micro-batches
     if n == 0:
         raise UserError(
             f"the validation split has {len(tokens)} tokens, {n_windows} sequences of {seq_len} "
-            f"+ 1 tokens, fewer than a micro-batch of {micro_batch_size} for each of {dp_size} "
-            "replica(s); raise data.val_fraction or set train.eval_batches to 0"
+            f"+ 1 tokens, fewer than one micro-batch of {micro_batch_size}; raise "
+            "data.val_fraction or set train.eval_batches to 0"
         )
-    share = n // dp_size
-    windows = np.arange(dp_rank * share, (dp_rank + 1) * share, dtype=np.int64)
+    lo, hi = dp_rank * n // dp_size, (dp_rank + 1) * n // dp_size
+    windows = np.arange(lo * micro_batch_size, hi * micro_batch_size, dtype=np.int64)
     return _micro_batches(tokens, windows, seq_len, micro_batch_size)
 
 
