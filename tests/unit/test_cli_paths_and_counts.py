@@ -86,6 +86,28 @@ def test_simulate_plan_takes_the_profile_the_plan_was_made_on(monkeypatch, capsy
     assert code == 0 and stdout.startswith("tiny on cpu-local:"), stderr
 
 
+def test_simulate_plan_finds_the_yaml_profile_the_plan_was_made_on(monkeypatch, capsys, tmp_path):
+    """A measured profile is a YAML file: the plan file records its path, and simulate
+    reproduces the plan's prediction on it (it predicted cpu-local's until 2026-11-29)."""
+    import dataclasses
+
+    from ratrain.sim.profile import load_profile
+
+    yaml = tmp_path / "box.yaml"
+    dataclasses.replace(load_profile("a100-40g-10gbe"), name="box").save(yaml)
+    out = tmp_path / "plan.json"
+    code, _, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny", "--profile",
+                              str(yaml), "--devices", "2", "--memory-budget", "2GB",
+                              "--out", str(out))
+    assert code == 0, stderr
+    made = json.loads(out.read_text())["prediction"]
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out), "--json")
+    assert code == 0, stderr
+    got = json.loads(stdout)
+    assert got["profile"] == "box" and made["profile_file"] == str(yaml.resolve())
+    assert got["step_time_s"] == pytest.approx(made["step_time_s"], rel=1e-9)
+
+
 # (README's example until 2026-11-29: every stage's host tier over its 3.7 GiB)
 HOST_OVER = ("simulate", "--model", "llama2-7b", "--profile", "mt3000", "--pp", "8", "--dp",
                    "128", "--seq-len", "4096", "--global-batch", "1024", "--micro-batch-size", "1",

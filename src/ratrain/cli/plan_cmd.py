@@ -99,7 +99,10 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     found = best_plans(request)
     best = found.best[0]
     if out:
-        Path(out).write_text(json.dumps(plan_file.to_dict(best, cfg, request), indent=2))
+        written = plan_file.to_dict(best, cfg, request)
+        if profile_spec and Path(profile_spec).is_file():  # `simulate --plan` finds it there
+            written["prediction"]["profile_file"] = str(Path(profile_spec).resolve())
+        Path(out).write_text(json.dumps(written, indent=2))
     # what the profile's figures that did not repeat do to the best plan's prediction
     edges = step_time_range(hw, lambda profile: simulate(
         best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,

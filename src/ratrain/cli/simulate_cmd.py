@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -119,10 +120,16 @@ def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool)
     this machine's preset's; cpu-local without one."""
     from ratrain.sim.profile import presets
 
-    made_on = ((plan_data or {}).get("prediction") or {}).get("profile")
+    prediction = (plan_data or {}).get("prediction") or {}
+    made_on, its_file = prediction.get("profile"), prediction.get("profile_file")
     if not isinstance(made_on, str):
         return "cpu-local"
-    # a file records its profile by name: a preset's loads; a YAML file's has to be given again
+    if isinstance(its_file, str) and Path(its_file).is_file():  # a measured profile's YAML
+        if not as_json:
+            click.echo(f"profile {its_file}: the one {plan_file} was made on (--profile to "
+                       f"change it)")
+        return its_file
+    # by name alone (its YAML file moved, or a plan made before 2026-11-29): a preset's loads
     if made_on not in presets():
         raise UserError(f"{plan_file} was made on profile {made_on!r}, which is not a preset: "
                         "give its YAML file as --profile (or another profile to simulate on)")
