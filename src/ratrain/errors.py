@@ -11,7 +11,12 @@ class UserError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C stopped the run (CLI exit code 130)."""
+    """Ctrl-C stopped the run (CLI exit code 130); `saved`: after saving a checkpoint
+    (--checkpoint-on-interrupt), which the message names."""
+
+    def __init__(self, message: str, saved: bool = False):
+        super().__init__(message)
+        self.saved = saved
 
 
 class RankFailed(Exception):

@@ -169,8 +169,9 @@ def load_meta(ckpt: Path) -> dict:
 def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
                optimizer: bool = True, verified: bool = False) -> "UnitStates":
     """The states of `units` (of a --sync diloco checkpoint, `replica`'s, whose files it saved
-    under its index; a synchronous one holds replica 0's only), every file to be read checked against the manifest before any is
-    read; each unit's read onto `device` when it is asked for (UnitStates). `optimizer`: False
+    under its index; a synchronous one holds replica 0's only), every file to be read checked
+    against the manifest before any is read; each unit's read onto `device` when it is asked
+    for (UnitStates). `optimizer`: False
     leaves the AdamW states unread (None) and unchecked. `verified`: the caller has checked
     the whole checkpoint already (scan, as run_dir.resume_point does), so its files are checked
     at their sizes, not hashed again (81 GB at llama2-7b: about 80 s a pass at 1 GB/s)."""
@@ -179,7 +180,8 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
     if wrong:
         raise CheckpointDamaged(wrong)
     files = meta["files"]
-    own = {u: _owner(meta, replica) for u in units}
+    owner = _owner(meta, replica)
+    own = {u: owner for u in units}
     if not optimizer:
         unread = {optim_file(u, r) for u, r in own.items()}
         files = {name: entry for name, entry in files.items() if name not in unread}
@@ -195,9 +197,8 @@ def units_problem(ckpt: Path, units, replica: int = 0, optimizer: bool = True,
     missing = missing_units(ckpt, units, replica, meta)
     if missing:
         return _missing_text(ckpt, meta, missing)
-    files = meta["files"]
+    files, r = meta["files"], _owner(meta, replica)
     for u in units:
-        r = _owner(meta, replica)
         for name in (weights_file(u, r), *([optim_file(u, r)] if optimizer else []), outer_file(u)):
             wrong = name in files and manifest.file_problem(ckpt, name, files[name], hashed)
             if wrong:
@@ -209,7 +210,8 @@ def missing_units(ckpt: Path, units, replica: int = 0, meta: dict | None = None)
     """The units of `units` whose weights the checkpoint does not hold, `replica`'s (of a
     synchronous checkpoint, replica 0's) (`meta`: its manifest, where read already)."""
     meta = meta or load_meta(ckpt)
-    return [u for u in units if weights_file(u, _owner(meta, replica)) not in meta["files"]]
+    owner = _owner(meta, replica)
+    return [u for u in units if weights_file(u, owner) not in meta["files"]]
 
 
 def _owner(meta: dict, replica: int) -> int:

@@ -61,7 +61,7 @@ def _run() -> int:
         click.echo(f"error: {e}", err=True)
         return 1
     except Interrupted as e:
-        click.echo(f"{e}{_kept() if 'saved checkpoint' not in str(e) else ''}", err=True)
+        click.echo(f"{e}{'' if e.saved else _kept()}", err=True)
         return 130
     except OSError as e:
         if e.filename is None:  # not about a path the user named: an internal failure

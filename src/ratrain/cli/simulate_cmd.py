@@ -125,12 +125,9 @@ def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool)
     if not isinstance(made_on, str):
         return "cpu-local"
     if isinstance(its_file, str) and Path(its_file).is_file():  # a measured profile's YAML
-        if not as_json:
-            click.echo(f"profile {its_file}: the one {plan_file} was made on (--profile to "
-                       f"change it)")
-        return its_file
+        made_on = its_file
     # by name alone (its YAML file moved, or a plan made before 2026-11-29): a preset's loads
-    if made_on not in presets():
+    elif made_on not in presets():
         raise UserError(f"{plan_file} was made on profile {made_on!r}, which is not a preset: "
                         "give its YAML file as --profile (or another profile to simulate on)")
     if not as_json:

@@ -97,8 +97,9 @@ def price(plan: PipelinePlan, model: ModelConfig, profile: HardwareProfile, step
     (`shape`: simulate's micro_batch_size, seq_len, dtype) for a run of `steps` (an H that
     leaves it fewer than two outer syncs is not weighed: DiLoCo's replicas would meet only
     at the end; None: any); None where --sync diloco cannot run it (one replica, the baseline
-    policy, sharded state without islands), it syncs no gradients, or the run is too short. A sharded plan is weighed with islands only (each island's state sharded over
-    its replicas), and its options hide against the islands' own inner step."""
+    policy, sharded state without islands), it syncs no gradients, or the run is too short.
+    A sharded plan is weighed with islands only (each island's state sharded over its
+    replicas), and its options hide against the islands' own inner step."""
     n_units = plan.stage_units[-1].stop
     periods = [h for h in PERIODS if steps is None or 2 * h <= steps]
     if not periods:

@@ -109,16 +109,17 @@ def prepare(cfg: RunConfig, progress: bool = True,
     first = int(os.environ.get("RANK", 0)) == 0
     asked, ranks = cfg.parallel.threads_per_rank, len(_local_ranks() or range(
         cfg.parallel.pp * cfg.parallel.dp))
-    if first and asked and pick_backend(cfg.parallel.backend) == "gloo" and \
-            asked * ranks > usable_cores():
-        print(f"--threads {asked} x {ranks} rank(s) here on {usable_cores()} cores: the threads "
+    cores = usable_cores()
+    if first and asked and pick_backend(cfg.parallel.backend) == "gloo" and asked * ranks > cores:
+        print(f"--threads {asked} x {ranks} rank(s) here on {cores} cores: the threads "
               f"outnumber the cores and wait on each other (slower steps); leave --threads out "
               f"to split the cores among the ranks", file=sys.stderr, flush=True)
-    outer = parse_sync(cfg.parallel.sync)
-    if first and outer and 2 * outer.every > cfg.train.steps:
-        print(f"--sync {cfg.parallel.sync} over {cfg.train.steps} steps: the replicas meet "
-              f"{'once, at the last step' if outer.every >= cfg.train.steps else f'twice, after step {outer.every} and at the last'}"
-              f" (each trains alone until then); a smaller H syncs them more often",
+    outer, steps = parse_sync(cfg.parallel.sync), cfg.train.steps
+    if first and outer and 2 * outer.every > steps:
+        meet = ("once, at the last step" if outer.every >= steps else
+                f"twice, after step {outer.every} and at the last")
+        print(f"--sync {cfg.parallel.sync} over {steps} steps: the replicas meet {meet} (each "
+              f"trains alone until then); a smaller H syncs them more often",
               file=sys.stderr, flush=True)
     check_data(cfg, progress and first, first_here=int(os.environ.get("LOCAL_RANK", 0)) == 0,
                first=first)

@@ -89,7 +89,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     if stopped and not summary_path.exists():
         saved = checkpoint.complete_dirs(opened.checkpoints)[-1]  # this run's, just published
         raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
-                          f"saved checkpoint {saved} (continue with --resume {run_dir})")
+                          f"saved checkpoint {saved} (continue with --resume {run_dir})",
+                          saved=True)
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ratrain import checkpoint
-from ratrain.config import RunConfig
+from ratrain.config import RunConfig, TrainConfig
 from ratrain.errors import UserError
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.training.disk_room import checkpoint_bytes, room_problem
@@ -110,11 +110,20 @@ def checkpoints_gone(run_dir: Path, cfg: RunConfig) -> str | None:
     """Where the run's checkpoint directory, as its config.yaml names it, does not exist though
     its metrics.jsonl shows it reached a save: the line that says it was moved or deleted.
     None for a run yet to save there, or where cfg names another directory."""
-    where = checkpoint.root(checkpoints_of(run_dir, cfg))
+    saved = _saved_train(run_dir)
+    if saved is None:
+        return None
+    return _gone(run_dir, cfg, saved, checkpoint.root(checkpoints_of(run_dir, cfg)))
+
+
+def _saved_train(run_dir: Path) -> TrainConfig | None:
     try:
-        saved = RunConfig.load(run_dir / "config.yaml").train
+        return RunConfig.load(run_dir / "config.yaml").train
     except (UserError, OSError):
         return None
+
+
+def _gone(run_dir: Path, cfg: RunConfig, saved: TrainConfig, where: Path) -> str | None:
     if where.exists() or not saved.checkpoints or cfg.train.checkpoint_dir != saved.checkpoint_dir:
         return None
     log = run_dir / "metrics.jsonl"
@@ -129,17 +138,16 @@ def checkpoints_gone(run_dir: Path, cfg: RunConfig) -> str | None:
 
 def _why_none(run_dir: Path, cfg: RunConfig, where: Path) -> str:
     """Why a run has no checkpoint in `where` to resume from, as far as its files say."""
-    try:
-        saved = RunConfig.load(run_dir / "config.yaml").train
-    except (UserError, OSError):
+    saved = _saved_train(run_dir)
+    if saved is None:
         return f"no checkpoint in {where}"
     if not saved.checkpoints:
         return f"no checkpoint in {where}: the run was started with --no-checkpoints and saved none"
     if not where.exists() and cfg.train.checkpoint_dir != saved.checkpoint_dir:
         return f"--checkpoint-dir {where} does not exist"
     every = f"every {saved.checkpoint_every} steps and " if saved.checkpoint_every else ""
-    return checkpoints_gone(run_dir, cfg) or (f"no checkpoint in {where}: the run saves one "
-                                               f"{every}at its end, and had not reached one")
+    return _gone(run_dir, cfg, saved, where) or (f"no checkpoint in {where}: the run saves one "
+                                                 f"{every}at its end, and had not reached one")
 
 
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
