@@ -108,6 +108,44 @@ def test_simulate_plan_finds_the_yaml_profile_the_plan_was_made_on(monkeypatch, 
     assert got["step_time_s"] == pytest.approx(made["step_time_s"], rel=1e-9)
 
 
+def test_simulate_plan_judges_the_plan_by_its_budget_as_plan_did(monkeypatch, capsys, tmp_path):
+    """simulate --plan of a plan made for 50 MB said it "fits 11.8 GiB" (the profile's memory)
+    and showed the ledger alone; now the stage's peak with the process against the plan's
+    budget less its margin, as `ratrain plan` held it. plan --json names device units."""
+    out = tmp_path / "plan.json"
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "plan", "--profile", "cpu-local",
+                                   "--devices", "2", "--memory-budget", "50MB", "--out", str(out),
+                                   "--json")
+    assert code == 0, stderr
+    planned = json.loads(stdout)["plans"][0]
+    assert planned["device_units"] == [] and planned["host_grad_dtype"] == "float32"
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--plan", str(out), "--json")
+    assert code == 0, stderr
+    got = json.loads(stdout)
+    assert got["device_limit_bytes"] == pytest.approx(45e6)
+    for stage, peak in zip(got["stages"], planned["stage_peak_bytes"]):
+        assert stage["peak_with_process_bytes"] == pytest.approx(peak, rel=1e-9)
+        assert stage["fits_device"]
+
+
+def test_a_runs_report_simulates_on_the_yaml_profile_its_plan_was_made_on(tmp_path):
+    """`ratrain report` (and the report at a run's end) takes the profile as simulate --plan
+    does: it read the plan's profile name only, so a measured profile was "not a file, and not
+    one of the presets"; a moved YAML still leaves the name."""
+    from types import SimpleNamespace
+
+    from ratrain.report.run import profile_spec
+
+    yaml = tmp_path / "box.yaml"
+    yaml.write_text("description: a measured box\n")
+    plan = {"prediction": {"profile": "box", "profile_file": str(yaml)}}
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(profile=None)), plan_file=plan)
+    assert profile_spec(run, None) == str(yaml)
+    assert profile_spec(run, "cpu-local") == "cpu-local"
+    yaml.unlink()
+    assert profile_spec(run, None) == "box"
+
+
 # (README's example until 2026-11-29: every stage's host tier over its 3.7 GiB)
 HOST_OVER = ("simulate", "--model", "llama2-7b", "--profile", "mt3000", "--pp", "8", "--dp",
                    "128", "--seq-len", "4096", "--global-batch", "1024", "--micro-batch-size", "1",

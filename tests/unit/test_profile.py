@@ -184,6 +184,7 @@ def test_contention_is_the_median_slowdown_over_alone():
     (["--seq-len", "4096"], "exceeds the model's max_seq_len 1024"),
     (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
     (["--ranks", "0"], "--ranks must be >= 1"),
+    (["--ranks", "5"], "--ranks 5: at most 4"),  # (it measured, then failed in a rank)
     (["--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_profile_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, needle):
@@ -306,10 +307,11 @@ def test_figures_that_did_not_repeat_keep_their_slowest_and_fastest_repeat():
     assert (slow["device.contention"], fast["device.contention"]) == (0.35, 0.02)
     assert slow["device.compute.float32.attention_efficiency"] == pytest.approx(0.2)
     assert fast["device.compute.float32.attention_efficiency"] == pytest.approx(0.3)
-    # a link's edge is one repeat's fit, the slowest the one predicting the longest times
-    # (4 KiB and 1 MiB: 759 us at 140 us + 2.2 GB/s, 726 us at 100 us + 2 GB/s)
-    assert (slow["intra_node.p2p.bandwidth"], slow["intra_node.p2p.latency"]) == (2.2e9, 140e-6)
-    assert (fast["intra_node.p2p.bandwidth"], fast["intra_node.p2p.latency"]) == (2e9, 100e-6)
+    # a link's edges are its repeats' envelope: the least bandwidth with the most latency.
+    # (They were the repeats whose times summed over the measured sizes were longest and
+    # shortest: 140 us + 2.2 GB/s as "slow", the faster past ~83 MB.)
+    assert (slow["intra_node.p2p.bandwidth"], slow["intra_node.p2p.latency"]) == (2e9, 140e-6)
+    assert (fast["intra_node.p2p.bandwidth"], fast["intra_node.p2p.latency"]) == (2.2e9, 100e-6)
     at_slow, at_fast = at_edge(combined, "slow"), at_edge(combined, "fast")
     assert at_slow.measured[0].block.backward_s == 2.6e-3 and at_slow.device.contention == 0.35
     assert at_fast.measured[0].block.backward_s == 2.0e-3 and at_fast.unstable == {}
@@ -321,6 +323,21 @@ def test_figures_that_did_not_repeat_keep_their_slowest_and_fastest_repeat():
     combined.unstable["slow"]["measured[1].block.forward_s"] = 1.0
     with pytest.raises(UserError, match=r"unstable.slow: 'measured\[1\].block.forward_s' is no figure"):
         at_edge(combined, "slow")
+
+
+def test_a_links_edges_bracket_its_median_at_every_size_in_profiles_made_before_too():
+    """The H200 profile of 2026-11-26 kept its host link's "slow" edge as the repeat of more
+    latency and more bandwidth (58.4 GB/s against the median's 56.9): past a few MB it was the
+    faster, and llama2-7b's plan at batch 16 was predicted at 11.29 s with a range of
+    10.71-11.27 s. at_edge takes each link's edge with its median, so the range holds it."""
+    from ratrain.sim.links import Link
+
+    profile = load_profile("bench/results/gpu_2026-11-26b/call1/gpu_profile.yaml")
+    slow, fast = at_edge(profile, "slow"), at_edge(profile, "fast")
+    for n in (4096.0, 64e6, 1e9):
+        def time(p):
+            return Link(p.device.host_link.bandwidth, p.device.host_link.latency).time(n)
+        assert time(fast) <= time(profile) <= time(slow)
 
 
 def _block_backward_unstable(tmp_path):

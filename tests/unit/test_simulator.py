@@ -406,7 +406,7 @@ def test_simulate_command(tmp_path, monkeypatch, capsys):
     assert code == 0 and "mt3000" in out and "fits 18.6 GiB (host 3.7 GiB)" in out
     # 16 bytes a parameter of an eighth of 7B is over mt3000's 4 GB host tier on every stage
     rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
-    assert len(rows) == 8 and all(row[6:8] == ["NO:", "host"] for row in rows), out
+    assert len(rows) == 8 and all(row[8:10] == ["NO:", "host"] for row in rows), out
     code, _, err = run("--profile", "no-such-profile")
     assert code == 2 and "no hardware profile 'no-such-profile'" in err
     assert len(err.strip().splitlines()) == 1

@@ -62,10 +62,14 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "shard_group": plan.shard_group, "host_grad_dtype": plan.host_grad_dtype,
                "threads_per_rank": machine.threads_per_rank,
                "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
+    limit, limit_said = _device_limit(plan_data, hw)
+    summary["device_limit_bytes"] = limit
     host = hw.device.host_memory_bytes if hw.device.host_link else None
     for stage, r in zip(summary["stages"], result.ranks):
         # each tier's verdict, as the table says it (fits_host None: the profile has no host tier)
-        stage["fits_device"] = r.device_peak <= hw.device.memory_bytes
+        stage["peak_with_process_bytes"] = r.device_peak + hw.device.process_overhead(
+            r.ledger_growth)
+        stage["fits_device"] = stage["peak_with_process_bytes"] <= limit
         stage["fits_host"] = None if host is None else r.host_peak <= host
     if edges:
         summary["step_time_range_s"] = list(edges)
@@ -83,7 +87,8 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     placed = f" (weight gradients: {plan.weight_grad})" if plan.weight_grad else ""
     click.echo(f"{cfg.model.name} on {hw.name}: pp={plan.pp} dp={plan.dp} {plan.policy} "
                f"{plan.schedule}{placed}{sharded}, "
-               f"{plan.n_micro} micro-batches of {t.micro_batch_size} x {t.seq_len} tokens per "
+               f"{plan.n_micro} micro-batch{'es' if plan.n_micro > 1 else ''} of "
+               f"{t.micro_batch_size} x {t.seq_len} tokens per "
                f"replica, global batch {t.global_batch} sequences, {t.dtype}"
                + (f", {machine.threads_per_rank} threads a rank"
                   if machine.threads_per_rank > 1 else ""))
@@ -104,9 +109,10 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                 "NO: host" if stage["fits_host"] is False else "yes")
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_device_peak.items() if v)
         rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", fmt_bytes(r.device_peak),
-                     fits, fmt_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
-    click.echo(table(rows, ["stage", "bubble", "exposed comm", "device peak",
-                             f"fits {fmt_bytes(hw.device.memory_bytes)}"
+                     fmt_bytes(stage["peak_with_process_bytes"]), fits,
+                     fmt_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
+    click.echo(table(rows, ["stage", "bubble", "exposed comm", "device peak", "with the process",
+                             f"fits {limit_said}"
                              + (f" (host {fmt_bytes(host)})" if host is not None else ""),
                              "host tier peak",
                              "on the device at its peak, by kind"]))
@@ -118,21 +124,31 @@ def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool)
     """The profile to simulate on where --profile is not given: the one a `ratrain plan` file
     records it was made on (as `report` does), so that its prediction is reproduced rather than
     this machine's preset's; cpu-local without one."""
+    from ratrain.setup.plan_file import plans_profile
     from ratrain.sim.profile import presets
 
-    prediction = (plan_data or {}).get("prediction") or {}
-    made_on, its_file = prediction.get("profile"), prediction.get("profile_file")
-    if not isinstance(made_on, str):
+    spec, name = plans_profile(plan_data)
+    if spec is None:
         return "cpu-local"
-    if isinstance(its_file, str) and Path(its_file).is_file():  # a measured profile's YAML
-        made_on = its_file
     # by name alone (its YAML file moved, or a plan made before 2026-11-29): a preset's loads
-    elif made_on not in presets():
-        raise UserError(f"{plan_file} was made on profile {made_on!r}, which is not a preset: "
+    if spec == name and name not in presets():
+        raise UserError(f"{plan_file} was made on profile {name!r}, which is not a preset: "
                         "give its YAML file as --profile (or another profile to simulate on)")
     if not as_json:
-        click.echo(f"profile {made_on}: the one {plan_file} was made on (--profile to change it)")
-    return made_on
+        click.echo(f"profile {spec}: the one {plan_file} was made on (--profile to change it)")
+    return spec
+
+
+def _device_limit(plan_data: dict | None, hw) -> tuple[float, str]:
+    """What a stage's device peak with the process's own overhead may reach, and its words: a
+    plan file's budget after its margin, as `ratrain plan` held it (simulate once judged a
+    plan made for 20 GB against the profile's 140 GB), else the profile's memory."""
+    made = (plan_data or {}).get("prediction") or {}
+    budget, margin = made.get("budget_bytes"), made.get("margin")
+    if isinstance(budget, (int, float)) and isinstance(margin, (int, float)):
+        limit = min(budget, hw.device.memory_bytes) * (1.0 - margin)
+        return limit, f"{fmt_bytes(limit)} (the plan's budget less {margin:.0%})"
+    return hw.device.memory_bytes, fmt_bytes(hw.device.memory_bytes)
 
 
 def _outer_period(plan, cfg, hw, inner, shape) -> dict | None:

@@ -4,6 +4,7 @@ make a plan fit."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ratrain.planner.bounds import lower_bound
 from ratrain.planner.candidate import Candidate, evaluate
@@ -24,7 +25,16 @@ def decimal_bytes(n: float) -> str:
     for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
-    return f"{n / 1e3:.1f} kB"
+    return f"{n / 1e3:.1f} kB" if abs(n) >= 100 else f"{n:.0f} B"
+
+
+def budget_to_hold(held: float, margin: float) -> float:
+    """The budget, as decimal_bytes prints it (rounded up, not to nearest), whose limit after
+    `margin` holds `held` bytes: a budget rounded down to print would not."""
+    need = held / (1.0 - margin)
+    scale = next((s for s in (1e12, 1e9, 1e6) if need >= s), 1e3)
+    step = scale / (100 if scale > 1e3 else 10)
+    return math.ceil(need / step) * step
 
 
 def _smallest_layouts(request: PlanRequest) -> list[Layout]:
@@ -52,14 +62,16 @@ def _least(request: PlanRequest) -> tuple[float, Layout, list] | None:
     return best
 
 
-def closest(request: PlanRequest) -> Candidate | None:
-    """The plan whose largest stage is smallest, simulated."""
+def closest(request: PlanRequest) -> tuple[Candidate, float] | None:
+    """The plan whose largest stage is smallest, simulated, and the bytes by which the search's
+    estimate says it overfills its worst stage (the search admits a plan by that estimate, so
+    that, not the simulation alone, says what budget would let it in)."""
     best = _least(request)
     if best is None:
         return None
-    _, layout, part = best
+    excess, layout, part = best
     candidate = Candidate(layout, part, lower_bound([e for _, _, e in part], layout.n_micro))
-    return evaluate(request, candidate)
+    return evaluate(request, candidate), excess
 
 
 def _fits_with(request: PlanRequest, **change) -> bool:
@@ -82,11 +94,12 @@ def account(request: PlanRequest) -> str:
             f"after the {r.margin:.0%} margin{above}) for {r.model.name} on {r.devices} "
             f"{r.profile.name} devices, global batch {r.global_batch} x {r.seq_len} tokens, "
             f"{r.dtype}, policy {r.policy}")
-    c = closest(request)
-    if c is None:
+    found = closest(request)
+    if found is None:
         host = dev.host_memory_bytes
         return (head + f"\n  even one unit per stage overfills the host tier "
                 f"({decimal_bytes(host or 0)} per device)")
+    c, estimated_excess = found
     lines = [head]
     groups = c.layout.groups
     worst = max(range(len(c.stage_bytes)), key=lambda s: c.stage_bytes[s] - r.limit_of(groups[s]))
@@ -100,7 +113,7 @@ def account(request: PlanRequest) -> str:
         f"{'/'.join(sorted(set(c.choices(r.model.n_layers + 2))))}, state on the "
         f"{L.lifecycle.state_home}{_on_device(c)}{_sharded(L.lifecycle)}: "
         f"stage {worst} needs {decimal_bytes(c.stage_bytes[worst])}, "
-        f"{decimal_bytes(c.stage_bytes[worst] - r.limit_of(groups[worst]))} over ({by_kind}"
+        f"{_over(c.stage_bytes[worst] - r.limit_of(groups[worst]), estimated_excess)} ({by_kind}"
         + (f", process beyond the ledger {decimal_bytes(c.stage_bytes[worst] - rank.device_peak)}"
            if c.stage_bytes[worst] > rank.device_peak else "")
         + ")")
@@ -110,8 +123,19 @@ def account(request: PlanRequest) -> str:
         lines.append(f"  its host tier holds {decimal_bytes(c.host_bytes[s])} for stage {s}; the "
                      f"profile allows {decimal_bytes(r.host_limit_of(groups[s]))} per device after "
                      f"the margin")
-    lines.extend("  " + hint for hint in _hints(request, c, worst))
+    lines.extend("  " + hint for hint in _hints(request, c, worst, estimated_excess))
     return "\n".join(lines)
+
+
+def _over(simulated: float, estimated: float) -> str:
+    """How far the closest plan's worst stage is over its limit: by its simulation, or, where
+    that fits, by the estimate the search admits plans by (a little above the simulation)."""
+    if simulated > 0:
+        return f"{decimal_bytes(simulated)} over"
+    if estimated > 0:
+        return (f"within the limit as simulated, but {decimal_bytes(estimated)} over by the "
+                f"search's estimate, which every plan must fit")
+    return "within the device's limit"
 
 
 def _on_device(c: Candidate) -> str:
@@ -200,11 +224,14 @@ def _sharding_hint(request: PlanRequest) -> str:
                    f"did not fit")
 
 
-def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int) -> list[str]:
+def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
+           estimated_excess: float) -> list[str]:
     r = request
     hints = []
     n_units = r.model.n_layers + 2
-    need = max(closest_candidate.stage_bytes) / (1.0 - r.margin)
+    # the search admits the plan by its estimate and its simulation both: the larger counts
+    held = max(max(closest_candidate.stage_bytes), r.limit + estimated_excess)
+    need = budget_to_hold(held, r.margin)
     hints.append(f"a budget of {decimal_bytes(need)} per device would fit the closest plan")
     # More devices help by more pipeline stages (up to one unit each) and, where the state can
     # be sharded, by more replicas to shard it over (up to one sequence each).

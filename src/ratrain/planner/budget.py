@@ -22,6 +22,8 @@ def parse_bytes(text: str | float | int, what: str = "--memory-budget") -> int:
             raise UserError(f"{what}: expected bytes such as 20GB, 18GiB or 20e9, got {text!r}")
         value, unit = float(match.group(1)), match.group(2).lower()
     nbytes = value * _UNITS[unit]
-    if not math.isfinite(nbytes) or nbytes < 1:
+    if not math.isfinite(nbytes):
+        raise UserError(f"{what}: not a finite number of bytes, got {text!r}")
+    if nbytes < 1:
         raise UserError(f"{what}: must be at least 1 byte, got {text!r}")
     return int(nbytes)

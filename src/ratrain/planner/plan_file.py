@@ -70,5 +70,7 @@ def summary(found: SearchResult) -> dict:
                    "schedule": c.layout.schedule, "weight_grad": c.layout.weight_grad,
                    "micro_batch_group": c.layout.lifecycle.micro_batch_group,
                    "partition": [b - a for a, b, _ in c.partition],
+                   "device_units": list(c.device_units),
+                   "host_grad_dtype": c.layout.lifecycle.host_grad_dtype,
                    **prediction(c, r)} for c in found.best],
     }

@@ -130,6 +130,9 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
     on_cuda = torch.cuda.is_available()
     ranks = default_ranks(on_cuda) if ranks is None else ranks
     _require_positive("--ranks", ranks)
+    if ranks > N_MICRO:  # a stage a rank, over the traced steps' N_MICRO micro-batches
+        raise UserError(f"--ranks {ranks}: at most {N_MICRO} (the ranks measure as a pipeline "
+                        f"of one stage each, over {N_MICRO} micro-batches)")
     _require_positive("--repeats", repeats)
     measured, busy = [], []
     for i in range(repeats):

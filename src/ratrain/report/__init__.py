@@ -49,7 +49,9 @@ def write_report(run_dir: str | Path, profile: str | None = None,
     if measured or simulated:
         index = measured[0] if measured else None
         measured_s = _measured_step_time(run, index, measured[1] if measured else None)
-        timeline_times = (measured_s, sim[0].step_time if sim else None)
+        timeline_times = (measured_s, sim[0].step_time if sim else None,
+                          f"step {index + 1}, the timeline's" if measured
+                          else "the mean of the steps after the first")
         title = (f"Step {index + 1}: measured {measured_s * 1e3:,.1f} ms" if measured else
                  f"A step: measured {measured_s * 1e3:,.1f} ms (mean)")
         if sim:

@@ -27,7 +27,8 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def run_table(run, sim, timeline_step: tuple[float, float | None] | None) -> list[tuple[str, str]]:
+def run_table(run, sim, timeline_step: tuple[float, float | None, str] | None
+              ) -> list[tuple[str, str]]:
     """(label, value) rows of the run's table, as plain text."""
     from ratrain.models.params import count_params
 
@@ -75,8 +76,8 @@ def run_table(run, sim, timeline_step: tuple[float, float | None] | None) -> lis
                                                if peak else "")
                  + (f" ({s['peak_flops_source']})" if s.get("peak_flops_source") else "")))
     if timeline_step:
-        measured, simulated = timeline_step
-        text = f"measured {measured * 1e3:,.1f} ms"
+        measured, simulated, which = timeline_step
+        text = f"measured {measured * 1e3:,.1f} ms ({which})"
         if simulated is not None:
             text += (f", simulated {simulated * 1e3:,.1f} ms ({sim[1]}): error "
                      f"{(simulated - measured) / measured:+.1%}")

@@ -74,8 +74,9 @@ def load_run(run_dir: str | Path) -> Run:
 def profile_spec(run: Run, given: str | None) -> str | None:
     """The hardware profile to simulate the run's plan on: the one given, the run's
     (--profile), or the one its plan was made with."""
-    return (given or run.cfg.train.profile
-            or ((run.plan_file or {}).get("prediction") or {}).get("profile"))
+    from ratrain.setup.plan_file import plans_profile
+
+    return given or run.cfg.train.profile or plans_profile(run.plan_file)[0]
 
 
 def simulate_run(run: Run, given_profile: str | None):

@@ -148,8 +148,12 @@ def _edges(data: list[dict[str, Any]], bad: dict[str, float], merged: dict[str, 
            sizes: list[float]) -> dict[str, dict[str, float]]:
     """Each unstable figure that prices time, as the fields of its slowest and of its fastest
     repeat: {"slow": {field path: value}, "fast": {...}}. A rate's edges are its achieved
-    rates over the merged peak; a link's, the fit of the repeat whose times are longest or
-    shortest; any other figure's, its largest and smallest value, the slow edge being the
+    rates over the merged peak; a link's, its repeats' envelope (the least bandwidth with the
+    most latency, and the other way round), slower or faster than every repeat at every size
+    (until 2026-12-02 the repeat whose times summed over the measured sizes were longest or
+    shortest: where one repeat's fit had more latency and more bandwidth, the "slow" one was
+    the faster at the GB-sized copies of a 7B plan, and the step time at the slow edge came
+    out below the median's); any other figure's, its largest and smallest value, the slow edge being the
     larger of a time or the contention and the smaller of a bandwidth."""
     slow: dict[str, float] = {}
     fast: dict[str, float] = {}
@@ -165,11 +169,10 @@ def _edges(data: list[dict[str, Any]], bad: dict[str, float], merged: dict[str, 
             fast[f"{rate_path}.{field}"] = max(rates) / peak
             continue
         values = [_get(d, path) for d in data]
-        if isinstance(values[0], dict):  # a link
-            by_time = sorted(values, key=lambda d: sum(Link(d["bandwidth"], d["latency"]).time(n)
-                                                       for n in sizes))
-            for edge, link in ((slow, by_time[-1]), (fast, by_time[0])):
-                edge[f"{path}.bandwidth"], edge[f"{path}.latency"] = link["bandwidth"], link["latency"]
+        if isinstance(values[0], dict):  # a link: its envelope (below)
+            bandwidths, latencies = [v["bandwidth"] for v in values], [v["latency"] for v in values]
+            slow[f"{path}.bandwidth"], slow[f"{path}.latency"] = min(bandwidths), max(latencies)
+            fast[f"{path}.bandwidth"], fast[f"{path}.latency"] = max(bandwidths), min(latencies)
             continue
         larger_is_slower = not path.endswith(("bandwidth", "flops", "efficiency"))
         slow[path], fast[path] = ((max(values), min(values)) if larger_is_slower
@@ -198,9 +201,20 @@ def at_edge(profile: HardwareProfile, edge: str) -> HardwareProfile:
         except (KeyError, IndexError, TypeError, ValueError):  # a profile edited by hand
             raise UserError(f"profile {profile.name}: unstable.{edge}: {path!r} is no figure "
                             f"of the profile") from None
-        node[key] = value
+        node[key] = _beyond_the_median(edge, key, node, value)
     data["unstable"] = {}
     return from_dict(data, f"{profile.name} at its {edge} edge")
+
+
+def _beyond_the_median(edge: str, key: str, node: dict, value: float) -> float:
+    """A link's edge no faster (slow) or slower (fast) than its median at any size: profiles
+    combined before 2026-12-02 kept a link's edge as one repeat's fit, which could cross the
+    median's (more bandwidth and more latency); taken with the median's, the edge brackets it
+    at every size (with two repeats, as the envelope of both would)."""
+    if set(node) != {"bandwidth", "latency"}:
+        return value
+    pick = min if (key == "bandwidth") == (edge == "slow") else max
+    return pick(value, node[key])
 
 
 def step_time_range(profile: HardwareProfile,
