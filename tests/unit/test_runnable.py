@@ -104,8 +104,10 @@ def test_what_can_run_is_not_refused():
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 MODELS = ("llama2-7b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b")
-# Searches small enough to complete in about a second, that find plans for some of the four
-# models on each preset (on this CPU's 8 GB only llama2-7b fits, one unit a stage)
+# Searches small enough to complete in seconds, that find plans for some of the four models on
+# each preset (on this CPU's 8 GB only llama2-7b fits, one unit a stage). mt3000's llama2-7b
+# takes ~15 s alone on 2 cores and took its 60 s limit beside other work, which left the
+# search incomplete and failed the test: the limit is 600 s, not a measure of speed.
 SIZES = {"cpu-local": dict(devices=34, dtype="float32", pipeline_degrees=(34,)),
          "mt3000": dict(devices=8, dtype="float16")}
 
@@ -127,8 +129,7 @@ def _runs_as_trained(candidate, request) -> None:
 
 
 def test_every_plan_the_search_returns_can_run():
-    """The four models on every preset profile, at sizes small enough to search in about a
-    second each: whatever the search returns, training would run; on the GPU profiles some
+    """The four models on every preset profile, at sizes small enough to search in seconds: whatever the search returns, training would run; on the GPU profiles some
     plans keep their state on the host, and those over replicas sum it on the GPUs."""
     found = {}
     for name in PRESETS:
@@ -137,7 +138,7 @@ def test_every_plan_the_search_returns_can_run():
         for model in MODELS:
             request = search.PlanRequest(
                 model=get_preset(model), profile=profile, global_batch=size["devices"],
-                seq_len=64, top=1, micro_batch_sizes=(1,), time_limit_s=60, **size)
+                seq_len=64, top=1, micro_batch_sizes=(1,), time_limit_s=600, **size)
             result = search.search(request)
             assert result.complete
             for c in result.best:
