@@ -373,11 +373,44 @@ def test_resume_matches_uninterrupted_run():
     for _ in range(5):
         next(run)
     state = run.state_dict()
-    assert state == {"step": 5, "tokens": len(_stream(50))}
+    assert state == {"step": 5, "tokens": len(_stream(50)), "fingerprint": state["fingerprint"]}
     resumed = MicroBatchLoader(_stream(50), SEQ, 8, 2, seed=3)
     resumed.load_state_dict(state)
     for _ in range(10):  # crosses epoch boundaries (50 windows, 8 per step)
         assert _windows(next(run)) == _windows(next(resumed))
+
+
+def test_the_loaders_state_tells_data_edited_at_the_same_length():
+    """A resume compared the token counts alone: an edit in place, or another file of the same
+    name, went unnoticed. The fingerprint hashes the stream in pieces (a memmap's tobytes()
+    copies it whole): the same as of the whole, other for one id changed."""
+    import hashlib
+
+    from ratrain.data.tokens import stream_fingerprint
+
+    tokens = _stream(50)
+    state = MicroBatchLoader(tokens, SEQ, 8, 2).state_dict()
+    assert state["fingerprint"] == hashlib.sha256(tokens.tobytes()).hexdigest()[:32]
+    assert stream_fingerprint(tokens, chunk=7) == state["fingerprint"]
+    edited = tokens.copy()
+    edited[100] += 1
+    assert MicroBatchLoader(edited, SEQ, 8, 2).state_dict()["fingerprint"] != state["fingerprint"]
+
+
+def test_a_stream_past_the_whole_hash_is_fingerprinted_by_its_length_and_windows(monkeypatch):
+    from ratrain.data import tokens as t
+
+    monkeypatch.setattr(t, "WHOLE_HASH_BYTES", 1000)
+    monkeypatch.setattr(t, "SAMPLES", 4)
+    monkeypatch.setattr(t, "SAMPLE_TOKENS", 10)
+    stream = np.arange(3000, dtype=np.uint16)  # windows at 0, 996, 1992, 2988
+    base = t.stream_fingerprint(stream)
+    inside, between = stream.copy(), stream.copy()
+    inside[2990] += 1
+    between[500] += 1
+    assert t.stream_fingerprint(inside) != base
+    assert t.stream_fingerprint(between) == base  # the price of not reading 200 GB
+    assert t.stream_fingerprint(stream[:-1]) != base
 
 
 @pytest.mark.parametrize("mbs", [1, 2])

@@ -48,3 +48,50 @@ def test_one_nodes_part_of_a_diloco_checkpoint_lacks_the_other_replicas_units():
     assert checkpoint.missing_units(Path("part"), range(3), 1, meta=diloco) == [0, 1, 2]
     assert checkpoint.missing_units(Path("part"), range(3), 0, meta=diloco) == []
     assert checkpoint.missing_units(Path("part"), range(3), 1, meta=synchronous) == []
+
+
+def _resume(capsys, saved_steps: int, steps: int, done: int, saved: dict, now: dict) -> str:
+    from ratrain.config import DataConfig, RunConfig, TrainConfig
+    from ratrain.training.resuming import say_what_changed
+
+    meta = {"step": done, "loader": saved, "config": {"parallel": {"sync": "step", "dp": 1},
+                                                      "train": {"steps": saved_steps}}}
+    cfg = RunConfig(data=DataConfig(path="/corpus"), train=TrainConfig(steps=steps, lr=3e-3,
+                                                                        warmup_steps=0))
+    say_what_changed(meta, cfg, {"step": done, **now})
+    return capsys.readouterr().err
+
+
+def test_a_resume_tells_data_edited_at_the_same_length(capsys):
+    """The token count alone was compared: an edit of the same length, or another file of the
+    same name, gave no word; and the message named a corpus, tokenizer or val_fraction, which
+    a resume refuses to change, where only what the data path holds can."""
+    same = {"tokens": 800, "fingerprint": "aa"}
+    assert _resume(capsys, 10, 10, 4, same, same) == ""
+    err = _resume(capsys, 10, 10, 4, same, {"tokens": 800, "fingerprint": "bb"})
+    assert err == ("the training data changed since the checkpoint (800 tokens as before, but "
+                   "other ones: /corpus holds other data than it did): the sequences are drawn "
+                   "anew from step 5 on, not as the run would have\n")
+    err = _resume(capsys, 10, 10, 4, same, {"tokens": 900, "fingerprint": "bb"})
+    assert "(800 tokens, now 900: /corpus holds other data" in err and "tokenizer" not in err
+    # a checkpoint of before fingerprints: the counts, as then
+    assert _resume(capsys, 10, 10, 4, {"tokens": 800}, {"tokens": 800, "fingerprint": "bb"}) == ""
+    assert "800 tokens, now 900" in _resume(capsys, 10, 10, 4, {"tokens": 800},
+                                            {"tokens": 900, "fingerprint": "bb"})
+
+
+def test_a_resume_with_other_steps_names_the_first_resumed_step_and_its_learning_rates(capsys):
+    """`--steps 6 -> 12` said "the learning rate at step 6 goes 0.0003 -> 0.00207": step 6 ran
+    at 0.000695, 0.00207 is step 7's (lr_at(step) is step + 1's); and 12 -> 10 was "stretched"."""
+    from ratrain.config import TrainConfig
+    from ratrain.runtime.optim import lr_at
+
+    data = {"tokens": 800, "fingerprint": "aa"}
+    old, new = (TrainConfig(steps=n, lr=3e-3, warmup_steps=0) for n in (6, 12))
+    was, will, ran = lr_at(6, old), lr_at(6, new), lr_at(5, old)  # step 7, 7 and 6's
+    assert len({f"{x:.3g}" for x in (was, will, ran)}) == 3
+    assert _resume(capsys, 6, 12, 6, data, data) == (
+        f"--steps 6 -> 12: the cosine schedule is stretched over the new length, so the learning "
+        f"rate of step 7 (the first resumed) goes {was:.3g} -> {will:.3g} (step 6 ran at "
+        f"{ran:.3g})\n")
+    assert "the cosine schedule is compressed" in _resume(capsys, 12, 10, 6, data, data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sysconfig
 from pathlib import Path
 from typing import Iterator
@@ -86,37 +87,63 @@ def documents(path: Path) -> Iterator[tuple[str, bool]]:
     """A file's text in pieces, each with whether a document ends with it (the tokenizer's
     end-of-document id follows): a `.jsonl` file's records, one document each (the "text" of
     every line); any other file, one document read CHUNK_CHARS at a time. UTF-8, undecodable
-    bytes as U+FFFD rather than a failed run."""
+    bytes (and a record's lone surrogate escapes) as U+FFFD rather than a failed run; line
+    ends as the file has them (CRLF and CR were made LF until 2026-12-02)."""
     if path.suffix.lower() == ".jsonl":
         yield from _records(path)
         return
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
         text = f.read(CHUNK_CHARS)
         while more := f.read(CHUNK_CHARS):
-            cut = text.rfind("\n") + 1 or len(text)  # no newline: cut anyway
+            # after a line end, a CR only where the piece has no LF (old Mac files); else
+            # anywhere; never after a last CR, whose LF may open `more`
+            cut = (text.rfind("\n") + 1 or text.rfind("\r", 0, len(text) - 1) + 1
+                   or len(text) - text.endswith("\r"))
             yield text[:cut], False
             text = text[cut:] + more
         yield text, True
 
 
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
+               float: "a number", bool: "a boolean", type(None): "null"}
+
+
 def _records(path: Path) -> Iterator[tuple[str, bool]]:
     """A JSON Lines file's documents: each non-empty line's "text" (the Hugging Face datasets'
     layout); a line without one is refused with where it is and what it holds."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+    # utf-8-sig: a BOM opening the file is no JSON. Lines end at LF alone: a CRLF line's CR is
+    # JSON whitespace, and a lone CR is no line end in JSON Lines.
+    with open(path, encoding="utf-8-sig", errors="replace", newline="\n") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
+                msg = e.msg.removesuffix(" at")  # "Invalid control character at": where follows
+                raise UserError(f"{path}:{number}: not JSON ({msg} at column {e.colno})") from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
-                held = (f"keys {', '.join(sorted(record))}" if isinstance(record, dict)
-                        else type(record).__name__)
-                raise UserError(f"{path}:{number}: a .jsonl line needs a \"text\" string (this "
-                                f"one has {held})")
-            yield text, True
+                raise UserError(f"{path}:{number}: a .jsonl line needs a \"text\" string "
+                                f"({_what_it_holds(record)})")
+            yield without_surrogates(text), True
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_surrogates(text: str) -> str:
+    """`text` with its lone surrogates as U+FFFD: a JSON escape of half a surrogate pair (a cut
+    emoji, common in scraped text) has no UTF-8, and failed both tokenizers with a traceback."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
+
+
+def _what_it_holds(record) -> str:
+    if not isinstance(record, dict):
+        return f"this one is {_JSON_TYPES[type(record)]}"
+    if "text" in record:
+        return f"this one's \"text\" is {_JSON_TYPES[type(record['text'])]}"
+    return f"this one has keys {', '.join(sorted(record))}" if record else "this one is {}"
 
 
 def _walk(root: Path, want, skip_dirs=frozenset()) -> list[Path]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ratrain.data.tokens import stream_fingerprint
 from ratrain.errors import UserError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -57,6 +58,7 @@ class MicroBatchLoader:
             )
         self.step = 0
         self._perms: dict[int, np.ndarray] = {}
+        self._fingerprint: str | None = None  # hashed at the first state_dict, once
 
     def step_batches(self, step: int) -> list[Batch]:
         """This rank's micro-batches (x, y), each int64 of shape [micro_batch_size, seq_len]."""
@@ -64,10 +66,13 @@ class MicroBatchLoader:
         windows = self._windows_at(np.arange(start, start + self.per_rank, dtype=np.int64))
         return _micro_batches(self.tokens, windows, self.seq_len, self.micro_batch_size)
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, int | str]:
         """The next step to be returned, all a resumed run needs besides seed and config; and
-        how many tokens the training split held, by which a resume tells changed data."""
-        return {"step": self.step, "tokens": len(self.tokens)}
+        how many tokens the training split held and a hash of them, by which a resume tells
+        changed data (the count alone missed an edit of the same length)."""
+        if self._fingerprint is None:
+            self._fingerprint = stream_fingerprint(self.tokens)
+        return {"step": self.step, "tokens": len(self.tokens), "fingerprint": self._fingerprint}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         step = state["step"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ratrain.config import RunConfig
 from ratrain.data.loader import MicroBatchLoader, eval_batches
 from ratrain.data.tokenizer import check_fits, load_tokenizer
-from ratrain.data.tokens import check_token_ids, load_tokens, split_train_val
+from ratrain.data.tokens import check_token_ids, is_token_file, load_tokens, split_train_val
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False,
@@ -34,7 +34,7 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     ranks read a 100 GB file 64 times)."""
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
-    if str(cfg.data.path).endswith(".bin") and first:
+    if is_token_file(cfg.data.path) and first:
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size,
                         str(cfg.data.path))
     make_data(cfg, tokenizer, cfg.parallel.dp, 0, progress, tokenize=first_here)

@@ -8,6 +8,7 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
+from ratrain.data.corpus import without_surrogates
 from ratrain.errors import UserError
 
 # Document separators, most specific to pretraining first: Qwen has both <|endoftext|> and
@@ -56,7 +57,10 @@ class ByteTokenizer:
 
     @staticmethod
     def _bytes(text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        try:
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        except UnicodeEncodeError:  # lone surrogates (the corpus reader replaces them already)
+            return np.frombuffer(without_surrogates(text).encode("utf-8"), dtype=np.uint8)
 
 
 class HFTokenizer:
@@ -74,20 +78,30 @@ class HFTokenizer:
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
             raise UserError(f"cannot parse tokenizer {self.path}: {e}") from None
         self.name = "hf:" + hashlib.sha256(blob).hexdigest()
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        if not vocab:
+            raise UserError(f"tokenizer {self.path} has an empty vocabulary: it encodes nothing")
         # Added tokens may sit above the base vocabulary, so size by the largest id.
-        self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+        self.vocab_size = max(vocab.values()) + 1
+        # A document's "<|endoftext|>" (or any special token's text) is its text: matched, it
+        # put end-of-document ids inside documents. add_special_tokens=False does not stop
+        # that matching; this does. The special tokens' ids are still placed by us (eos_id).
+        self._tok.encode_special_tokens = True
         self.eos_id = next(
             (i for i in map(self._tok.token_to_id, _EOS_CANDIDATES) if i is not None), None
         )
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(without_surrogates(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         # encode_batch runs the texts in parallel inside the Rust library; its _fast form
         # (tokenizers >= 0.21) keeps no character offsets, which a corpus does not need
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        encodings = encode(texts, add_special_tokens=False)
+        try:
+            encodings = encode(texts, add_special_tokens=False)
+        except TypeError:  # a lone surrogate has no UTF-8 to hand over
+            encodings = encode([without_surrogates(t) for t in texts], add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:

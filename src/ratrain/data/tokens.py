@@ -6,8 +6,9 @@ has one.
 
 Pre-tokenized input: a data path ending in `.bin` is a raw little-endian array of ids and is
 memory-mapped as is, with no tokenizer involved: `name.bin` (or `name.u16.bin`) holds uint16
-ids, `name.u32.bin` uint32 ids. Cached streams follow the same convention, so a cache file
-can be passed as a data path directly.
+ids, `name.u32.bin` uint32 ids, whatever the suffixes' case. A directory is a corpus whatever its
+name. Cached streams follow the same convention, so a cache file can be passed as a data path
+directly.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from ratrain.data.tokenizer import Tokenizer
 from ratrain.errors import UserError
 
 # Bump when the layout of cached streams changes, so old caches are never misread (2: .jsonl
-# files as their records' text, long files in pieces).
-_CACHE_FORMAT = 2
+# files as their records' text, long files in pieces; 3: line ends as in the file, special
+# tokens' text as text, lone surrogates as U+FFFD).
+_CACHE_FORMAT = 3
 # Pieces handed to the tokenizer at once (encode_batch runs them in parallel), and at most
 # this many characters of them: the tokenizer's output for them is held until they are
 # written (about 430 bytes a token), so the batch, not the corpus, sets the memory.
@@ -46,6 +48,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2" if vocab_size <= 1 << 16 else "<u4")
 
 
+def is_token_file(path: str | Path | None) -> bool:
+    """Whether a data path names a pre-tokenized stream: `.bin`, in any case, and no directory
+    (`UP.BIN` was decoded as UTF-8 text and trained on; a directory `x.bin/` was "not found")."""
+    return (path is not None and str(path).lower().endswith(".bin")
+            and not Path(path).expanduser().is_dir())
+
+
 def cache_root(data_cfg: DataConfig) -> Path:
     """data.cache_dir, else $RATRAIN_CACHE, else ~/.cache/ratrain."""
     root = data_cfg.cache_dir or os.environ.get("RATRAIN_CACHE") or "~/.cache/ratrain"
@@ -58,13 +67,13 @@ def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = Tru
 
     The first call tokenizes (with a progress bar on stderr unless `progress` is False) and
     writes the stream under `cache_root(data_cfg)/tokens/`; later calls with the same
-    tokenizer and unchanged files (same relative paths, sizes and mtimes) map that file.
+    tokenizer and unchanged files (see _cache_key) map that file.
     The cache file appears atomically, so a crash never leaves a truncated stream behind and
     concurrent runs never read a half-written one. `tokenize` False: another process of this
     machine tokenizes (a node's first torchrun rank), so wait for its file rather than make
     a second one.
     """
-    if data_cfg.path is not None and str(data_cfg.path).endswith(".bin"):
+    if is_token_file(data_cfg.path):
         return load_bin(data_cfg.path)
     root, files = corpus_files(data_cfg.path)
     dtype = token_dtype(tokenizer.vocab_size)
@@ -81,7 +90,7 @@ def load_bin(path: str | Path) -> np.ndarray:
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"data path not found: {path}")
-    dtype = np.dtype("<u4" if path.name.endswith(".u32.bin") else "<u2")
+    dtype = np.dtype("<u4" if path.name.lower().endswith(".u32.bin") else "<u2")
     size = path.stat().st_size
     if size == 0:
         raise UserError(f"token file {path} is empty")
@@ -99,7 +108,7 @@ def check_token_ids(tokens: np.ndarray, model_vocab_size: int, path: str = "") -
     stream read so passes every other check (its halves are ids below 65,536) and trains on
     garbage. `name.u16.bin` says that uint16 is meant."""
     if (model_vocab_size > 1 << 16 and tokens.dtype.itemsize == 2
-            and not path.endswith(".u16.bin")):
+            and not path.lower().endswith(".u16.bin")):
         raise UserError(
             f"{path} is read as uint16 ids (0-65,535: files ending in .u32.bin hold uint32), but "
             f"the model's vocabulary has {model_vocab_size:,} words, whose ids need uint32: "
@@ -122,12 +131,41 @@ def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray
     return tokens[:cut], tokens[cut:]
 
 
+WHOLE_HASH_BYTES = 1 << 30
+"""Streams up to this size are hashed whole (about a second); a larger one by SAMPLES windows:
+a 100B-token corpus hashed whole would hold every rank's first checkpoint for minutes."""
+SAMPLES, SAMPLE_TOKENS = 256, 1 << 19
+
+
+def stream_fingerprint(tokens: np.ndarray, chunk: int = 8 << 20) -> str:
+    """A hash of a token stream's bytes, by which a resume tells data edited in place at the
+    same length: of all of them up to WHOLE_HASH_BYTES, else of its length and SAMPLES evenly
+    spread windows (an edit between them goes unseen there). In chunks: a memmap's tobytes()
+    copies it whole."""
+    h = hashlib.sha256()
+    if tokens.nbytes <= WHOLE_HASH_BYTES:
+        spans = [(i, i + chunk) for i in range(0, len(tokens), chunk)]
+    else:
+        h.update(str(len(tokens)).encode())
+        step = (len(tokens) - SAMPLE_TOKENS) // (SAMPLES - 1)
+        spans = [(i * step, i * step + SAMPLE_TOKENS) for i in range(SAMPLES)]
+    for a, b in spans:
+        h.update(np.ascontiguousarray(tokens[a:b]))
+    return h.hexdigest()[:32]
+
+
 def _cache_key(tokenizer: Tokenizer, root: Path, files: list[Path]) -> str:
+    # The resolved root: two corpora's files of the same relative names, sizes and mtimes (cp -p,
+    # archives of fixed mtimes) shared a stream. The inode and ctime: a rewrite keeping size and
+    # mtime (a restored mtime) changes the ctime, which nothing sets back; stat only, as a read
+    # of every file's head and tail would be all of a corpus of small files, on every run. A
+    # chmod re-tokenizes too, which costs time, never a wrong stream.
     listing = []
     for f in files:
         st = f.stat()
-        listing.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
-    blob = json.dumps([_CACHE_FORMAT, tokenizer.name, listing]).encode()
+        listing.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns,
+                        st.st_ctime_ns, st.st_ino))
+    blob = json.dumps([_CACHE_FORMAT, tokenizer.name, str(root.resolve()), listing]).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
@@ -137,7 +175,7 @@ def _tokenize_to(
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_parts(path.parent)
     eos = np.array([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=dtype)
-    n_tokens = 0
+    n_text = 0  # tokens of text: empty documents add their end-of-document ids only
     # The temporary file sits next to the target so the final rename stays on one filesystem.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
@@ -151,11 +189,12 @@ def _tokenize_to(
                     out.write(ids.astype(dtype, copy=False).tobytes())
                     if ends:
                         out.write(eos.tobytes())
-                    n_tokens += len(ids) + (len(eos) if ends else 0)
+                    n_text += len(ids)
             out.flush()
             os.fsync(out.fileno())
-        if n_tokens == 0:
-            raise UserError(f"the corpus ({len(files)} files) holds no text to train on")
+        if n_text == 0:
+            what = str(files[0]) if len(files) == 1 else f"the corpus ({len(files)} files)"
+            raise UserError(f"{what} holds no text to train on")
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is fine to share
         os.replace(tmp, path)
     except BaseException:

@@ -221,7 +221,7 @@ class Loop:
             self.engine.loss_scale.load_state_dict(scale)
         self.loader.load_state_dict(meta["loader"])
         if self.is_main:
-            say_what_changed(meta, self.cfg, len(self.loader.tokens))
+            say_what_changed(meta, self.cfg, self.loader.state_dict())
         if same_layout and str(self.rank) in meta["rng"]:
             rng.restore(meta["rng"][str(self.rank)])
 

@@ -81,23 +81,33 @@ class OuterAsWeights(Mapping):
         return len(self.states)
 
 
-def say_what_changed(meta: dict, cfg: RunConfig, tokens: int) -> None:
+def say_what_changed(meta: dict, cfg: RunConfig, loader: dict) -> None:
     """What a resume changes in the run's course, on stderr: replicas that start from the outer
-    parameters (relayout_note), other training data (`tokens`: the loader's now; other
-    sequences from here), or another --steps (the cosine stretched: the learning rate jumps at
-    the resumed step)."""
-    step = meta["step"]
+    parameters (relayout_note), other training data (`loader`: the loader's state_dict() now;
+    other sequences from here), or another --steps (the cosine stretched or compressed: the
+    learning rate jumps at the resumed step)."""
+    step = meta["step"]  # steps done: the first resumed one is step + 1, run at lr_at(step)
     note = relayout_note(meta["config"]["parallel"], cfg.parallel)
     if note:
         print(note, file=sys.stderr, flush=True)
-    before = meta["loader"].get("tokens")
-    if before is not None and before != tokens:
-        print(f"the training data changed since the checkpoint ({before:,} tokens, now "
-              f"{tokens:,}: another corpus, tokenizer or val_fraction): the sequences are drawn "
-              f"anew from step {step} on, not as the run would have", file=sys.stderr, flush=True)
+    before, now = meta["loader"].get("tokens"), loader["tokens"]
+    # a checkpoint of before 2026-12-02 has no fingerprint: the count alone tells
+    changed = (meta["loader"]["fingerprint"] != loader.get("fingerprint")
+               if "fingerprint" in meta["loader"] else before is not None and before != now)
+    if changed:
+        # the data path, tokenizer and val_fraction cannot change on resume: what is there can
+        count = (f"{before:,} tokens, now {now:,}" if before != now
+                 else f"{now:,} tokens as before, but other ones")
+        print(f"the training data changed since the checkpoint ({count}: "
+              f"{cfg.data.path or 'the standard library'} holds other data than it did): the "
+              f"sequences are drawn anew from step {step + 1:,} on, not as the run would have",
+              file=sys.stderr, flush=True)
     saved = dataclasses.replace(cfg.train, steps=meta["config"]["train"]["steps"])
     was, will = lr_at(step, saved), lr_at(step, cfg.train)
     if saved.steps != cfg.train.steps and abs(will - was) > 0.01 * max(was, will):
-        print(f"--steps {saved.steps:,} -> {cfg.train.steps:,}: the cosine schedule is "
-              f"stretched over the new length, so the learning rate at step {step:,} goes "
-              f"{was:.3g} -> {will:.3g}", file=sys.stderr, flush=True)
+        how = "stretched" if cfg.train.steps > saved.steps else "compressed"
+        print(f"--steps {saved.steps:,} -> {cfg.train.steps:,}: the cosine schedule is {how} "
+              f"over the new length, so the learning rate of step {step + 1:,} (the first "
+              f"resumed) goes {was:.3g} -> {will:.3g}"
+              + (f" (step {step:,} ran at {lr_at(step - 1, saved):.3g})" if step else ""),
+              file=sys.stderr, flush=True)
