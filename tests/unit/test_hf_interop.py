@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -273,3 +274,208 @@ def test_a_stage_built_a_unit_at_a_time_holds_the_hugging_face_weights(tmp_path,
             name_of = {id(t): n for n, t in s.modules[u].state_dict(keep_vars=True).items()}
             for p, master in zip(state.params, state.full_masters()):
                 assert torch.equal(master, saved[hf_param_name(model, u, name_of[id(p)])])
+
+
+# --- directories whose weights are not what config.json says, refused before any process ---
+
+
+def hf_dir(path, shard: bool = False, **config):
+    """A tiny transformers LLaMA saved in `path` (in shards of ~100 KB: 4 of them)."""
+    ref = LlamaForCausalLM(LlamaConfig(**{**DIMS, **config})).eval()
+    randomize(ref, seed=7)
+    ref.save_pretrained(path, **({"max_shard_size": "100KB"} if shard else {}))
+    return path
+
+
+def resolved(path, tokenizer=None) -> "RunConfig":
+    from ratrain.cli.options import resolve_model
+    from ratrain.config import RunConfig
+
+    cfg = RunConfig()
+    resolve_model(str(path), cfg, tokenizer)
+    return cfg
+
+
+def test_export_refuses_a_directory_that_holds_weights(tmp_path):
+    """Exported into a sharded model's directory, the old index and shards stayed beside the new
+    model.safetensors: transformers read the new weights, ratrain the old ones."""
+    hf_dir(tmp_path / "hf", shard=True)
+    before = (tmp_path / "hf" / "config.json").read_text()
+    cfg = small_cfg()
+    with pytest.raises(UserError, match=r"hf already holds weights \(model-00001-of-0000.\."
+                                        r"safetensors, .* \.\.\.\): export into a new directory"):
+        save_hf(LlamaModel(cfg), cfg, tmp_path / "hf")
+    assert (tmp_path / "hf" / "config.json").read_text() == before
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    save_hf(LlamaModel(cfg), cfg, tmp_path / "new")
+    with pytest.raises(UserError, match="new already holds weights"):  # nor itself, again
+        save_hf(LlamaModel(cfg), cfg, tmp_path / "new")
+
+
+def _shards(d):
+    return sorted(d.glob("model-*.safetensors"))
+
+
+def _write(f, text):
+    f.write_text(text)
+
+
+@pytest.mark.parametrize("spoil,said", [
+    (lambda d: [f.unlink() for f in _shards(d)],
+     r"hf lacks 4 of the shards its index names: model-00001-of-00004\.safetensors, "
+     r"model-00002-of-00004\.safetensors, model-00003-of-00004\.safetensors and 1 more"),
+    (lambda d: _shards(d)[-1].unlink(), "lacks 1 of the shards its index names: model-00004"),
+    (lambda d: _write(d / "model.safetensors.index.json", "{"),
+     r"cannot read .*model\.safetensors\.index\.json: Expecting"),
+    (lambda d: _write(d / "model.safetensors.index.json", '{"metadata": {}}'),
+     r"model\.safetensors\.index\.json has no weight_map"),
+    (lambda d: _write(_shards(d)[0], "version https://git-lfs.github.com/spec/v1\noid x\n"),
+     r"model-00001-of-00004\.safetensors is a git-lfs pointer, not the weights: fetch them"),
+    (lambda d: _write(_shards(d)[1], "garbage" * 10),
+     r"model-00002-of-00004\.safetensors is not a readable safetensors file"),
+    (lambda d: _write(d / "model.safetensors", ""),
+     r"holds both model\.safetensors and model\.safetensors\.index\.json"),
+], ids=["no-shards", "a-shard-missing", "index-not-json", "no-weight-map", "lfs-pointer",
+        "garbage", "stale-single-file"])
+def test_broken_weight_files_are_refused_when_the_arguments_are_read(tmp_path, spoil, said):
+    """They trained from random weights (no shard at all) or crashed in the stages' build."""
+    d = hf_dir(tmp_path / "hf", shard=True)
+    assert len(_shards(d)) == 4
+    spoil(d)
+    with pytest.raises(UserError, match=said):
+        resolved(d)
+
+
+def _edit_weights(d, edit):
+    from safetensors.torch import load_file
+
+    tensors = load_file(d / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, d / "model.safetensors")
+
+
+def _edit_config(d, **changes):
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **changes}))
+
+
+def test_a_tied_head_saved_apart_must_be_the_embedding(tmp_path, capsys):
+    """tie_word_embeddings with a different lm_head.weight: ratrain tied them, transformers 5
+    keeps lm_head (logits 1.7 apart)."""
+    d = hf_dir(tmp_path / "hf")
+    _edit_config(d, tie_word_embeddings=True)
+    with pytest.raises(UserError, match=r"ties the head to the embedding .* but lm_head\.weight "
+                                        r"differs from model\.embed_tokens\.weight"):
+        resolved(d)
+    _edit_weights(d, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
+    capsys.readouterr()
+    cfg = resolved(d)
+    assert cfg.model.tie_embeddings and cfg.train.init_from
+    assert capsys.readouterr().err == ""  # the head's copy is no unused tensor
+
+
+@pytest.mark.parametrize("edit,config,said", [
+    (None, {"num_hidden_layers": 1},
+     r"hf holds weights of model\.layers\.1, but its config\.json has num_hidden_layers 1"),
+    (lambda t: t.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(96, 64)}),
+     {}, r"holds weights of model\.layers\.2, but"),
+    (lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": torch.ones(64)}), {},
+     r"holds 1 bias tensor\(s\) its config\.json's model has none of, e\.g\. "
+     r"model\.layers\.0\.self_attn\.q_proj\.bias"),
+    (lambda t: t.update({k: (100 * v).to(torch.int32) for k, v in t.items()}), {},
+     r"model\.embed_tokens\.weight in .* is I32, not floating point"),
+], ids=["fewer-layers-in-config", "extra-layer", "q-bias-in-llama", "int32"])
+def test_weights_the_config_does_not_describe_are_refused(tmp_path, edit, config, said):
+    """They were dropped (or cast to float) silently."""
+    d = hf_dir(tmp_path / "hf")
+    if edit:
+        _edit_weights(d, edit)
+    _edit_config(d, **config)
+    with pytest.raises(UserError, match=said):
+        resolved(d)
+
+
+def test_other_unused_tensors_are_named_in_one_warning(tmp_path, capsys):
+    d = hf_dir(tmp_path / "hf")
+    extra = {f"model.extra.{i}": torch.zeros(2) for i in range(4)}
+    _edit_weights(d, lambda t: t.update({"model.rotary_emb.inv_freq": torch.ones(8), **extra}))
+    capsys.readouterr()
+    assert resolved(d).train.init_from == str(d.resolve())
+    err = capsys.readouterr().err
+    assert err == (f"warning: --model {d}: 5 tensor(s) in its weights are not used by the model: "
+                   "model.extra.0, model.extra.1, model.extra.2 and 2 more\n")
+
+
+def test_a_baichuan_export_with_rope_scaling_round_trips(tmp_path):
+    """A RoPE model with a NormHead is written as Baichuan; its Llama 3 scaling was not read
+    back."""
+    cfg = small_cfg(norm_head=True, rope_factor=4.0, rope_high_freq_factor=2.0,
+                    rope_original_max_len=32, rope_theta=12345.0, name="hf")
+    ours = LlamaModel(cfg, seed=3)
+    randomize(ours, seed=4)
+    save_hf(ours, cfg, tmp_path / "hf")
+    back = config_from_hf(tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [
+        "BaichuanForCausalLM"]
+    assert back == cfg
+    again = LlamaModel(back, seed=1)
+    load_hf_weights(again, back, tmp_path / "hf")
+    assert max_diff(ours_logits(ours, TOKENS), ours_logits(again, TOKENS)) == 0
+
+
+LLAMA3_PARAMS = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+                 "rope_theta": 1e4}
+
+
+@pytest.mark.parametrize("config,said", [
+    ({"rms_norm_eps": "1e-5"}, r'rms_norm_eps is "1e-5", expected a number'),
+    ({"vocab_size": "301"}, r'vocab_size is "301", expected an integer'),
+    ({"num_hidden_layers": True}, r"num_hidden_layers is true, expected an integer"),
+    ({"rms_norm_eps": None}, r"rms_norm_eps is null, expected a number"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": None}},
+     r"rope_parameters\.rope_theta is null, expected a number"),
+    ({"rope_parameters": {k: v for k, v in LLAMA3_PARAMS.items() if k != "low_freq_factor"}},
+     r"lacks 'rope_parameters\.low_freq_factor'"),
+    ({"rope_scaling": "llama3", "rope_parameters": None},
+     r"rope_scaling \"llama3\" \(not an object\)"),
+    ({"tie_word_embeddings": "false"}, r'tie_word_embeddings is "false", expected true or false'),
+], ids=["eps-string", "vocab-string", "layers-bool", "eps-null", "theta-null",
+        "llama3-incomplete", "scaling-string", "tie-string"])
+def test_config_values_of_the_wrong_type_are_named(tmp_path, config, said):
+    """Each crashed with a TypeError or KeyError (exit 1, a traceback)."""
+    write_config(tmp_path, **{**LlamaConfig(**DIMS).to_dict(), **config})
+    with pytest.raises(UserError, match=said):
+        config_from_hf(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "null"])
+def test_a_config_that_is_no_object_is_refused(tmp_path, text):
+    (tmp_path / "config.json").write_text(text)
+    said = re.escape(f"config.json: expected a JSON object, got {text}")
+    with pytest.raises(UserError, match=said):
+        config_from_hf(tmp_path)
+
+
+def test_a_tokenizer_json_beside_the_model_is_said_to_be_unused(tmp_path, capsys):
+    d = hf_dir(tmp_path / "hf")
+    (d / "tokenizer.json").write_text("{}")
+    capsys.readouterr()
+    resolved(d)
+    assert capsys.readouterr().err == (
+        f"warning: --model {d}: its tokenizer.json is not used (the byte tokenizer is); "
+        f"--tokenizer {d / 'tokenizer.json'} uses it\n")
+    resolved(d, tokenizer=str(d / "tokenizer.json"))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_tokenizer_flag_silences_the_unused_tokenizer_warning(tmp_path, monkeypatch, capsys):
+    from .cli_runner import run_cli
+
+    d = hf_dir(tmp_path / "hf", vocab_size=300)
+    (d / "tokenizer.json").write_text("{}")
+    plan = ("plan", "--model", str(d), "--seq-len", "32", "--global-batch", "4")
+    for flags, warned in (((), True), (("--tokenizer", "byte"), False)):
+        code, _, err = run_cli(monkeypatch, capsys, *plan, *flags)
+        assert code == 0, err
+        assert ("its tokenizer.json is not used" in err) == warned

@@ -2,13 +2,13 @@
 
 Supported checkpoints: LLaMA (LlamaForCausalLM), Qwen2/2.5 (Qwen2ForCausalLM: q/k/v bias) and
 Baichuan/Baichuan2 (BaichuanForCausalLM: packed W_pack q/k/v; ALiBi in the 13B models; NormHead
-in Baichuan2).
+in Baichuan2). Which file holds each tensor, and whether the files are the weights config.json
+describes: hf_files.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from torch import nn
 
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
+from ratrain.models.hf_files import lacks, sources, tensor_files
 from ratrain.models.llama import hf_param_name
 
 LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"
@@ -32,9 +33,6 @@ _ARCH_ALIASES = {"BaiChuanForCausalLM": BAICHUAN}  # Baichuan-7B (v1) spells it 
 # state both explicitly under these keys, which win.
 _BAICHUAN2_VOCAB = 125696
 _POSITION_KEY, _NORM_HEAD_KEY = "ratrain_position", "ratrain_norm_head"
-
-_QKV = re.compile(r"^(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight$")
-
 
 # --- config -------------------------------------------------------------------------------------
 
@@ -51,55 +49,65 @@ def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
     except json.JSONDecodeError as e:
         raise UserError(f"cannot parse {path}: {e}") from None
 
+    if not isinstance(d, dict):
+        raise UserError(f"{path}: expected a JSON object, got {json.dumps(d)[:40]}")
     model_type = d.get("model_type")
-    arch = (d.get("architectures") or [_ARCH_OF_MODEL_TYPE.get(model_type, model_type)])[0]
-    arch = _ARCH_ALIASES.get(arch, arch)
+    archs = d.get("architectures")
+    arch = ([archs] if isinstance(archs, str) else archs or
+            [_ARCH_OF_MODEL_TYPE.get(model_type, model_type)])[0]
+    arch = _ARCH_ALIASES.get(arch, arch) if isinstance(arch, str) else arch
     if arch not in SUPPORTED:
         raise UserError(
             f"unsupported architecture {arch!r} in {path}; supported: {', '.join(SUPPORTED)}"
         )
 
-    def need(key: str):
-        if d.get(key) is None:
-            raise UserError(f"{path} lacks {key!r}")
-        return d[key]
+    def num(key: str, kind: type = int, default=None, src: dict = d, nullable: bool = False,
+            within: str = ""):
+        return _num(path, src, key, kind, default, nullable, f"{within}{key}")
 
     def refuse(what: str) -> None:
         raise UserError(f"{path}: {what} is not supported")
 
-    dim, n_heads = need("hidden_size"), need("num_attention_heads")
-    if d.get("head_dim") not in (None, dim // n_heads):
+    dim, n_heads = num("hidden_size"), num("num_attention_heads")
+    if d.get("head_dim") not in (None, dim // max(n_heads, 1)):
         refuse(f"head_dim {d['head_dim']} != hidden_size / num_attention_heads")
     if d.get("hidden_act", "silu") != "silu":
         refuse(f"hidden_act {d['hidden_act']!r}")
     if d.get("mlp_bias"):
         refuse("mlp_bias")
+    tie = d.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool | None):  # bool("false") is True
+        raise UserError(f"{path}: tie_word_embeddings is {json.dumps(tie)}, expected true or false")
     fields = dict(
         name=path.parent.name or "hf",
-        vocab_size=need("vocab_size"),
+        vocab_size=num("vocab_size"),
         dim=dim,
-        n_layers=need("num_hidden_layers"),
+        n_layers=num("num_hidden_layers"),
         n_heads=n_heads,
-        n_kv_heads=d.get("num_key_value_heads") or n_heads,
-        ffn_dim=need("intermediate_size"),
-        norm_eps=d.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        n_kv_heads=num("num_key_value_heads", default=n_heads, nullable=True),
+        ffn_dim=num("intermediate_size"),
+        norm_eps=num("rms_norm_eps", float, 1e-6),
+        tie_embeddings=bool(tie),
     )
     if arch == BAICHUAN:
+        max_len = (num("model_max_length", default=0, nullable=True)
+                   or num("max_position_embeddings", default=0, nullable=True) or 4096)
         fields.update(
             position=d.get(_POSITION_KEY) or ("rope" if dim == 4096 else "alibi"),
             norm_head=bool(d.get(_NORM_HEAD_KEY, fields["vocab_size"] == _BAICHUAN2_VOCAB)),
-            max_seq_len=d.get("model_max_length") or d.get("max_position_embeddings") or 4096,
-            rope_theta=d.get("rope_theta", 10000.0),
+            max_seq_len=max_len,
+            # our exports of RoPE models with Llama 3's scaling write it as for LLaMA
+            **_rope(d, refuse, num, max_len),
         )
     else:
         if arch == LLAMA and d.get("attention_bias"):
             refuse("attention_bias (it also biases o_proj)")
         if arch == QWEN2 and d.get("use_sliding_window"):
             refuse("use_sliding_window")
+        max_len = num("max_position_embeddings")
         fields.update(
-            max_seq_len=need("max_position_embeddings"),
-            **_rope(d, refuse),
+            max_seq_len=max_len,
+            **_rope(d, refuse, num, max_len),
             qkv_bias=arch == QWEN2,  # Qwen2 always biases q/k/v (and nothing else)
         )
     cfg = ModelConfig(**fields)
@@ -110,21 +118,42 @@ def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
     return cfg
 
 
-def _rope(d: dict, refuse) -> dict:
+def _num(path: Path, src: dict, key: str, kind: type, default, nullable: bool, label: str):
+    """src[key], an integer (kind int) or any number (float); absent (or null, where nullable):
+    `default`, refused where that is None. A string or null is named, not cast: "1e-5"
+    compared as a number failed deep inside the model's checks."""
+    value = src.get(key)
+    if value is None and (key not in src or nullable):
+        if default is None:
+            raise UserError(f"{path} lacks {label!r}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        want = "an integer" if kind is int else "a number"
+        raise UserError(f"{path}: {label} is {json.dumps(value)}, expected {want}")
+    return kind(value)
+
+
+def _rope(d: dict, refuse, num, max_len: int) -> dict:
     """The RoPE fields of ModelConfig: theta, and Llama 3's scaling (rope_type "llama3")."""
     # transformers 5 nests RoPE settings under rope_parameters; older configs keep rope_theta
     # at top level and scaling under rope_scaling.
+    for key in ("rope_scaling", "rope_parameters"):
+        if not isinstance(d.get(key), dict | None):
+            refuse(f"{key} {json.dumps(d[key])} (not an object)")
     params = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
     kind = params.get("rope_type") or params.get("type") or "default"
     if kind not in ("default", "llama3"):
         refuse(f"RoPE scaling {kind!r}")
-    out = {"rope_theta": float(params.get("rope_theta", d.get("rope_theta", 10000.0)))}
+    within = ("rope_parameters" if d.get("rope_parameters") else "rope_scaling") + "."
+    theta = (num("rope_theta", float, src=params, within=within) if "rope_theta" in params
+             else num("rope_theta", float, 10000.0))
+    out = {"rope_theta": theta}
     if kind == "llama3":
-        out.update(rope_factor=float(params["factor"]),
-                   rope_low_freq_factor=float(params["low_freq_factor"]),
-                   rope_high_freq_factor=float(params["high_freq_factor"]),
-                   rope_original_max_len=int(params.get("original_max_position_embeddings")
-                                             or d["max_position_embeddings"]))
+        out.update({field: num(key, float, src=params, within=within) for field, key in (
+            ("rope_factor", "factor"), ("rope_low_freq_factor", "low_freq_factor"),
+            ("rope_high_freq_factor", "high_freq_factor"))},
+            rope_original_max_len=num("original_max_position_embeddings", int, max_len,
+                                      src=params, nullable=True, within=within))
     return out
 
 
@@ -137,25 +166,6 @@ def _as_units(units_or_model: nn.Module | Iterable[nn.Module]) -> list[nn.Module
     else:
         units = list(units_or_model)
     return sorted(units, key=lambda u: u.index)
-
-
-def _tensor_files(path: Path) -> dict[str, Path]:
-    """Tensor name -> file holding it, from the shard index or the files' headers."""
-    if path.is_file():
-        files = [path]
-    else:
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            return {name: path / f for name, f in weight_map.items()}
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise UserError(f"no *.safetensors files in {path}")
-    where = {}
-    for f in files:
-        with safe_open(f, framework="pt") as st:
-            where.update((name, f) for name in st.keys())
-    return where
 
 
 def _read(where: dict[str, Path], names: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -177,26 +187,17 @@ def load_hf_weights(
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")
-    where = _tensor_files(path)
+    where = tensor_files(path)
+    if where is None:
+        raise UserError(f"no *.safetensors files in {path}")
     needed = {
         hf_param_name(cfg, u.index, local): p
         for u in _as_units(units_or_model)
         for local, p in u.named_parameters()
     }
-    direct, packed, missing = [], set(), []
-    for name in needed:
-        m = _QKV.match(name)
-        if name in where:
-            direct.append(name)
-        elif m and m.group(1) + "W_pack.weight" in where:
-            packed.add(m.group(1) + "W_pack.weight")
-        else:
-            missing.append(name)
+    direct, packed, missing = sources(needed, where)
     if missing:
-        raise UserError(
-            f"checkpoint {path} lacks {len(missing)} tensor(s) the model needs, "
-            f"e.g. {', '.join(missing[:3])}"
-        )
+        raise lacks(path, missing)
 
     tensors = _read(where, direct)
     q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
@@ -269,15 +270,32 @@ def _hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict:
     return d
 
 
+def check_export_dir(out_dir: str | Path) -> Path:
+    """out_dir, refused where it is a file or holds weights already: an old index and shards
+    left beside a new model.safetensors made two models of it (transformers read the new one,
+    ratrain the old). `export` may call this before it reads the checkpoint."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file: export into a directory")
+    held = sorted(f.name for pattern in ("*.safetensors*", "pytorch_model*.bin*")
+                  for f in out.glob(pattern))
+    if held:
+        raise UserError(f"{out} already holds weights ({', '.join(held[:3])}"
+                        f"{' ...' if len(held) > 3 else ''}): export into a new directory")
+    return out
+
+
 def save_hf(
     model_or_units: nn.Module | Iterable[nn.Module], cfg: ModelConfig, out_dir: str | Path
 ) -> Path:
-    """Write model.safetensors (Hugging Face names) and config.json into out_dir; return out_dir.
+    """Write model.safetensors (Hugging Face names) and config.json into out_dir, which must hold
+    no weights yet; return out_dir.
 
     Rotary models without bias are written as LlamaForCausalLM, with q/k/v bias as
     Qwen2ForCausalLM, ALiBi or NormHead ones as Baichuan (packed W_pack). Tied embeddings are
     written once, as model.embed_tokens.weight.
     """
+    out = check_export_dir(out_dir)
     units = _as_units(model_or_units)
     if [u.index for u in units] != list(range(cfg.n_units)):
         raise UserError(f"save_hf needs all {cfg.n_units} units of the model")
@@ -292,7 +310,6 @@ def save_hf(
             prefix = f"model.layers.{i}.self_attn."
             qkv = [tensors.pop(f"{prefix}{x}_proj.weight") for x in "qkv"]
             tensors[prefix + "W_pack.weight"] = torch.cat(qkv)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     dtype = tensors["model.embed_tokens.weight"].dtype

@@ -1,0 +1,162 @@
+"""The safetensors files of a Hugging Face model directory: which file holds each tensor, and
+whether they are the weights its config.json describes. `check_weights` reads only the files'
+headers (and, for a tied head saved apart, the two matrices a slice at a time), so --model is
+checked before any process starts; a stage reads only the tensors its units need."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ratrain.config import ModelConfig
+from ratrain.errors import UserError
+from ratrain.models.llama import build_units, hf_param_name
+
+INDEX = "model.safetensors.index.json"
+QKV = re.compile(r"^(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_LFS_POINTER = b"version https://git-lfs"
+_FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}  # safetensors' dtype names
+_EMBED, _HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def tensor_files(path: Path) -> dict[str, Path] | None:
+    """Tensor name -> the file holding it, from the shard index or the *.safetensors files'
+    headers of a directory (or one file); None where a directory has neither."""
+    if path.is_file():
+        return dict.fromkeys(_header(path), path)
+    if (path / INDEX).is_file():
+        if (path / "model.safetensors").is_file():
+            # transformers reads model.safetensors and ignores the index: one of them is stale,
+            # and which one is not ours to guess
+            raise UserError(f"{path} holds both model.safetensors and {INDEX} with its shards: "
+                            "one of them is stale; remove the one that is not the model")
+        return _weight_map(path / INDEX)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    return {name: f for f in files for name in _header(f)}
+
+
+def _weight_map(index: Path) -> dict[str, Path]:
+    try:
+        found = json.loads(index.read_text())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise UserError(f"cannot read {index}: {e}") from None
+    weight_map = found.get("weight_map") if isinstance(found, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UserError(f"{index} has no weight_map (tensor name -> shard file)")
+    where = {name: index.parent / f for name, f in weight_map.items()}
+    absent = sorted({f.name for f in where.values() if not f.is_file()})
+    if absent:
+        raise UserError(f"{index.parent} lacks {len(absent)} of the shards its index names: "
+                        f"{_some(absent)}")
+    return where
+
+
+def _header(f: Path) -> dict[str, tuple[str, list[int]]]:
+    """Tensor name -> (safetensors dtype, shape), read from the header alone."""
+    try:
+        with safe_open(f, framework="pt") as st:
+            return {n: (s.get_dtype(), s.get_shape()) for n in st.keys() for s in [st.get_slice(n)]}
+    except Exception as e:  # safetensors' own SafetensorError, which it does not export
+        with open(f, "rb") as fh:
+            if fh.read(len(_LFS_POINTER)) == _LFS_POINTER:
+                raise UserError(f"{f} is a git-lfs pointer, not the weights: fetch them "
+                                f"(git lfs pull in {f.parent})") from None
+        raise UserError(f"{f} is not a readable safetensors file ({e})") from None
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def sources(needed: Iterable[str], where: dict[str, Path]) -> tuple[list[str], set[str], list[str]]:
+    """(tensors read as they are, Baichuan W_pack tensors split into q/k/v, names found in
+    neither) for the parameter names `needed`."""
+    direct, packed, missing = [], set(), []
+    for name in needed:
+        m = QKV.match(name)
+        if name in where:
+            direct.append(name)
+        elif m and m.group(1) + "W_pack.weight" in where:
+            packed.add(m.group(1) + "W_pack.weight")
+        else:
+            missing.append(name)
+    return direct, packed, missing
+
+
+def lacks(path: Path, missing: list[str]) -> UserError:
+    return UserError(f"checkpoint {path} lacks {len(missing)} tensor(s) the model needs, "
+                     f"e.g. {', '.join(missing[:3])}")
+
+
+def check_weights(path: Path, cfg: ModelConfig) -> list[str] | None:
+    """Whether the directory's safetensors weights are those of `cfg`: None where it has none,
+    else the names of tensors the model does not use (to warn of). Refused: a stale or broken
+    index, a missing shard, an unreadable file, a tensor missing or of another shape or not
+    floating point, layers or biases the config does not have, a tied head saved apart that
+    differs from the embedding."""
+    where = tensor_files(path)
+    if where is None:
+        return None
+    headers = {f: _header(f) for f in set(where.values())}
+    absent = [n for n, f in where.items() if n not in headers[f]]
+    if absent:
+        raise UserError(f"{path / INDEX} names {len(absent)} tensor(s) their shard lacks, e.g. "
+                        f"{absent[0]} in {where[absent[0]].name}")
+    info = {n: headers[f][n] for n, f in where.items()}
+    with torch.device("meta"):  # shapes only
+        shapes = {hf_param_name(cfg, u.index, local): list(p.shape)
+                  for u in build_units(cfg, 0) for local, p in u.named_parameters()}
+    direct, packed, missing = sources(shapes, info)
+    if missing:
+        raise lacks(path, missing)
+    for name in direct:
+        if info[name][1] != shapes[name]:
+            raise UserError(f"{name} in {path} has shape {info[name][1]}, model expects "
+                            f"{shapes[name]}")
+    for name in [*direct, *sorted(packed)]:
+        if info[name][0] not in _FLOATING:
+            raise UserError(f"{name} in {where[name]} is {info[name][0]}, not floating point "
+                            "(quantized weights are not read)")
+    unused = sorted(set(info) - set(direct) - packed)
+    if cfg.tie_embeddings and _HEAD in unused:
+        if not _equal(where, _EMBED, _HEAD):
+            raise UserError(f"{path}: config.json ties the head to the embedding "
+                            f"(tie_word_embeddings) but {_HEAD} differs from {_EMBED}: the "
+                            "weights contradict the config; set tie_word_embeddings to false "
+                            "to train them untied, as transformers would")
+        unused.remove(_HEAD)
+    layers = sorted({int(m.group(1)) for n in unused if (m := _LAYER.match(n))
+                     and int(m.group(1)) >= cfg.n_layers})
+    if layers:
+        raise UserError(f"{path} holds weights of model.layers."
+                        f"{_some([str(i) for i in layers])}, but its config.json has "
+                        f"num_hidden_layers {cfg.n_layers}")
+    biases = [n for n in unused if n.endswith(".bias")]
+    if biases:
+        raise UserError(f"{path} holds {len(biases)} bias tensor(s) its config.json's model "
+                        f"has none of, e.g. {_some(biases, 2)}: these weights are not that model")
+    return unused
+
+
+def unused_line(names: list[str]) -> str:
+    return f"{len(names)} tensor(s) in its weights are not used by the model: {_some(names)}"
+
+
+def _equal(where: dict[str, Path], a: str, b: str, chunk_bytes: int = 64 << 20) -> bool:
+    """Whether tensors a and b hold the same values, compared a block of rows at a time."""
+    with safe_open(where[a], framework="pt") as fa, safe_open(where[b], framework="pt") as fb:
+        sa, sb = fa.get_slice(a), fb.get_slice(b)
+        shape = sa.get_shape()
+        if shape != sb.get_shape():
+            return False
+        rows = max(1, chunk_bytes // (4 * max(1, shape[-1])))
+        return all(torch.equal(sa[i:i + rows].float(), sb[i:i + rows].float())
+                   for i in range(0, shape[0], rows))
