@@ -8,7 +8,14 @@ of it: closed connections, timeouts).
 Ctrl-C reaches the parent (the ranks ignore SIGINT: a terminal sends it to all of them). Without
 --checkpoint-on-interrupt the parent stops every rank at once; with it, it passes the SIGINT on
 as a request that the ranks honour together at the end of the step (see `stop_requested`), and a
-second Ctrl-C stops them at once.
+second Ctrl-C stops them at once. SIGTERM (what a scheduler sends before it kills a job) is
+taken as a Ctrl-C.
+
+The ranks are forks of the fork server, not children of this process, and the server stays up
+while any rank does (each holds its "alive" pipe): a launcher killed outright (SIGKILL, the OOM
+killer) would leave them training. So each rank holds the read end of a pipe whose only write
+end is here, and ends itself as `_stop` would when that reads EOF: the kernel closes the write
+end however this process ends.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from multiprocessing import util as mp_util
@@ -37,6 +45,14 @@ _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
 _stop_requested = False
 
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM in the launcher: a KeyboardInterrupt, so that wherever it lands it is handled as
+    Ctrl-C is (the cli's exit 130 included)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated()
 
 
 def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
@@ -74,7 +90,8 @@ def stop_requested() -> bool:
 
 
 def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path,
-           checkpoint_on_interrupt: bool, where: tuple[str, dict], fn, args) -> None:
+           checkpoint_on_interrupt: bool, where: tuple[str, dict], launcher, fn, args) -> None:
+    _end_with(launcher)
     # a fork of the fork server has the server's directory and environment, from when it started:
     # a rank takes the launcher's as they are now, as a spawned process would
     cwd, environ = where
@@ -101,6 +118,24 @@ def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path
         except OSError:
             pass  # the launcher reports the exit code instead
     exit_without_teardown(code)
+
+
+def _end_with(launcher: multiprocessing.connection.Connection) -> None:
+    """End this rank once `launcher` (the read end of the launcher's pipe) reads EOF: the
+    launcher is gone, and nobody else would stop it. SIGTERM, as `_stop` sends (a save in flight
+    leaves its .partial directory, which the next start removes); SIGKILL after STOP_GRACE_S,
+    should a handler of SIGTERM not return."""
+    def watch() -> None:
+        try:
+            while True:
+                launcher.recv_bytes()  # (the launcher sends nothing)
+        except (EOFError, OSError):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def exit_without_teardown(code: int) -> None:
@@ -155,24 +190,41 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
     # port found free here and bound later by rank 0 could be taken in between: "address
     # already in use" seen on CI with two test workers launching at once (2026-11-28).
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    ctx = mp.start_processes(
-        _child, args=(world, store.port, threads, Path(error_dir), checkpoint_on_interrupt,
-                      (os.getcwd(), dict(os.environ)), fn, args),
-        nprocs=world, join=False, start_method="forkserver")
-    procs = ctx.processes
+    watched, alive = multiprocessing.Pipe(duplex=False)  # (the ranks get `watched`: _end_with)
+    try:
+        ctx = mp.start_processes(
+            _child, args=(world, store.port, threads, Path(error_dir), checkpoint_on_interrupt,
+                          (os.getcwd(), dict(os.environ)), watched, fn, args),
+            nprocs=world, join=False, start_method="forkserver")
+        watched.close()
+        return _watch(ctx.processes, world, error_dir, checkpoint_on_interrupt)
+    finally:
+        alive.close()  # ranks still running (this raised before stopping them) end now
+
+
+def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) -> bool:
+    # SIGTERM as Ctrl-C only while the ranks are watched: before, the default end of this
+    # process ends them too (_end_with); after, they are gone or being stopped.
+    main = threading.current_thread() is threading.main_thread()  # (signals need the main one)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     asked_to_stop = False
-    while True:
-        try:
-            failed = _first_to_fail(procs)
-            break
-        except KeyboardInterrupt:
-            if asked_to_stop or not checkpoint_on_interrupt:
-                _stop(procs)
-                raise Interrupted(f"interrupted: stopped all {world} ranks") from None
-            asked_to_stop = True
-            for p in procs:
-                if p.is_alive():
-                    os.kill(p.pid, signal.SIGINT)
+    try:
+        while True:
+            try:
+                failed = _first_to_fail(procs)
+                break
+            except KeyboardInterrupt as e:
+                if asked_to_stop or not checkpoint_on_interrupt:
+                    _stop(procs)
+                    how = "terminated (SIGTERM)" if isinstance(e, _Terminated) else "interrupted"
+                    raise Interrupted(f"{how}: stopped all {world} ranks") from None
+                asked_to_stop = True
+                for p in procs:
+                    if p.is_alive():
+                        os.kill(p.pid, signal.SIGINT)
+    finally:
+        if main:  # (None: a handler not set from Python; the default is as near as it gets)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if failed is None:
         return asked_to_stop
     # Signals seen now were not ours: a rank killed from outside leaves no report, and the

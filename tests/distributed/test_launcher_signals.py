@@ -1,0 +1,93 @@
+"""The launcher of a local multi-process run takes its ranks with it: SIGTERM (a scheduler's
+warning) stops them as Ctrl-C does, and a SIGKILL'd launcher leaves none training on as orphans
+(runtime/launch.py: the ranks are the fork server's children, not the launcher's)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ratrain import checkpoint
+from ratrain.checkpoint import manifest
+from ratrain.runtime.launch import STOP_GRACE_S
+
+from .test_failure import _children, _gone, _rank_pids, endless_config, start, wait_for_steps
+
+pytestmark = pytest.mark.dist
+
+
+def _launched(pid: int) -> list[int]:
+    """The ranks and the fork server they are forks of (it lives as long as any of them)."""
+    servers = [c for c in _children(pid)
+               if "forkserver" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+    ranks = _rank_pids(pid)
+    assert len(servers) == 1 and len(ranks) == 2, (servers, ranks)
+    return servers + ranks
+
+
+def _wait_gone(pids: list[int], within: float) -> None:
+    deadline = time.time() + within
+    while not all(_gone(pid) for pid in pids):
+        assert time.time() < deadline, [pid for pid in pids if not _gone(pid)]
+        time.sleep(0.1)
+
+
+def test_sigterm_to_the_launcher_stops_all_ranks_within_seconds(corpus, tmp_path):
+    cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
+    run_dir = tmp_path / "run"
+    proc = start(cfg_file, run_dir)
+    wait_for_steps(proc, run_dir, 2)
+    launched = _launched(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a scheduler may
+    sent = time.time()
+    _, stderr = proc.communicate(timeout=30)  # (a rank left holds its pipes)
+    assert time.time() - sent < 10
+    assert proc.returncode == 130, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("terminated (SIGTERM): stopped all 2 ranks; the run keeps its "
+                               "checkpoints up to the last completed save"), stderr
+    server, *ranks = launched
+    assert all(_gone(rank) for rank in ranks)  # the launcher waited for them
+    _wait_gone([server], 5)  # it ends at its own pace, once the last of them is gone
+
+
+def test_sigterm_with_checkpoint_on_interrupt_saves_a_checkpoint_that_verifies(corpus, tmp_path):
+    """(That such a checkpoint resumes exactly, test_interrupt's Ctrl-C test shows.)"""
+    cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
+    run_dir = tmp_path / "run"
+    proc = start(cfg_file, run_dir, "--checkpoint-on-interrupt")
+    wait_for_steps(proc, run_dir, 2)
+    launched = _launched(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    sent = time.time()
+    _, stderr = proc.communicate(timeout=30)
+    assert time.time() - sent < 15
+    assert proc.returncode == 130, stderr
+    found = re.fullmatch(r"interrupted after step (\d+); saved checkpoint (\S+) "
+                         r"\(continue with --resume (\S+)\)", stderr.strip())
+    assert found, stderr
+    step = int(found[1])
+    assert manifest.problem(checkpoint.checkpoint_dir(run_dir, step)) is None
+    server, *ranks = launched
+    assert all(_gone(rank) for rank in ranks)  # the launcher waited for them
+    _wait_gone([server], 5)  # it ends at its own pace, once the last of them is gone
+
+
+def test_a_killed_launcher_leaves_no_rank_running(corpus, tmp_path):
+    cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
+    run_dir = tmp_path / "run"
+    proc = start(cfg_file, run_dir)
+    wait_for_steps(proc, run_dir, 2)
+    launched = _launched(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)  # (not communicate: its pipes stay open while any rank lives)
+    # the ranks see their pipe from the launcher close and end themselves (SIGTERM at once,
+    # SIGKILL after STOP_GRACE_S); once they are gone, so is the fork server
+    _wait_gone(launched, STOP_GRACE_S + 7)
+    proc.communicate(timeout=10)
