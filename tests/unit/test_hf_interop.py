@@ -287,7 +287,7 @@ def hf_dir(path, shard: bool = False, **config):
     return path
 
 
-def resolved(path, tokenizer=None) -> "RunConfig":
+def resolved(path, tokenizer=None):
     from ratrain.cli.options import resolve_model
     from ratrain.config import RunConfig
 
