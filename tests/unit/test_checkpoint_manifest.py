@@ -132,6 +132,14 @@ def test_only_the_newest_k_are_kept_and_stale_partials_go(tmp_path):
     assert [p.name for p in checkpoint.complete_dirs(tmp_path)] == ["step_999999", "step_1000000"]
 
 
+def test_keep_k_keeps_k_while_the_run_has_fewer_than_k(tmp_path):
+    """keep 4 with two saved: the slice from the end (len - keep + 1 < 0) kept one of them."""
+    for step in range(1, 7):
+        _save(tmp_path, step, keep=4)
+        want = list(range(max(1, step - 3), step + 1))
+        assert [checkpoint.step_of(p) for p in checkpoint.complete_dirs(tmp_path)] == want
+
+
 def test_a_disk_that_fills_while_saving_leaves_the_earlier_checkpoints(tmp_path, monkeypatch):
     good = _save(tmp_path, 2)
     real_write = store.write_unit

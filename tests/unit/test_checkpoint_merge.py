@@ -10,7 +10,9 @@ import torch
 
 from ratrain import checkpoint
 from ratrain.checkpoint.merge import merge_parts, newest_common_step
+from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.models.presets import get_preset
 
 
 def _part(root, step: int, ranks, value: float, lr: float = 1e-3, unit: int = 0, whole=False):
@@ -25,7 +27,7 @@ def _part(root, step: int, ranks, value: float, lr: float = 1e-3, unit: int = 0,
 def test_two_parts_of_one_run_merge_and_anything_else_is_refused(tmp_path):
     a, b = _part(tmp_path / "a", 2, [0], 1.0), _part(tmp_path / "b", 2, [1], 1.0)
     _part(tmp_path / "b", 4, [1], 1.0)  # only b has step 4
-    assert newest_common_step([tmp_path / "a", tmp_path / "b"]) == 2
+    assert newest_common_step([tmp_path / "a", tmp_path / "b"]) == (2, [])
     merged = merge_parts([a, b], tmp_path / "out", 2)
     meta = checkpoint.load_meta(merged)
     assert "ranks" not in meta and sorted(meta["rng"]) == ["0", "1"]
@@ -39,3 +41,35 @@ def test_two_parts_of_one_run_merge_and_anything_else_is_refused(tmp_path):
     for n, (parts, message) in enumerate(cases):
         with pytest.raises(UserError, match=message):
             merge_parts(parts, tmp_path / f"refused_{n}", 2)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_newest_step_in_one_part_is_skipped_and_said(tmp_path, monkeypatch, capsys,
+                                                               damage):
+    """As resume and export do: the newest step every part holds that verifies. A bit flipped
+    in one part's newest step refused the merge; a truncated file merged the older step
+    without a word."""
+    from .cli_runner import run_cli
+
+    runs = {}
+    for node, ranks in (("a", [0]), ("b", [1])):
+        run = tmp_path / node
+        run.mkdir()
+        RunConfig(model=get_preset("tiny")).save(run / "config.yaml")
+        for step in (2, 4):
+            _part(run, step, ranks, 1.0)
+        runs[node] = run
+    bad = runs["b"] / "checkpoints" / "step_000004" / "unit_0000.safetensors"
+    data = bytearray(bad.read_bytes())
+    if damage == "flip":
+        data[-1] ^= 1
+    bad.write_bytes(bytes(data if damage == "flip" else data[:10]))
+    code, out, err = run_cli(monkeypatch, capsys, "merge-parts", str(runs["a"]), str(runs["b"]),
+                             "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    why = "does not match its sha256" if damage == "flip" else "is truncated"
+    assert err.count("\n") == 1 and err.startswith(
+        f"skipping checkpoint step_000004: {bad.parent}: unit_0000.safetensors {why}"), err
+    assert "the newest step every part holds that verifies is step_000002" in err
+    assert "merged step_000002" in out
+    assert [p.name for p in checkpoint.complete_dirs(tmp_path / "out")] == ["step_000002"]

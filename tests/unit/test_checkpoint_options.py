@@ -135,6 +135,10 @@ def test_a_moved_checkpoint_dir_is_said_to_be_gone_and_found_with_the_flag(
     assert _refused(monkeypatch, capsys, gone, "--resume", "run", "--steps", "6") == f"error: {gone}"
     _refused(monkeypatch, capsys, f"--resume auto: {gone}", "--config", cfg, "--run-dir", "run",
              "--resume", "auto", "--steps", "6")  # not a new run over its files
+    code, _, err = run_cli(monkeypatch, capsys, "export", "run", "--out", "hf")
+    assert code == 2 and err.strip().endswith(  # (it said "resume with --checkpoint-dir DIR")
+        "though the run reached step 4; export with `ratrain export run --out hf "
+        "--checkpoint-dir DIR` to say where it is now"), err
     _refused(monkeypatch, capsys, f"--checkpoint-dir {tmp_path / 'nowhere'} does not exist",
              "--resume", "run", "--steps", "6", "--checkpoint-dir", "nowhere")
     code, err = _train(monkeypatch, capsys, "--resume", "run", "--steps", "6",
@@ -152,6 +156,32 @@ def test_bad_checkpoint_flags_are_one_line(monkeypatch, capsys, tmp_path, args, 
     _refused(monkeypatch, capsys, needle, "--config", str(_config(tmp_path)), "--run-dir", "run",
              *args)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--checkpoint-every", "5"], "--checkpoint-every 5 is for the run's checkpoints, and this "
+     "run saves none (--no-checkpoints): leave the flag out"),
+    (["--checkpoint-sync"], "--checkpoint-sync is for"),
+    (["--checkpoint-dir", "d"], "--checkpoint-dir d is for the run's checkpoints, and this run "
+     "saves none (--no-checkpoints; --checkpoint-on-interrupt saves one on Ctrl-C)"),
+    (["--keep-checkpoints", "3"], "--keep-checkpoints 3 is for"),
+    (["--checkpoint-on-interrupt", "--checkpoint-async"], "--checkpoint-async is for"),
+])
+def test_checkpoint_flags_with_no_checkpoints_are_refused(monkeypatch, capsys, tmp_path, args,
+                                                          needle):
+    """They were taken and did nothing."""
+    _refused(monkeypatch, capsys, needle, "--config", str(_config(tmp_path)), "--run-dir", "run",
+             "--no-checkpoints", *args)
+    assert not (tmp_path / "run").exists()
+    from ratrain.cli.train_resume import refuse_idle_checkpoint_flags
+
+    cfg = RunConfig()
+    cfg.train.checkpoints, cfg.train.checkpoint_on_interrupt = False, True
+    refuse_idle_checkpoint_flags(cfg, {"checkpoint_dir": "d", "keep_checkpoints": 3})  # Ctrl-C's
+    cfg.train.checkpoint_on_interrupt = False
+    with pytest.raises(UserError, match=r"\(train.checkpoints: false in its config; "
+                       r"--checkpoints turns them on;"):  # from a config file or the resumed run
+        refuse_idle_checkpoint_flags(cfg, {"checkpoint_dir": "d"})
 
 
 @pytest.mark.parametrize("train,needle", [

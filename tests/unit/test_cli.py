@@ -121,6 +121,21 @@ def test_tokenizer_command_trains_bpe(monkeypatch, capsys, tmp_path):
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
 
+@pytest.mark.parametrize("out,written", [
+    ("tok.v1/", "tok.v1/tokenizer.json"),  # was a file tok.v1: Path drops the slash
+    ("made.v2", "made.v2/tokenizer.json"),  # an existing directory
+    ("tok.json", "tok.json"),
+    ("tok.v3", "tok.v3"),  # a suffix and no slash: a file, as before
+])
+def test_tokenizer_out_with_a_dot_and_a_slash_is_a_directory(monkeypatch, capsys, tmp_path, out,
+                                                             written):
+    (tmp_path / "made.v2").mkdir()
+    code, _, err = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(_tiny_text(tmp_path)),
+                           "--vocab-size", "260", "--out", f"{tmp_path}/{out}")
+    assert code == 0, err
+    assert json.loads((tmp_path / written).read_text())["model"]
+
+
 def test_plan_prints_the_programs_and_writes_json(monkeypatch, capsys, tmp_path):
     code, out, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", str(tmp_path / "p.json"))
     assert code == 0
@@ -339,7 +354,7 @@ def test_a_resume_says_when_the_training_data_changed(monkeypatch, capsys, tmp_p
                            "--steps", "4", "--no-progress", "--no-report")
     assert code == 0, err
     assert "the training data changed since the checkpoint (" in err
-    assert "the sequences are drawn anew from step 3 on" in err
+    assert "the sequences are drawn anew from step 4 on" in err
 
 
 def test_a_resume_past_a_torn_metrics_line_says_the_lr_jump_and_drops_a_stale_trace(
@@ -363,7 +378,8 @@ def test_a_resume_past_a_torn_metrics_line_says_the_lr_jump_and_drops_a_stale_tr
                            *args)
     assert code == 0, err
     assert "--steps 4 -> 8: the cosine schedule is stretched over the new length, so the " \
-           "learning rate at step 4 goes 0.0003 -> 0.00165" in err
+           "learning rate of step 5 (the first resumed) goes 0.0003 -> 0.00165 (step 4 ran at " \
+           "0.000695)" in err
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 9))
     assert not (run / "trace.json").exists()
 

@@ -113,7 +113,8 @@ def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep:
         raise _write_failed(run_dir, step, e) from None
     others = [c for c in complete_dirs(run_dir) if c != final]
     whole = [c for c in others if manifest.problem(c, hashed=False) is None]
-    kept = set(whole[len(whole) - keep + 1:]) if keep > 1 else set()
+    # (a negative start would slice from the end: keep 4 with two others kept one)
+    kept = set(whole[max(0, len(whole) - keep + 1):]) if keep > 1 else set()
     for old in others:
         if old not in kept:
             shutil.rmtree(old, ignore_errors=True)

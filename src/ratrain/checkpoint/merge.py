@@ -13,24 +13,34 @@ from ratrain.checkpoint import _partial, complete_dirs, finalize, manifest, step
 from ratrain.errors import UserError
 
 
-def newest_common_step(roots: list) -> int:
+def newest_common_step(roots: list) -> tuple[int, list[str]]:
     """The newest step every part's checkpoint directory (`roots`, as complete_dirs takes them)
-    holds whole, at its files' sizes."""
-    steps = [{step_of(c) for c in complete_dirs(r) if manifest.problem(c, hashed=False) is None}
-             for r in roots]
-    common = set.intersection(*steps) if steps else set()
-    if not common:
-        raise UserError("the parts hold no step in common, whole: "
-                        + "; ".join(f"{r}: {sorted(s) or 'none'}" for r, s in zip(roots, steps)))
-    return max(common)
+    holds and that verifies (each part hashed) in every one of them, and for each newer step
+    they all hold, why it was skipped: as resume and export skip a damaged checkpoint for the
+    newest that verifies (a damaged part refused the merge though an older step verified in
+    every part, and a truncated one was passed over without a word)."""
+    held = [{step_of(c): c for c in complete_dirs(r)} for r in roots]
+    common = set.intersection(*(set(h) for h in held)) if held else set()
+    skipped = []
+    for step in sorted(common, reverse=True):
+        # sizes first in every part: a cut-short part costs no other part's hashing
+        wrong = next(((h[step], w) for hashed in (False, True) for h in held
+                      if (w := manifest.problem(h[step], hashed))), None)
+        if wrong is None:
+            return step, skipped
+        skipped.append(f"step_{step:06d}: {wrong[0]}: {wrong[1]}")
+    raise UserError("the parts hold no step in common that verifies in every part: "
+                    + "; ".join(skipped or [f"{r}: {sorted(h) or 'none'}"
+                                            for r, h in zip(roots, held)]))
 
 
-def merge_parts(parts: list[Path], out, step: int) -> Path:
+def merge_parts(parts: list[Path], out, step: int, verified: bool = False) -> Path:
     """Write `out`'s checkpoint of `step` (`out` as finalize takes it) from `parts`, the step's
-    checkpoint directories of every node; each part is hashed first. Returns it."""
+    checkpoint directories of every node; each part is hashed first, unless `verified` (by
+    newest_common_step). Returns it."""
     metas = []
     for part in parts:
-        wrong = manifest.problem(part)
+        wrong = manifest.problem(part, hashed=not verified)
         if wrong:
             raise UserError(f"{part}: {wrong}")
         metas.append(manifest.read(part)[0])

@@ -16,17 +16,26 @@ from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
 
 
-def resolve_model(spec: str, cfg: RunConfig) -> None:
-    """A preset name, or a Hugging Face model directory (its weights become the starting point)."""
+def resolve_model(spec: str, cfg: RunConfig, tokenizer: str | None = None) -> None:
+    """A preset name, or a Hugging Face model directory (its weights become the starting point,
+    checked here, before any process starts). `tokenizer`: the --tokenizer given, if any."""
     from ratrain.models.presets import PRESETS, get_preset
 
     path = Path(spec)
     if path.is_dir():
         from ratrain.models.hf import config_from_hf
+        from ratrain.models.hf_files import check_weights, unused_line
 
         cfg.model = config_from_hf(path)
-        if any(path.glob("*.safetensors")):
+        if (tokenizer is None and cfg.data.tokenizer == "byte"
+                and (path / "tokenizer.json").is_file()):
+            click.echo(f"warning: --model {spec}: its tokenizer.json is not used (the byte "
+                       f"tokenizer is); --tokenizer {path / 'tokenizer.json'} uses it", err=True)
+        unused = check_weights(path, cfg.model)
+        if unused is not None:
             cfg.train.init_from = str(path.resolve())  # (a resume may start elsewhere)
+            if unused:
+                click.echo(f"warning: --model {spec}: {unused_line(unused)}", err=True)
         elif any(path.glob("*.bin")):  # trained from random weights, silently, until 2026-11-29
             raise UserError(f"--model {spec}: its weights are PyTorch .bin files, which ratrain "
                             "does not read (they are pickles); save them as safetensors "
@@ -50,9 +59,10 @@ def _placement(ctx, param, value: str | None) -> str | None:
     return value
 
 
-# Flags that change the math or the data: not allowed to change when resuming a run.
+# Flags that change the math or the data: not allowed to change when resuming a run. (A
+# --config given again is the run's when the config it gives is: train_resume.check_same_run.)
 _FIXED_ON_RESUME = ("model", "data", "tokenizer", "seq_len", "global_batch", "micro_batch_size",
-                    "lr", "seed", "dtype", "config_file")
+                    "lr", "seed", "dtype")
 
 _CONFIG_OPTIONS = [
     click.option("--model", help="Preset name (see `ratrain models`) or a Hugging Face model directory.  [default: tiny]"),
@@ -129,10 +139,10 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
                 cfg.train.init_from).resolve():  # the Hugging Face directory it started from
             saved["model"] = opts["model"]
         changed = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None and (
-            k not in saved or saved[k] != opts[k])]
+            k not in saved or not _same_flag(k, saved[k], opts[k]))]
         if changed:
-            names = ", ".join("--" + k.removesuffix("_file").replace("_", "-")
-                              + (f" ({saved[k]} -> {opts[k]})" if k in saved else "")
+            names = ", ".join("--" + k.replace("_", "-")
+                              + (f" ({_spelled(k, saved[k])} -> {opts[k]})" if k in saved else "")
                               for k in changed)
             raise UserError(f"cannot change {names} when resuming; start a new run instead")
     elif opts["config_file"]:
@@ -142,7 +152,7 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
 
         cfg = RunConfig(model=get_preset("tiny"))
     if opts["model"] and not resume_dir:  # (resumed: the run's own, checked above)
-        resolve_model(opts["model"], cfg)
+        resolve_model(opts["model"], cfg, opts.get("tokenizer"))
     for key, section in _FIELDS.items():
         if opts[key] is not None:
             setattr(getattr(cfg, section), _RENAMED.get(key, key), opts[key])
@@ -158,6 +168,24 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
             raise UserError(f"--partition must be comma-separated integers, got {opts['partition']!r}") from None
     _fit_micro_batch(cfg, opts)
     return cfg
+
+
+def _same_flag(key: str, saved, given) -> bool:
+    """A flag repeating a resumed run's value: --data and --tokenizer by the file they name
+    (data.txt and /here/data.txt are one; until 2026-11-30 the absolute spelling was refused
+    as a change, and a relative one named another file from another directory)."""
+    from ratrain.training.run_dir import same_setting
+
+    return same_setting({"data": ("data", "path"), "tokenizer": ("data", "tokenizer")}.get(
+        key, ("", key)), saved, given)
+
+
+def _spelled(key: str, saved) -> str:
+    """A saved relative path, with the file it names from here."""
+    if key in ("data", "tokenizer") and isinstance(saved, str) and saved != "byte" and not Path(
+            saved).expanduser().is_absolute():
+        return f"{saved}, here {Path(saved).expanduser().absolute()}"
+    return str(saved)
 
 
 def _fit_micro_batch(cfg: RunConfig, opts: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -41,7 +42,7 @@ def models(compute_dtype: str, as_json: bool) -> None:
 @cli.command()
 @click.option("--data", type=click.Path(), help="Corpus to train on.  [default: Python's standard library]")
 @click.option("--vocab-size", type=int, default=512, show_default=True)
-@click.option("--out", type=click.Path(), required=True, help="Where to write tokenizer.json.")
+@click.option("--out", type=click.Path(), required=True, help="The tokenizer.json to write, or a directory for it (an existing one, a name ending in /, or one without a suffix).")
 def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
     """Train a small byte-level BPE tokenizer on a corpus and save it as tokenizer.json."""
     from ratrain.data.corpus import stdlib_files, text_files
@@ -49,7 +50,8 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
 
     files = text_files(data) if data else stdlib_files()
     out_path = Path(out)
-    if out_path.is_dir() or not out_path.suffix:
+    # the trailing slash first: Path drops it, after which tok.v1/ had a suffix and was a file
+    if out.endswith(("/", os.sep)) or out_path.is_dir() or not out_path.suffix:
         out_path = out_path / "tokenizer.json"
     if out_path.is_file() and not _is_tokenizer_json(out_path):
         # A corpus file named as --out by mistake would be lost, replaced by the tokenizer
@@ -84,16 +86,18 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
 
     from ratrain import checkpoint
     from ratrain.checkpoint.store import outer_weights
-    from ratrain.models.hf import save_hf
+    from ratrain.models.hf import check_export_dir, save_hf
     from ratrain.models.llama import build_units
     from ratrain.training.run_dir import resume_point
 
+    check_export_dir(out)  # before the checkpoint is read and hashed (minutes at 7B)
     if not (Path(run_dir) / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
     if checkpoint_dir:
         cfg.train.checkpoint_dir = checkpoint_dir
-    ckpt = resume_point(Path(run_dir), cfg, done_ok=True)
+    ckpt = resume_point(Path(run_dir), cfg, done_ok=True, way_out=f"export with `ratrain export "
+                        f"{run_dir} --out {out} --checkpoint-dir DIR`")
     diloco = cfg.parallel.diloco
     if replica is not None and not (diloco and 0 <= replica < cfg.parallel.dp):
         raise UserError(f"--replica {replica}: {run_dir} has " + (
@@ -139,9 +143,12 @@ def merge_parts_cmd(run_dirs: tuple[str, ...], out: str) -> None:
             raise UserError(f"{d} is not a ratrain run directory (no config.yaml)")
         cfgs.append(RunConfig.load(Path(d) / "config.yaml"))
     roots = [checkpoints_of(Path(d), c) for d, c in zip(run_dirs, cfgs)]
-    step = newest_common_step(roots)
+    step, skipped = newest_common_step(roots)
+    for why in skipped:
+        click.echo(f"skipping checkpoint {why}; the newest step every part holds that verifies "
+                   f"is step_{step:06d}", err=True)
     parts = [checkpoint.checkpoint_dir(r, step) for r in roots]
-    merged = merge_parts(parts, out_dir, step)
+    merged = merge_parts(parts, out_dir, step, verified=True)
     main = next(i for i, p in enumerate(parts) if 0 in checkpoint.load_meta(p)["ranks"])
     for name in ("plan.json", "metrics.jsonl"):
         if (Path(run_dirs[main]) / name).is_file():

@@ -12,15 +12,11 @@ from ratrain.cli.group import cli
 from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
                                  refuse_idle_outer_flags, use_plan_file)
 from ratrain.cli.plan_search import refuse_no_devices
+from ratrain.cli.train_resume import (absolute_paths, anchor_saved_paths, check_same_run,
+                                      has_checkpoint, refuse_another_run_dir,
+                                      refuse_idle_checkpoint_flags)
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
-
-
-# What a run may change when it continues: how long, how often it evaluates and saves, how it
-# fails. The rest of the config is the run's math and data.
-_FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_every",
-                             "keep_checkpoints", "checkpoint_on_interrupt", "tensorboard",
-                             "profile", "checkpoints", "checkpoint_dir", "checkpoint_async"}}
 
 
 @cli.command()
@@ -65,22 +61,33 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
                         + ("--plan is one already" if plan_file else
                            "a resumed run keeps the plan it ran (RUN/plan.json)")
                         + ": leave one of them out")
-    # --resume RUN takes the settings no flag gives from RUN's config.yaml (--resume auto: all
-    # from the flags), so a refusal may name one the user never typed
-    inherited = resume_dir not in (None, "auto")
-    if resume_dir == "auto":
-        if not run_dir:
-            raise UserError("--resume auto needs --run-dir: the directory a restarted job continues")
+    # --resume RUN takes the settings no flag gives from RUN's config.yaml (--resume auto, or
+    # a --config given again: from the file and flags), so a refusal may name one the user
+    # never typed
+    inherited = resume_dir not in (None, "auto") and not opts["config_file"]
+    if resume_dir not in (None, "auto"):
+        refuse_another_run_dir(resume_dir, run_dir)
+    started_by_auto = resume_dir == "auto"  # (where the run had no checkpoint: it starts)
+    if resume_dir == "auto" and not run_dir:
+        raise UserError("--resume auto needs --run-dir: the directory a restarted job continues")
+    if resume_dir and not inherited:  # the run's settings as a new run's, checked against it
+        target = Path(run_dir if resume_dir == "auto" else resume_dir)
         cfg = build_config(opts)
+        absolute_paths(cfg)
         _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
-        saved = Path(run_dir) / "config.yaml"
+        saved = target / "config.yaml"
         if checkpoint_dir is None and saved.is_file():  # a restarted job's flags may not name it
             cfg.train.checkpoint_dir = RunConfig.load(saved).train.checkpoint_dir
-        resume_dir = run_dir if _has_checkpoint(Path(run_dir), cfg) else None
+        if resume_dir == "auto":
+            resume_dir = run_dir if has_checkpoint(target, cfg) else None
         if resume_dir:
-            _check_same_run(cfg, Path(run_dir))
-    else:
+            check_same_run(cfg, target, None if started_by_auto else opts["config_file"])
+    elif resume_dir:
         cfg = build_config(opts, resume_dir)
+        anchor_saved_paths(cfg, Path(resume_dir), opts)
+    else:
+        cfg = build_config(opts)
+        absolute_paths(cfg)
     plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
@@ -104,15 +111,25 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
                         "ranks' part of every checkpoint)")
     cfg.validate()  # a value out of range gets its line before torch loads (2.7 s)
     refuse_idle_outer_flags(cfg, opts)
+    refuse_idle_checkpoint_flags(cfg, {**opts, "keep_checkpoints": keep_checkpoints,
+                                       "checkpoint_dir": checkpoint_dir,
+                                       "checkpoint_async": checkpoint_async,
+                                       "checkpoints": checkpoints})
     from ratrain.training.run import train as run_training
+    from ratrain.training.run_dir import refuse_a_taken_run_dir
+    from ratrain.training.run_lock import release_run_dirs
 
     try:
+        if run_dir and not resume_dir and not started_by_auto:
+            refuse_a_taken_run_dir(run_dir)
         summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress,
                                trace=trace, plan_data=plan_data)
     except UserError as e:
         if inherited:
             blame_the_resumed_run(e, run_dir, opts)
         raise
+    finally:
+        release_run_dirs()
     if not summary:  # a torchrun rank other than 0
         return
     if as_json:
@@ -233,32 +250,6 @@ def _use_checkpoint_flags(cfg: RunConfig, checkpoints: bool | None, checkpoint_d
         cfg.train.checkpoint_dir = str(Path(checkpoint_dir).absolute()) if checkpoint_dir.strip() else ""
     if checkpoint_async is not None:
         cfg.train.checkpoint_async = checkpoint_async
-
-
-def _has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
-    """Whether --resume auto continues the run; where its checkpoints are gone (moved), a
-    UserError rather than a new run over its files."""
-    from ratrain import checkpoint
-    from ratrain.training.run_dir import checkpoints_gone, checkpoints_of
-
-    if checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)):
-        return True
-    gone = checkpoints_gone(run_dir, cfg)
-    if gone:
-        raise UserError(f"--resume auto: {gone}")
-    return False
-
-
-def _check_same_run(cfg: RunConfig, run_dir: Path) -> None:
-    """--resume auto continues a run only with the math and data it was started with."""
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir} has checkpoints but no config.yaml: not a ratrain run directory")
-    saved, now = RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict()
-    for section in ("model", "data", "train"):
-        for key, value in now[section].items():
-            if key not in _FREE_ON_RESUME.get(section, ()) and saved[section].get(key) != value:
-                raise UserError(f"--resume auto: {run_dir} was started with {section}.{key} = "
-                                f"{saved[section].get(key)!r}, this run has {value!r}; use another --run-dir")
 
 
 def _memory_line(summary: dict) -> str:

@@ -16,6 +16,7 @@ from ratrain.errors import UserError
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.training.disk_room import checkpoint_bytes, room_problem
 from ratrain.training.metrics import read_metrics
+from ratrain.training.run_lock import lock_run_dir
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,32 @@ def open_run_dir(run_dir: str | Path | None, cfg: RunConfig, resume: bool = Fals
     """The run directory `run_dir` (a fresh one under runs/ when None), once it and the
     checkpoint directory are checked (check_run_dir) and, with `resume`, the checkpoint to go on
     from is found (resume_point). Nothing is made until every check has passed."""
+    if run_dir:  # before the checks read what another run may be writing (if it is there)
+        lock_run_dir(Path(run_dir))
     check_run_dir(Path(run_dir) if run_dir else Path("runs"), cfg, resume)
     ckpt = resume_point(Path(run_dir), cfg) if resume else None
     path = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
     path.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(path)
     return RunDirectory(path, checkpoints_of(path, cfg), ckpt)
+
+
+def refuse_a_taken_run_dir(run_dir: Path) -> None:
+    """A new run does not go into a directory that holds a run: it would rewrite its
+    config.yaml and metrics.jsonl, its keep-K would remove the run's checkpoints, and a later
+    resume would mix the two. (Not for --resume auto's start: a job that died before its
+    first checkpoint starts over there.)"""
+    lock_run_dir(run_dir)  # a run under way there is said to be one
+    held = checkpoint.complete_dirs(run_dir)
+    log = run_dir / "metrics.jsonl"
+    steps = [r["step"] for r in read_metrics(log)] if log.is_file() else []
+    if not held and not steps:
+        return
+    what = (f"its checkpoints ({held[-1].name})" if held else
+            f"the metrics of a run that reached step {max(steps)}")
+    raise UserError(f"run directory {run_dir} holds a run already ({what}); continue it with "
+                    f"--resume {run_dir} (or --resume auto --run-dir {run_dir}), or choose "
+                    "another --run-dir")
 
 
 def new_run_dir(base: str | Path, model_name: str) -> Path:
@@ -106,14 +128,21 @@ def _writable(directory: str | Path, what: str) -> Path:
     return existing
 
 
-def checkpoints_gone(run_dir: Path, cfg: RunConfig) -> str | None:
+RESUME_AGAIN = "resume with --checkpoint-dir DIR"
+
+
+def checkpoints_gone(run_dir: Path, way_out: str = RESUME_AGAIN) -> str | None:
     """Where the run's checkpoint directory, as its config.yaml names it, does not exist though
-    its metrics.jsonl shows it reached a save: the line that says it was moved or deleted.
-    None for a run yet to save there, or where cfg names another directory."""
+    its metrics.jsonl shows it reached a save: the line that says it was moved or deleted
+    (`way_out`: how to say where it is now). None for a run yet to save there."""
     saved = _saved_train(run_dir)
-    if saved is None:
-        return None
-    return _gone(run_dir, cfg, saved, checkpoint.root(checkpoints_of(run_dir, cfg)))
+    return None if saved is None else _gone(run_dir, saved, way_out)
+
+
+def own_checkpoints(run_dir: Path) -> Path | checkpoint.Elsewhere | None:
+    """Where the run's config.yaml says its checkpoints are (None: no config.yaml)."""
+    saved = _saved_train(run_dir)
+    return None if saved is None else checkpoints_of(run_dir, RunConfig(train=saved))
 
 
 def _saved_train(run_dir: Path) -> TrainConfig | None:
@@ -123,8 +152,9 @@ def _saved_train(run_dir: Path) -> TrainConfig | None:
         return None
 
 
-def _gone(run_dir: Path, cfg: RunConfig, saved: TrainConfig, where: Path) -> str | None:
-    if where.exists() or not saved.checkpoints or cfg.train.checkpoint_dir != saved.checkpoint_dir:
+def _gone(run_dir: Path, saved: TrainConfig, way_out: str) -> str | None:
+    where = checkpoint.root(checkpoints_of(run_dir, RunConfig(train=saved)))
+    if where.exists() or not saved.checkpoints:
         return None
     log = run_dir / "metrics.jsonl"
     reached = max((r["step"] for r in read_metrics(log)), default=0) if log.is_file() else 0
@@ -132,52 +162,63 @@ def _gone(run_dir: Path, cfg: RunConfig, saved: TrainConfig, where: Path) -> str
         return None
     named = " (config.yaml's train.checkpoint_dir)" if saved.checkpoint_dir else ""
     return (f"the run's checkpoint directory {where}{named} does not exist (moved or deleted?), "
-            f"though the run reached step {reached}; resume with --checkpoint-dir DIR to say "
-            f"where it is now")
+            f"though the run reached step {reached}; {way_out} to say where it is now")
 
 
-def _why_none(run_dir: Path, cfg: RunConfig, where: Path) -> str:
-    """Why a run has no checkpoint in `where` to resume from, as far as its files say."""
+def _why_none(run_dir: Path, where: Path, way_out: str) -> str:
+    """Why a run has no checkpoint to resume from, neither in `where` (cfg's checkpoint
+    directory) nor in the one its config.yaml names, as far as its files say."""
     saved = _saved_train(run_dir)
     if saved is None:
         return f"no checkpoint in {where}"
     if not saved.checkpoints:
         return f"no checkpoint in {where}: the run was started with --no-checkpoints and saved none"
-    if not where.exists() and cfg.train.checkpoint_dir != saved.checkpoint_dir:
-        return f"--checkpoint-dir {where} does not exist"
+    own = checkpoint.root(checkpoints_of(run_dir, RunConfig(train=saved)))
     every = f"every {saved.checkpoint_every} steps and " if saved.checkpoint_every else ""
-    return _gone(run_dir, cfg, saved, where) or (f"no checkpoint in {where}: the run saves one "
-                                                 f"{every}at its end, and had not reached one")
+    why = _gone(run_dir, saved, way_out) or (f"no checkpoint in {own}: the run saves one "
+                                             f"{every}at its end, and had not reached one")
+    if own == where:
+        return why
+    return (f"--checkpoint-dir {where} does not exist" if not where.exists() else
+            f"no checkpoint in --checkpoint-dir {where}") + f", and {why}"
 
 
-def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
+def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
+                 way_out: str = RESUME_AGAIN) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
-    skips and why; a UserError if there is none, if it is of another model, or (unless
-    `done_ok`) if the run already reached cfg.train.steps.
+    skips and why; a UserError if there is none, if it is of another model or run, or (unless
+    `done_ok`) if the run already reached cfg.train.steps. A cfg.train.checkpoint_dir that
+    holds none (a new one for the resumed run's checkpoints) is looked past, to where the
+    run's config.yaml says its checkpoints are. `way_out`: how a moved directory is named.
 
     Under torchrun only rank 0 hashes the whole checkpoint (81 GB at llama2-7b: each of a
     node's 8 ranks read it all before); the others take the newest whose files are there at
     their sizes, and once the world is joined every rank resumes from rank 0's
     (agreed_plan.agreed_checkpoint), each hashing the files of its own units as it loads them."""
     checkpoints = checkpoints_of(run_dir, cfg)
-    hashed = not under_torchrun() or int(os.environ.get("RANK", 0)) == 0
-    ckpt, skipped = checkpoint.scan(checkpoints, hashed)
     where = checkpoint.root(checkpoints)
+    own = own_checkpoints(run_dir)
+    main = int(os.environ.get("RANK", 0)) == 0
+    if own is not None and checkpoint.root(own) != where and not checkpoint.complete_dirs(
+            checkpoints) and checkpoint.complete_dirs(own):
+        if main:
+            print(f"--checkpoint-dir {where} holds no checkpoint: resuming from the run's own, "
+                  f"in {checkpoint.root(own)}; the new ones go to {where}", file=sys.stderr)
+        checkpoints = own
+    hashed = not under_torchrun() or main
+    ckpt, skipped = checkpoint.scan(checkpoints, hashed)
     if ckpt is None:
         if skipped:
-            raise checkpoint.CheckpointDamaged(f"no checkpoint in {where} verifies: " + "; ".join(
-                f"{path.name}: {why}" for path, why in skipped))
-        raise UserError(_why_none(run_dir, cfg, where))
-    if int(os.environ.get("RANK", 0)) == 0:
+            raise checkpoint.CheckpointDamaged(
+                f"no checkpoint in {checkpoint.root(checkpoints)} verifies: " + "; ".join(
+                    f"{path.name}: {why}" for path, why in skipped))
+        raise UserError(_why_none(run_dir, where, way_out))
+    if main:
         for path, why in skipped:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
                   file=sys.stderr)
     meta = checkpoint.load_meta(ckpt)
-    saved = RunConfig.from_dict(meta["config"]).model
-    if saved != cfg.model:
-        diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
-                         for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
-        raise UserError(f"checkpoint {ckpt} is of another model: {diff}")
+    refuse_another_runs(ckpt, meta, cfg)
     # another node's part of node-local checkpoints (training/shared_dir.py) may be newer than
     # rank 0's, from which the run resumes: rank 0 says whether the run is done
     others_part = 0 not in meta.get("ranks", [0])
@@ -185,6 +226,42 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False) -> Path:
         raise UserError(f"{run_dir} already reached step {meta['step']}; "
                         f"pass --steps N with N > {meta['step']} to train further")
     return ckpt
+
+
+# The settings a resume cannot change (cli/options._FIXED_ON_RESUME's, as config fields; the
+# model is compared whole). Not micro_batch_size: a resume on more replicas fits it to a
+# replica's share of the batch (options._fit_micro_batch).
+FIXED_ON_RESUME = (("data", "path"), ("data", "tokenizer"), ("train", "seq_len"),
+                   ("train", "global_batch"), ("train", "lr"), ("train", "seed"),
+                   ("train", "dtype"))
+PATHS = {("data", "path"), ("data", "tokenizer"), ("train", "init_from")}
+
+
+def same_setting(field: tuple[str, str], a, b) -> bool:
+    """Whether two values of a config field are the same setting: paths by the file they
+    name (data.txt and /here/data.txt are one), relative ones from this directory."""
+    if a == b:
+        return True
+    if field not in PATHS or not isinstance(a, str) or not isinstance(b, str) or "byte" in (a, b):
+        return False
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def refuse_another_runs(ckpt: Path, meta: dict, cfg: RunConfig) -> None:
+    """A checkpoint of another model, or of another run of it (another --seq-len, batch, lr,
+    seed, dtype or data: a --checkpoint-dir that holds another run's), is refused, naming the
+    first setting that differs."""
+    saved_cfg = RunConfig.from_dict(meta["config"])
+    saved = saved_cfg.model
+    if saved != cfg.model:
+        diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
+                         for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
+        raise UserError(f"checkpoint {ckpt} is of another model: {diff}")
+    for section, key in FIXED_ON_RESUME:
+        was, now = getattr(getattr(saved_cfg, section), key), getattr(getattr(cfg, section), key)
+        if not same_setting((section, key), was, now):
+            raise UserError(f"checkpoint {ckpt} is of another run: it was saved with "
+                            f"{section}.{key} = {was!r}, this run has {now!r}")
 
 
 @dataclass

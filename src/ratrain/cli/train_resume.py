@@ -1,0 +1,136 @@
+"""What `ratrain train` checks of a run directory before a run goes on in it or starts there:
+that --resume auto continues the run, that a --config given again is the run's, that a new run
+does not take another's directory, that the paths a run reads name the same files
+wherever it is resumed from; and checkpoint flags that would do nothing."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+
+# What a run may change when it continues: how long, how often it evaluates and saves, how it
+# fails. The rest of the config is the run's math and data.
+FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_every",
+                            "keep_checkpoints", "checkpoint_on_interrupt", "tensorboard",
+                            "profile", "checkpoints", "checkpoint_dir", "checkpoint_async"}}
+
+
+def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether --resume auto continues the run: a checkpoint in cfg's checkpoint directory or
+    in the one the run's config.yaml names (a new --checkpoint-dir holds none yet: until
+    2026-11-30 the run started over, rewriting its metrics). Where its checkpoints are gone
+    (moved), a UserError rather than a new run over its files."""
+    from ratrain import checkpoint
+    from ratrain.training.run_dir import checkpoints_gone, checkpoints_of, own_checkpoints
+
+    own = own_checkpoints(run_dir)
+    if checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)) or (
+            own is not None and checkpoint.complete_dirs(own)):
+        return True
+    gone = checkpoints_gone(run_dir)
+    if gone:
+        raise UserError(f"--resume auto: {gone}")
+    return False
+
+
+def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None) -> None:
+    """A run continues only with the math and data it was started with: --resume auto's
+    flags, or a --config given again with --resume RUN (`config_file`), must give the run's
+    own settings but for FREE_ON_RESUME's; paths compare by the file they name."""
+    from ratrain.training.run_dir import same_setting
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} has checkpoints but no config.yaml: not a ratrain run directory"
+                        if config_file is None else
+                        f"{run_dir} is not a ratrain run directory (no config.yaml)")
+    saved, now = RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict()
+    for section in ("model", "data", "train"):
+        for key, value in now[section].items():
+            was = saved[section].get(key)
+            if key in FREE_ON_RESUME.get(section, ()) or same_setting((section, key), was, value):
+                continue
+            if config_file is None:
+                raise UserError(f"--resume auto: {run_dir} was started with {section}.{key} = "
+                                f"{was!r}, this run has {value!r}; use another --run-dir")
+            raise UserError(f"cannot change {section}.{key} ({was!r} -> {value!r}) when "
+                            f"resuming: --config {config_file} (with the flags given) sets it; "
+                            "start a new run instead")
+
+
+def refuse_another_run_dir(resume_dir: str, run_dir: str | None) -> None:
+    """--resume RUN goes on in RUN: a --run-dir naming another directory was ignored."""
+    if run_dir and Path(run_dir).resolve() != Path(resume_dir).resolve():
+        raise UserError(f"--resume {resume_dir} continues the run in {resume_dir}, and --run-dir "
+                        f"names another directory ({run_dir}); leave --run-dir out, or give the "
+                        "same directory")
+
+
+# The config fields that name a file a run reads, by the flag that sets them.
+_PATHS = (("data", "path", "--data"), ("data", "tokenizer", "--tokenizer"))
+
+
+def absolute_paths(cfg: RunConfig, only: str | None = None) -> None:
+    """A new run's data and tokenizer paths (`only`: that one), made absolute where they
+    exist, as config.yaml records them: a resume from another directory read another file of
+    the same name there, or none. (One that does not exist stays as given, for the loader's
+    refusal to name.)"""
+    for section, key, _ in _PATHS:
+        value = getattr(getattr(cfg, section), key)
+        if only in (None, key) and _names_a_file(key, value) and Path(value).expanduser().exists():
+            setattr(getattr(cfg, section), key, str(Path(value).expanduser().absolute()))
+
+
+def anchor_saved_paths(cfg: RunConfig, run_dir: Path, opts: dict) -> None:
+    """A resumed run whose config.yaml holds a relative data or tokenizer path (an older
+    ratrain's): read from this directory, as before, and said (a file of the same name here
+    may not be the run's); a UserError naming the absolute path looked for where none is. (A
+    flag repeating it names a file from here: made absolute, as a new run's.)"""
+    for section, key, flag in _PATHS:
+        value = getattr(getattr(cfg, section), key)
+        if not _names_a_file(key, value) or Path(value).expanduser().is_absolute():
+            continue
+        if opts.get(flag.removeprefix("--")) is not None:
+            absolute_paths(cfg, key)
+            continue
+        here = Path(value).expanduser().absolute()
+        said = (f"{run_dir}/config.yaml holds the {flag.removeprefix('--')} path {value} "
+                f"relative to the directory the run was started in")
+        if not here.exists():
+            raise UserError(f"{flag.removeprefix('--')} path not found: {value} ({said}; looked "
+                            f"for {here}): resume from that directory")
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"note: {said}; reading {here}", file=sys.stderr)
+        setattr(getattr(cfg, section), key, str(here))
+
+
+def _names_a_file(key: str, value) -> bool:
+    return isinstance(value, str) and bool(value) and not (key == "tokenizer" and value == "byte")
+
+
+def refuse_idle_checkpoint_flags(cfg: RunConfig, typed: dict) -> None:
+    """--checkpoint-every, --checkpoint-async/--checkpoint-sync, and (unless
+    --checkpoint-on-interrupt saves one) --checkpoint-dir and --keep-checkpoints, typed for a
+    run that saves no checkpoint (--no-checkpoints, or train.checkpoints false in the config
+    it takes), would do nothing. Only typed flags, as refuse_idle_outer_flags."""
+    if cfg.train.checkpoints:
+        return
+    idle = ["checkpoint_every", "checkpoint_async"]
+    if not cfg.train.checkpoint_on_interrupt:
+        idle += ["checkpoint_dir", "keep_checkpoints"]
+    for key in idle:
+        value = typed.get(key)
+        if value is None:
+            continue
+        flag = ({True: "--checkpoint-async", False: "--checkpoint-sync"}[value]
+                if key == "checkpoint_async" else f"--{key.replace('_', '-')} {value}")
+        why = ("--no-checkpoints" if typed.get("checkpoints") is False else
+               "train.checkpoints: false in its config; --checkpoints turns them on")
+        raise UserError(f"{flag} is for the run's checkpoints, and this run saves none ({why}"
+                        + ("" if cfg.train.checkpoint_on_interrupt or key not in (
+                            "checkpoint_dir", "keep_checkpoints") else
+                           "; --checkpoint-on-interrupt saves one on Ctrl-C")
+                        + "): leave the flag out")
