@@ -54,6 +54,7 @@ open('$text', 'w').write('\n'.join(' '.join(r.choice(w) for _ in range(12)) for 
 run() {  # name, where to, timeout, flags: a run's summary to where/name.json, its stderr's tail to the log
   # (no checkpoints: a 4-block run's is 13 GB, and the machine's disk is 64 GiB; ckpt measures them)
   local name=$1 to=$2 limit=$3; shift 3
+  rm -rf "/tmp/$name"  # scratch: a new run refuses a directory that holds one (an earlier call's)
   SECONDS=0
   timeout "$limit" $PY -m ratrain.cli train --data "$text" --no-report --no-progress --no-checkpoints \
     --run-dir "/tmp/$name" --json "$@" > "$to/$name.json" 2> "/tmp/$name.err"

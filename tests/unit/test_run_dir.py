@@ -104,13 +104,15 @@ def _saved(root: Path, step: int, **train) -> None:
 
 def test_a_checkpoint_of_another_run_of_the_model_is_refused(tmp_path):
     """Only the model was compared: --checkpoint-dir holding another run's checkpoints (other
-    seq-len, lr, batch or seed) was resumed from."""
+    seq-len, lr, batch or seed) was resumed from. (The run's own checkpoints are not held to
+    the settings: the Python API resumes them with others, as test_diloco does at lr 1e-30.)"""
     from ratrain.training.run_dir import resume_point
 
     (tmp_path / "text").write_text("x")
     cfg = RunConfig()
     cfg.data.path = str(tmp_path / "text")  # the relative "text" it was saved with, from here
     _saved(tmp_path, 2)
+    cfg.save(tmp_path / "config.yaml")  # the run's own checkpoints: in RUN/checkpoints
     assert resume_point(tmp_path, cfg).name == "step_000002"
     _saved(tmp_path / "other", 2, seq_len=32, lr=0.5)
     cfg.train.checkpoint_dir = str(tmp_path / "other" / "checkpoints")

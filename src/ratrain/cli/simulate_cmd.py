@@ -123,7 +123,7 @@ def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool)
     """The profile to simulate on where --profile is not given: the one a `ratrain plan` file
     records it was made on (as `report` does), so that its prediction is reproduced rather than
     this machine's preset's; cpu-local without one."""
-    from ratrain.setup.plan_file import plans_profile
+    from ratrain.report.run import plans_profile
     from ratrain.sim.profile import presets
 
     spec, name = plans_profile(plan_data)

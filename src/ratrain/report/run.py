@@ -71,11 +71,22 @@ def load_run(run_dir: str | Path) -> Run:
     return run
 
 
+def plans_profile(plan_data: dict | None) -> tuple[str | None, str | None]:
+    """(the profile a `ratrain plan` file was made on, as `load_profile` takes it; its name)
+    from the file's prediction: a measured profile's YAML where its recorded path still holds
+    one, else its name (a preset's loads; a moved YAML's does not). (None, None) without one."""
+    prediction = (plan_data or {}).get("prediction") or {}
+    made_on, its_file = prediction.get("profile"), prediction.get("profile_file")
+    if not isinstance(made_on, str):
+        return None, None
+    if isinstance(its_file, str) and Path(its_file).is_file():
+        return its_file, made_on
+    return made_on, made_on
+
+
 def profile_spec(run: Run, given: str | None) -> str | None:
     """The hardware profile to simulate the run's plan on: the one given, the run's
     (--profile), or the one its plan was made with."""
-    from ratrain.setup.plan_file import plans_profile
-
     return given or run.cfg.train.profile or plans_profile(run.plan_file)[0]
 
 

@@ -68,16 +68,3 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise UserError(f"plan {path} is damaged: {type(e).__name__}: {e}") from None
     return plan
-
-
-def plans_profile(plan_data: dict | None) -> tuple[str | None, str | None]:
-    """(the profile a `ratrain plan` file was made on, as `load_profile` takes it; its name)
-    from the file's prediction: a measured profile's YAML where its recorded path still holds
-    one, else its name (a preset's loads; a moved YAML's does not). (None, None) without one."""
-    prediction = (plan_data or {}).get("prediction") or {}
-    made_on, its_file = prediction.get("profile"), prediction.get("profile_file")
-    if not isinstance(made_on, str):
-        return None, None
-    if isinstance(its_file, str) and Path(its_file).is_file():
-        return its_file, made_on
-    return made_on, made_on

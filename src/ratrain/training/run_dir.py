@@ -218,7 +218,10 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
                   file=sys.stderr)
     meta = checkpoint.load_meta(ckpt)
-    refuse_another_runs(ckpt, meta, cfg)
+    # settings: of a checkpoint elsewhere only (a --checkpoint-dir that holds another run's);
+    # the run's own may resume with others through the Python API (lr 1e-30 in tests)
+    elsewhere = own is not None and checkpoint.root(checkpoints) != checkpoint.root(own)
+    refuse_another_runs(ckpt, meta, cfg, settings=elsewhere)
     # another node's part of node-local checkpoints (training/shared_dir.py) may be newer than
     # rank 0's, from which the run resumes: rank 0 says whether the run is done
     others_part = 0 not in meta.get("ranks", [0])
@@ -247,17 +250,17 @@ def same_setting(field: tuple[str, str], a, b) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
-def refuse_another_runs(ckpt: Path, meta: dict, cfg: RunConfig) -> None:
-    """A checkpoint of another model, or of another run of it (another --seq-len, batch, lr,
-    seed, dtype or data: a --checkpoint-dir that holds another run's), is refused, naming the
-    first setting that differs."""
+def refuse_another_runs(ckpt: Path, meta: dict, cfg: RunConfig, settings: bool = True) -> None:
+    """A checkpoint of another model, or (`settings`) of another run of it (another --seq-len,
+    batch, lr, seed, dtype or data: a --checkpoint-dir that holds another run's), is refused,
+    naming the first setting that differs."""
     saved_cfg = RunConfig.from_dict(meta["config"])
     saved = saved_cfg.model
     if saved != cfg.model:
         diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
                          for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
         raise UserError(f"checkpoint {ckpt} is of another model: {diff}")
-    for section, key in FIXED_ON_RESUME:
+    for section, key in FIXED_ON_RESUME if settings else ():
         was, now = getattr(getattr(saved_cfg, section), key), getattr(getattr(cfg, section), key)
         if not same_setting((section, key), was, now):
             raise UserError(f"checkpoint {ckpt} is of another run: it was saved with "
