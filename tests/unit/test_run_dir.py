@@ -19,27 +19,14 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.training.metrics import read_metrics
 
-from .cli_runner import run_cli, small_config
+from .cli_runner import small_config
+from .test_checkpoint_options import _refused, _train
 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-
-
-def _train(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--no-progress", "--no-report",
-                           "--no-trace", *args)
-    return code, err
-
-
-def _refused(monkeypatch, capsys, needle: str, *args: str) -> str:
-    code, err = _train(monkeypatch, capsys, *args)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
-    return lines[0]
 
 
 def _steps(run: Path) -> list[int]:
