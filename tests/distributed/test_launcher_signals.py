@@ -14,7 +14,6 @@ import pytest
 
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest
-from ratrain.runtime.launch import STOP_GRACE_S
 
 from .test_failure import _children, _gone, _rank_pids, endless_config, start, wait_for_steps
 
@@ -37,13 +36,18 @@ def _wait_gone(pids: list[int], within: float) -> None:
         time.sleep(0.1)
 
 
-def test_sigterm_to_the_launcher_stops_all_ranks_within_seconds(corpus, tmp_path):
+# the launcher alone, or every process of the run: SLURM signals every process of a job step
+TO = {"launcher": os.kill, "every process": os.killpg}
+
+
+@pytest.mark.parametrize("to", TO)
+def test_sigterm_to_the_launcher_stops_all_ranks_within_seconds(corpus, tmp_path, to):
     cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
     run_dir = tmp_path / "run"
     proc = start(cfg_file, run_dir)
     wait_for_steps(proc, run_dir, 2)
     launched = _launched(proc.pid)
-    os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a scheduler may
+    TO[to](proc.pid, signal.SIGTERM)
     sent = time.time()
     _, stderr = proc.communicate(timeout=30)  # (a rank left holds its pipes)
     assert time.time() - sent < 10
@@ -57,14 +61,18 @@ def test_sigterm_to_the_launcher_stops_all_ranks_within_seconds(corpus, tmp_path
     _wait_gone([server], 5)  # it ends at its own pace, once the last of them is gone
 
 
-def test_sigterm_with_checkpoint_on_interrupt_saves_a_checkpoint_that_verifies(corpus, tmp_path):
-    """(That such a checkpoint resumes exactly, test_interrupt's Ctrl-C test shows.)"""
+@pytest.mark.parametrize("to", TO)
+def test_sigterm_with_checkpoint_on_interrupt_saves_a_checkpoint_that_verifies(corpus, tmp_path,
+                                                                              to):
+    """To every process, the ranks' own SIGTERM killed them before the launcher could ask for
+    the save: a rank's SIGTERM is now the same request as its SIGINT. (That such a checkpoint
+    resumes exactly, test_interrupt's Ctrl-C test shows.)"""
     cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
     run_dir = tmp_path / "run"
     proc = start(cfg_file, run_dir, "--checkpoint-on-interrupt")
     wait_for_steps(proc, run_dir, 2)
     launched = _launched(proc.pid)
-    os.kill(proc.pid, signal.SIGTERM)
+    TO[to](proc.pid, signal.SIGTERM)
     sent = time.time()
     _, stderr = proc.communicate(timeout=30)
     assert time.time() - sent < 15
@@ -87,7 +95,7 @@ def test_a_killed_launcher_leaves_no_rank_running(corpus, tmp_path):
     launched = _launched(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)  # (not communicate: its pipes stay open while any rank lives)
-    # the ranks see their pipe from the launcher close and end themselves (SIGTERM at once,
-    # SIGKILL after STOP_GRACE_S); once they are gone, so is the fork server
-    _wait_gone(launched, STOP_GRACE_S + 7)
+    # the ranks see their pipe from the launcher close and end themselves (SIGKILL); once
+    # they are gone, so is the fork server
+    _wait_gone(launched, 10)
     proc.communicate(timeout=10)

@@ -40,7 +40,6 @@ import torch.multiprocessing as mp
 
 from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
 
-STOP_GRACE_S = 3.0  # how long a rank gets to go on SIGTERM before SIGKILL
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
 _stop_requested = False
@@ -72,12 +71,19 @@ def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
     tmp.rename(error_dir / f"rank_{rank}.json")
 
 
-def ask_to_stop_on_sigint() -> None:
-    """From now on SIGINT asks this process to stop after the current step (stop_requested)."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""What asks a run to stop: Ctrl-C, and a scheduler's warning before it kills a job (SLURM
+sends SIGTERM to every process of the job step, torchrun's agent passes it to its workers)."""
+
+
+def ask_to_stop_on_signals() -> None:
+    """From now on SIGINT and SIGTERM ask this process to stop after the current step
+    (stop_requested)."""
     global _stop_requested
     if signal.getsignal(signal.SIGINT) is not _request_stop:  # a request already made stands
         _stop_requested = False
-        signal.signal(signal.SIGINT, _request_stop)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _request_stop)
 
 
 def _request_stop(signum, frame) -> None:
@@ -104,9 +110,10 @@ def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       TORCHELASTIC_USE_AGENT_STORE="True")
     if checkpoint_on_interrupt:
-        ask_to_stop_on_sigint()
+        ask_to_stop_on_signals()
     else:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides
+        for signum in STOP_SIGNALS:  # the launcher decides: a terminal or a scheduler signals
+            signal.signal(signum, signal.SIG_IGN)  # every process, and it stops them all
     torch.set_num_threads(threads)
     code = 0
     try:
@@ -122,17 +129,15 @@ def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path
 
 def _end_with(launcher: multiprocessing.connection.Connection) -> None:
     """End this rank once `launcher` (the read end of the launcher's pipe) reads EOF: the
-    launcher is gone, and nobody else would stop it. SIGTERM, as `_stop` sends (a save in flight
-    leaves its .partial directory, which the next start removes); SIGKILL after STOP_GRACE_S,
-    should a handler of SIGTERM not return."""
+    launcher is gone, and nobody else would stop it. SIGKILL, as `_stop` sends (a rank's SIGTERM
+    is ignored or a stop request; a save in flight leaves its .partial directory, which the next
+    start removes)."""
     def watch() -> None:
         try:
             while True:
                 launcher.recv_bytes()  # (the launcher sends nothing)
         except (EOFError, OSError):
             pass
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(STOP_GRACE_S)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
@@ -185,7 +190,8 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
     # then a fork of it, not a fresh interpreter importing them again: 2-3 s of a core for
     # torch, and 2 s more for torch._dynamo, which the first optimizer's constructor imports.
     # The server itself never computes, so no thread pool or CUDA context is forked.
-    multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", fn.__module__])
+    multiprocessing.set_forkserver_preload(["ratrain.runtime.forkserver_signals", "torch",
+                                            "torch._dynamo", fn.__module__])
     # The rendezvous store is served from here, on the port the OS gives it as it binds. A
     # port found free here and bound later by rank 0 could be taken in between: "address
     # already in use" seen on CI with two test workers launching at once (2026-11-28).
@@ -250,17 +256,12 @@ def _first_to_fail(procs) -> int | None:
 
 
 def _stop(procs) -> None:
-    """SIGTERM every process still running; SIGKILL those still there after STOP_GRACE_S (a
-    stopped process keeps a SIGTERM pending)."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + STOP_GRACE_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
+    """SIGKILL every process still running: a rank's SIGTERM is ignored, or a request to stop
+    after its step (--checkpoint-on-interrupt), neither of which stops it now."""
     for p in procs:
         if p.is_alive():
             p.kill()
+    for p in procs:
         p.join()
 
 

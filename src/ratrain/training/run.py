@@ -27,7 +27,7 @@ from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.errors import Interrupted
 from ratrain.models.params import count_params
-from ratrain.runtime.launch import ask_to_stop_on_sigint, launch_local
+from ratrain.runtime.launch import STOP_SIGNALS, ask_to_stop_on_signals, launch_local
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import init_groups, join_world, stop_together
 from ratrain.runtime.trace import Tracer
@@ -162,16 +162,17 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         else:
             engine = LocalEngine(_built_from(cfg, resume_from), device)
     built()
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     if cfg.train.checkpoint_on_interrupt:
-        ask_to_stop_on_sigint()
+        ask_to_stop_on_signals()
     try:
         # A failure propagates without destroy_process_group: that is collective and would wait
         # on ranks that may be stuck or gone. The launcher (ours or torchrun) takes them down.
         loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan, share)
         stopped = loop.run(Path(resume_from) if resume_from else None, verified)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():  # (None: not set from Python)
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
     if distributed:
         del engine, groups, loop  # the groups must be gone before the backend they belong to
         _shut_down_together(cfg.parallel.comm_timeout_s)
