@@ -1,5 +1,5 @@
-"""The launcher of a local multi-process run takes its ranks with it: SIGTERM (a scheduler's
-warning) stops them as Ctrl-C does, and a SIGKILL'd launcher leaves none training on as orphans
+"""The launcher of a local multi-process run takes its ranks with it: Ctrl-C and SIGTERM (a
+scheduler's warning) stop them, and a SIGKILL'd launcher leaves none training on as orphans
 (runtime/launch.py: the ranks are the fork server's children, not the launcher's)."""
 
 from __future__ import annotations
@@ -40,25 +40,30 @@ def _wait_gone(pids: list[int], within: float) -> None:
 TO = {"launcher": os.kill, "every process": os.killpg}
 
 
-@pytest.mark.parametrize("to", TO)
-def test_sigterm_to_the_launcher_stops_all_ranks_within_seconds(corpus, tmp_path, to):
+@pytest.mark.parametrize("signum, said, to", [
+    (signal.SIGINT, "interrupted", "launcher"),  # Ctrl-C where the ranks' SIGINT is ignored
+    (signal.SIGTERM, "terminated (SIGTERM)", "launcher"),
+    (signal.SIGTERM, "terminated (SIGTERM)", "every process"),
+])
+def test_a_stop_signal_stops_all_ranks_within_seconds(corpus, tmp_path, signum, said, to):
     cfg_file = endless_config(corpus, tmp_path, checkpoint_every=0)
     run_dir = tmp_path / "run"
     proc = start(cfg_file, run_dir)
     wait_for_steps(proc, run_dir, 2)
     launched = _launched(proc.pid)
-    TO[to](proc.pid, signal.SIGTERM)
+    TO[to](proc.pid, signum)
     sent = time.time()
     _, stderr = proc.communicate(timeout=30)  # (a rank left holds its pipes)
     assert time.time() - sent < 10
     assert proc.returncode == 130, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith("terminated (SIGTERM): stopped all 2 ranks; the run keeps its "
+    assert lines[0].startswith(f"{said}: stopped all 2 ranks; the run keeps its "
                                "checkpoints up to the last completed save"), stderr
     server, *ranks = launched
     assert all(_gone(rank) for rank in ranks)  # the launcher waited for them
     _wait_gone([server], 5)  # it ends at its own pace, once the last of them is gone
+    assert not checkpoint.complete_dirs(run_dir)
 
 
 @pytest.mark.parametrize("to", TO)
