@@ -106,6 +106,43 @@ def test_a_checkpoint_of_another_run_of_the_model_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"step_000002 is of another run: it was saved with "
                        r"train.seq_len = 32, this run has 256$"):
         resume_point(tmp_path, cfg)
+    # every setting of the run's math is held to it (until 2026-12-02 only seq-len, batch,
+    # lr, seed, dtype and data: a run of another warmup was resumed from), but not the
+    # micro-batch, which a resume on more replicas fits to a replica's share
+    _saved(tmp_path / "warm", 2, warmup_steps=5)
+    cfg.train.checkpoint_dir = str(tmp_path / "warm" / "checkpoints")
+    with pytest.raises(UserError, match=r"saved with train.warmup_steps = 5, this run has 30$"):
+        resume_point(tmp_path, cfg)
+    _saved(tmp_path / "micro", 2, micro_batch_size=1)
+    cfg.train.checkpoint_dir = str(tmp_path / "micro" / "checkpoints")
+    assert resume_point(tmp_path, cfg).parent == tmp_path / "micro" / "checkpoints"
+
+
+def test_every_way_of_resuming_holds_the_same_settings_fixed(tmp_path):
+    """--resume RUN refused a flag's change by one list, --resume auto and a --config given
+    again by another: `--resume RUN --outer-lr 0.3` was taken and `--resume auto ... --outer-lr
+    0.3` refused. One table now (training/resume_settings.py), read by both."""
+    from ratrain.cli.options import _FIELDS, build_config
+    from ratrain.cli.train_resume import check_same_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    RunConfig().save(run / "config.yaml")
+    for changed, fixed in (({"outer_lr": 0.3}, False), ({"steps": 9}, False),
+                           ({"lr": 0.5}, True), ({"micro_batch_size": 4}, True)):
+        again = RunConfig()
+        for key, value in changed.items():
+            setattr(again.train, key, value)
+        opts = dict.fromkeys([*_FIELDS, "model", "config_file", "partition"])
+        opts.update(changed)
+        if fixed:
+            with pytest.raises(UserError, match="was started with train"):
+                check_same_run(again, run)
+            with pytest.raises(UserError, match="cannot change --"):
+                build_config(opts, str(run))
+        else:
+            check_same_run(again, run)
+            assert build_config(opts, str(run)).train == again.train
 
 
 _HOLD = """

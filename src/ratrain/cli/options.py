@@ -11,6 +11,7 @@ from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import parse_sync
 from ratrain.setup.plan_file import read_plan_file
+from ratrain.training.resume_settings import fixed_on_resume, same_setting
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, HOST_GRAD_DTYPES
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
@@ -58,11 +59,6 @@ def _placement(ctx, param, value: str | None) -> str | None:
             raise click.BadParameter(str(e)) from None
     return value
 
-
-# Flags that change the math or the data: not allowed to change when resuming a run. (A
-# --config given again is the run's when the config it gives is: train_resume.check_same_run.)
-_FIXED_ON_RESUME = ("model", "data", "tokenizer", "seq_len", "global_batch", "micro_batch_size",
-                    "lr", "seed", "dtype")
 
 _CONFIG_OPTIONS = [
     click.option("--model", help="Preset name (see `ratrain models`) or a Hugging Face model directory.  [default: tiny]"),
@@ -116,6 +112,11 @@ _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch"
            "outer_momentum": "train", "outer_mix": "train", "update": "parallel",
            "device_units": "parallel", "host_grad_dtype": "parallel"}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
+# Flags that change the math or the data, which a resume may not change (the model's, and
+# training/resume_settings.py's fixed fields). (A --config given again is the run's when the
+# config it gives is: train_resume.check_same_run.)
+_FIXED_ON_RESUME = ["model"] + [k for k, section in _FIELDS.items()
+                                if fixed_on_resume(section, _RENAMED.get(k, k))]
 
 
 def config_options(fn):
@@ -174,8 +175,6 @@ def _same_flag(key: str, saved, given) -> bool:
     """A flag repeating a resumed run's value: --data and --tokenizer by the file they name
     (data.txt and /here/data.txt are one; until 2026-11-30 the absolute spelling was refused
     as a change, and a relative one named another file from another directory)."""
-    from ratrain.training.run_dir import same_setting
-
     return same_setting({"data": ("data", "path"), "tokenizer": ("data", "tokenizer")}.get(
         key, ("", key)), saved, given)
 

@@ -12,13 +12,6 @@ from pathlib import Path
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
-# What a run may change when it continues: how long, how often it evaluates and saves, how it
-# fails. The rest of the config is the run's math and data.
-FREE_ON_RESUME = {"train": {"steps", "eval_every", "eval_batches", "checkpoint_every",
-                            "keep_checkpoints", "checkpoint_on_interrupt", "tensorboard",
-                            "profile", "checkpoints", "checkpoint_dir", "checkpoint_async"}}
-
-
 def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether --resume auto continues the run: a checkpoint in cfg's checkpoint directory or
     in the one the run's config.yaml names (a new --checkpoint-dir holds none yet: until
@@ -40,25 +33,23 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
 def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None) -> None:
     """A run continues only with the math and data it was started with: --resume auto's
     flags, or a --config given again with --resume RUN (`config_file`), must give the run's
-    own settings but for FREE_ON_RESUME's; paths compare by the file they name."""
-    from ratrain.training.run_dir import same_setting
+    own settings but for those a resume may change (training/resume_settings.py)."""
+    from ratrain.training.resume_settings import changed_settings
 
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} has checkpoints but no config.yaml: not a ratrain run directory"
                         if config_file is None else
                         f"{run_dir} is not a ratrain run directory (no config.yaml)")
-    saved, now = RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict()
-    for section in ("model", "data", "train"):
-        for key, value in now[section].items():
-            was = saved[section].get(key)
-            if key in FREE_ON_RESUME.get(section, ()) or same_setting((section, key), was, value):
-                continue
-            if config_file is None:
-                raise UserError(f"--resume auto: {run_dir} was started with {section}.{key} = "
-                                f"{was!r}, this run has {value!r}; use another --run-dir")
-            raise UserError(f"cannot change {section}.{key} ({was!r} -> {value!r}) when "
-                            f"resuming: --config {config_file} (with the flags given) sets it; "
-                            "start a new run instead")
+    changed = changed_settings(RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict())
+    if not changed:
+        return
+    section, key, was, value = changed[0]
+    if config_file is None:
+        raise UserError(f"--resume auto: {run_dir} was started with {section}.{key} = "
+                        f"{was!r}, this run has {value!r}; use another --run-dir")
+    raise UserError(f"cannot change {section}.{key} ({was!r} -> {value!r}) when "
+                    f"resuming: --config {config_file} (with the flags given) sets it; "
+                    "start a new run instead")
 
 
 def refuse_another_run_dir(resume_dir: str, run_dir: str | None) -> None:

@@ -16,6 +16,7 @@ from ratrain.errors import UserError
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.training.disk_room import checkpoint_bytes, room_problem
 from ratrain.training.metrics import read_metrics
+from ratrain.training.resume_settings import refuse_another_runs
 from ratrain.training.run_lock import lock_run_dir
 
 
@@ -229,42 +230,6 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
         raise UserError(f"{run_dir} already reached step {meta['step']}; "
                         f"pass --steps N with N > {meta['step']} to train further")
     return ckpt
-
-
-# The settings a resume cannot change (cli/options._FIXED_ON_RESUME's, as config fields; the
-# model is compared whole). Not micro_batch_size: a resume on more replicas fits it to a
-# replica's share of the batch (options._fit_micro_batch).
-FIXED_ON_RESUME = (("data", "path"), ("data", "tokenizer"), ("train", "seq_len"),
-                   ("train", "global_batch"), ("train", "lr"), ("train", "seed"),
-                   ("train", "dtype"))
-PATHS = {("data", "path"), ("data", "tokenizer"), ("train", "init_from")}
-
-
-def same_setting(field: tuple[str, str], a, b) -> bool:
-    """Whether two values of a config field are the same setting: paths by the file they
-    name (data.txt and /here/data.txt are one), relative ones from this directory."""
-    if a == b:
-        return True
-    if field not in PATHS or not isinstance(a, str) or not isinstance(b, str) or "byte" in (a, b):
-        return False
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
-
-
-def refuse_another_runs(ckpt: Path, meta: dict, cfg: RunConfig, settings: bool = True) -> None:
-    """A checkpoint of another model, or (`settings`) of another run of it (another --seq-len,
-    batch, lr, seed, dtype or data: a --checkpoint-dir that holds another run's), is refused,
-    naming the first setting that differs."""
-    saved_cfg = RunConfig.from_dict(meta["config"])
-    saved = saved_cfg.model
-    if saved != cfg.model:
-        diff = ", ".join(f"{k}={getattr(saved, k)} (run has {getattr(cfg.model, k)})"
-                         for k in vars(saved) if getattr(saved, k) != getattr(cfg.model, k))
-        raise UserError(f"checkpoint {ckpt} is of another model: {diff}")
-    for section, key in FIXED_ON_RESUME if settings else ():
-        was, now = getattr(getattr(saved_cfg, section), key), getattr(getattr(cfg, section), key)
-        if not same_setting((section, key), was, now):
-            raise UserError(f"checkpoint {ckpt} is of another run: it was saved with "
-                            f"{section}.{key} = {was!r}, this run has {now!r}")
 
 
 @dataclass
