@@ -66,6 +66,22 @@ def test_a_stop_signal_stops_all_ranks_within_seconds(corpus, tmp_path, signum, 
     assert not checkpoint.complete_dirs(run_dir)
 
 
+def test_ctrl_c_while_the_fork_server_imports_says_one_line(corpus, tmp_path):
+    """multiprocessing has its fork server ignore SIGINT only after the preload's imports
+    (seconds of torch): a Ctrl-C then printed the server's KeyboardInterrupt traceback."""
+    proc = start(endless_config(corpus, tmp_path, checkpoint_every=0), tmp_path / "run")
+    deadline = time.time() + 60
+    while not [c for c in _children(proc.pid) if "forkserver" in Path(
+            f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert stderr.strip().startswith("interrupted"), stderr
+
+
 @pytest.mark.parametrize("to", TO)
 def test_sigterm_with_checkpoint_on_interrupt_saves_a_checkpoint_that_verifies(corpus, tmp_path,
                                                                               to):

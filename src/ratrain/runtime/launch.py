@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing.connection
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import shutil
 import signal
@@ -192,6 +194,16 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
     # The server itself never computes, so no thread pool or CUDA context is forked.
     multiprocessing.set_forkserver_preload(["ratrain.runtime.forkserver_signals", "torch",
                                             "torch._dynamo", fn.__module__])
+    # The server ignores Ctrl-C and SIGTERM once it has imported forkserver_signals; until then
+    # they are blocked, from before its interpreter starts (a Ctrl-C in its first seconds
+    # printed its traceback), as multiprocessing starts its resource tracker: that one first,
+    # since its start unblocks them.
+    multiprocessing.resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     # The rendezvous store is served from here, on the port the OS gives it as it binds. A
     # port found free here and bound later by rank 0 could be taken in between: "address
     # already in use" seen on CI with two test workers launching at once (2026-11-28).
