@@ -78,9 +78,12 @@ def test_a_budget_that_is_not_one(monkeypatch, capsys):
         "error: --memory-budget: expected bytes such as 20GB, 18GiB or 20e9, got 'plenty'"]
 
 
-def test_what_the_planner_chooses_is_not_a_flag_of_the_search(monkeypatch, capsys):
-    code, _, stderr = run_cli(monkeypatch, capsys, *SEARCH, "--dp", "2")
-    assert code == 2 and "--dp is the planner's to choose" in stderr
+@pytest.mark.parametrize("flag, value", [("--dp", "2"), ("--micro-batch-group", "2"),
+                                         ("--update", "carried")])
+def test_what_the_planner_chooses_is_not_a_flag_of_the_search(monkeypatch, capsys, flag, value):
+    """--micro-batch-group and --update were taken and ignored: the plan file said neither."""
+    code, _, stderr = run_cli(monkeypatch, capsys, *SEARCH, flag, value)
+    assert code == 2 and f"{flag} is the planner's to choose" in stderr
 
 
 def test_a_planned_run_refuses_a_flag_it_was_not_made_for(monkeypatch, capsys, tmp_path):

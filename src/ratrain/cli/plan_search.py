@@ -9,9 +9,11 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP
 
-PLANNER_CHOOSES = ("dp", "schedule", "weight_grad", "activation", "view_window", "state_home",
-                   "partition", "rank_order", "shard_state", "shard_group", "device_units")
-"""Flags whose choice is the search's: refused beside it."""
+PLANNER_CHOOSES = ("dp", "schedule", "weight_grad", "micro_batch_group", "activation",
+                   "view_window", "state_home", "partition", "rank_order", "shard_state",
+                   "shard_group", "device_units", "update")
+"""Flags whose choice is the search's (the update's: auto, carried where state is host-homed):
+refused beside it. (--micro-batch-group and --update were ignored until 2026-12-02.)"""
 MARGIN = 0.10
 """The budget's share kept free for allocator fragmentation and library buffers."""
 TIME_LIMIT_S = 25.0
