@@ -420,3 +420,21 @@ def test_cudas_allocator_grows_by_mapping_unless_the_user_chose(monkeypatch):
             main()
         assert exit_.value.code == 0
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == expected
+
+
+@pytest.mark.parametrize("flags", [("--micro-batch-group", "2", "--schedule", "1f1b"),
+                                   ("--update", "carried")])
+def test_a_plain_runs_lifecycle_flags_take_the_executor(monkeypatch, capsys, tmp_path, flags):
+    """One process in fp32 ran on the plain engine whatever --micro-batch-group or --update
+    said (its order: 1F1B, updates inline): the flags did nothing and nothing said so. On the
+    executor the run keeps a ledger, and its losses are the plain run's."""
+    cfg = str(small_config(tmp_path, steps=3, checkpoints=False))
+    losses = {}
+    for name, extra in (("plain", ()), ("flags", flags)):
+        code, _, err = run_cli(monkeypatch, capsys, "train", "--config", cfg, "--run-dir",
+                               str(tmp_path / name), "--no-progress", "--no-report", *extra)
+        assert code == 0, err
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+        losses[name] = [r["loss"] for r in rows]
+        assert (rows[-1].get("ledger_peak_bytes_per_rank") is not None) == (name == "flags")
+    assert losses["flags"] == pytest.approx(losses["plain"], rel=1e-5)

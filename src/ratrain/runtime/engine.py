@@ -84,11 +84,13 @@ class _UnitStateMixin:
 
 def needs_executor(cfg: RunConfig) -> bool:
     """Whether a single-process run needs the executor rather than LocalEngine (which runs
-    1F1B's order, keeping everything, in fp32)."""
+    1F1B's order, keeping everything, in fp32, each update inline). (Until 2026-12-02 a
+    --micro-batch-group or --update carried of a plain run was dropped without a word.)"""
     p = cfg.parallel
     return bool(p.plan_file or p.activation_per_stage != ["keep"] or cfg.train.dtype != "float32"
                 or p.state_home != "device" or p.schedule not in ("1f1b", AUTO_SCHEDULE)
-                or p.weight_grad is not None)
+                or p.weight_grad is not None or (p.micro_batch_group or 1) > 1
+                or p.update == "carried")
 
 
 class LocalEngine(_UnitStateMixin):
