@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from ratrain.data.corpus import stdlib_files
-from ratrain.report.timeline import kind_of, lanes, measured_step
+from ratrain.report.timeline import KIND_COLORS, kind_of, lanes, measured_step
 from ratrain.runtime.trace import chrome_trace
+from ratrain.schedule.ops import SPECS, Op
 
 from .cli_runner import run_cli
 from .report_checks import check_mfu, check_page
@@ -106,21 +107,40 @@ def test_kinds_of_actions():
     assert kind_of("WRA2.1") == ("receive", True)
     assert kind_of("SG4.1") == ("send", False)
     assert kind_of("U2") == ("update", False)
+    assert kind_of("WOS3") == ("outer sync", True)
     assert kind_of("ZZ1") == ("other", False)
 
 
+def test_every_op_has_a_kind_and_its_wait_is_drawn_as_one():
+    """OS and WOS (--sync diloco) were drawn as "other", their wait not hatched, as were RS,
+    GX, SU, SN and TS with their waits (until 2026-12-02): a new op needs a kind."""
+    for op in Op:
+        kind, wait = kind_of(op.value + "1")
+        assert kind in KIND_COLORS and kind != "other", op
+        assert wait == (SPECS[op].waits is not None), op
+        if wait:
+            assert kind == kind_of(SPECS[op].waits.value + "1")[0], op
+
+
 def test_the_last_traced_step_from_a_chrome_trace():
+    # the executor's step 5 (0-based) is metrics.jsonl's step 6
     events = {0: [(4, "F1.0", 0.0, 10.0), (5, "F1.0", 100.0, 130.0), (5, "B1.0", 130.0, 190.0)],
               1: [(5, "WRA1.0", 105.0, 140.0)]}
     spans = {0: [(5, "SA1.0", 130.0, 150.0), (5, "GS1", 140.0, 200.0)], 1: []}
-    step, measured = measured_step(chrome_trace(events, {0: "rank 0", 1: "rank 1"}, spans))
-    assert step == 5
+    trace = chrome_trace(events, {0: "rank 0", 1: "rank 1"}, spans)
+    assert {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"} == {5, 6}
+    step, measured = measured_step(trace)
+    assert step == 6
     assert [r.label for r in measured.rows] == ["rank 0", "rank 1"]
     assert measured.rows[0].actions == [("F1.0", 0.0, pytest.approx(30e-6)),
                                         ("B1.0", pytest.approx(30e-6), pytest.approx(90e-6))]
     assert measured.rows[1].actions == [("WRA1.0", pytest.approx(5e-6), pytest.approx(40e-6))]
     assert lanes(measured.rows[0].spans) == [0, 1]  # they overlap: two lanes
     assert measured.duration == pytest.approx(100e-6)
+    # a trace written before 2026-12-02 counts its steps from 0, and says nothing of it
+    old = {"traceEvents": [{**e, "args": {"step": e["args"]["step"] - 1}} if e["ph"] == "X"
+                           else e for e in trace["traceEvents"]]}
+    assert measured_step(old)[0] == 6
 
 
 def test_the_table_says_what_changes_the_algorithm_and_the_schedule(tmp_path):

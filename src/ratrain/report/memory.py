@@ -6,27 +6,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratrain.report import run_figures
 from ratrain.report.figure import pyplot, save
 
 MIB = 2**20
+# the ledger's kinds, in stacking order; "total": the one bar of a run that did not reach its end
 KIND_COLORS = {"masters": "#4C72B0", "views": "#64B5CD", "gradients": "#DD8452",
                "optimizer": "#C44E52", "activations": "#55A868", "offloaded": "#8C8C8C",
-               "buffers": "#CCB974"}
-
-
-def _grid(run):
-    from ratrain.schedule.grid import RankGrid
-
-    p = run.plan if run.plan is not None else run.cfg.parallel
-    return RankGrid(p.pp, p.dp, p.rank_order)
+               "buffers": "#CCB974", "total": "#6A7FA8"}
 
 
 def stage_ledgers(run) -> list[dict[str, int]] | None:
-    """Per stage, the ledger by kind at its peak of the stage's replica that held the most."""
+    """Per stage, the ledger by kind at its peak of the stage's replica that held the most;
+    a run that did not reach its end (which gathers them by kind) has its peaks' totals only:
+    {"total": bytes}."""
     per_rank = run.summary.get("ledger_at_peak_by_kind_per_rank")
     if not per_rank or any(not isinstance(d, dict) for d in per_rank):
-        return None
-    grid = _grid(run)
+        totals = run_figures.per_stage(run, "ledger_peak_bytes")
+        return [{"total": n} for n in totals] if totals else None
+    grid = run_figures.grid(run)
     best: dict[int, dict[str, int]] = {}
     for rank, kinds in enumerate(per_rank):
         stage = grid.coords(rank)[0]
@@ -37,27 +35,18 @@ def stage_ledgers(run) -> list[dict[str, int]] | None:
 
 def measured_per_stage(run) -> tuple[str, list[float]] | None:
     """(what was measured, its peak per stage)."""
-    rss = run.summary.get("rss_growth_bytes_per_stage")
-    growth = _latest(run.metrics, "rss_growth_bytes_per_rank")
-    if rss is None and growth:
-        rss = [max(growth)]  # an unfinished run: no summary
+    rss = run_figures.per_stage(run, "rss_growth_bytes")
     if rss:
         return "measured: peak RSS growth", list(rss)
-    per_rank = (_latest(run.metrics, "peak_memory_bytes_per_rank")
+    per_rank = (run_figures.latest(run.metrics, "peak_memory_bytes_per_rank")
                 or [run.metrics[-1].get("peak_memory_bytes")])
     if any(v is None for v in per_rank):
         return None
-    grid = _grid(run)
+    grid = run_figures.grid(run)
     out = [0.0] * grid.pp
     for rank, v in enumerate(per_rank):
         out[grid.coords(rank)[0]] = max(out[grid.coords(rank)[0]], v)
     return "measured: peak allocated (CUDA)", out
-
-
-def _latest(rows: list[dict], key: str):
-    """The latest row's `key` among those that have it (a row has its per-rank peaks only
-    where they moved: training/loop.Loop._per_rank); None where none does."""
-    return next((row[key] for row in reversed(rows) if key in row), None)
 
 
 def plot_memory(run, sim, path: Path) -> Path | None:
@@ -66,7 +55,7 @@ def plot_memory(run, sim, path: Path) -> Path | None:
     measured = measured_per_stage(run)
     if ledgers is None and measured is None:
         return None
-    simulated = [r.at_peak for r in sim[0].ranks] if sim else None
+    simulated = [r.at_peak for r in sim.result.ranks] if sim else None
     n_stages = max(len(x) for x in (ledgers, measured and measured[1], simulated) if x)
     groups = [g for g in ("ledger", "sim", "measured")
               if {"ledger": ledgers, "sim": simulated, "measured": measured}[g]]
@@ -83,7 +72,7 @@ def plot_memory(run, sim, path: Path) -> Path | None:
                 heights = [d.get(kind, 0) / MIB for d in stacks]
                 if not any(heights):
                     continue
-                label = kind if kind not in seen else None
+                label = None if kind in seen else "ledger, its total" if kind == "total" else kind
                 seen.add(kind)
                 ax.bar(xs[:len(stacks)], heights, width * 0.92, bottom=bottom, color=color,
                        label=label, edgecolor="white" if group == "ledger" else "black",
@@ -97,7 +86,7 @@ def plot_memory(run, sim, path: Path) -> Path | None:
             for x, v in zip(xs, values):
                 ax.annotate(f"{v:,.1f}", (x, v), ha="center", va="bottom", fontsize=8)
             if sim and "RSS" in measured[0]:  # the simulator predicts the growth too
-                predicted = [r.rss_growth(sim[0].device) / MIB for r in sim[0].ranks]
+                predicted = [r.rss_growth(sim.result.device) / MIB for r in sim.result.ranks]
                 ax.hlines(predicted, [x - width * 0.46 for x in xs], [x + width * 0.46 for x in xs],
                           colors="black", linestyles="--", lw=1.5, label="simulated RSS growth")
     if run.budget_bytes:
@@ -115,11 +104,21 @@ def plot_memory(run, sim, path: Path) -> Path | None:
     for s in range(n_stages):
         ax.text(s, -0.11, f"stage {s}", transform=below, ha="center", va="top", fontsize=10)
     ax.set_ylabel("memory at its peak (MiB)")
-    ax.set_title("Memory per stage at its peak"
-                 + (": the executor's ledger, the simulator's (hatched), measured" if "sim" in groups
-                    else "" if ledgers else "\n(the plain engine keeps no ledger)"), fontsize=10)
+    ax.set_title("Memory per stage at its peak" + _title_of(run, ledgers, "sim" in groups),
+                 fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
     ax.set_xlim(-0.6, n_stages - 0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return save(fig, path)
+
+
+def _title_of(run, ledgers, simulated: bool) -> str:
+    text = ": the executor's ledger, the simulator's (hatched), measured" if simulated else ""
+    if not ledgers:
+        text += ("\n(the plain engine keeps no ledger)" if run.plain_engine
+                 else "\n(metrics.jsonl records no ledger)")
+    elif "total" in ledgers[0]:
+        text += ("\n(the ledger's totals: a run gathers them by kind at its end, which this one "
+                 "did not reach)")
+    return text

@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from ratrain.report import run_figures
 from ratrain.report.figure import fmt_mib
 from ratrain.schedule.outer_sync import parse_sync
 
@@ -38,7 +39,8 @@ def run_table(run, sim, timeline_step: tuple[float, float | None, str] | None
     plan = run.plan
     rows = [("model", f"{m.name}: {count_params(m) / 1e6:,.2f}M parameters, {m.n_layers} layers, "
                       f"dim {m.dim}, {m.n_heads} heads ({m.n_kv_heads} kv), vocab {m.vocab_size}"),
-            ("training", f"{last['step']} steps of {t.global_batch} x {t.seq_len} tokens, {t.dtype}")]
+            ("training", f"{last['step']} steps of {t.global_batch} x {t.seq_len} tokens, {t.dtype}"
+                         + (f" ({run_figures.stopped(run)})" if not s else ""))]
     if plan is not None:
         schedule = (plan.schedule + (f" ({plan.weight_grad})" if plan.weight_grad else "")
                     + (f" in groups of {plan.micro_batch_group}"
@@ -66,36 +68,45 @@ def run_table(run, sim, timeline_step: tuple[float, float | None, str] | None
                              + (f"; view window {plan.view_window}" if plan.view_window is not None else "")
                              + ("; gradients summed over the replicas on the device before they "
                                 "fold to the host" if plan.device_grad_sum else "")))
-    else:
-        rows.append(("layout", "a single process on the plain engine (no pipeline plan)"))
-    tps = s.get("tokens_per_s", last.get("tokens_per_s"))
-    rows.append(("tokens/s", f"{tps:,.0f} (mean over the steps after the first)"))
-    peak = s.get("peak_flops")
-    rows.append(("MFU", _pct(s.get("mfu")) + (f" of {peak / 1e9:,.1f} GFLOP/s peak; "
-                                               f"{s.get('flops_per_token', 0) / 1e6:,.2f} MFLOP per token"
-                                               if peak else "")
-                 + (f" ({s['peak_flops_source']})" if s.get("peak_flops_source") else "")))
+    elif run.plain_engine:
+        rows.append(("layout", run.no_plan))
+    else:  # a damaged run directory: what its config says, not a guess at the rest
+        rows.append(("layout", f"pp={p.pp} x dp={p.dp} ({p.rank_order}) by config.yaml; "
+                               f"{run.no_plan}"))
+    tps, of = run_figures.tokens_per_s(run)
+    rows.append(("tokens/s", (f"{tps:,.0f}" if tps is not None else "n/a") + f" ({of})"))
+    m = run_figures.mfu(run)
+    rows.append(("MFU", _pct(m.mfu) + (f" of {m.peak_flops / 1e9:,.1f} GFLOP/s peak; "
+                                       f"{(m.flops_per_token or 0) / 1e6:,.2f} MFLOP per token"
+                                       if m.peak_flops else "")
+                 + (f" ({m.source})" if m.source else "")))
     if timeline_step:
         measured, simulated, which = timeline_step
         text = f"measured {measured * 1e3:,.1f} ms ({which})"
         if simulated is not None:
-            text += (f", simulated {simulated * 1e3:,.1f} ms ({sim[1]}): error "
+            on = sim.profile + (f", {sim.of}" if sim.of else "")
+            text += (f", simulated {simulated * 1e3:,.1f} ms ({on}): error "
                      f"{(simulated - measured) / measured:+.1%}")
         rows.append(("step time", text))
-    ledger = s.get("ledger_peak_bytes_per_stage")
-    rss = s.get("rss_growth_bytes_per_stage")
+    ledger = run_figures.per_stage(run, "ledger_peak_bytes")
+    rss = run_figures.per_stage(run, "rss_growth_bytes")
     parts = []
     for stage in range(max(len(ledger or []), len(rss or []))):
         held = f"held {fmt_mib(ledger[stage])}" if ledger else ""
         grown = f"RSS +{fmt_mib(rss[stage])}" if rss else ""
         parts.append(f"stage {stage}: " + ", ".join(x for x in (held, grown) if x))
-    parts.append(f"process peak {fmt_mib(s.get('peak_memory_bytes') or last['peak_memory_bytes'])}")
+    peak = run_figures.process_peak(run)
+    if peak is not None:
+        parts.append(f"process peak {fmt_mib(peak)}")
     if run.budget_bytes:
         parts.append(f"plan's budget {fmt_mib(run.budget_bytes)}")
-    rows.append(("peak memory", "; ".join(parts)))
-    loss = s.get("final_loss", last["loss"])
-    val = s.get("val_loss", last.get("val_loss"))
-    rows.append(("final loss", f"{loss:.4f}" + (f", validation loss {val:.4f}" if val is not None else "")))
+    rows.append(("peak memory", "; ".join(parts) or "n/a"))
+    val = run_figures.validation(run)
+    text = f"{s.get('final_loss', last['loss']):.4f}"
+    if val:
+        text += f", validation loss {val[0]:.4f}" + (f" (after step {val[1]})"
+                                                     if val[1] != last["step"] else "")
+    rows.append(("final loss", text))
     return rows
 
 

@@ -3,9 +3,11 @@ measured one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
@@ -21,6 +23,8 @@ class Run:
     plan_file: dict | None = None  # the --plan file's contents (its prediction), when readable
     trace: dict | None = None  # trace.json (Chrome trace format)
     notes: list[str] = field(default_factory=list)  # what the report could not show, and why
+    no_plan: str = ""  # why `plan` is None, in words
+    plain_engine: bool = False  # a single process that LocalEngine ran: no plan, no trace
 
     @property
     def budget_bytes(self) -> float | None:
@@ -28,14 +32,30 @@ class Run:
 
 
 def _json(path: Path):
+    return _read_json(path)[0]
+
+
+def _read_json(path: Path) -> tuple[object, str | None]:
+    """(the file's contents, None) or (None, why it could not be read; None if it is absent)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{path.name} could not be read ({type(e).__name__}: {e})"
+
+
+def runs_a_plan(cfg: RunConfig) -> bool:
+    """Whether the run ran a pipeline plan, which it wrote to plan.json: every run of more
+    than one rank, and a single process that needs the executor (training/prepare.prepare)."""
+    from ratrain.runtime.engine import needs_executor
+
+    return cfg.parallel.pp * cfg.parallel.dp > 1 or needs_executor(cfg)
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """The run in `run_dir`; a UserError if it is not a finished ratrain run directory."""
+    """The run in `run_dir`; a UserError if it is not a ratrain run directory that has taken a
+    step."""
     from ratrain.training.metrics import read_metrics
 
     run_dir = Path(run_dir)
@@ -49,26 +69,47 @@ def load_run(run_dir: str | Path) -> Run:
         raise UserError(f"{run_dir}/metrics.jsonl is damaged: {e}") from None
     if not metrics:
         raise UserError(f"{run_dir}/metrics.jsonl is empty: the run has not taken a step")
-    run = Run(run_dir, RunConfig.load(run_dir / "config.yaml"), metrics,
-              _json(run_dir / "summary.json") or {})
+    summary, unreadable = _read_json(run_dir / "summary.json")
+    run = Run(run_dir, RunConfig.load(run_dir / "config.yaml"), metrics, summary or {})
     if not run.summary:
-        run.notes.append("no summary.json (the run did not finish): figures from metrics.jsonl")
-    plan = _json(run_dir / "plan.json")
-    if plan:
-        from ratrain.schedule.plan import PipelinePlan
-
-        try:
-            run.plan = PipelinePlan.from_dict(plan)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-            run.notes.append(f"plan.json could not be read ({type(e).__name__}: {e})")
+        run.notes.append((unreadable or "no summary.json (the run did not reach its end)")
+                         + ": figures from metrics.jsonl")
+    _load_plan(run)
     if run.cfg.parallel.plan_file:  # the run's copy holds the file's prediction (2026-11-27 on)
+        plan = _json(run_dir / "plan.json")
         run.plan_file = (plan if plan and "prediction" in plan else
                          _json(Path(run.cfg.parallel.plan_file)))
         if run.plan_file is None:
             run.notes.append(f"the plan file {run.cfg.parallel.plan_file} is gone: no budget, "
                              "no planner's prediction")
-    run.trace = _json(run_dir / "trace.json")
+    run.trace, unreadable = _read_json(run_dir / "trace.json")
+    if run.trace is None:
+        run.notes.append("no measured step timeline: " + (unreadable or _no_trace(run)))
     return run
+
+
+def _load_plan(run: Run) -> None:
+    plan, unreadable = _read_json(run.run_dir / "plan.json")
+    if plan is not None:
+        from ratrain.schedule.plan import PipelinePlan
+
+        try:
+            run.plan = PipelinePlan.from_dict(plan)
+            return
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            unreadable = f"plan.json could not be read ({type(e).__name__}: {e})"
+    run.plain_engine = not unreadable and not runs_a_plan(run.cfg)
+    run.no_plan = ("a single process on the plain engine (no pipeline plan)" if run.plain_engine
+                   else unreadable or "plan.json is missing")
+
+
+def _no_trace(run: Run) -> str:
+    """Why a run directory has no trace.json."""
+    if not run.summary:
+        return "the run did not reach its end, where trace.json is written"
+    if run.plain_engine:
+        return "no trace.json (a single process on the plain engine records none)"
+    return "no trace.json (the run was made with --no-trace, or the file was removed)"
 
 
 def plans_profile(plan_data: dict | None) -> tuple[str | None, str | None]:
@@ -90,30 +131,51 @@ def profile_spec(run: Run, given: str | None) -> str | None:
     return given or run.cfg.train.profile or plans_profile(run.plan_file)[0]
 
 
-def simulate_run(run: Run, given_profile: str | None):
-    """(SimResult, profile name) of the run's plan, or None with a note on why not."""
+class Simulated(NamedTuple):
+    result: object  # the SimResult
+    profile: str  # the profile's name
+    of: str  # which step's programs, in words; "" where every step's are the same
+
+
+def simulate_run(run: Run, given_profile: str | None, step: int | None = None):
+    """A Simulated of the run's plan at `step` (as metrics.jsonl counts it; under --sync diloco
+    a step's programs may hold an outer sync: schedule/outer_sync.step_programs), None: a step
+    of its inner programs; or None with a note on why not."""
+    from ratrain.schedule.outer_sync import parse_sync, step_programs
+    from ratrain.sim.profile import load_profile
+    from ratrain.sim.simulator import simulate
+
+    if given_profile:
+        load_profile(given_profile)  # a profile asked for by name that does not load: say so
     if run.plan is None:
-        run.notes.append("no simulated step: the run has no pipeline plan (a single process on "
-                         "the plain engine)")
+        run.notes.append(f"no simulated step: {run.no_plan}")
         return None
     spec = profile_spec(run, given_profile)
     if not spec:
         run.notes.append("no simulated step: no hardware profile; pass --profile (to "
                          "`ratrain train` or `ratrain report`), e.g. --profile cpu-local")
         return None
-    from ratrain.sim.profile import load_profile
-    from ratrain.sim.simulator import simulate
-
-    if given_profile:
-        load_profile(given_profile)  # a profile asked for by name that does not load: say so
+    plan, of = run.plan, ""  # `of`: which step, where steps differ (--sync diloco)
+    if parse_sync(plan.sync) is not None:
+        of = "a step without an outer sync"
+        if step is not None:
+            programs = step_programs(plan, step - 1, run.cfg.train.steps)
+            synced = programs is not plan.programs
+            of = f"step {step}, {'with its' if synced else 'no'} outer sync"
+            plan = dataclasses.replace(plan, programs=programs)
+    # the ranks' threads as the run had them (summary.json's since 2026-11-27; one before);
+    # a run that did not reach its end wrote no summary: its --threads, where given
+    threads = (run.summary.get("threads_per_rank") if run.summary
+               else run.cfg.parallel.threads_per_rank)
+    if threads is None and not run.summary:
+        run.notes.append("the simulated step computes on one thread per rank: the run's threads "
+                         "are recorded in summary.json, which it did not write")
     try:
         hw = load_profile(spec)
         t = run.cfg.train
-        # the ranks' threads as the run had them (recorded since 2026-11-27; one before)
-        result = simulate(run.plan, run.cfg.model, hw, micro_batch_size=t.micro_batch_size,
-                          seq_len=t.seq_len, dtype=t.dtype,
-                          threads_per_rank=int(run.summary.get("threads_per_rank", 1)))
+        result = simulate(plan, run.cfg.model, hw, micro_batch_size=t.micro_batch_size,
+                          seq_len=t.seq_len, dtype=t.dtype, threads_per_rank=int(threads or 1))
     except UserError as e:
         run.notes.append(f"no simulated step: {e}")
         return None
-    return result, hw.name
+    return Simulated(result, hw.name, of)

@@ -11,29 +11,37 @@ from pathlib import Path
 
 from ratrain.report.figure import DPI, pyplot, save
 from ratrain.runtime.trace import lanes as trace_lanes
+from ratrain.schedule.ops import SPECS, Op
 
-# op code (schedule/ir.py) -> kind; a wait ("W" + a start's code) takes its start's kind
-KIND_OF_OP = {"F": "forward", "B": "backward", "BI": "backward", "BW": "backward",
-              "R": "recompute", "SA": "send", "SG": "send", "RA": "receive", "RG": "receive",
-              "GS": "gradient sync", "N": "gradient sync", "U": "update",
-              "P": "prefetch", "X": "prefetch", "O": "offload", "L": "offload", "E": "step end"}
+# op (schedule/ops.py) -> kind; a wait takes its start's kind (its spec's `waits`); the test
+# of the kinds checks that every op has one
+KIND_OF_OP = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
+              Op.BACKWARD_WEIGHT: "backward", Op.RECOMPUTE: "recompute",
+              Op.SEND_ACT: "send", Op.SEND_GRAD: "send", Op.RECV_ACT: "receive",
+              Op.RECV_GRAD: "receive", Op.GRAD_SYNC: "gradient sync",
+              Op.GRAD_REDUCE: "gradient sync", Op.CROSS_SYNC: "gradient sync",
+              Op.TIED_SYNC: "gradient sync", Op.GRAD_NORM: "gradient sync",
+              Op.START_NORM: "gradient sync", Op.UPDATE: "update", Op.START_UPDATE: "update",
+              Op.OUTER_SYNC: "outer sync", Op.PREFETCH: "prefetch", Op.RELEASE: "prefetch",
+              Op.OFFLOAD: "offload", Op.RELOAD: "offload", Op.STEP_END: "step end"}
 KIND_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#8172B3",
                "send": "#55A868", "receive": "#64B5CD", "gradient sync": "#C44E52",
-               "update": "#937860", "prefetch": "#DA8BC3", "offload": "#8C8C8C",
-               "step end": "#333333", "other": "#CCB974"}
+               "outer sync": "#2A9D8F", "update": "#937860", "prefetch": "#DA8BC3",
+               "offload": "#8C8C8C", "step end": "#333333", "other": "#CCB974"}
 WIDTH_IN = 13.0
 _CODE = re.compile(r"^([A-Z]+)")
 
 
 def kind_of(name: str) -> tuple[str, bool]:
-    """(kind, is a wait) of an action's or span's name: 'WGS3' is a wait of a gradient sync."""
+    """(kind, is a wait) of an action's or span's name: 'WGS3' is a wait of a gradient sync;
+    what is no op's (the simulator's 'fold copy' spans) is 'other'."""
     m = _CODE.match(name)
-    code = m.group(1) if m else ""
-    if code in KIND_OF_OP:
-        return KIND_OF_OP[code], False
-    if code.startswith("W") and code[1:] in KIND_OF_OP:
-        return KIND_OF_OP[code[1:]], True
-    return "other", False
+    try:
+        op = Op(m.group(1) if m else "")
+    except ValueError:
+        return "other", False
+    start = SPECS[op].waits
+    return KIND_OF_OP.get(start or op, "other"), start is not None
 
 
 Span = tuple[str, float, float]  # (name, start s, end s)
@@ -57,8 +65,8 @@ class Step:
 
 
 def measured_step(trace: dict) -> tuple[int, Step] | None:
-    """The last step in a Chrome trace written by trace.py: (its 0-based index, its rows),
-    times in seconds from the step's first action on any rank."""
+    """The last step in a Chrome trace written by trace.py: (its step as metrics.jsonl counts
+    it, its rows), times in seconds from the step's first action on any rank."""
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else []
     spans = [e for e in events if e.get("ph") == "X"]
     if not spans:
@@ -75,7 +83,9 @@ def measured_step(trace: dict) -> tuple[int, Step] | None:
         rows.append(Row(names.get(pid, f"rank {pid}"),
                         [as_span(e) for e in of if e["tid"] == 0],
                         [as_span(e) for e in of if e["tid"] != 0]))
-    return step, Step("measured", rows)
+    # traces written before they said where their steps count from count from 0
+    steps_from = (trace.get("otherData") or {}).get("steps_from", 0)
+    return step + 1 - steps_from, Step("measured", rows)
 
 
 def simulated_step(result, profile_name: str) -> Step:

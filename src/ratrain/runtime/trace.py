@@ -17,7 +17,12 @@ from collections import deque
 from pathlib import Path
 
 Event = tuple[int, str, float, float]
-"""(step, name, start, end): times in microseconds from the tracer's origin."""
+"""(step, name, start, end): the executor's 0-based step; times in microseconds from the
+tracer's origin."""
+
+STEPS_FROM = 1
+"""trace.json's `args.step` counts from this, as metrics.jsonl does (its `otherData` says so;
+a trace without it, written before 2026-12-02, counts from 0)."""
 
 
 class Tracer:
@@ -111,7 +116,7 @@ def lanes(intervals: list[tuple[float, float]]) -> list[int]:
 def _span(name: str, rank: int, tid: int, step: int, t0: float, t1: float) -> dict:
     return {"ph": "X", "name": name, "cat": name.rstrip("0123456789.") or name, "pid": rank,
             "tid": tid, "ts": round(t0, 3), "dur": round(max(t1 - t0, 0.0), 3),
-            "args": {"step": step}}
+            "args": {"step": step + STEPS_FROM}}
 
 
 def _meta(kind: str, pid: int, tid: int, args: dict) -> dict:
@@ -121,7 +126,8 @@ def _meta(kind: str, pid: int, tid: int, args: dict) -> dict:
 def chrome_trace(events_by_rank: dict[int, list[Event]], labels: dict[int, str],
                  async_by_rank: dict[int, list[Event]] | None = None) -> dict:
     """Trace Event Format: one process per rank; its actions on thread 0, its async spans on
-    threads 1, 2, ... (as many as were in flight at once)."""
+    threads 1, 2, ... (as many as were in flight at once); each span's `args.step` is its
+    step as metrics.jsonl counts it (from 1)."""
     out = []
     for rank, events in sorted(events_by_rank.items()):
         out.append(_meta("process_name", rank, 0, {"name": labels.get(rank, f"rank {rank}")}))
@@ -134,7 +140,7 @@ def chrome_trace(events_by_rank: dict[int, list[Event]], labels: dict[int, str],
             out.append(_meta("thread_name", rank, lane + 1, {"name": f"async {lane + 1}"}))
         out += [_span(name, rank, lane + 1, step, t0, t1)
                 for (step, name, t0, t1), lane in zip(spans, span_lanes)]
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
+    return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"steps_from": STEPS_FROM}}
 
 
 def write_chrome_trace(path: str | Path, events_by_rank, labels, async_by_rank=None) -> None:
