@@ -199,6 +199,10 @@ class ParallelConfig:
         if len(policies) not in (1, self.pp):
             raise UserError(f"--activation lists {len(policies)} policies for {self.pp} stages; "
                             "give one, or one per stage")
+        if self.partition is not None and len(self.partition) != self.pp:
+            raise UserError(f"--partition {','.join(map(str, self.partition))} gives "
+                            f"{len(self.partition)} stages' units for {self.pp} stages; give one "
+                            "count per stage")
         if self.micro_batch_group is not None and self.micro_batch_group < 1:
             raise UserError(f"--micro-batch-group must be >= 1, got {self.micro_batch_group}")
         if self.device_units < 0:

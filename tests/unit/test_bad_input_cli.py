@@ -291,6 +291,34 @@ def test_a_refusal_of_a_resumed_runs_setting_says_whose_it_is(monkeypatch, capsy
     _refused(monkeypatch, capsys, "no checkpoint in run/checkpoints", *resume, "--no-shard-state")
 
 
+def test_a_resume_at_another_pp_splits_the_units_anew_and_says_whose_stages_are_wrong(
+        monkeypatch, capsys, tmp_path):
+    """The run's --partition and per-stage --activation, made for its own --pp, were refused
+    at another ("units_per_stage [1, 3] has 2 entries for pp=1", from no flag typed), and
+    --partition '' could not clear them."""
+    _started(tmp_path, {"pp": 2, "partition": [1, 3], "activation": "recompute,keep"})
+    resume = ("train", "--resume", "run", "--steps", "4", "--no-progress", "--pp", "1")
+    code, _, err = run_cli(monkeypatch, capsys, *resume)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [
+        "note: the resumed run's --partition 1,3 was for its 2 stages; at --pp 1 the units are "
+        "split evenly (--partition sets them)",
+        "error: --activation lists 2 policies for 1 stages; give one, or one per stage "
+        "(--activation comes from the resumed run, run/config.yaml; --activation with one "
+        "policy, or one per stage, replaces it)"]
+    code, _, err = run_cli(monkeypatch, capsys, *resume, "--activation", "keep")
+    assert err.strip().splitlines()[1:] == [  # past its settings: there is no checkpoint
+        "error: no checkpoint in run/checkpoints: the run saves one every 1 steps and at its "
+        "end, and had not reached one"]
+    _refused(monkeypatch, capsys, "--partition 1,3 gives 2 stages' units for 3 stages", "train",
+             "--resume", "run", "--steps", "4", "--no-progress", "--pp", "3", "--partition", "1,3", "--activation", "keep")
+    from ratrain.cli.options import _FIELDS, build_config
+
+    opts = dict.fromkeys([*_FIELDS, "model", "config_file", "partition"])
+    assert build_config(opts, "run").parallel.partition == [1, 3]  # the same pp: the run's,
+    assert build_config({**opts, "partition": ""}, "run").parallel.partition is None  # or even
+
+
 def test_outer_flags_count_only_where_typed(monkeypatch, capsys, tmp_path):
     """A DiLoCo run's config keeps its outer values when it goes on synchronously."""
     _started(tmp_path, {"dp": 2, "sync": "diloco:2"}, {"outer_lr": 0.5})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 
 import click
@@ -92,7 +94,7 @@ _CONFIG_OPTIONS = [
     click.option("--outer-momentum", type=float, help="--sync diloco: the outer Nesterov momentum.  [default: 0.9]"),
     click.option("--outer-mix", type=float, help="--sync diloco:H:F: the share of its local weights a replica keeps when a fragment's outer result arrives (one step late).  [default: 0.5]"),
     click.option("--update", type=click.Choice(["auto", "inline", "carried"]), help="Where each unit's AdamW update runs: inline (in the step's program, after its gradient is final: after the global norm when clipping) or carried (started on a host thread of its own as soon as its gradient is final, and waited in the next step right before the unit's weights are read again, so it runs beside the compute; same math). auto: carried where the state lives in a GPU's host memory (--state-home host), else inline.  [default: auto]"),
-    click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units)."),
+    click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units); an empty string splits them evenly (a resumed run's in place). A resume at another --pp splits evenly unless given.  [default: even]"),
     click.option("--threads", type=int, help="CPU threads per rank (default: a single process "
                  "keeps OMP_NUM_THREADS or every core; ranks that share a machine, launched by "
                  "ratrain or torchrun, split its cores, unless OMP_NUM_THREADS is set to more "
@@ -162,7 +164,16 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
             cfg.parallel.shard_group = None
         if opts.get("grad_lifetime") is None:
             cfg.parallel.grad_lifetime = "step"
-    if opts["partition"]:
+    if resume_dir and opts["partition"] is None and cfg.parallel.partition is not None and len(
+            cfg.parallel.partition) != cfg.parallel.pp:  # made for the run's other --pp
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"note: the resumed run's --partition {','.join(map(str, cfg.parallel.partition))} "
+                  f"was for its {len(cfg.parallel.partition)} stages; at --pp {cfg.parallel.pp} "
+                  "the units are split evenly (--partition sets them)", file=sys.stderr)
+        cfg.parallel.partition = None
+    if opts["partition"] == "":  # the default's even split, in place of a resumed run's
+        cfg.parallel.partition = None
+    elif opts["partition"]:
         try:
             cfg.parallel.partition = [int(x) for x in opts["partition"].split(",")]
         except ValueError:
@@ -218,9 +229,11 @@ def refuse_idle_outer_flags(cfg: RunConfig, opts: dict) -> None:
                             f"{cfg.parallel.sync})")
 
 
-# A resumed run's lifecycle settings that a refusal may name, and the flag that turns each off.
-_TURNED_OFF = {"shard_state": "--no-shard-state", "grad_lifetime": "--grad-lifetime step",
-               "sync": "--sync step"}
+# A resumed run's lifecycle settings that a refusal may name, and how to set each otherwise.
+_SET_OTHERWISE = {"shard_state": "--no-shard-state turns it off",
+                  "grad_lifetime": "--grad-lifetime step turns it off",
+                  "sync": "--sync step turns it off",
+                  "activation": "--activation with one policy, or one per stage, replaces it"}
 
 
 def blame_the_resumed_run(error: UserError, run_dir: Path, opts: dict) -> None:
@@ -228,12 +241,12 @@ def blame_the_resumed_run(error: UserError, run_dir: Path, opts: dict) -> None:
     from the run's config.yaml, not from a flag typed now: the rules word refusals in flags,
     and this user typed none of these."""
     saved, default = RunConfig.load(run_dir / "config.yaml").parallel, RunConfig().parallel
-    for key, off in _TURNED_OFF.items():
+    for key, otherwise in _SET_OTHERWISE.items():
         flag = "--" + key.replace("_", "-")
         if (opts.get(key) is None and getattr(saved, key) != getattr(default, key)
                 and re.search(re.escape(flag) + r"(?![\w-])", str(error))):
             error.args = (f"{error} ({flag} comes from the resumed run, {run_dir}/config.yaml; "
-                          f"{off} turns it off)",)
+                          f"{otherwise})",)
             return
 
 

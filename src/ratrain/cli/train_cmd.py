@@ -109,17 +109,18 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         raise UserError("under torchrun, pass --run-dir: the directory every node writes into "
                         "(one all nodes share, or each node's own disk: each then keeps its "
                         "ranks' part of every checkpoint)")
-    cfg.validate()  # a value out of range gets its line before torch loads (2.7 s)
-    refuse_idle_outer_flags(cfg, opts)
-    refuse_idle_checkpoint_flags(cfg, {**opts, "keep_checkpoints": keep_checkpoints,
-                                       "checkpoint_dir": checkpoint_dir,
-                                       "checkpoint_async": checkpoint_async,
-                                       "checkpoints": checkpoints})
-    from ratrain.training.run import train as run_training
-    from ratrain.training.run_dir import refuse_a_taken_run_dir
     from ratrain.training.run_lock import release_run_dirs
 
     try:
+        cfg.validate()  # a value out of range gets its line before torch loads (2.7 s)
+        refuse_idle_outer_flags(cfg, opts)
+        refuse_idle_checkpoint_flags(cfg, {**opts, "keep_checkpoints": keep_checkpoints,
+                                           "checkpoint_dir": checkpoint_dir,
+                                           "checkpoint_async": checkpoint_async,
+                                           "checkpoints": checkpoints})
+        from ratrain.training.run import train as run_training
+        from ratrain.training.run_dir import refuse_a_taken_run_dir
+
         if run_dir and not resume_dir and not started_by_auto:
             refuse_a_taken_run_dir(run_dir)
         summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress,
