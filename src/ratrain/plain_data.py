@@ -5,14 +5,15 @@ what came; the loaders put the key's path in front."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import yaml
 
 
 def number(value: Any, whole: bool = False, from_string: bool = True) -> int | float:
-    """`value` as a number (an int where `whole`). YAML 1.1 reads 3e-3 or 4.0e10 (no dot, or no
-    sign in the exponent) as a string, so a numeric string is taken where `from_string`."""
+    """`value` as a finite number (an int where `whole`). YAML 1.1 reads 3e-3 or 4.0e10 (no dot,
+    or no sign in the exponent) as a string, so a numeric string is taken where `from_string`."""
     if from_string and isinstance(value, str):
         try:
             value = float(value)
@@ -20,6 +21,9 @@ def number(value: Any, whole: bool = False, from_string: bool = True) -> int | f
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"expected a number, got {shown(value)}")
+    # NaN passes every range check after this one, and int(inf) overflows
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {shown(value)}")
     if whole and value != int(value):
         raise ValueError(f"expected a whole number, got {shown(value)}")
     return int(value) if whole else float(value)

@@ -96,15 +96,20 @@ def test_where_the_small_shape_ran_cheaper_a_token_the_ratio_is_interpolated():
     assert list(_scaled(two, bare, 256, 4).values()) == pytest.approx([1.0] * 3)
 
 
-def test_one_measured_shape_or_another_model_prices_as_before(profiles):
+def test_one_measured_shape_or_a_model_of_another_shape_prices_as_before(profiles):
     bare, one, two = profiles
     for seq, micro in ((64, 1), (128, 2), (256, 4)):
         assert _step(one, seq, micro) == _step(bare, seq, micro)
         assert set(_scaled(one, bare, seq, micro).values()) == {1.0}
-    other = dataclasses.replace(MODEL, name="tiny-other")
-    plan = build_plan(other.n_layers, 2, 1, 4)
-    assert simulate(plan, other, two, micro_batch_size=1, seq_len=64).step_time == \
-        simulate(plan, other, bare, micro_batch_size=1, seq_len=64).step_time
+    # what was measured is of a model's shape, not of its name: a wider tiny prices as before,
+    # tiny's shape by another name and depth through tiny's measurements
+    wider = dataclasses.replace(MODEL, ffn_dim=2 * MODEL.ffn_dim)
+    renamed = dataclasses.replace(MODEL, name="tiny-other", n_layers=6)
+    for model, as_before in ((wider, True), (renamed, False)):
+        plan = build_plan(model.n_layers, 2, 1, 4)
+        steps = [simulate(plan, model, p, micro_batch_size=1, seq_len=64).step_time
+                 for p in (two, bare)]
+        assert (steps[0] == steps[1]) == as_before, model.name
     assert set(KINDS) == {"embedding", "block", "head"}
 
 

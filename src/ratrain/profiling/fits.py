@@ -13,7 +13,7 @@ from ratrain.config import RunConfig
 from ratrain.host_memory import available_host_bytes
 from ratrain.profiling.ranks import ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, rate_dtypes
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
-from ratrain.sim.profile import ComputeRate, Link, LinkClass, MeasuredShape, UnitTimes
+from ratrain.sim.profile import ComputeRate, Link, LinkClass, MeasuredShape, ModelShape, UnitTimes
 from ratrain.sim.unit_costs import UnitShape, attention_flops, backward_flops, forward_flops
 
 
@@ -38,15 +38,30 @@ def median_over_ranks(per_rank: list[dict], get) -> float:
     return statistics.median(get(r) for r in per_rank)
 
 
+NO_GRAD = "measured[0].block_forward_no_grad_s"
+
+
 def measured_shape(cfg: RunConfig, model: str, per_rank: list[dict], alone: dict,
-                    contention: float) -> MeasuredShape:
+                   contention: float, notes: dict[str, str]) -> MeasuredShape:
     """The units' times with the machine to themselves (the single process's); the block's
-    forward without grad, measured in the pipeline, taken back to the same footing."""
+    forward without grad, measured in the pipeline, taken back to the same footing: at most
+    the block's forward with grad (what went past it is said in `notes`)."""
     t = cfg.train
+    times = {kind: UnitTimes(*alone[kind]) for kind in KINDS}
+    no_grad = median_over_ranks(per_rank, lambda r: r["units"]["block_forward_no_grad"]) \
+        / (1 + contention)
+    with_grad = times["block"].forward_s
+    # contention is a median over every unit kind and never below 0, so a pipeline slowed more
+    # than that leaves its no-grad forward above the one with autograd, which does more work
+    # (2026-12-02: 19.9 ms against 11.5 ms, and recomputation priced at it)
+    if no_grad > with_grad:
+        notes[NO_GRAD] = (f"the pipeline's {no_grad * 1e3:.3g} ms, on the footing of the "
+                          f"machine alone, is above the block's forward with autograd "
+                          f"({with_grad * 1e3:.3g} ms), which does more: bounded at that")
+        no_grad = with_grad
     return MeasuredShape(model=model, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                         dtype=t.dtype, **{kind: UnitTimes(*alone[kind]) for kind in KINDS},
-                         block_forward_no_grad_s=median_over_ranks(
-                             per_rank, lambda r: r["units"]["block_forward_no_grad"]) / (1 + contention))
+                         dtype=t.dtype, **times, block_forward_no_grad_s=no_grad,
+                         model_shape=ModelShape.of(cfg.model))
 
 
 def smaller_shape(smaller: RunConfig, model: str, times: dict) -> MeasuredShape:
@@ -54,7 +69,8 @@ def smaller_shape(smaller: RunConfig, model: str, times: dict) -> MeasuredShape:
     backward only (its split halves and forward without grad are priced from them)."""
     t = smaller.train
     return MeasuredShape(model=model, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                         dtype=t.dtype, **{kind: UnitTimes(*times[kind]) for kind in KINDS})
+                         dtype=t.dtype, **{kind: UnitTimes(*times[kind]) for kind in KINDS},
+                         model_shape=ModelShape.of(smaller.model))
 
 
 def contention_of(per_rank: list[dict], alone: dict) -> float:
@@ -83,7 +99,9 @@ def compute_rates(cfg: RunConfig, device_type: str, per_rank: list[dict],
                    block: UnitTimes, attention_s: float) -> dict[str, ComputeRate]:
     """Peak from the matmul; attention's efficiency from its core timed alone, the efficiency
     from the rest of the block's FLOPs over the rest of its measured time. float32's
-    efficiencies, where only its matmul was measured, are the compute dtype's."""
+    efficiencies, where only its matmul was measured, are None: not measured. (They were the
+    compute dtype's until 2026-12-02: a bf16 profile of the 2-core VM then priced float32 at
+    bf16's 0.18, and a float32 step 4x slow.)"""
     dtype = cfg.train.dtype
     shape = UnitShape(cfg.model, cfg.train.micro_batch_size, cfg.train.seq_len, dtype)
     flops = forward_flops(shape, "block") + backward_flops(shape, "block")
@@ -97,8 +115,8 @@ def compute_rates(cfg: RunConfig, device_type: str, per_rank: list[dict],
     else:
         efficiency = (flops - attention) / (block_s - attention_s) / peaks[dtype]
         attention_efficiency = attention / attention_s / peaks[dtype]
-    return {name: ComputeRate(peak, efficiency, attention_efficiency)
-            for name, peak in peaks.items()}
+    return {name: ComputeRate(peak, efficiency, attention_efficiency) if name == dtype
+            else ComputeRate(peak, None) for name, peak in peaks.items()}
 
 
 def adamw_params(device_type: str) -> int:

@@ -179,7 +179,8 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
     device_type = "cuda" if on_cuda else "cpu"
     # GPU ranks have a device each: what they share is not the compute's.
     contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
-    measured = measured_shape(cfg, model, per_rank, alone, contention)
+    notes = _notes(cfg, ranks, device_type)
+    measured = measured_shape(cfg, model, per_rank, alone, contention, notes)
     fewer = [] if smaller is None else [smaller_shape(smaller, model, alone["smaller"])]
     compute = compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
     bandwidth = memory_bandwidth(per_rank, device_type)
@@ -195,7 +196,6 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
         [pipeline_stage, (alone["ledger_growth"],
                           alone["process_growth"] - alone["ledger_growth"] - working)])
     intra = links_of(links)
-    notes = _notes(cfg, ranks, device_type)
     tier = host_tier(per_rank, alone, notes) if on_cuda else {}
     if on_cuda:
         memory = torch.cuda.get_device_properties(0).total_memory
@@ -284,6 +284,6 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
     }
     if dtype != "float32":
         notes["device.compute.float32"] = (f"peak: the {n}x{n} matmul in float32; efficiencies: "
-                                           f"{dtype}'s, not measured for float32")
+                                           "not measured (ratrain profile --dtype float32)")
     return notes
 

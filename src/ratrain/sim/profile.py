@@ -16,9 +16,11 @@ from typing import Any
 
 import yaml
 
+from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 from ratrain.plain_data import number, parse_error, shown, unknown_keys
 from ratrain.sim.links import Link, LinkClass
+from ratrain.sim.measured_shapes import MeasuredShape, ModelShape, UnitTimes
 
 PRESET_DIR = Path(__file__).parent / "profiles"
 
@@ -28,9 +30,11 @@ class ComputeRate:
     """Dense math: peak FLOP/s and the fraction of it a model's units achieve."""
 
     peak_flops: float
-    efficiency: float = 0.5
+    efficiency: float | None = 0.5
     """Of the units' FLOPs outside attention's core (their matrix products and what goes with
-    them); all of their FLOPs where `attention_efficiency` is None."""
+    them); all of their FLOPs where `attention_efficiency` is None. None: not measured (a
+    profile of another dtype measures this one's peak only), which HardwareProfile.rate
+    refuses: another dtype's efficiency priced float32 on a bf16 CPU profile 4x slow."""
     attention_efficiency: float | None = None
     """Of attention's core, softmax(q k^T) v forward and backward (causal: the half it
     computes): its products are one head wide, and run far below the matmul peak on a CPU (0.2
@@ -43,33 +47,6 @@ class ComputeRate:
     @property
     def attention_achieved(self) -> float:
         return self.peak_flops * (self.attention_efficiency or self.efficiency)
-
-
-@dataclass
-class UnitTimes:
-    """Measured seconds of one unit kind's forward and backward on one shape, and of the two
-    halves of a split backward (BI, BW) where they were measured."""
-
-    forward_s: float
-    backward_s: float
-    backward_input_s: float | None = None
-    backward_weight_s: float | None = None
-
-
-@dataclass
-class MeasuredShape:
-    """A measured table entry: each unit kind's times for one model, shape and dtype.
-    `recompute` is a forward with autograd on; `forward` is as the executor runs it (with
-    autograd, or without for a recomputed unit: `forward_no_grad_s`)."""
-
-    model: str
-    seq_len: int
-    micro_batch_size: int
-    dtype: str
-    embedding: UnitTimes
-    block: UnitTimes
-    head: UnitTimes
-    block_forward_no_grad_s: float | None = None
 
 
 @dataclass
@@ -189,12 +166,17 @@ class HardwareProfile:
         if dtype not in self.device.compute:
             raise UserError(f"profile {self.name} has no compute rate for {dtype}; it knows "
                             f"{', '.join(self.device.compute)}")
-        return self.device.compute[dtype]
+        rate = self.device.compute[dtype]
+        if rate.efficiency is None:
+            raise UserError(f"profile {self.name} measured {dtype}'s peak but not its "
+                            f"efficiency: profile it with `ratrain profile --dtype {dtype}`")
+        return rate
 
-    def measured_for(self, model: str, seq_len: int, micro_batch_size: int,
+    def measured_for(self, model: ModelConfig, seq_len: int, micro_batch_size: int,
                      dtype: str) -> MeasuredShape | None:
         for m in self.measured:
-            if (m.model, m.seq_len, m.micro_batch_size, m.dtype) == (model, seq_len, micro_batch_size, dtype):
+            if (m.seq_len, m.micro_batch_size, m.dtype) == (seq_len, micro_batch_size, dtype) \
+                    and m.is_of(model):
                 return m
         return None
 
@@ -259,12 +241,8 @@ def _value(kind, value: Any, path: str, where: str):
         if not isinstance(value, dict):
             raise UserError(f"{where}: {path}: expected a mapping, got {shown(value)}")
         return {str(k): _value(item, v, _join(path, str(k)), where) for k, v in value.items()}
-    if kind == "optional-link":
-        return None if value is None else _build(Link, value, path, where)
-    if kind == "optional-int":
-        return None if value is None else _value(int, value, path, where)
-    if kind == "optional-float":
-        return None if value is None else _value(float, value, path, where)
+    if kind in _OPTIONAL:
+        return None if value is None else _value(_OPTIONAL[kind], value, path, where)
     if dataclasses.is_dataclass(kind):
         return _build(kind, value, path, where)
     if kind is bool:
@@ -281,21 +259,36 @@ def _value(kind, value: Any, path: str, where: str):
         raise UserError(f"{where}: {path}: {e}") from None
     if value < 0 or (value == 0 and path.split(".")[-1] in _POSITIVE):
         raise UserError(f"{where}: {path}: must be {'positive' if value == 0 else '>= 0'}, got {value!r}")
+    most = _AT_MOST.get(path.split(".")[-1])
+    if most is not None and value > most:
+        raise UserError(f"{where}: {path}: must be at most {most}, got {value!r}")
     return value
 
 
 _POSITIVE = {"bandwidth", "peak_flops", "efficiency", "attention_efficiency", "memory_bytes",
-             "memory_bandwidth", "host_memory_bandwidth", "devices_per_node", "cores", "seq_len", "micro_batch_size", "count"}
+             "memory_bandwidth", "host_memory_bandwidth", "devices_per_node", "cores", "seq_len",
+             "micro_batch_size", "count", "vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_dim"}
+# A thread adds at most a thread's speed. A compute efficiency is of a measured matmul's peak,
+# which the units' own products beat on a busy CPU (by up to 12% in profiles of the 2-core VM:
+# 1.12); twice it says the peak is wrong. (Contention and process_overhead_per_byte are a
+# slowdown and a growth: no bound above.)
+_AT_MOST = {"thread_efficiency": 1, "efficiency": 2, "attention_efficiency": 2}
+
+_OPTIONAL = {"optional-link": Link, "optional-int": int, "optional-float": float,
+             "optional-model": ModelShape}
 
 _TYPES = {
     Link: {"bandwidth": float, "latency": float},
     LinkClass: {"p2p": Link, "collective": Link},
-    ComputeRate: {"peak_flops": float, "efficiency": float, "attention_efficiency": "optional-float"},
+    ComputeRate: {"peak_flops": float, "efficiency": "optional-float",
+                  "attention_efficiency": "optional-float"},
     UnitTimes: {"forward_s": float, "backward_s": float, "backward_input_s": "optional-float",
                 "backward_weight_s": "optional-float"},
     MeasuredShape: {"model": str, "seq_len": int, "micro_batch_size": int, "dtype": str,
                     "embedding": UnitTimes, "block": UnitTimes, "head": UnitTimes,
-                    "block_forward_no_grad_s": "optional-float"},
+                    "block_forward_no_grad_s": "optional-float", "model_shape": "optional-model"},
+    ModelShape: {"vocab_size": int, "dim": int, "n_heads": int, "n_kv_heads": int, "ffn_dim": int,
+                 "position": str, "qkv_bias": bool, "tie_embeddings": bool, "norm_head": bool},
     Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
              "memory_bandwidth": float, "host_memory_bandwidth": "optional-float",
              "host_link": "optional-link",

@@ -68,7 +68,8 @@ def figures(profile: dict[str, Any], sizes: list[float]) -> dict[str, list[float
                 return
             if RATE in node:
                 out[f"{path}.peak_flops"] = [float(node["peak_flops"])]
-                out[f"{path}.achieved"] = [_achieved(node, "efficiency")]
+                if node.get("efficiency") is not None:  # None: not measured (a peak alone)
+                    out[f"{path}.achieved"] = [_achieved(node, "efficiency")]
                 if node.get("attention_efficiency") is not None:
                     out[f"{path}.attention_achieved"] = [_achieved(node, "attention_efficiency")]
                 return
@@ -101,9 +102,10 @@ def unstable(repeats: list[dict[str, Any]], sizes: list[float],
 def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float = TOLERANCE,
             other_work: list[float] | None = None) -> HardwareProfile:
     """One profile from repeated measurements: the median of every number (of a link: the
-    repeat whose predicted times are the median ones, so latency and bandwidth stay one fit),
-    the figures that did not repeat named in its notes and kept at their slowest and fastest
-    repeat (`unstable`); every figure, contention included, at its median.
+    repeat whose predicted times are the median ones, or the mean of the middle two's times,
+    so latency and bandwidth stay one line), the figures that did not repeat named in its
+    notes and kept at their slowest and fastest repeat (`unstable`); every figure, contention
+    included, at its median.
 
     `other_work`: per repeat, the cores other work kept busy while it measured (other_work.py).
     Repeats measured beside more than BUSY cores of other work are set aside where a quieter
@@ -112,12 +114,13 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
     other_work = other_work or [0.0] * len(repeats)
     quiet = [r for r, busy in zip(repeats, other_work) if busy <= BUSY]
     used = quiet or repeats
-    data = [{k: v for k, v in r.to_dict().items() if k != "unstable"} for r in used]
+    data = [{k: v for k, v in r.to_dict().items() if k not in ("unstable", "notes")}
+            for r in used]
     merged = _median(data, sizes)
     bad = unstable(data, sizes, tolerance) if len(used) > 1 else {}
     # a link shown by its time at the largest size
     values = {path: [f[path][-1] for f in (figures(d, sizes) for d in data)] for path in bad}
-    notes = dict(merged.get("notes") or {})
+    notes = _notes([r.notes for r in used])
     notes["stability"] = _stability_note(len(used), bad, values, tolerance)
     merged["unstable"] = _edges(data, bad, merged, sizes)
     largest = max(float(d["device"]["contention"]) for d in data)
@@ -241,24 +244,52 @@ def _get(data: Any, path: str) -> Any:
     return data
 
 
+def _notes(per_repeat: list[dict[str, str]]) -> dict[str, str]:
+    """Every repeat's notes; one that only some repeats wrote (a figure fits.py bounded in
+    them) says in how many."""
+    notes: dict[str, str] = {}
+    for repeat in per_repeat:
+        for key, text in repeat.items():
+            notes.setdefault(key, text)
+    for key in notes:
+        wrote = sum(key in repeat for repeat in per_repeat)
+        if wrote < len(per_repeat):
+            notes[key] = f"in {wrote} of {len(per_repeat)} repeats: {notes[key]}"
+    return notes
+
+
 def _median(data: list[Any], sizes: list[float]) -> Any:
+    """The median of each number. Of an even count, the mean of the two middle values: until
+    2026-12-02 the lower one, which put every figure of two repeats at one repeat's, the
+    fastest unit times and the slowest bandwidths."""
     first = data[0]
     if isinstance(first, dict):
         if set(first) == {"bandwidth", "latency"}:
             def total(d: dict) -> float:
                 return sum(Link(d["bandwidth"], d["latency"]).time(n) for n in sizes)
-            return sorted(data, key=total)[(len(data) - 1) // 2]
+            middle = sorted(data, key=total)[(len(data) - 1) // 2:len(data) // 2 + 1]
+            return middle[0] if len(middle) == 1 else _mean_link(middle)
         if RATE in first:
-            peak = statistics.median_low([d["peak_flops"] for d in data])
+            peak = statistics.median([d["peak_flops"] for d in data])
             return {key: (peak if key == RATE else None if any(d.get(key) is None for d in data)
-                          else statistics.median_low([_achieved(d, key) for d in data]) / peak)
+                          else statistics.median([_achieved(d, key) for d in data]) / peak)
                     for key in first}
         return {k: _median([d[k] for d in data], sizes) for k in first}
     if isinstance(first, list):
         return [_median([d[i] for d in data], sizes) for i in range(len(first))]
     if isinstance(first, (int, float)) and not isinstance(first, bool):
-        return statistics.median_low(data)  # a value that was measured, of the field's type
+        if all(isinstance(d, int) for d in data):  # a count (cores, a shape's sizes): whole
+            return statistics.median_low(data)
+        return statistics.median(data)
     return first
+
+
+def _mean_link(links: list[dict[str, float]]) -> dict[str, float]:
+    """The link whose time at every size is the mean of theirs: latency and bandwidth stay one
+    line, as a fit's do, where a median of each apart would not."""
+    seconds_per_byte = statistics.mean(1 / d["bandwidth"] for d in links)
+    return {"bandwidth": 1 / seconds_per_byte,
+            "latency": statistics.mean(d["latency"] for d in links)}
 
 
 def _achieved(rate: dict[str, float], efficiency: str) -> float:

@@ -10,8 +10,9 @@ part a call plus a part in proportion to its priced time, the line through the t
 shapes nearest in tokens (between them, or the last two beyond them). Where that line says
 nothing physical (a part below zero: measurements too noisy to tell), the measured / priced
 ratio instead, interpolated in log tokens and held beyond the measured shapes. A profile of
-another model, or of one shape, prices as before: a fixed cost a call fitted on one model does
-not carry to another (`tiny`'s is per-op overhead, `small`'s its small matrix products).
+a model of another shape (ModelShape: its name and depth aside), or of one micro-batch shape,
+prices as before: a fixed cost a call fitted on one model does not carry to another (`tiny`'s
+is per-op overhead, `small`'s its small matrix products).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def shape_scale(measured: list[MeasuredShape], shape: UnitShape,
                 priced: Callable[[UnitShape, str], float]) -> dict[str, float]:
     """Per unit kind, what its priced forward + backward on `shape` is multiplied by;
     `priced`(shape, kind): that sum at the profile's rates. Empty where the profile measured
-    the shape's model in its dtype at fewer than two token counts."""
+    the shape's model (one of its shape) in its dtype at fewer than two token counts."""
     points: dict[int, MeasuredShape] = {}
     for m in measured:
-        if (m.model, m.dtype) == (shape.model.name, shape.dtype):
+        if m.dtype == shape.dtype and m.is_of(shape.model):
             points.setdefault(m.micro_batch_size * m.seq_len, m)
     if len(points) < 2:
         return {}

@@ -24,7 +24,7 @@ class StageCosts(StageStorages):
         p = setup.profile
         self.rate = p.rate(setup.dtype).achieved
         self.attention_rate = p.rate(setup.dtype).attention_achieved
-        self.measured = p.measured_for(setup.model.name, setup.seq_len, setup.micro_batch_size,
+        self.measured = p.measured_for(setup.model, setup.seq_len, setup.micro_batch_size,
                                        setup.dtype)
         self.bandwidth = p.device.memory_bandwidth
         self.host_link = p.device.host_link
