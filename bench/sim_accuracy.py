@@ -21,14 +21,16 @@ over rounds). Predicted: the simulated step time; per stage the simulated ledger
 RSS growth it implies (RankTimeline.rss_growth: the ledger's growth from before the first step
 plus the profile's process overhead). The error of each is (predicted - measured) / measured.
 
-Two sets of configurations: `in`, the shape the profile measured (tiny, 256 tokens, micro-batches
+Sets of configurations: `in`, the shape the profile measured (tiny, 256 tokens, micro-batches
 of 2), whose unit times the simulator reads; `out`, shapes it did not measure (the `small` and
 `tiny-gqa` presets, 64 to 512 tokens, micro-batches of 1 and 4, an uneven partition, three
 stages, per-stage recompute, sharded state, the slow link), priced from FLOPs and the profile's
 rates: the simulator out of sample; `split`, split backwards (zbh1, grouped weight gradients)
-beside 1F1B on the same layouts.
+beside 1F1B on the same layouts; `all`, these three. Apart from `all`: `threads`, one process
+on 2 threads beside one thread, and `tokens`, the profiled model at other tokens a
+micro-batch.
 
-    python bench/sim_accuracy.py [--set in|out|split|all] [--profile FILE] [--steps 10] [--rounds 3] [--link 200mbit] [--out bench/results/sim_accuracy.json]
+    python bench/sim_accuracy.py [--set in|out|split|threads|tokens|all] [--profile FILE] [--steps 10] [--rounds 3] [--link 200mbit] [--out bench/results/sim_accuracy.json]
     python bench/sim_accuracy.py --set out --paired --rounds 2   # a profile repeat before every run
     python bench/sim_accuracy.py --repredict RESULT.json --out FILE   # today's simulator on stored measurements
 
@@ -67,6 +69,8 @@ from sim_accuracy_configs import MICRO, MODEL, SEQ, SETS, Config  # noqa: E402
 from sim_accuracy_table import table  # noqa: E402
 from two_nodes import LinkUnavailable, TwoNodes, parse_rate  # noqa: E402
 
+WARMUP = 2  # a run's first steps, left out of its measured step time
+
 
 def _config(c: Config, steps: int) -> RunConfig:
     cfg = RunConfig(model=get_preset(c.model))
@@ -97,7 +101,7 @@ def _measure(cfg: RunConfig, plan, work: Path, link: TwoNodes | None,
         link.run(cfg.parallel.pp * cfg.parallel.dp // 2, ["-m", "ratrain.cli", *args],
                  port=29611, log_dir=work)
     rows = read_metrics(run_dir / "metrics.jsonl")
-    return {"step_time_s": statistics.median(r["step_time_s"] for r in rows[2:]),
+    return {"step_time_s": statistics.median(r["step_time_s"] for r in rows[WARMUP:]),
             "ledger": rows[-1]["ledger_peak_bytes_per_rank"],
             "rss_growth": rows[-1].get("rss_growth_bytes_per_rank"),
             **({"trace": json.loads((run_dir / "trace.json").read_text())} if trace else {})}
@@ -145,7 +149,8 @@ def _per_stage(per_rank: list, pp: int, dp: int) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="a profile YAML; default: measure one with `ratrain profile`")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=10,
+                    help=f"steps a run trains; the first {WARMUP} are not measured")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
     ap.add_argument("--set", choices=SETS, default="all",
@@ -162,6 +167,7 @@ def main() -> None:
                          "simulator (from its profile repeats)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/sim_accuracy.json"))
     args = ap.parse_args()
+    refuse_too_few_steps(ap, args.steps)
     if args.repredict:
         result = json.loads(Path(args.repredict).read_text())
         repeats = [from_dict(d) for d in result.get("profile_repeats") or [result["profile"]]]
@@ -195,6 +201,14 @@ def main() -> None:
                   "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(result))
+
+
+def refuse_too_few_steps(ap: argparse.ArgumentParser, steps: int) -> None:
+    """--steps must leave a step after the warmup: with fewer, every run trained and the
+    script failed at its end (no median of no steps)."""
+    if steps <= WARMUP:
+        ap.error(f"--steps {steps}: at least {WARMUP + 1} (the first {WARMUP} steps of a run "
+                 "warm up and are not measured)")
 
 
 def _merged(repeats: list):

@@ -142,7 +142,9 @@ def main() -> None:
     ap.add_argument("--link", default="200mbit", help="tc rate of the two-node link")
     ap.add_argument("--out", default=str(sa.ROOT / "bench/results/sim_breakdown.json"))
     args = ap.parse_args()
-    by_label = {c.label: c for c in SETS["all"]}
+    sa.refuse_too_few_steps(ap, args.steps)
+    # every set's: `all` leaves out the threads and tokens sets
+    by_label = {c.label: c for configs in SETS.values() for c in configs}
     unknown = [label for label in args.only if label not in by_label]
     if unknown:
         ap.error(f"--only: no configuration {', '.join(map(repr, unknown))} in "

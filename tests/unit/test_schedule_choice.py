@@ -4,7 +4,10 @@ faster), and the choice is written into the config."""
 
 import dataclasses
 
+import pytest
+
 from ratrain.config import RunConfig
+from ratrain.errors import UserError
 from ratrain.models.presets import get_preset
 from ratrain.setup import check_memory_fits, run_plan
 from ratrain.setup.choice import MARGIN, choose, default_profile
@@ -162,7 +165,7 @@ def test_on_a_cpu_the_choice_weighs_the_machines_memory_not_the_presets():
     fastest = choose(cfg(), run_plan, load_profile("cpu-local"), budget=float("inf"))
     assert (roomy.parallel.schedule, roomy.parallel.weight_grad) == (fastest.schedule,
                                                                      fastest.weight_grad)
-    assert roomy.parallel.schedule != "1f1b" and "200.0 GiB budget, fits" in said[0]
+    assert roomy.parallel.schedule != "1f1b" and "200.00 GiB budget, fits" in said[0]
 
 
 def test_the_candidates_are_simulated_on_the_ranks_threads():
@@ -179,3 +182,61 @@ def test_the_candidates_are_simulated_on_the_ranks_threads():
         return float(lines[0].split("simulated ")[1].split(" s/step")[0])
 
     assert said(2) < 0.7 * said(1)
+
+
+def test_a_stage_is_held_to_the_budget_with_the_process_as_simulates_table_holds_it(
+        monkeypatch, capsys, tmp_path):
+    """A profile of 95 MiB that some candidates' device peaks fit but not with the process's
+    own 38 MiB: --schedule auto said "fits" above a table of NO (it weighed the device peak
+    alone) and took ZB-H1."""
+    from ratrain.sim.simulator import simulate
+
+    cpu = load_profile("cpu-local")
+    small = dataclasses.replace(cpu, device=dataclasses.replace(
+        cpu.device, memory_bytes=1e8, process_overhead_bytes=4e7))
+    yaml = tmp_path / "small.yaml"
+    small.save(yaml)
+
+    def tiny(schedule="auto", weight_grad=None):
+        c = RunConfig(model=get_preset("tiny"))
+        c.train.seq_len, c.train.micro_batch_size, c.train.global_batch = 256, 2, 8
+        c.parallel.pp, c.parallel.schedule, c.parallel.weight_grad = 2, schedule, weight_grad
+        return c
+
+    choice = choose(tiny(), run_plan, small, threads_per_rank=1)
+    alone_fits = 0
+    for c in choice.candidates:
+        trial = tiny(c.schedule, c.weight_grad)
+        result = simulate(run_plan(trial), trial.model, small, micro_batch_size=2, seq_len=256,
+                          dtype="float32", threads_per_rank=1)
+        with_process = [r.device_peak + small.device.process_overhead(r.ledger_growth)
+                        for r in result.ranks]
+        assert c.peak_bytes == pytest.approx(max(with_process))
+        alone_fits += max(r.device_peak for r in result.ranks) <= 1e8 < max(with_process)
+    assert alone_fits  # the case: a device peak that fits alone, not with the process
+    assert "least memory of none that fit" in choice.why and ", fits." not in choice.why
+    assert choice.schedule == "1f1b"
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "simulate", "--profile", str(yaml),
+                                   "--pp", "2", "--threads", "1", "--model", "tiny")
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    stages = [line for line in lines if line.split()[:1] in (["0"], ["1"])]
+    assert len(stages) == 2 and any(" NO " in line for line in stages)
+    assert lines[0].startswith("schedule 1f1b:") and ", fits." not in lines[0]
+
+
+def test_a_reason_every_schedule_shares_is_said_once(monkeypatch, capsys):
+    code, _, stderr = run_cli(monkeypatch, capsys, "simulate", "--partition", "0,6", "--pp", "2",
+                              "--threads", "1")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert stderr.count("every stage needs at least one unit") == 1
+
+
+def test_a_group_beside_a_weight_gradient_placement_says_why_neither_runs():
+    """--micro-batch-group keeps 1F1B only and --weight-grad zbh1 only: the choice had no
+    candidate left and said "no schedule can run this layout: " with no reason."""
+    cfg = _cfg(2, 1, 4)
+    cfg.parallel.micro_batch_group, cfg.parallel.weight_grad = 2, "grouped"
+    with pytest.raises(UserError, match=r"--micro-batch-group 2 runs 1F1B over groups, and "
+                       r"--weight-grad grouped places .* give one of them$"):
+        _choose(cfg)

@@ -34,3 +34,11 @@ def range_line(edges: tuple[float, float], figures: list[str]) -> str:
     fast, slow = edges
     return (f"{fast:.4g}-{slow:.4g} s with the profile's figures that did not repeat at their "
             f"fastest and slowest repeat ({', '.join(figures)})")
+
+
+def other_work_line(hw) -> str | None:
+    """The note that other work ran while the profile was measured (its times then read
+    that work's load as the machine's slowness, sim/profile_repeats.py), for the command
+    line: it was in the YAML alone, and a prediction twice too slow came without a word."""
+    note = hw.notes.get("other_work")
+    return f"profile {hw.name}: {note}" if note else None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ratrain.cli.format import range_line, table
+from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
 from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
@@ -134,9 +134,12 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
             summary["low_communication"] = low_comm.to_dict(offer)
             if offered:
                 summary["low_communication"]["plan_file"] = str(offered)
+        summary["profile_other_work"] = other_work_line(hw)
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_heading(found))
+    if other_work_line(hw):
+        click.echo(other_work_line(hw))
     if memory_here:
         click.echo(f"a device's memory: {hw.notes['device.memory_bytes']} (--profile plans for "
                    f"another machine)")

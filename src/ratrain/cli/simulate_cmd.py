@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ratrain.cli.format import fmt_bytes, range_line, table
+from ratrain.cli.format import fmt_bytes, other_work_line, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
                                  use_plan_file)
@@ -33,11 +33,15 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     refuse_idle_outer_flags(cfg, opts)
     hw = load_profile(profile_spec or _plans_profile(plan_data, plan_file, as_json))
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
+    busy = other_work_line(hw)
+    if busy and not as_json:
+        click.echo(busy)
     # what could not run on the profile's devices is not predicted (setup/rule.py); --schedule
     # auto is chosen on this profile
     machine = Machine.of_profile(hw, cfg)
+    said: list[str] = []
     plan = run_plan(cfg, machine, plan_data=plan_data, profile=hw,
-                    say=None if as_json else click.echo)
+                    say=said.append if as_json else click.echo)
     t = cfg.train
     shape = {"micro_batch_size": t.micro_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
              "threads_per_rank": machine.threads_per_rank}
@@ -52,6 +56,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
         actions, spans = result.trace_events()
         write_chrome_trace(trace_file, actions,
                            {s: f"stage {s} (simulated, {hw.name})" for s in actions}, spans)
+    budget, limit, limit_said = _device_limit(plan_data, hw)
     summary = {"model": cfg.model.name, "profile": hw.name, "pp": plan.pp, "dp": plan.dp,
                "n_micro": plan.n_micro, "global_batch": t.global_batch, "seq_len": t.seq_len,
                "micro_batch_size": t.micro_batch_size, "dtype": t.dtype, "policy": plan.policy,
@@ -60,9 +65,11 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                "weight_grad": plan.weight_grad, "grad_lifetime": plan.grad_lifetime,
                "shard_group": plan.shard_group, "host_grad_dtype": plan.host_grad_dtype,
                "threads_per_rank": machine.threads_per_rank,
-               "memory_budget_bytes": hw.device.memory_bytes, **result.summary()}
-    limit, limit_said = _device_limit(plan_data, hw)
-    summary["device_limit_bytes"] = limit
+               "memory_budget_bytes": budget, "device_limit_bytes": limit,
+               # the line the text starts with where --schedule auto had candidates to weigh
+               "schedule_choice": next((line for line in said if line.startswith("schedule ")),
+                                       None),
+               "profile_other_work": busy, **result.summary()}
     host = hw.device.host_memory_bytes if hw.device.host_link else None
     for stage, r in zip(summary["stages"], result.ranks):
         # each tier's verdict, as the table says it (fits_host None: the profile has no host tier)
@@ -138,16 +145,18 @@ def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool)
     return spec
 
 
-def _device_limit(plan_data: dict | None, hw) -> tuple[float, str]:
-    """What a stage's device peak with the process's own overhead may reach, and its words: a
-    plan file's budget after its margin, as `ratrain plan` held it (simulate once judged a
-    plan made for 20 GB against the profile's 140 GB), else the profile's memory."""
+def _device_limit(plan_data: dict | None, hw) -> tuple[float, float, str]:
+    """The device memory a stage is held to, what its device peak with the process's own
+    overhead may reach, and the latter's words: a plan file's budget and that after its
+    margin, as `ratrain plan` held it (simulate once judged a plan made for 20 GB against the
+    profile's 140 GB), else the profile's memory."""
     made = (plan_data or {}).get("prediction") or {}
     budget, margin = made.get("budget_bytes"), made.get("margin")
     if isinstance(budget, (int, float)) and isinstance(margin, (int, float)):
-        limit = min(budget, hw.device.memory_bytes) * (1.0 - margin)
-        return limit, f"{fmt_bytes(limit)} (the plan's budget less {margin:.0%})"
-    return hw.device.memory_bytes, fmt_bytes(hw.device.memory_bytes)
+        budget = min(budget, hw.device.memory_bytes)
+        limit = budget * (1.0 - margin)
+        return budget, limit, f"{fmt_bytes(limit)} (the plan's budget less {margin:.0%})"
+    return hw.device.memory_bytes, hw.device.memory_bytes, fmt_bytes(hw.device.memory_bytes)
 
 
 def _outer_period(plan, cfg, hw, inner, shape) -> dict | None:

@@ -1,8 +1,10 @@
 """`--schedule auto` (the default): the schedule and weight-gradient placement a run takes when
 the user names neither, chosen by simulating the run's own plan under each candidate the
 planner would weigh for its layout (planner.layouts.schedules) on a hardware profile, and taking
-the fastest whose every stage's memory estimate fits the device (and the profile's host tier
-per device, where it has one), and whose ranks' bytes fit
+the fastest whose every stage's memory estimate fits the device (its device peak with the
+process's own overhead, as `ratrain simulate`'s table and the planner judge it; until
+2026-12-02 the device peak alone, so a choice said "fits" above a table that said NO), and
+the profile's host tier per device, where it has one, and whose ranks' bytes fit
 the machine the run starts on (its host memory: the state kept there, offloaded activations;
 on a CPU the whole run's).
 
@@ -41,7 +43,7 @@ class Candidate:
     schedule: str
     weight_grad: str | None
     step_s: float
-    peak_bytes: int  # the largest stage's device peak
+    peak_bytes: float  # the largest stage's device peak with the process's own overhead
     micro_batch_group: int = 1
     refused_here: str | None = None  # why its bytes cannot fit the machine the run starts on
     host_peak_bytes: int = 0  # the largest stage's peak in the host tier
@@ -73,11 +75,12 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
            views: bool = False, refusal_here=None, threads_per_rank: int = 1) -> Choice:
     """The schedule for cfg (whose schedule is `auto`; a --weight-grad given keeps only the
     split candidates with that placement). `build_plan(cfg)` makes a candidate's plan (a
-    UserError drops it); `profile` a HardwareProfile; `budget` the bytes a stage may hold
-    (default: the profile's device memory); `views`: the plan has views, so micro-batch
-    groups are weighed where the run names none; `refusal_here(cfg, plan)`: why a candidate's
-    bytes cannot fit the machine the run starts on, its host memory included
-    (memory_fit.machine_refusal), or None; `threads_per_rank`: each rank's CPU threads."""
+    UserError drops it); `profile` a HardwareProfile; `budget` the bytes a stage may hold, its
+    device peak with the process's own overhead (default: the profile's device memory);
+    `views`: the plan has views, so micro-batch groups are weighed where the run names none;
+    `refusal_here(cfg, plan)`: why a candidate's bytes cannot fit the machine the run starts
+    on, its host memory included (memory_fit.machine_refusal), or None; `threads_per_rank`:
+    each rank's CPU threads."""
     from ratrain.sim.simulator import simulate
 
     p, t = cfg.parallel, cfg.train
@@ -94,12 +97,16 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
     if p.micro_batch_group is not None:
         options = [(s, w, p.micro_batch_group) for s, w, _ in options
                    if s == "1f1b" or p.micro_batch_group == 1]
+        if not options:  # (it said "no schedule can run this layout: " and no reason)
+            raise UserError(f"--micro-batch-group {p.micro_batch_group} runs 1F1B over groups, "
+                            f"and --weight-grad {p.weight_grad} places the weight gradients of "
+                            "a split schedule (zbh1), which has its own order: give one of them")
     elif p.policy == "ratrain" and p.weight_grad is None and views:
         options += [("1f1b", None, g) for g in range(2, cfg.n_micro + 1) if cfg.n_micro % g == 0]
     if len(options) == 1:
         s, w, g = options[0]
         return Choice(s, w, f"schedule {_label(s, w, g)} (the only candidate)", [], g)
-    found, refused = [], []
+    found, refused = [], {}  # why a candidate cannot run -> the candidates it refused
     for s, w, g in options:
         trial = copy.deepcopy(cfg)
         trial.parallel.schedule, trial.parallel.weight_grad = s, w
@@ -107,15 +114,17 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
         try:
             plan = build_plan(trial)
         except UserError as e:
-            refused.append(f"{s}: {e}")
+            refused.setdefault(str(e), []).append(_label(s, w, g))
             continue
         result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
                           seq_len=t.seq_len, dtype=t.dtype, threads_per_rank=threads_per_rank)
-        found.append(Candidate(s, w, result.step_time, max(r.device_peak for r in result.ranks),
+        peak = max(r.device_peak + profile.device.process_overhead(r.ledger_growth)
+                   for r in result.ranks)
+        found.append(Candidate(s, w, result.step_time, peak,
                                g, refusal_here(trial, plan) if refusal_here else None,
                                max(r.host_peak for r in result.ranks)))
     if not found:
-        raise UserError("no schedule can run this layout: " + "; ".join(refused))
+        raise UserError("no schedule can run this layout: " + _refusals(refused))
     # where no schedule fits the host tier (its state, the same under each), it does not choose
     fits = ([c for c in found if _fits(c, budget, host)] or
             [c for c in found if _fits(c, budget, None)] or
@@ -130,6 +139,14 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
 def _label(schedule: str, weight_grad: str | None, group: int = 1) -> str:
     return (schedule + (f" {weight_grad}" if weight_grad else "")
             + (f" in groups of {group}" if group > 1 else ""))
+
+
+def _refusals(refused: dict[str, list[str]]) -> str:
+    """Why the candidates could not run: a reason they share said once (a layout every
+    schedule refuses was said once per split placement)."""
+    if len(refused) == 1:
+        return next(iter(refused))
+    return "; ".join(f"{', '.join(labels)}: {why}" for why, labels in refused.items())
 
 
 def _fits(c: Candidate, budget: float, host: float | None) -> bool:
@@ -150,5 +167,6 @@ def _why(best: Candidate, found: list[Candidate], budget: float, host: float | N
     held = (f" and {best.host_peak_bytes / gib:.2f} GiB of a {host / gib:.1f} GiB host tier"
             if host is not None else "")
     return (f"schedule {best.label}: simulated {best.step_s:.3g} s/step on {profile} "
-            f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB of a "
-            f"{budget / gib:.1f} GiB budget{held}, {fit}. --schedule overrides")
+            f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB (with the "
+            f"process's own) of a {budget / gib:.2f} GiB budget{held}, {fit}. --schedule "
+            "overrides")
