@@ -3,6 +3,7 @@ continues exactly as if it had never stopped."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -50,6 +51,13 @@ def test_resume_continues_the_same_run(corpus, full_run, tmp_path, resume_pp, re
         else:
             assert abs(got[step] - want[step]) / want[step] < 1e-5, (step, got[step], want[step])
     assert checkpoint.latest(run).name == "step_000010"
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows if r.get("resumed")] == [6]
+    # ranks of another layout had other jobs: their memory peaks count from the resume, said so
+    since = None if (resume_pp, resume_dp) == (2, 1) else 6
+    assert [r["step"] for r in rows if "memory_peaks_from_step" in r] == ([since] if since else [])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary.get("memory_peaks_from_step") == since
 
 
 def _truncate(path):

@@ -81,3 +81,26 @@ def test_cpu_peak_measured_without_a_profile():
 
 def test_mfu_arithmetic():
     assert mfu.mfu(48480, 1000.0, 48480 * 4000.0) == pytest.approx(0.25)
+
+
+def test_the_peaks_devices_are_counted_in_words(monkeypatch):
+    monkeypatch.setattr(mfu, "usable_cores", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpu = load_profile("cpu-local")
+    assert mfu.run_peak("cpu", "float32", 1, 1, cpu).source.endswith(" per core x 1 core")
+    assert mfu.run_peak("cpu", "float32", 2, 1, cpu).source.endswith(" per core x 2 cores")
+    assert mfu.run_peak("cuda", "bfloat16", 1, 1, device_name="NVIDIA H200").source.endswith(" x 1 GPU")
+    assert mfu.run_peak("cuda", "bfloat16", 8, 1, device_name="NVIDIA H200").source.endswith(" x 8 GPUs")
+
+
+def test_a_measured_cpu_peak_is_reused_on_its_own_machine_only(monkeypatch):
+    monkeypatch.setattr(mfu, "measure_cpu_core_peak", lambda dtype="float32": 5e9)
+    first = mfu.run_peak("cpu", "float32", 1, 1)
+    assert first.measured == {"machine": mfu.cpu_machine("float32"), "flops_per_core": 5e9}
+    monkeypatch.setattr(mfu, "measure_cpu_core_peak", lambda dtype="float32": 7e9)
+    again = mfu.run_peak("cpu", "float32", 1, 1, measured_before=first.measured)
+    assert again.flops == first.flops and again.measured == first.measured
+    for other in ({"host": "elsewhere"}, {"cores": 1000}):
+        record = {**first.measured, "machine": {**first.measured["machine"], **other}}
+        assert mfu.run_peak("cpu", "float32", 1, 1, measured_before=record).flops == 7e9
+    assert mfu.run_peak("cpu", "bfloat16", 1, 1, measured_before=first.measured).flops == 7e9

@@ -21,10 +21,18 @@ def peak_memory_bytes(device: torch.device) -> int:
 class RssGrowth:
     """The process's peak resident set size since `start()`, over its size at `start()`: what
     training itself added, without torch's own hundreds of MB. Linux only (the peak is reset
-    through /proc/self/clear_refs); None elsewhere."""
+    through /proc/self/clear_refs); None elsewhere.
+
+    The peak is the largest VmHWM `peak()` has read, as VmHWM itself can fall: the kernel
+    records the high-water mark only when the resident set is about to shrink, from its per-CPU
+    counters (since Linux 6.2), which lag the exact count, and VmHWM is the larger of that record
+    and the exact resident set now. A reading taken at the top is the exact peak, a later one
+    the lagging record: 62 pages less one step later in a tiny run on 2 CPUs (the lag grows
+    with the CPUs). A peak between two readings can be short by that lag."""
 
     def __init__(self) -> None:
         self.base: int | None = None
+        self._highest = 0
 
     def start(self) -> None:
         try:
@@ -32,11 +40,13 @@ class RssGrowth:
             self.base = _status_bytes("VmRSS")
         except OSError:
             self.base = None
+        self._highest = 0
 
     def peak(self) -> int | None:
         if self.base is None:
             return None
-        return max(0, _status_bytes("VmHWM") - self.base)
+        self._highest = max(self._highest, _status_bytes("VmHWM") - self.base)
+        return self._highest
 
 
 def _status_bytes(field: str) -> int:

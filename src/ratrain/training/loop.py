@@ -3,7 +3,6 @@ trace and summary."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -27,9 +26,11 @@ from ratrain.schedule.plan import PipelinePlan
 from ratrain.training.metrics import MetricsLog, StepExtras
 from ratrain.training.resuming import OuterAsWeights, resumed_state, say_what_changed
 from ratrain.training.run_dir import checkpoints_of
+from ratrain.training.run_summary import write_summary
 from ratrain.training.shared_dir import DirectoryShare
 from ratrain.training.step_meetings import (StepFigures, StepMeetings, meeting_steps,
                                             replicas_mean)
+from ratrain.training.whole_run import RunPeaks, Throughput
 
 
 class TrainingDiverged(UserError):
@@ -55,6 +56,7 @@ class Loop:
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
         self._per_rank_written: dict[str, list] = {}  # _per_rank's last lists by key
         self._said_stop = self._said_short = False  # (each said once a run)
+        self.bar: tqdm | None = None
 
     def _barrier(self, when: str, action: str) -> None:
         if self.groups:
@@ -75,18 +77,25 @@ class Loop:
         except BaseException:
             self.saver.cancelled.set()  # a save in flight stops between units, unpublished
             raise
+        finally:  # before the caller says how the run ended: tqdm redraws an open bar below it
+            if self.bar is not None:
+                self.bar.close()
 
     def _run(self, ckpt: Path | None, verified: bool) -> bool:
         t = self.cfg.train
-        if ckpt:
-            self._resume(ckpt, verified)
+        meta = self._resume(ckpt, verified) if ckpt else None
         start = self.loader.step
         log = MetricsLog(self.run_dir / "metrics.jsonl", start if ckpt else None) if self.is_main else None
         self.extras = StepExtras(self.cfg, self.run_dir, self.grid.world_size, self.engine.stage.device,
-                                 start if ckpt else None) if self.is_main else None  # MFU, TensorBoard
+                                 start if ckpt else None, meta and meta.get("cpu_core_peak")
+                                 ) if self.is_main else None  # MFU, TensorBoard
+        # the run's earlier parts, as the main rank wrote them (the others write no rows)
+        kept = log.kept if log else []
+        self.peaks = RunPeaks(kept, meta is None or self._same_layout(meta), start)
+        throughput = Throughput(kept)
         tokens_per_step = t.global_batch * t.seq_len
-        bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
-                   dynamic_ncols=True)
+        bar = self.bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
+                              dynamic_ncols=True)
         if self.publishes:  # what a save cut short left (a kill): a save of this run may reuse its name
             checkpoint.remove_partials(self.where)
         self._barrier("start of training", "the first barrier")
@@ -96,7 +105,7 @@ class Loop:
         rss.start()
         # what the RSS growth leaves out: the state allocated before training
         self.held_before_training = self.engine.ledger_bytes()
-        timed, row = [], {}  # (tokens, seconds) of the steps after the first
+        row = {}
         meetings = StepMeetings(self.groups, self.cfg.parallel.comm_timeout_s,
                                 meeting_steps(t, self.engine.outer.sync if self.engine.outer else None))
         mine: dict[int, dict] = {}  # this rank's rows of the steps the replicas have not met on
@@ -112,13 +121,17 @@ class Loop:
             if self.engine.loss_scale:
                 mine[step].update(loss_scale=self.engine.loss_scale.scale, skipped=result.skipped)
             if step > start:  # the first step pays for warm-up allocations
-                timed.append((tokens_per_step, elapsed))
+                throughput.add(step + 1, tokens_per_step, elapsed)
+            elif ckpt:  # so does a resumed part's: whole-run means leave this row out
+                mine[step]["resumed"] = True
+                if self.peaks.from_step == step + 1:
+                    mine[step]["memory_peaks_from_step"] = step + 1
             met = meetings.add(step, StepFigures(
                 result.loss, self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(),
                 rss.peak(), stop_requested()))
             self.saver.check()  # a save that failed ends the run now
-            bar.update(1)
             if not met:
+                bar.update(1)
                 self._say_stop_waits(step, meetings)
                 continue
             rows = [self._row(mine.pop(s), figures, s + 1 == t.steps) for s, figures in met]
@@ -141,6 +154,7 @@ class Loop:
             said = "loss" if self.engine.outer is None else f"loss@{row['step']}"
             bar.set_postfix({said: f"{row['loss']:.3f}", "tok_s": f"{row['tokens_per_s']:.0f}"},
                             refresh=False)
+            bar.update(1)  # after the postfix: a redraw here shows this step's loss, not the last's
             # every rank sees the same: all stop
             stop = any(f.stop for _, figures in met for f in figures) and step + 1 < t.steps
             if stop or t.saves_after(step + 1):
@@ -154,7 +168,7 @@ class Loop:
         bar.close()
         self.engine.finish_updates()  # the last step's carried updates: waited by no next step
         self.saver.wait()  # the end of the run: its checkpoint published before the summary
-        self._finish(row, timed)
+        self._finish(row, throughput)
         return False
 
     def _say_stop_waits(self, step: int, meetings: StepMeetings) -> None:
@@ -172,15 +186,17 @@ class Loop:
         row["loss"] = replicas_mean([f.loss for f in figures])
         if self.engine.outer is not None:  # each replica's own, on its own weights
             row["loss_per_replica"] = [figures[r].loss for r in self.grid.replica_ranks(0)]
-        row["peak_memory_bytes"] = max(f.peak_memory for f in figures)
+        row["peak_memory_bytes"] = self.peaks.of("peak_memory_bytes",
+                                                 max(f.peak_memory for f in figures))
         ledger = [f.ledger_peak for f in figures]
         growth = [f.rss_growth for f in figures]
-        self._per_rank(row, {
+        lists = {
             "peak_memory_bytes_per_rank": ([f.peak_memory for f in figures]
                                            if len(figures) > 1 else None),
             "ledger_peak_bytes_per_rank": ledger if ledger[0] is not None else None,
             "rss_growth_bytes_per_rank": growth if growth[0] is not None
-            and self.engine.stage.device.type == "cpu" else None}, final)
+            and self.engine.stage.device.type == "cpu" else None}
+        self._per_rank(row, {k: self.peaks.of(k, v) for k, v in lists.items()}, final)
         return row
 
     def _diverged(self, row: dict) -> None:
@@ -195,15 +211,21 @@ class Loop:
 
     def _per_rank(self, row: dict, lists: dict, final: bool) -> None:
         """Each rank's peaks into the row where they moved since the last row that has them,
-        and in the run's last: they only grow, and most steps' are the last ones' (a row of
-        1,024 ranks' three lists is ~40 KB; every step's made metrics.jsonl grow by that).
-        What reads them reads the latest row that has them."""
+        and in the run's last: they only grow (the run's so far: RunPeaks), and most steps'
+        are the last ones' (a row of 1,024 ranks' three lists is ~40 KB; every step's made
+        metrics.jsonl grow by that). What reads them reads the latest row that has them."""
         for key, values in lists.items():
             if values is not None and (final or list(values) != self._per_rank_written.get(key)):
                 row[key] = self._per_rank_written[key] = list(values)
 
-    def _resume(self, ckpt: Path, verified: bool) -> None:
-        """Weights, optimizer states, loss scale, loader position and random generators."""
+    def _same_layout(self, meta: dict) -> bool:
+        """Whether the checkpoint's ranks had this run's ranks' jobs (pp, dp and rank order)."""
+        return all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)
+                   for k in ("pp", "dp", "rank_order"))
+
+    def _resume(self, ckpt: Path, verified: bool) -> dict:
+        """Weights, optimizer states, loss scale, loader position and random generators; returns
+        the checkpoint's manifest."""
         meta = checkpoint.load_meta(ckpt)
         whose = resumed_state(meta["config"]["parallel"], self.cfg.parallel, self.replica)
         # read to the host a unit at a time: loading copies each into the unit's own home
@@ -213,8 +235,7 @@ class Loop:
                                      else states)
         # A rank of another layout (pp, dp or rank order) has another job: it takes the run's
         # loss scale, not the rank's own (DiLoCo's), and starts its generators afresh.
-        same_layout = all(meta["config"]["parallel"].get(k) == getattr(self.cfg.parallel, k)
-                          for k in ("pp", "dp", "rank_order"))
+        same_layout = self._same_layout(meta)
         scale = (meta.get("loss_scale_per_rank", {}).get(str(self.rank)) if same_layout
                  else None) or meta.get("loss_scale")
         if self.engine.loss_scale and scale:
@@ -224,6 +245,7 @@ class Loop:
             say_what_changed(meta, self.cfg, self.loader.state_dict())
         if same_layout and str(self.rank) in meta["rng"]:
             rng.restore(meta["rng"][str(self.rank)])
+        return meta
 
     def _checkpoint(self, step: int) -> None:
         """Save the state after `step`: taken now, in this thread (copied to host memory, see
@@ -248,6 +270,8 @@ class Loop:
                 meta["ranks"] = list(self.share.ranks)
             if self.engine.loss_scale:  # every rank's scale is the same: same norms, same skips
                 meta["loss_scale"] = self.engine.loss_scale.state_dict()
+            if self.extras and self.extras.peak.measured:  # for a resume's MFU (mfu.run_peak)
+                meta["cpu_core_peak"] = self.extras.peak.measured
         # --sync diloco: each replica's norm, skips and scale are its own
         own_scale = (self.engine.loss_scale.state_dict()
                      if self.engine.loss_scale and self.engine.outer is not None else None)
@@ -272,7 +296,7 @@ class Loop:
     def grid(self) -> RankGrid:
         return self.groups.grid if self.groups else RankGrid(1, 1)
 
-    def _finish(self, last: dict, timed: list[tuple[int, float]]) -> None:
+    def _finish(self, last: dict, throughput: Throughput) -> None:
         traced = self._gather((self.tracer.events(), self.tracer.async_spans()) if self.tracer else None,
                               "end of run", "the trace gather")
         ledgers = self._gather((self.engine.ledger_at_peak(), self.held_before_training),
@@ -284,23 +308,5 @@ class Loop:
             labels = {r: "rank {} (stage {}, replica {})".format(r, *grid.coords(r)) for r in range(grid.world_size)}
             write_chrome_trace(self.run_dir / "trace.json", {r: t[0] for r, t in enumerate(traced)},
                                labels, {r: t[1] for r, t in enumerate(traced)})
-        summary = {"run_dir": str(self.run_dir), "steps": last.get("step"), "final_loss": last.get("loss"),
-                   "val_loss": last.get("val_loss"),
-                   # the tokens over the time they took: a mean of the steps' rates would
-                   # weigh a slow step (a save's, a stall's) as little as a fast one
-                   "tokens_per_s": (sum(n for n, _ in timed) / sum(s for _, s in timed)
-                                    if timed else last.get("tokens_per_s")),
-                   "peak_memory_bytes": last.get("peak_memory_bytes"),
-                   "schedule": self.cfg.parallel.schedule, "weight_grad": self.cfg.parallel.weight_grad,
-                   "grad_lifetime": self.cfg.parallel.grad_lifetime}
-        per_stage = self.grid.largest_per_stage
-        if "ledger_peak_bytes_per_rank" in last:
-            summary["ledger_peak_bytes_per_stage"] = per_stage(last["ledger_peak_bytes_per_rank"])
-            summary["ledger_at_peak_by_kind_per_rank"] = [at_peak for at_peak, _ in ledgers]
-            summary["ledger_before_training_bytes_per_rank"] = [held for _, held in ledgers]
-        if "rss_growth_bytes_per_rank" in last:
-            summary["rss_growth_bytes_per_stage"] = per_stage(last["rss_growth_bytes_per_rank"])
-        if self.saver.times:  # the main rank's saves: training thread's and writer's seconds
-            summary["checkpoint_saves"] = self.saver.times
-        self.extras.finish(summary)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(self.run_dir, self.cfg, self.grid, last, throughput, self.peaks, ledgers,
+                      self.saver.times, self.extras)

@@ -4,6 +4,7 @@ TensorBoard)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -15,22 +16,40 @@ class MetricsLog:
     """Appends one JSON object per line to run_dir/metrics.jsonl.
 
     On resume the log is cut back to the checkpoint's step first, so the file always describes one
-    consistent run.
+    consistent run; `kept` holds the rows before it (the run's earlier parts). A float that is
+    not finite (a float16 step's overflowed grad_norm, a diverged one's) is written as null:
+    JSON has no NaN, and strict parsers refuse Python's.
     """
 
     def __init__(self, path: str | Path, resume_step: int | None = None):
         self.path = Path(path)
+        self.kept: list[dict] = []
         if resume_step is not None and self.path.exists():
-            kept = [json.dumps(row) for row in read_metrics(self.path)
-                    if row["step"] <= resume_step]
+            self.kept = [_finite(row) for row in read_metrics(self.path)
+                         if row["step"] <= resume_step]
             # replaced whole: a kill while it is written leaves the earlier file, not a part
-            write_whole(self.path, "".join(line + "\n" for line in kept))
+            write_whole(self.path, "".join(_line(row) for row in self.kept))
         elif resume_step is None:
             self.path.write_text("")
 
     def write(self, row: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(_line(row))
+
+
+def _line(row: dict) -> str:
+    return json.dumps(_finite(row), allow_nan=False) + "\n"
+
+
+def _finite(value):
+    """`value` with its floats that are not finite, at any depth, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -50,10 +69,11 @@ class StepExtras:
     """What rank 0 adds to each step's row and to the run's summary beyond the loop's own
     metrics: MFU (training/mfu.py) and, with --tensorboard, the row as TensorBoard scalars
     (training/tensorboard_log.py). Made before the first step: on a CPU without a profile it measures
-    the matmul peak (about 0.3 s)."""
+    the matmul peak (about 0.3 s), unless `measured_before` (the run's checkpoint kept the
+    measurement: mfu.run_peak) is of this machine."""
 
     def __init__(self, cfg, run_dir: str | Path, world: int, device: torch.device,
-                 resume_step: int | None = None):
+                 resume_step: int | None = None, measured_before: dict | None = None):
         from ratrain.training import mfu
 
         profile = None
@@ -65,7 +85,7 @@ class StepExtras:
         self.flops_per_token = mfu.flops_per_token(cfg.model, cfg.train.seq_len)
         self.threads = torch.get_num_threads()  # each local rank's, as they were set
         self.peak = mfu.run_peak(device.type, cfg.train.dtype, world, self.threads, profile,
-                                 name)
+                                 name, measured_before)
         self.tb = None
         if cfg.train.tensorboard:
             from ratrain.training.tensorboard_log import TensorBoardLog

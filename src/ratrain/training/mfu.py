@@ -19,12 +19,15 @@ The peak, per device, times the devices of the run:
   is measured rather than taken from the cpu-local preset because machines of one kind differ
   by up to 2x (docs/machines.md) and a fixed figure would put the difference into the MFU; the
   fastest of several repeats is taken, since load from other processes only ever slows a
-  repeat down.
+  repeat down. A resume on the same machine reuses the measurement its checkpoint kept
+  (Peak.measured): measured again, the figure moved by 30% between two starts on one machine,
+  and the MFU of the run's rows with it.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import time
 from dataclasses import dataclass
 
@@ -62,10 +65,13 @@ def flops_per_token(model: ModelConfig, seq_len: int) -> float:
 
 @dataclass
 class Peak:
-    """The devices' peak FLOP/s for the run (None: unknown) and where the figure comes from."""
+    """The devices' peak FLOP/s for the run (None: unknown) and where the figure comes from;
+    `measured`: a CPU's measured one-core peak and the machine it is of (cpu_machine), for a
+    resume of the run to reuse."""
 
     flops: float | None
     source: str
+    measured: dict | None = None
 
 
 def gpu_datasheet_key(device_name: str) -> str | None:
@@ -87,7 +93,14 @@ def gpu_peak(device_name: str, dtype: str, devices: int) -> Peak:
                           "pass --profile with its peak for MFU")
     tflops = DATASHEET_TFLOPS[key][dtype]
     return Peak(tflops * 1e12 * devices,
-                f"datasheet: {key} {dtype} dense {tflops:g} TFLOP/s x {devices} GPU")
+                f"datasheet: {key} {dtype} dense {tflops:g} TFLOP/s {_times(devices, 'GPU')}")
+
+
+def cpu_machine(dtype: str) -> dict:
+    """What a measured one-core peak is of. Not the ranks' threads: the figure is one core's,
+    measured on one thread whatever they are, and the cores it is multiplied by are counted
+    again at each start."""
+    return {"host": platform.node(), "cores": usable_cores(), "dtype": dtype}
 
 
 def cpu_cores_used(world: int, threads_per_rank: int) -> int:
@@ -119,24 +132,33 @@ def measure_cpu_core_peak(dtype: str = "float32") -> float:
 
 
 def run_peak(device_type: str, dtype: str, world: int, threads_per_rank: int,
-             profile=None, device_name: str | None = None) -> Peak:
+             profile=None, device_name: str | None = None,
+             measured_before: dict | None = None) -> Peak:
     """The peak of a run's devices (see the module's note); `profile`: a HardwareProfile or
-    None."""
+    None; `measured_before`: the Peak.measured of the run's earlier part (None: a new run)."""
     rate = profile.device.compute.get(dtype) if profile is not None else None
     if device_type == "cuda":
         peak = gpu_peak(device_name or "", dtype, world)
         if peak.flops is None and rate is not None:
             return Peak(rate.peak_flops * world, f"profile {profile.name}: {dtype} "
-                        f"{rate.peak_flops / 1e12:.4g} TFLOP/s x {world} GPU")
+                        f"{rate.peak_flops / 1e12:.4g} TFLOP/s {_times(world, 'GPU')}")
         return peak
     cores = cpu_cores_used(world, threads_per_rank)
+    times = _times(cores, "core")
     if rate is not None:
         return Peak(rate.peak_flops * cores, f"profile {profile.name}: {dtype} "
-                    f"{rate.peak_flops / 1e9:.4g} GFLOP/s per core x {cores} cores")
-    per_core = measure_cpu_core_peak(dtype)
+                    f"{rate.peak_flops / 1e9:.4g} GFLOP/s per core {times}")
+    machine = cpu_machine(dtype)
+    reused = measured_before is not None and measured_before.get("machine") == machine
+    per_core = measured_before["flops_per_core"] if reused else measure_cpu_core_peak(dtype)
     n = CPU_MATMUL_N if dtype == "float32" else CPU_MATMUL_N_SLOW
-    return Peak(per_core * cores, f"measured: {n}x{n} {dtype} matmul on "
-                f"1 thread, {per_core / 1e9:.4g} GFLOP/s per core x {cores} cores")
+    return Peak(per_core * cores, f"measured{' at an earlier start of the run' if reused else ''}: "
+                f"{n}x{n} {dtype} matmul on 1 thread, {per_core / 1e9:.4g} GFLOP/s per core "
+                f"{times}", {"machine": machine, "flops_per_core": per_core})
+
+
+def _times(n: int, what: str) -> str:
+    return f"x {n} {what}{'' if n == 1 else 's'}"
 
 
 def mfu(flops_per_tok: float, tokens_per_s: float, peak_flops: float | None) -> float | None:
