@@ -11,12 +11,12 @@ class UserError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C stopped the run (CLI exit code 130); `saved`: after saving a checkpoint
-    (--checkpoint-on-interrupt), which the message names."""
+    """Ctrl-C stopped the run (CLI exit code 130); `kept_said`: the message says what the run
+    keeps (the checkpoint --checkpoint-on-interrupt saved, or the newest before the stop)."""
 
-    def __init__(self, message: str, saved: bool = False):
+    def __init__(self, message: str, kept_said: bool = False):
         super().__init__(message)
-        self.saved = saved
+        self.kept_said = kept_said
 
 
 class RankFailed(Exception):

@@ -58,12 +58,27 @@ def test_a_stop_signal_stops_all_ranks_within_seconds(corpus, tmp_path, signum, 
     assert proc.returncode == 130, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(f"{said}: stopped all 2 ranks; the run keeps its "
-                               "checkpoints up to the last completed save"), stderr
+    assert lines[0] == (f"{said}: stopped all 2 ranks; it saved no checkpoint yet "
+                        "(--checkpoint-on-interrupt saves one at Ctrl-C)"), stderr
     server, *ranks = launched
     assert all(_gone(rank) for rank in ranks)  # the launcher waited for them
     _wait_gone([server], 5)  # it ends at its own pace, once the last of them is gone
     assert not checkpoint.complete_dirs(run_dir)
+
+
+def test_ctrl_c_names_the_newest_checkpoint_the_run_keeps(corpus, tmp_path):
+    """It said "the run keeps its checkpoints up to the last completed save" whether it had
+    one or none."""
+    run_dir = tmp_path / "run"
+    proc = start(endless_config(corpus, tmp_path, checkpoint_every=1, checkpoint_async=False),
+                 run_dir)
+    wait_for_steps(proc, run_dir, 3)
+    os.kill(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    newest = checkpoint.complete_dirs(run_dir)[-1].name
+    assert stderr.strip() == (f"interrupted: stopped all 2 ranks; the newest checkpoint it "
+                              f"completed is {newest} (continue with --resume {run_dir})")
 
 
 def test_ctrl_c_while_the_fork_server_imports_says_one_line(corpus, tmp_path):

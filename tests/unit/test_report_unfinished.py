@@ -121,3 +121,18 @@ def test_a_diloco_runs_traced_step_is_simulated_with_its_outer_sync(tmp_path):
     assert "WOS" in ops(synced) and "WOS" not in ops(inner)
     assert synced.result.step_time > inner.result.step_time
     assert f"simulated {synced.result.step_time * 1e3:,.1f} ms" in step_time
+
+
+def test_a_resumes_first_step_is_left_out_of_the_mean_as_the_runs_is(tmp_path):
+    """A resume's first step pays for warm-up as step 1 does (metrics.jsonl marks it
+    `resumed`); summary.json's steps are named, not "the steps after the first"."""
+    run_dir = _run_dir(tmp_path)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows[7]["resumed"] = True  # step 8
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    later = [_row(s) for s in range(2, 16) if s != 8]
+    mean = TOKENS * len(later) / sum(r["step_time_s"] for r in later)
+    assert dict(write_report(run_dir).table)["tokens/s"].startswith(f"{mean:,.0f} (mean of ")
+    (run_dir / "summary.json").write_text(json.dumps({
+        "tokens_per_s": 1234.0, "tokens_per_s_of_steps": "2-7, 9-15", "final_loss": 4.0}))
+    assert dict(write_report(run_dir).table)["tokens/s"] == "1,234 (mean of steps 2-7, 9-15)"

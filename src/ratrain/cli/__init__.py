@@ -36,8 +36,8 @@ def _kept() -> str:
     """What a Ctrl-C'd `ratrain train` leaves, said after "interrupted"."""
     if sys.argv[1:2] != ["train"]:
         return ""
-    return ("; the run keeps its checkpoints up to the last completed save "
-            "(--checkpoint-on-interrupt saves one at Ctrl-C)")
+    return ("; the checkpoints it completed are kept (--checkpoint-on-interrupt saves one at "
+            "Ctrl-C)")
 
 
 def _run() -> int:
@@ -61,7 +61,7 @@ def _run() -> int:
         click.echo(f"error: {e}", err=True)
         return 1
     except Interrupted as e:
-        click.echo(f"{e}{'' if e.saved else _kept()}", err=True)
+        click.echo(f"{e}{'' if e.kept_said else _kept()}", err=True)
         return 130
     except OSError as e:
         if e.filename is None:  # not about a path the user named: an internal failure

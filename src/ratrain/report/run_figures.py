@@ -28,9 +28,10 @@ def stopped(run) -> str | None:
 
 
 def timed_rows(run) -> list[dict]:
-    """The rows the means are of: those after the first, which pays for warm-up (all of them
-    where there is one)."""
-    return run.metrics[1:] or run.metrics
+    """The rows the means are of: all but each part's first (the run's, and a resume's), which
+    pays for warm-up (all of them where there is one)."""
+    rows = [r for r in run.metrics[1:] if not r.get("resumed")]
+    return rows or run.metrics
 
 
 def steps_text(rows: list[dict]) -> str:
@@ -41,7 +42,9 @@ def steps_text(rows: list[dict]) -> str:
 def tokens_per_s(run) -> tuple[float | None, str]:
     """(the mean tokens/s: tokens over the time they took, what it is of)."""
     if run.summary.get("tokens_per_s") is not None:
-        return run.summary["tokens_per_s"], "mean over the steps after the first"
+        steps = run.summary.get("tokens_per_s_of_steps")
+        return run.summary["tokens_per_s"], (f"mean of steps {steps}" if steps else
+                                             "mean over the steps after the first")
     rows = [r for r in timed_rows(run) if r.get("step_time_s") and r.get("tokens_per_s")]
     if not rows:
         return None, "no step recorded its time"

@@ -79,9 +79,13 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                                    threads=threads_per_rank(cfg, world),
                                    checkpoint_on_interrupt=cfg.train.checkpoint_on_interrupt)
-    except BaseException:
+    except BaseException as e:
         if kept is not None:
             kept.restore_unless_stepped(checkpoint.load_meta(ckpt)["step"])
+        if isinstance(e, KeyboardInterrupt) or (isinstance(e, Interrupted) and not e.kept_said):
+            how = str(e) if isinstance(e, Interrupted) else "interrupted"
+            raise Interrupted(f"{how}; {_what_is_kept(cfg, opened.checkpoints, run_dir)}",
+                              kept_said=True) from None
         raise
     finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
         if not under_torchrun():  # the other ranks may still be writing theirs)
@@ -90,10 +94,22 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         saved = checkpoint.complete_dirs(opened.checkpoints)[-1]  # this run's, just published
         raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
                           f"saved checkpoint {saved} (continue with --resume {run_dir})",
-                          saved=True)
+                          kept_said=True)
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
+
+
+def _what_is_kept(cfg: RunConfig, checkpoints, run_dir: Path) -> str:
+    """What a run stopped by Ctrl-C keeps, said after "interrupted" ("the run keeps its
+    checkpoints up to the last completed save" was said of runs that had none)."""
+    done = checkpoint.complete_dirs(checkpoints)
+    if done:
+        return (f"the newest checkpoint it completed is {done[-1].name} (continue with "
+                f"--resume {run_dir})")
+    if not cfg.train.checkpoints:
+        return "it saves no checkpoints (--no-checkpoints)"
+    return "it saved no checkpoint yet (--checkpoint-on-interrupt saves one at Ctrl-C)"
 
 
 @contextmanager
