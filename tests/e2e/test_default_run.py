@@ -50,7 +50,8 @@ def test_default_run_loss_falls(default_run):
 def test_default_run_writes_its_report_and_mfu(default_run):
     cwd, proc = default_run
     run = (cwd / "runs" / "latest").resolve()
-    assert f"report: runs/{run.name}/report/index.html" in proc.stdout and "MFU:" in proc.stdout
+    assert f"report: {cwd / 'runs' / run.name}/report/index.html" in proc.stdout  # (absolute,
+    assert "MFU:" in proc.stdout  # as the run's line is, and a resumed run's since 2026-12-02)
     html = check_page(run / "report", {"loss.png", "throughput.png", "memory.png"})
     assert "MFU" in html and "single process" in html
     check_mfu(run)
