@@ -161,3 +161,32 @@ def test_a_diverged_runs_error_is_said_after_its_bar(monkeypatch, capsys, tmp_pa
                            "--config", cfg, "--run-dir", "run", "--lr", "1e20")
     assert code == 2 and _bar_states(err), err
     assert err.rstrip().splitlines()[-1].startswith("error: loss is nan at step "), err
+
+
+def test_a_float16_runs_summary_says_its_skips_and_a_validation_that_is_not_finite(tmp_path):
+    """summary.json held a bare NaN validation loss (no strict parser reads it) and said
+    nothing of the steps float16's overflow skipped."""
+    from types import SimpleNamespace
+
+    from ratrain.config import RunConfig
+    from ratrain.schedule.grid import RankGrid
+    from ratrain.training.run_summary import write_summary
+    from ratrain.training.whole_run import RunPeaks, Throughput
+
+    cfg = RunConfig()
+    cfg.train.dtype = "float16"
+    rows = [{"step": s, "loss": 5.0, "tokens_per_s": 100.0, "step_time_s": 1.0,
+             "skipped": s in (1, 3), "loss_scale": 65536.0 / (2 ** (s >= 1) * 2 ** (s >= 3))}
+            for s in range(1, 5)]
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for row in rows:
+        log.write(row)
+    last = {**rows[-1], "val_loss": math.nan}
+    throughput = Throughput([])
+    for row in rows[1:]:
+        throughput.add(row["step"], 100.0, 1.0)
+    write_summary(tmp_path, cfg, RankGrid(1, 1, "pp-dp"), last, throughput,
+                  RunPeaks([], False, 0), [], [], SimpleNamespace(finish=lambda summary: None))
+    summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=pytest.fail)
+    assert summary["skipped_steps"] == [1, 3] and summary["loss_scale"] == 16384.0
+    assert summary["val_loss"] is None and summary["val_loss_not_finite"] is True

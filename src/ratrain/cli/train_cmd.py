@@ -137,10 +137,15 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         click.echo(json.dumps(summary, indent=2))
     else:
         val = summary.get("val_loss")
+        val = ("  val loss: not finite" if summary.get("val_loss_not_finite")
+               else f"  val loss: {val:.4f}" if val is not None else "")
+        skipped = summary.get("skipped_steps")
         click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
-                   f"loss: {summary.get('final_loss'):.4f}" + (f"  val loss: {val:.4f}" if val else "")
+                   f"loss: {summary.get('final_loss'):.4f}" + val
                    + f"  tokens/s: {summary.get('tokens_per_s'):.0f}"
-                   + (f"  MFU: {summary['mfu']:.1%}" if summary.get("mfu") is not None else ""))
+                   + (f"  MFU: {summary['mfu']:.1%}" if summary.get("mfu") is not None else "")
+                   + (f"  skipped (float16 overflow): {len(skipped)} steps, loss scale "
+                      f"{summary.get('loss_scale')}" if skipped else ""))
         click.echo(_memory_line(summary))
     if report:
         _write_report(Path(summary["run_dir"]), quiet=as_json)

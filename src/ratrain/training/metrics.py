@@ -25,7 +25,7 @@ class MetricsLog:
         self.path = Path(path)
         self.kept: list[dict] = []
         if resume_step is not None and self.path.exists():
-            self.kept = [_finite(row) for row in read_metrics(self.path)
+            self.kept = [finite(row) for row in read_metrics(self.path)
                          if row["step"] <= resume_step]
             # replaced whole: a kill while it is written leaves the earlier file, not a part
             write_whole(self.path, "".join(_line(row) for row in self.kept))
@@ -38,17 +38,17 @@ class MetricsLog:
 
 
 def _line(row: dict) -> str:
-    return json.dumps(_finite(row), allow_nan=False) + "\n"
+    return json.dumps(finite(row), allow_nan=False) + "\n"
 
 
-def _finite(value):
+def finite(value):
     """`value` with its floats that are not finite, at any depth, as None."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 

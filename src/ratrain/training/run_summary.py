@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ratrain.config import RunConfig
 from ratrain.schedule.grid import RankGrid
+from ratrain.training.metrics import finite, read_metrics
 from ratrain.training.whole_run import RunPeaks, Throughput
 
 
@@ -37,5 +39,12 @@ def write_summary(run_dir: Path, cfg: RunConfig, grid: RankGrid, last: dict,
         summary["rss_growth_bytes_per_stage"] = per_stage(last["rss_growth_bytes_per_rank"])
     if saves:  # the main rank's saves: training thread's and writer's seconds
         summary["checkpoint_saves"] = saves
+    if cfg.train.dtype == "float16":  # (replica 0's under --sync diloco: each has its own)
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        summary["skipped_steps"] = [r["step"] for r in rows if r.get("skipped")]
+        summary["loss_scale"] = last.get("loss_scale")
+    val = summary["val_loss"]
+    if isinstance(val, float) and not math.isfinite(val):  # said, not dropped: JSON has no NaN
+        summary["val_loss_not_finite"] = True
     extras.finish(summary)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / "summary.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False))
