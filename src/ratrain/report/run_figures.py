@@ -45,12 +45,15 @@ def tokens_per_s(run) -> tuple[float | None, str]:
         steps = run.summary.get("tokens_per_s_of_steps")
         return run.summary["tokens_per_s"], (f"mean of steps {steps}" if steps else
                                              "mean over the steps after the first")
-    rows = [r for r in timed_rows(run) if r.get("step_time_s") and r.get("tokens_per_s")]
-    if not rows:
+    from ratrain.training.whole_run import Throughput
+
+    counted = Throughput(run.metrics)  # as summary.json counts them
+    if counted.tokens_per_s() is not None:
+        return counted.tokens_per_s(), f"mean of steps {counted.of_steps()}, {stopped(run)}"
+    row = next((r for r in run.metrics if r.get("step_time_s") and r.get("tokens_per_s")), None)
+    if row is None:
         return None, "no step recorded its time"
-    tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in rows)
-    seconds = sum(r["step_time_s"] for r in rows)
-    return tokens / seconds, f"mean of {steps_text(rows)}, {stopped(run)}"
+    return row["tokens_per_s"], f"step {row['step']}'s, {stopped(run)}"  # the run's only one
 
 
 @dataclass
