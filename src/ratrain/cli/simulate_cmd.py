@@ -73,8 +73,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     host = hw.device.host_memory_bytes if hw.device.host_link else None
     for stage, r in zip(summary["stages"], result.ranks):
         # each tier's verdict, as the table says it (fits_host None: the profile has no host tier)
-        stage["peak_with_process_bytes"] = r.device_peak + hw.device.process_overhead(
-            r.ledger_growth)
+        stage["peak_with_process_bytes"] = r.peak_with_process(hw.device)
         stage["fits_device"] = stage["peak_with_process_bytes"] <= limit
         stage["fits_host"] = None if host is None else r.host_peak <= host
     if edges:

@@ -85,7 +85,7 @@ def evaluate(request: PlanRequest, candidate: Candidate) -> Candidate:
                                 seq_len=request.seq_len, dtype=request.dtype,
                                 threads_per_rank=request.threads_of(candidate.layout))
     devices = [request.device(g) for g in candidate.layout.groups]
-    candidate.stage_bytes = [r.device_peak + d.process_overhead(r.ledger_growth)
+    candidate.stage_bytes = [r.peak_with_process(d)
                              for r, d in zip(candidate.result.ranks, devices)]
     candidate.host_bytes = [r.host_peak for r in candidate.result.ranks]
     return candidate

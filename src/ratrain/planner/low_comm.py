@@ -75,7 +75,7 @@ def _first(request, listed: list, first: float) -> Offer | None:
         devices = [request.device(g) for g in cand.layout.groups]
         tokens = cand.result.tokens_per_s * cand.step_time
         low.options = [o for o in low.options if tokens / o.mean_step_s > first and all(
-            r.device_peak + d.process_overhead(r.ledger_growth) <= request.limit_of(g)
+            r.peak_with_process(d) <= request.limit_of(g)
             and r.host_peak <= request.host_limit_of(g)
             for res in o.results
             for r, d, g in zip(res.ranks, devices, cand.layout.groups))]

@@ -118,8 +118,7 @@ def choose(cfg: RunConfig, build_plan, profile, budget: float | None = None,
             continue
         result = simulate(plan, cfg.model, profile, micro_batch_size=t.micro_batch_size,
                           seq_len=t.seq_len, dtype=t.dtype, threads_per_rank=threads_per_rank)
-        peak = max(r.device_peak + profile.device.process_overhead(r.ledger_growth)
-                   for r in result.ranks)
+        peak = max(r.peak_with_process(profile.device) for r in result.ranks)
         found.append(Candidate(s, w, result.step_time, peak,
                                g, refusal_here(trial, plan) if refusal_here else None,
                                max(r.host_peak for r in result.ranks)))

@@ -25,6 +25,12 @@ class RankTimeline:
     host_peak: int = 0  # the peak of what lives in a host tier apart from the device
     at_device_peak: dict[str, int] = field(default_factory=dict)  # on the device, at its peak
 
+    def peak_with_process(self, device) -> float:
+        """The device peak with what the process grows beyond the ledger (the profile's
+        `device.process_overhead`): what a stage is held to against a device's memory, by
+        `ratrain simulate`'s table, the schedule choice and the planner alike."""
+        return self.device_peak + device.process_overhead(self.ledger_growth)
+
     @property
     def ledger_growth(self) -> int:
         """What the ledger adds from before the first step to its peak (optimizer state
