@@ -186,8 +186,7 @@ def _same_flag(key: str, saved, given) -> bool:
     """A flag repeating a resumed run's value: --data and --tokenizer by the file they name
     (data.txt and /here/data.txt are one; until 2026-11-30 the absolute spelling was refused
     as a change, and a relative one named another file from another directory)."""
-    return same_setting({"data": ("data", "path"), "tokenizer": ("data", "tokenizer")}.get(
-        key, ("", key)), saved, given)
+    return same_setting((_FIELDS.get(key, ""), _RENAMED.get(key, key)), saved, given)
 
 
 def _spelled(key: str, saved) -> str:
