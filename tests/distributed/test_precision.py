@@ -108,3 +108,14 @@ def test_fp16_diloco_replicas_keep_their_own_loss_scale_across_a_resume(corpus, 
     for r in (0, 1):
         resumed = [json.loads(x) for x in (logs / f"rank{r}.jsonl").read_text().splitlines()]
         assert [s["scale"] for s in resumed] == [s["scale"] for s in first[r][2:]], r
+    # what the run says of it: each replica's skips and scales (replica 0's alone until
+    # 2026-12-02: replica 1's skip showed in the checkpoint only)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["skipped_per_replica"] for r in rows] == [[False, s["skipped"]] for s in first[1]]
+    assert [r["skipped"] for r in rows] == [True, False, False, False]
+    assert [r["loss_scale_per_replica"] for r in rows] == [
+        [a["scale"], b["scale"]] for a, b in zip(first[0], first[1])]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["skipped_steps"] == [1]
+    assert summary["skipped_steps_per_replica"] == [[], [1]]
+    assert summary["loss_scale_per_replica"] == rows[-1]["loss_scale_per_replica"]

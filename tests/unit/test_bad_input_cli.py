@@ -335,3 +335,12 @@ def test_export_of_a_directory_that_is_no_run(monkeypatch, capsys, tmp_path):
         _refused(monkeypatch, capsys, f"{where} is not a ratrain run directory (no config.yaml)",
                  "export", where, "--out", "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_diverging_float16_run_names_bfloat16(monkeypatch, capsys, tmp_path):
+    """float16's loss scale guards the gradients; an activation past 65504 is a nan loss it
+    cannot skip, and the line said only "lower the learning rate"."""
+    cfg = small_config(tmp_path, lr=1e5, warmup_steps=0, steps=30)
+    line = _refused(monkeypatch, capsys, "lower the learning rate", "train", "--config", str(cfg),
+                    "--dtype", "float16", "--run-dir", "run", "--no-progress")
+    assert "or train in bfloat16 (--dtype bfloat16" in line

@@ -28,7 +28,8 @@ def test_the_log_writes_every_scalar_of_a_row(tmp_path):
 
     rows = [{"step": 1, "loss": 5.5, "lr": 1e-3, "grad_norm": 2.0, "tokens_per_s": 1000.0,
              "mfu": 0.25, "peak_memory_bytes": 300, "peak_memory_bytes_per_rank": [300, 200],
-             "loss_scale": 65536.0, "loss_per_replica": [5.25, 5.75]},
+             "loss_scale": 65536.0, "loss_per_replica": [5.25, 5.75],
+             "loss_scale_per_replica": [65536.0, 32768.0]},
             {"step": 2, "loss": 5.0, "val_loss": 5.2, "lr": 2e-3, "grad_norm": 1.5,
              "tokens_per_s": 1100.0, "mfu": 0.27, "peak_memory_bytes": 310,
              "peak_memory_bytes_per_rank": [310, 210], "loss_scale": 32768.0}]
@@ -47,6 +48,7 @@ def test_the_log_writes_every_scalar_of_a_row(tmp_path):
     assert got["memory/peak_bytes/rank_0"] == {1: 300, 2: 310}
     assert got["memory/peak_bytes/rank_1"] == {1: 200, 2: 210}
     assert got["loss/train/replica_0"] == {1: 5.25} and got["loss/train/replica_1"] == {1: 5.75}
+    assert got["optimizer/loss_scale/replica_1"] == {1: 32768.0}
 
 
 def test_a_run_started_afresh_in_the_directory_purges_the_earlier_events(tmp_path):

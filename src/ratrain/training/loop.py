@@ -126,9 +126,11 @@ class Loop:
                 mine[step]["resumed"] = True
                 if self.peaks.from_step == step + 1:
                     mine[step]["memory_peaks_from_step"] = step + 1
+            scale = self.engine.loss_scale
             met = meetings.add(step, StepFigures(
                 result.loss, self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(),
-                rss.peak(), stop_requested()))
+                rss.peak(), stop_requested(), scale.scale if scale else None,
+                result.skipped if scale else None))
             self.saver.check()  # a save that failed ends the run now
             if not met:
                 bar.update(1)
@@ -185,7 +187,12 @@ class Loop:
         """This rank's row of a step with what every rank said of it."""
         row["loss"] = replicas_mean([f.loss for f in figures])
         if self.engine.outer is not None:  # each replica's own, on its own weights
-            row["loss_per_replica"] = [figures[r].loss for r in self.grid.replica_ranks(0)]
+            firsts = [figures[r] for r in self.grid.replica_ranks(0)]
+            row["loss_per_replica"] = [f.loss for f in firsts]
+            if firsts[0].loss_scale is not None:  # float16: each replica scales its own
+                row["loss_scale_per_replica"] = [f.loss_scale for f in firsts]
+                row["skipped_per_replica"] = [f.skipped for f in firsts]
+                row["skipped"] = any(f.skipped for f in firsts)
         row["peak_memory_bytes"] = self.peaks.of("peak_memory_bytes",
                                                  max(f.peak_memory for f in figures))
         ledger = [f.ledger_peak for f in figures]
@@ -206,8 +213,11 @@ class Loop:
                                   self.cfg.parallel.comm_timeout_s)
         newest = checkpoint.complete_dirs(self.where)
         kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
-        raise TrainingDiverged(f"loss is {row['loss']} at step {row['step']}; {kept}; "
-                               "lower the learning rate")
+        fix = "lower the learning rate"
+        if self.cfg.train.dtype == "float16":  # loss scaling guards the gradients, not this
+            fix += (" or train in bfloat16 (--dtype bfloat16: float16's activations overflow "
+                    "past 65504, bfloat16 has float32's range)")
+        raise TrainingDiverged(f"loss is {row['loss']} at step {row['step']}; {kept}; {fix}")
 
     def _per_rank(self, row: dict, lists: dict, final: bool) -> None:
         """Each rank's peaks into the row where they moved since the last row that has them,

@@ -39,12 +39,24 @@ def write_summary(run_dir: Path, cfg: RunConfig, grid: RankGrid, last: dict,
         summary["rss_growth_bytes_per_stage"] = per_stage(last["rss_growth_bytes_per_rank"])
     if saves:  # the main rank's saves: training thread's and writer's seconds
         summary["checkpoint_saves"] = saves
-    if cfg.train.dtype == "float16":  # (replica 0's under --sync diloco: each has its own)
+    if cfg.train.dtype == "float16":
         rows = read_metrics(run_dir / "metrics.jsonl")
+        # --sync diloco: the steps any replica skipped, and each replica's (each has its scale)
         summary["skipped_steps"] = [r["step"] for r in rows if r.get("skipped")]
         summary["loss_scale"] = last.get("loss_scale")
+        if "loss_scale_per_replica" in last:
+            summary["skipped_steps_per_replica"] = [
+                [r["step"] for r in rows if _skipped_by(r, i)]
+                for i in range(len(last["loss_scale_per_replica"]))]
+            summary["loss_scale_per_replica"] = last["loss_scale_per_replica"]
     val = summary["val_loss"]
     if isinstance(val, float) and not math.isfinite(val):  # said, not dropped: JSON has no NaN
         summary["val_loss_not_finite"] = True
     extras.finish(summary)
     (run_dir / "summary.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False))
+
+
+def _skipped_by(row: dict, replica: int) -> bool:
+    """Whether `replica` skipped the row's step (a resume onto another dp has other replicas)."""
+    each = row.get("skipped_per_replica") or []
+    return replica < len(each) and bool(each[replica])

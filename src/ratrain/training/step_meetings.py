@@ -47,15 +47,23 @@ class StepFigures:
     ledger_peak: int | None  # None: no ledger on this rank
     rss_growth: int | None  # None: not measured
     stop: bool  # Ctrl-C asked this rank to stop
+    # float16: its replica's scale after the step and whether the step was skipped; None
+    # otherwise (under --sync diloco each replica's own: its overflows are its own)
+    loss_scale: float | None = None
+    skipped: bool | None = None
 
     def encode(self) -> list[float]:
         counts = (self.peak_memory, self.ledger_peak, self.rss_growth)
-        return [self.loss, float(self.stop)] + [-1.0 if v is None else float(v) for v in counts]
+        scaled = ([-1.0, -1.0] if self.loss_scale is None
+                  else [float(self.loss_scale), float(bool(self.skipped))])
+        return ([self.loss, float(self.stop)] + [-1.0 if v is None else float(v) for v in counts]
+                + scaled)
 
     @classmethod
     def decode(cls, row: list[float]) -> StepFigures:
-        counts = [None if v == -1 else int(v) for v in row[2:]]
-        return cls(row[0], counts[0], counts[1], counts[2], bool(row[1]))
+        counts = [None if v == -1 else int(v) for v in row[2:5]]
+        scale, skipped = (None, None) if row[5] == -1 else (row[5], bool(row[6]))
+        return cls(row[0], counts[0], counts[1], counts[2], bool(row[1]), scale, skipped)
 
 
 MEETS_AT_LEAST_EVERY = 100

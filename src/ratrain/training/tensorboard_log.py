@@ -29,6 +29,7 @@ PER_RANK = {  # lists of one value per rank (or replica), a tag each
     "ledger_peak_bytes_per_rank": "memory/ledger_peak_bytes/rank_{}",
     "rss_growth_bytes_per_rank": "memory/rss_growth_bytes/rank_{}",
     "loss_per_replica": "loss/train/replica_{}",
+    "loss_scale_per_replica": "optimizer/loss_scale/replica_{}",
 }
 
 
