@@ -15,6 +15,7 @@ MAY_IMPORT = {
     "plain_data": set(),
     "host_memory": set(),
     "host_cores": set(),
+    "cpu_features": set(),
     "schedule": {"errors"},
     "checkpoint": {"errors", "host_memory"},
     "model_config": {"errors"},
@@ -26,12 +27,12 @@ MAY_IMPORT = {
     "setup": {"errors", "schedule", "config", "sim"},
     "planner": {"errors", "schedule", "config", "models", "sim", "setup"},
     "training": {"errors", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
-                 "setup", "host_memory", "host_cores"},
+                 "setup", "host_memory", "host_cores", "cpu_features"},
     "profiling": {"errors", "schedule", "config", "models", "sim", "runtime", "training",
                   "host_memory", "host_cores"},
     "report": {"errors", "schedule", "config", "models", "sim", "runtime", "training"},
     "cli": {"errors", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
-            "setup", "planner", "training", "profiling", "report", "host_memory"},
+            "setup", "planner", "training", "profiling", "report", "host_memory", "cpu_features"},
 }
 """What each package (or top-level module) may import of ratrain, besides itself."""
 

@@ -15,7 +15,7 @@ from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
 
 @cli.command()
 @config_options
-@click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: cpu-local with a device's memory this machine's available memory shared by the devices searched]")
+@click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: cpu-local with a device's memory this machine's available memory shared by the devices searched, and bfloat16 at float32's rate where this CPU has bf16 matrix instructions (amx_bf16, avx512_bf16)]")
 @click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: a profile's device groups; else 2 on a CPU profile, 8 otherwise]")
 @click.option("--memory-budget", help="Bytes per device a plan may use: 20GB, 18GiB, 20e9.  [default: a device's memory]")
 @click.option("--host-memory-budget", help="Bytes of host memory per device that host-homed state (and offloaded activations) may use: 100GB, 90GiB. A profile from `ratrain profile` records what its machine had available; this lowers it, or sets it where the profile has none.  [default: the profile's]")
@@ -82,13 +82,17 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
             time_limit, out, as_json) -> None:
     from ratrain.cli.plan_search import (best_plans, search_request, unbounded_host_note,
                                          with_host_budget, with_this_machines_memory)
+    from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.planner import host_grad_option, low_comm, plan_file
     from ratrain.planner.account import decimal_bytes
+    from ratrain.setup import Machine
     from ratrain.sim.profile import load_profile
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate
 
-    hw = preset = load_profile(profile_spec or "cpu-local")
+    # no --profile: this machine's (its memory below; a CPU's bf16 rate by its instructions)
+    hw = preset = (load_profile(profile_spec) if profile_spec
+                   else Machine(cpu_bf16_flag=bf16_matmul_flag()).preset_profile(cfg.train.dtype))
     if profile_spec is None:
         hw = with_this_machines_memory(preset, devices)
     memory_here = hw is not preset

@@ -162,6 +162,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                                          with_this_machines_memory)
     from ratrain.planner import host_grad_option, plan_file
     from ratrain.planner.account import decimal_bytes
+    from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.runtime.process_groups import pick_backend
     from ratrain.runtime.torchrun_env import under_torchrun
     from ratrain.setup import Machine
@@ -176,8 +177,9 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         import torch
 
         gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
-    hw = load_profile(profile_spec or Machine(host_is_separate=gpus > 0,
-                                              device_name=gpu_name).preset)
+    hw = load_profile(profile_spec) if profile_spec else Machine(
+        host_is_separate=gpus > 0, device_name=gpu_name,
+        cpu_bf16_flag=None if gpus else bf16_matmul_flag()).preset_profile(cfg.train.dtype)
     if profile_spec is None:  # this machine's memory, which the run is checked against
         hw = (with_this_machines_host(hw, devices or gpus) if gpus
               else with_this_machines_memory(hw, devices))

@@ -24,15 +24,14 @@ class MeasuredLinks:
     seconds: float  # what the probe took
 
 
-def measured_profile(cfg: RunConfig, links: MeasuredLinks, base_name: str):
-    """The profile named `base_name` with `links` in their classes; and what was measured,
-    in words."""
+def measured_profile(cfg: RunConfig, links: MeasuredLinks, base):
+    """The profile `base` (a HardwareProfile) with `links` in their classes; and what was
+    measured, in words."""
     from ratrain.sim import link_fit
-    from ratrain.sim.profile import load_profile
 
     p = cfg.parallel
     profile, words = link_fit.measured_profile(
-        load_profile(base_name), RankGrid(p.pp, p.dp, p.rank_order), links.devices_per_node,
+        base, RankGrid(p.pp, p.dp, p.rank_order), links.devices_per_node,
         list(links.sizes), [list(r) for r in links.rings], [list(h) for h in links.hops])
     return profile, (f"links measured at the start ({links.seconds:.1f} s, no --profile "
                      f"given): {words}; --schedule auto simulates on {profile.name}")

@@ -79,11 +79,9 @@ def machine_refusal(cfg: RunConfig, plan: PipelinePlan, machine) -> str | None:
     on the preset of the machine's device, whatever --profile the schedule was chosen on,
     since what matters here is whether the host memory is the device's. Nothing to weigh
     where the machine's memory is not known."""
-    from ratrain.sim.profile import load_profile
-
     if machine.host_available_bytes is None and not machine.memory_bytes:
         return None
-    profile = load_profile(machine.preset)
+    profile = machine.preset_profile(cfg.train.dtype)
     return memory_refusal(
         cfg, plan, stage_bytes(cfg, plan, profile),
         local_ranks=list(machine.local_ranks or range(plan.pp * plan.dp)),

@@ -10,6 +10,7 @@ import torch
 
 from ratrain.config import RunConfig
 from ratrain.data.replica import check_data
+from ratrain.cpu_features import bf16_matmul_flag
 from ratrain.host_cores import usable_cores
 from ratrain.host_memory import available_host_bytes
 from ratrain.runtime.engine import needs_executor
@@ -32,7 +33,7 @@ def this_machine(cfg: RunConfig) -> Machine:
     memory = {"host_available_bytes": available_host_bytes(), "local_ranks": _local_ranks(),
               "threads_per_rank": _threads_here(cfg)}
     if pick_backend(cfg.parallel.backend) != "nccl":
-        return Machine(world=world, links=links, **memory)
+        return Machine(world=world, links=links, cpu_bf16_flag=bf16_matmul_flag(), **memory)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return Machine(host_is_separate=True, world=world, device_name=props.name,
                    memory_bytes=props.total_memory, links=links, **memory)
