@@ -1,5 +1,5 @@
 """What ends a run early, each with its CLI exit code: the user's mistake (2), a stop asked
-for (130), a rank that failed, a run that could not go on (1)."""
+for (130 Ctrl-C, 143 SIGTERM), a rank that failed, a run that could not go on (1)."""
 
 
 class UserError(Exception):
@@ -11,12 +11,19 @@ class UserError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C stopped the run (CLI exit code 130); `kept_said`: the message says what the run
-    keeps (the checkpoint --checkpoint-on-interrupt saved, or the newest before the stop)."""
+    """A stop signal stopped the run: `signum` 2, Ctrl-C, or 15, SIGTERM (a scheduler's); the
+    CLI exits with 128 + signum, 130 or 143, as a shell reports a process the signal ended
+    (a scheduler's requeue logic reads it). `kept_said`: the message says what the run keeps
+    (the checkpoint --checkpoint-on-interrupt saved, or the newest before the stop)."""
 
-    def __init__(self, message: str, kept_said: bool = False):
+    def __init__(self, message: str, kept_said: bool = False, signum: int = 2):
         super().__init__(message)
         self.kept_said = kept_said
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class RankFailed(Exception):

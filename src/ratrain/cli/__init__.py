@@ -62,7 +62,7 @@ def _run() -> int:
         return 1
     except Interrupted as e:
         click.echo(f"{e}{'' if e.kept_said else _kept()}", err=True)
-        return 130
+        return e.exit_code
     except OSError as e:
         if e.filename is None:  # not about a path the user named: an internal failure
             raise

@@ -44,12 +44,12 @@ from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
 
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
-_stop_requested = False
+_stop_signal: int | None = None  # the signal that asked this process to stop
 
 
 class _Terminated(KeyboardInterrupt):
     """SIGTERM in the launcher: a KeyboardInterrupt, so that wherever it lands it is handled as
-    Ctrl-C is (the cli's exit 130 included)."""
+    Ctrl-C is (but said as SIGTERM's, and the cli's exit is 143)."""
 
 
 def _raise_terminated(signum, frame) -> None:
@@ -81,20 +81,31 @@ sends SIGTERM to every process of the job step, torchrun's agent passes it to it
 def ask_to_stop_on_signals() -> None:
     """From now on SIGINT and SIGTERM ask this process to stop after the current step
     (stop_requested)."""
-    global _stop_requested
+    global _stop_signal
     if signal.getsignal(signal.SIGINT) is not _request_stop:  # a request already made stands
-        _stop_requested = False
+        _stop_signal = None
     for signum in STOP_SIGNALS:
         signal.signal(signum, _request_stop)
 
 
 def _request_stop(signum, frame) -> None:
-    global _stop_requested
-    _stop_requested = True
+    global _stop_signal
+    if _stop_signal is None:  # the first says why: a Ctrl-C after SIGTERM is still SIGTERM's
+        _stop_signal = signum
 
 
 def stop_requested() -> bool:
-    return _stop_requested
+    return _stop_signal is not None
+
+
+def stop_signal() -> int | None:
+    """The signal that asked this process to stop (SIGINT, SIGTERM), or None."""
+    return _stop_signal
+
+
+def stopped_how(signum: int) -> str:
+    """What a stop signal did, in words ("interrupted": Ctrl-C's)."""
+    return "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
 
 
 def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path,
@@ -157,11 +168,12 @@ def exit_without_teardown(code: int) -> None:
 
 
 def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1,
-                 checkpoint_on_interrupt: bool = False) -> bool:
+                 checkpoint_on_interrupt: bool = False) -> int | None:
     """Run `fn(*args)` in `world` processes (forks of a fork server that imported torch once,
     each in this process's directory and environment); raise RankFailed if any of them fails,
-    Interrupted on Ctrl-C without `checkpoint_on_interrupt`. Returns whether Ctrl-C asked the
-    ranks to stop early (they then saved a checkpoint and ended cleanly).
+    Interrupted on Ctrl-C (or SIGTERM) without `checkpoint_on_interrupt`. Returns the signal
+    that asked the ranks to stop early (they then saved a checkpoint and ended cleanly), or
+    None where none did.
 
     The ranks report failures into a private temporary directory (the run's disk may be the
     one that filled); the reports are copied to `error_dir` afterwards, where there is room."""
@@ -181,7 +193,7 @@ def launch_local(world: int, fn, args: tuple, error_dir: Path, threads: int = 1,
 
 
 def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
-            checkpoint_on_interrupt: bool) -> bool:
+            checkpoint_on_interrupt: bool) -> int | None:
     # We report the first failure ourselves; torch's "Terminating process ..." lines are noise,
     # and so is the resource tracker's warning about the semaphores of a rank that was killed
     # (it takes -W options from this process when the first spawn starts it; it cleans up).
@@ -220,23 +232,25 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
         alive.close()  # ranks still running (this raised before stopping them) end now
 
 
-def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) -> bool:
+def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) -> int | None:
     # SIGTERM as Ctrl-C only while the ranks are watched: before, the default end of this
     # process ends them too (_end_with); after, they are gone or being stopped.
     main = threading.current_thread() is threading.main_thread()  # (signals need the main one)
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
-    asked_to_stop = False
+    asked_by = None  # the signal that asked the ranks to stop
     try:
         while True:
             try:
                 failed = _first_to_fail(procs)
                 break
             except KeyboardInterrupt as e:
-                if asked_to_stop or not checkpoint_on_interrupt:
+                signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+                if asked_by or not checkpoint_on_interrupt:
                     _stop(procs)
-                    how = "terminated (SIGTERM)" if isinstance(e, _Terminated) else "interrupted"
-                    raise Interrupted(f"{how}: stopped all {world} ranks") from None
-                asked_to_stop = True
+                    signum = asked_by or signum
+                    raise Interrupted(f"{stopped_how(signum)}: stopped all {world} ranks",
+                                      signum=int(signum)) from None
+                asked_by = signum
                 for p in procs:
                     if p.is_alive():
                         os.kill(p.pid, signal.SIGINT)
@@ -244,7 +258,7 @@ def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) ->
         if main:  # (None: a handler not set from Python; the default is as near as it gets)
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if failed is None:
-        return asked_to_stop
+        return int(asked_by) if asked_by else None
     # Signals seen now were not ours: a rank killed from outside leaves no report, and the
     # others then fail on the closed connection, so its death is the cause.
     killed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode is not None and p.exitcode < 0]

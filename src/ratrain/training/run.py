@@ -27,7 +27,8 @@ from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.errors import Interrupted
 from ratrain.models.params import count_params
-from ratrain.runtime.launch import STOP_SIGNALS, ask_to_stop_on_signals, launch_local
+from ratrain.runtime.launch import (STOP_SIGNALS, ask_to_stop_on_signals, launch_local,
+                                    stop_signal, stopped_how)
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import init_groups, join_world, stop_together
 from ratrain.runtime.trace import Tracer
@@ -74,7 +75,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     try:
         if in_this_process:
             with _computing_on(threads_in_this_process(cfg)):
-                stopped = rank_main(*args, agree=under_torchrun())
+                stopped = stop_signal() if rank_main(*args, agree=under_torchrun()) else None
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                                    threads=threads_per_rank(cfg, world),
@@ -85,16 +86,16 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         if isinstance(e, KeyboardInterrupt) or (isinstance(e, Interrupted) and not e.kept_said):
             how = str(e) if isinstance(e, Interrupted) else "interrupted"
             raise Interrupted(f"{how}; {_what_is_kept(cfg, opened.checkpoints, run_dir)}",
-                              kept_said=True) from None
+                              kept_said=True, signum=getattr(e, "signum", 2)) from None
         raise
     finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
         if not under_torchrun():  # the other ranks may still be writing theirs)
             checkpoint.remove_partials(opened.checkpoints)
     if stopped and not summary_path.exists():
         saved = checkpoint.complete_dirs(opened.checkpoints)[-1]  # this run's, just published
-        raise Interrupted(f"interrupted after step {checkpoint.load_meta(saved)['step']}; "
-                          f"saved checkpoint {saved} (continue with --resume {run_dir})",
-                          kept_said=True)
+        step = checkpoint.load_meta(saved)["step"]
+        raise Interrupted(f"{stopped_how(stopped)} after step {step}; saved checkpoint {saved} "
+                          f"(continue with --resume {run_dir})", kept_said=True, signum=stopped)
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
