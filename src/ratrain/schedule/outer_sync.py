@@ -116,8 +116,11 @@ class OuterSync:
     def synced_steps(self) -> list[int]:
         """The steps of a steady period (the second: streaming's fragments first sync there)
         whose programs hold an outer sync, one a fragment."""
-        return [step for step in range(self.every, 2 * self.every)
-                if self.fragment_due(step) is not None]
+        # by formula, not by asking fragment_due of each of H steps: H is the user's number
+        # (diloco:1000000000 hung train, simulate and plan at their start)
+        if not self.streaming:
+            return [2 * self.every - 1]
+        return sorted(self.every + self.offset(f) for f in range(self.fragments))
 
 
 def parse_sync(text: str) -> OuterSync | None:
