@@ -86,13 +86,12 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     from ratrain.planner import host_grad_option, low_comm, plan_file
     from ratrain.planner.account import decimal_bytes
     from ratrain.setup import Machine
-    from ratrain.sim.profile import load_profile
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate
 
     # no --profile: this machine's (its memory below; a CPU's bf16 rate by its instructions)
-    hw = preset = (load_profile(profile_spec) if profile_spec
-                   else Machine(cpu_bf16_flag=bf16_matmul_flag()).preset_profile(cfg.train.dtype))
+    hw = preset = Machine(cpu_bf16_flag=bf16_matmul_flag()).profile_or_preset(profile_spec,
+                                                                              cfg.train.dtype)
     if profile_spec is None:
         hw = with_this_machines_memory(preset, devices)
     memory_here = hw is not preset

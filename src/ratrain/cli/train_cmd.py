@@ -167,7 +167,6 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     from ratrain.runtime.torchrun_env import under_torchrun
     from ratrain.setup import Machine
     from ratrain.setup.plan_file import SEARCHED_PLAN
-    from ratrain.sim.profile import load_profile
 
     if under_torchrun():  # every rank would search, and a time limit could part them
         raise UserError("under torchrun, search first: `ratrain plan --memory-budget ... --out "
@@ -177,9 +176,9 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         import torch
 
         gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
-    hw = load_profile(profile_spec) if profile_spec else Machine(
-        host_is_separate=gpus > 0, device_name=gpu_name,
-        cpu_bf16_flag=None if gpus else bf16_matmul_flag()).preset_profile(cfg.train.dtype)
+    hw = Machine(host_is_separate=gpus > 0, device_name=gpu_name,
+                 cpu_bf16_flag=None if gpus else bf16_matmul_flag()
+                 ).profile_or_preset(profile_spec, cfg.train.dtype)
     if profile_spec is None:  # this machine's memory, which the run is checked against
         hw = (with_this_machines_host(hw, devices or gpus) if gpus
               else with_this_machines_memory(hw, devices))

@@ -64,6 +64,12 @@ class Machine:
         family's (the H100 one for an unknown GPU)."""
         return default_profile((self.device_name or "GPU") if self.host_is_separate else None)
 
+    def profile_or_preset(self, spec: str | None, dtype: str):
+        """The profile `spec` names (a --profile), else this machine's preset_profile."""
+        from ratrain.sim.profile import load_profile
+
+        return load_profile(spec) if spec else self.preset_profile(dtype)
+
     def preset_profile(self, dtype: str):
         """The preset loaded (a HardwareProfile) for a run in `dtype`; for bf16 on a CPU that
         has bf16 matrix instructions, with bf16 at fp32's rate: measured there at 0.8-1.7x
@@ -208,12 +214,8 @@ def _choose_schedule(cfg: RunConfig, machine: Machine, profile) -> Choice | None
     if cfg.parallel.schedule != AUTO_SCHEDULE:
         return None
     _check(cfg, machine, **_flag_choices(cfg, machine))  # what cannot run is not simulated
-    if profile is None and cfg.train.profile:
-        from ratrain.sim.profile import load_profile
-
-        profile = load_profile(cfg.train.profile)
-    elif profile is None:
-        profile = machine.preset_profile(cfg.train.dtype)
+    if profile is None:
+        profile = machine.profile_or_preset(cfg.train.profile, cfg.train.dtype)
     choice = choose(cfg, lambda trial: _flags_plan(trial, machine), profile,
                     _device_budget(cfg, machine),
                     _flag_choices(cfg, machine)["view_window"] is not None,

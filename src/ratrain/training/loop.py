@@ -118,15 +118,15 @@ class Loop:
             mine[step] = {"step": step + 1, "loss": result.loss, "lr": lr,
                           "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_step / elapsed,
                           "step_time_s": elapsed}
-            if self.engine.loss_scale:
-                mine[step].update(loss_scale=self.engine.loss_scale.scale, skipped=result.skipped)
+            scale = self.engine.loss_scale
+            if scale:
+                mine[step].update(loss_scale=scale.scale, skipped=result.skipped)
             if step > start:  # the first step pays for warm-up allocations
                 throughput.add(step + 1, tokens_per_step, elapsed)
             elif ckpt:  # so does a resumed part's: whole-run means leave this row out
                 mine[step]["resumed"] = True
                 if self.peaks.from_step == step + 1:
                     mine[step]["memory_peaks_from_step"] = step + 1
-            scale = self.engine.loss_scale
             met = meetings.add(step, StepFigures(
                 result.loss, self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(),
                 rss.peak(), stop_requested(), scale.scale if scale else None,

@@ -86,7 +86,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         if isinstance(e, KeyboardInterrupt) or (isinstance(e, Interrupted) and not e.kept_said):
             how = str(e) if isinstance(e, Interrupted) else "interrupted"
             raise Interrupted(f"{how}; {_what_is_kept(cfg, opened.checkpoints, run_dir)}",
-                              kept_said=True, signum=getattr(e, "signum", 2)) from None
+                              kept_said=True, signum=getattr(e, "signum", signal.SIGINT)) from None
         raise
     finally:  # every rank is gone: what an unfinished save left is of no use (under torchrun
         if not under_torchrun():  # the other ranks may still be writing theirs)
