@@ -49,7 +49,7 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
     from ratrain.data.corpus import stdlib_files, text_files
     from ratrain.data.tokenizer import train_bpe
 
-    files = text_files(data) if data else stdlib_files()
+    files = stdlib_files() if data is None else text_files(data)  # "" is refused, not the stdlib
     out_path = Path(out)
     # the trailing slash first: Path drops it, after which tok.v1/ had a suffix and was a file
     if out.endswith(("/", os.sep)) or out_path.is_dir() or not out_path.suffix:
@@ -60,7 +60,8 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
                         "refusing to overwrite it (give a new path or a directory)")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tok = train_bpe(files, vocab_size, out_path)
-    click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} files)")
+    click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} "
+               f"file{'' if len(files) == 1 else 's'})")
 
 
 def _is_tokenizer_json(path: Path) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import sysconfig
 from pathlib import Path
 from typing import Iterator
@@ -48,6 +49,10 @@ def text_files(path: str | Path) -> list[Path]:
     A directory is searched recursively for files with a suffix in TEXT_SUFFIXES (hidden
     files and directories skipped), sorted by relative path.
     """
+    if not str(path).strip():  # Path("") is ".": the directory the run was started in
+        raise UserError("the data path is empty (--data \"\"): give a text file, a directory of "
+                        "text files or a pre-tokenized .bin, or leave it out for Python's "
+                        "standard library")
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"data path not found: {path}")
@@ -83,15 +88,39 @@ the piece has one: a 10 GB file never sits in memory whole (nor its tokenizer ou
 430 bytes a token). A file shorter than this is one piece, tokenized as a whole."""
 
 
+MOSTLY_UNDECODABLE = 0.25
+"""A file whose text is more than this fraction of U+FFFD (bytes that are no UTF-8) and NUL
+(which no text holds) is no text: most likely a binary file (an archive, ids without the .bin
+suffix) given as text."""
+
+
 def documents(path: Path) -> Iterator[tuple[str, bool]]:
     """A file's text in pieces, each with whether a document ends with it (the tokenizer's
     end-of-document id follows): a `.jsonl` file's records, one document each (the "text" of
     every line); any other file, one document read CHUNK_CHARS at a time. UTF-8, undecodable
-    bytes (and a record's lone surrogate escapes) as U+FFFD rather than a failed run; line
-    ends as the file has them (CRLF and CR were made LF until 2026-12-02)."""
-    if path.suffix.lower() == ".jsonl":
-        yield from _records(path)
-        return
+    bytes (and a record's lone surrogate escapes) as U+FFFD rather than a failed run, with a
+    warning where they are most of the file; line ends as the file has them (CRLF and CR were
+    made LF until 2026-12-02)."""
+    binary = chars = 0
+    for text, ends in _records(path) if path.suffix.lower() == ".jsonl" else _pieces(path):
+        binary += text.count("\ufffd") + text.count("\0")
+        chars += len(text)
+        yield text, ends
+    if binary > MOSTLY_UNDECODABLE * chars:
+        _warn(f"warning: {path}: {binary / chars:.0%} of its characters are U+FFFD (bytes that "
+              "are no UTF-8) or NUL: it is most likely not text (pre-tokenized ids need the "
+              "suffix .bin), and a run on it learns noise")
+
+
+def _warn(line: str) -> None:
+    # tqdm's write keeps the tokenizing bar whole; the import waits for the first warning
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+def _pieces(path: Path) -> Iterator[tuple[str, bool]]:
+    """A text file as one document, CHUNK_CHARS at a time."""
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         text = f.read(CHUNK_CHARS)
         while more := f.read(CHUNK_CHARS):

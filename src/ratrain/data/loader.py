@@ -52,8 +52,8 @@ class MicroBatchLoader:
         self.n_windows = _count_windows(tokens, seq_len, "training")
         if self.n_windows < global_batch:
             raise UserError(
-                f"the training split has {len(tokens)} tokens, {self.n_windows} sequences of "
-                f"{seq_len} + 1 tokens, fewer than one global batch of {global_batch}; "
+                f"the training split has {len(tokens)} tokens, {_sequences(self.n_windows)} "
+                f"of {seq_len} + 1 tokens, fewer than one global batch of {global_batch}; "
                 "use more data, a shorter seq_len or a smaller global batch"
             )
         self.step = 0
@@ -132,13 +132,17 @@ def eval_batches(
     n = min(n_sequences, n_windows) // micro_batch_size  # whole micro-batches
     if n == 0:
         raise UserError(
-            f"the validation split has {len(tokens)} tokens, {n_windows} sequences of {seq_len} "
-            f"+ 1 tokens, fewer than one micro-batch of {micro_batch_size}; raise "
+            f"the validation split has {len(tokens)} tokens, {_sequences(n_windows)} of "
+            f"{seq_len} + 1 tokens, fewer than one micro-batch of {micro_batch_size}; raise "
             "data.val_fraction or set train.eval_batches to 0"
         )
     lo, hi = dp_rank * n // dp_size, (dp_rank + 1) * n // dp_size
     windows = np.arange(lo * micro_batch_size, hi * micro_batch_size, dtype=np.int64)
     return _micro_batches(tokens, windows, seq_len, micro_batch_size)
+
+
+def _sequences(n: int) -> str:
+    return f"{n} sequence" + ("" if n == 1 else "s")
 
 
 def _count_windows(tokens: np.ndarray, seq_len: int, split: str) -> int:

@@ -67,16 +67,12 @@ class HFTokenizer:
     """A Hugging Face `tokenizer.json`, run by the `tokenizers` library."""
 
     def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer as _HF
-
         self.path = Path(path)
         try:
             blob = self.path.read_bytes()
-            self._tok = _HF.from_str(blob.decode("utf-8"))
         except OSError as e:
             raise UserError(f"cannot read tokenizer {self.path}: {e}") from None
-        except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-            raise UserError(f"cannot parse tokenizer {self.path}: {e}") from None
+        self._tok = _parsed(self.path, blob)
         self.name = "hf:" + hashlib.sha256(blob).hexdigest()
         vocab = self._tok.get_vocab(with_added_tokens=True)
         if not vocab:
@@ -111,10 +107,36 @@ class HFTokenizer:
         return str(self.path)
 
 
+WHAT_A_TOKENIZER_IS = ("--tokenizer takes 'byte' (the built-in tokenizer: UTF-8 bytes), a "
+                       "Hugging Face tokenizer.json (as `ratrain tokenizer` writes) or a "
+                       "directory holding one")
+
+
+def _parsed(path: Path, blob: bytes):
+    """The `tokenizers` library's tokenizer of a tokenizer.json's bytes; a file that is none
+    (empty, binary: a .bin of ids or a SentencePiece model given by mistake) refused with what
+    a tokenizer file must be, where the library's message named a byte position or a column."""
+    if not blob.strip():
+        raise UserError(f"tokenizer {path} is empty; {WHAT_A_TOKENIZER_IS}")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"tokenizer {path} is a binary file, not a tokenizer.json (JSON text); "
+                        f"{WHAT_A_TOKENIZER_IS}") from None
+    from tokenizers import Tokenizer as _HF
+
+    try:
+        return _HF.from_str(text)
+    except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+        raise UserError(f"cannot parse tokenizer {path} ({e}); {WHAT_A_TOKENIZER_IS}") from None
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
     """"byte", a `tokenizer.json` file, or a directory holding one."""
     if spec == "byte":
         return ByteTokenizer()
+    if not spec.strip():  # Path("") is ".", where a tokenizer.json was looked for
+        raise UserError(f"the tokenizer is empty (--tokenizer \"\"); {WHAT_A_TOKENIZER_IS}")
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "tokenizer.json"
@@ -164,8 +186,38 @@ def train_bpe(files: Iterable[str | Path], vocab_size: int, out_path: str | Path
 def check_fits(tokenizer: Tokenizer, model_vocab_size: int) -> None:
     """Refuse a tokenizer that can produce ids beyond the model's embedding table."""
     if tokenizer.vocab_size > model_vocab_size:
+        # the smallest byte-level BPE is 256 bytes and its end-of-document token
+        train_one = (f" (`ratrain tokenizer --vocab-size {model_vocab_size}` trains one)"
+                     if model_vocab_size > 256 else "")
         raise UserError(
             f"tokenizer '{tokenizer}' has {tokenizer.vocab_size} tokens but the model's "
             f"vocabulary is {model_vocab_size}; use a model with vocab_size >= "
-            f"{tokenizer.vocab_size} or a smaller tokenizer"
+            f"{tokenizer.vocab_size} (model.vocab_size in a --config file, or a --model whose "
+            f"vocabulary is that large) or a smaller --tokenizer{train_one}"
         )
+
+
+UNUSED_VOCAB_RATIO = 4
+"""A model vocabulary this many times the tokenizer's is mostly rows no id reaches (the byte
+tokenizer on a preset made for a 32k-128k vocabulary): worth a note, not a refusal."""
+
+
+def unused_vocab_note(tokenizer: Tokenizer, model_vocab_size: int) -> str | None:
+    """A note where most of the model's vocabulary is ids the tokenizer never produces."""
+    if model_vocab_size < UNUSED_VOCAB_RATIO * tokenizer.vocab_size:
+        return None
+    return (f"note: tokenizer '{tokenizer}' has {tokenizer.vocab_size:,} tokens and the model's "
+            f"vocabulary is {model_vocab_size:,}: ids {tokenizer.vocab_size:,}-"
+            f"{model_vocab_size - 1:,} never occur, and their embedding and head rows cost "
+            "memory and time for nothing (a --tokenizer of the model's vocabulary, or "
+            "model.vocab_size in a --config file, matches them)")
+
+
+def no_eos_note(tokenizer: Tokenizer) -> str | None:
+    """A note where the tokenizer has no end-of-document token: documents are then joined
+    with nothing between them, and the model learns one text running into the next."""
+    if tokenizer.eos_id is not None:
+        return None
+    return (f"note: tokenizer '{tokenizer}' has no end-of-document token (none of "
+            f"{', '.join(_EOS_CANDIDATES)}): documents are joined with nothing between them, "
+            "so the model learns each document's end running into the next one's start")
