@@ -128,6 +128,21 @@ def test_a_file_of_mostly_undecodable_bytes_is_warned_of(tmp_path, capsys):
     assert "% of its characters are U+FFFD" in lines[0]
 
 
+def test_the_standard_librarys_files_in_other_encodings_are_not_warned_of(tmp_path, monkeypatch,
+                                                                           capsys):
+    """The default corpus holds codecs' test modules (test/encoded_modules/module_koi8_r.py):
+    the default run warned that one was most likely not text."""
+    koi8 = tmp_path / "test" / "module_koi8_r.py"
+    koi8.parent.mkdir()
+    koi8.write_bytes("# -*- coding: koi8-r -*-\nS = 'Питон'\n".encode("koi8-r") * 20
+                     + bytes(range(192, 256)) * 20)
+    list(corpus.documents(koi8))
+    assert "warning" in capsys.readouterr().err  # outside the standard library: warned of
+    monkeypatch.setattr(corpus, "stdlib_root", lambda: tmp_path)
+    list(corpus.documents(koi8))
+    assert capsys.readouterr().err == ""
+
+
 def _no_eos_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 

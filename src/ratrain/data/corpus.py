@@ -106,7 +106,8 @@ def documents(path: Path) -> Iterator[tuple[str, bool]]:
         binary += text.count("\ufffd") + text.count("\0")
         chars += len(text)
         yield text, ends
-    if binary > MOSTLY_UNDECODABLE * chars:
+    # the standard library's few files in other encodings are its codecs' test data
+    if binary > MOSTLY_UNDECODABLE * chars and not path.is_relative_to(stdlib_root()):
         _warn(f"warning: {path}: {binary / chars:.0%} of its characters are U+FFFD (bytes that "
               "are no UTF-8) or NUL: it is most likely not text (pre-tokenized ids need the "
               "suffix .bin), and a run on it learns noise")
