@@ -16,18 +16,43 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether --resume auto continues the run: a checkpoint in cfg's checkpoint directory or
     in the one the run's config.yaml names (a new --checkpoint-dir holds none yet: until
     2026-11-30 the run started over, rewriting its metrics). Where its checkpoints are gone
-    (moved), a UserError rather than a new run over its files."""
+    (moved, or their directory emptied), a UserError rather than a new run over its files; a
+    start from step 0 is said (until 2026-12-02 it was silent). A --checkpoint-dir of another
+    run's checkpoints is refused."""
     from ratrain import checkpoint
-    from ratrain.training.run_dir import checkpoints_gone, checkpoints_of, own_checkpoints
+    from ratrain.training.run_dir import (checkpoints_gone, checkpoints_lost, checkpoints_of,
+                                          own_checkpoints)
 
-    own = own_checkpoints(run_dir)
-    if checkpoint.complete_dirs(checkpoints_of(run_dir, cfg)) or (
-            own is not None and checkpoint.complete_dirs(own)):
+    own, here = own_checkpoints(run_dir), checkpoints_of(run_dir, cfg)
+    if checkpoint.complete_dirs(here):
+        if isinstance(here, checkpoint.Elsewhere):
+            _refuse_anothers(run_dir, here.path, own is None)
         return True
-    gone = checkpoints_gone(run_dir)
+    if own is not None and checkpoint.complete_dirs(own):
+        return True
+    gone = checkpoints_gone(run_dir) or checkpoints_lost(run_dir)
     if gone:
         raise UserError(f"--resume auto: {gone}")
+    if int(os.environ.get("RANK", 0)) == 0:
+        looked = {checkpoint.root(here), *([checkpoint.root(own)] if own is not None else [])}
+        print(f"--resume auto: no checkpoint in {' or '.join(map(str, sorted(looked)))}: "
+              "starting the run from step 0", file=sys.stderr, flush=True)
     return False
+
+
+def _refuse_anothers(run_dir: Path, where: Path, no_run_here: bool) -> None:
+    """--checkpoint-dir `where` holds checkpoints: refused where its record names another run,
+    or where `run_dir` holds no run (`no_run_here`) they could be the checkpoints of."""
+    from ratrain import checkpoint
+    from ratrain.training.run_lock import refuse_another_runs_checkpoints
+
+    refuse_another_runs_checkpoints(run_dir, where)
+    if no_run_here:
+        newest = checkpoint.complete_dirs(checkpoint.Elsewhere(where))[-1].name
+        raise UserError(f"--resume auto: --checkpoint-dir {where} holds checkpoints ({newest}) "
+                        f"and {run_dir} holds no run they could be of (no config.yaml): they are "
+                        "another run's; continue that one with --resume RUN, or give this run "
+                        "its own --checkpoint-dir")
 
 
 def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None) -> None:

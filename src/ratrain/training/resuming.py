@@ -9,6 +9,8 @@ workers do not map onto the new ones: until 2026-11-29 a replica took the state 
 worker of its index, or worker 0's where there was none, so a synchronous resume went on with
 replicas on different weights, and a larger --dp counted worker 0 twice in every average. Now
 every replica starts from the outer parameters, with worker 0's AdamW state, and the run says so.
+Another H, fragment count or delta dtype on the same workers is allowed too (each replica goes
+on from its own state) and said: until 2026-12-02 it was silent.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from ratrain.checkpoint.store import outer_weights
 from ratrain.config import ParallelConfig, RunConfig
 from ratrain.runtime.optim import lr_at
-from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas
+from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas, parse_sync
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,23 @@ def relayout_note(saved: dict, now: ParallelConfig) -> str | None:
             f"outer sync; local steps after it, if any, are left out) with replica 0's optimizer state")
 
 
+def sync_change_note(saved: dict, now: ParallelConfig) -> str | None:
+    """What a resume under another --sync does, for stderr (None: the same sync). A change is
+    allowed (the outer step's flags are free on resume to retune it, resume_settings.py), and
+    said: one onto other workers is relayout_note's; one of H, fragments or the deltas' dtype
+    keeps each replica's own state, and the outer syncs follow the new form from here."""
+    note = relayout_note(saved, now)
+    was = saved.get("sync", EVERY_STEP)
+    if note or parse_sync(was) == parse_sync(now.sync):
+        return note
+    if was == EVERY_STEP:
+        return (f"--sync {was} -> {now.sync}: the checkpoint is of a synchronous run; the outer "
+                "parameters start at its weights, with no momentum")
+    return (f"--sync {was} -> {now.sync}: a change of the run's outer sync, allowed on resume: "
+            f"each replica goes on from its own state, and syncs as {now.sync} does from the "
+            "first resumed step on")
+
+
 class OuterAsWeights(Mapping):
     """Unit states (checkpoint.UnitStates) with each unit's outer parameters as its weights."""
 
@@ -82,12 +101,12 @@ class OuterAsWeights(Mapping):
 
 
 def say_what_changed(meta: dict, cfg: RunConfig, loader: dict) -> None:
-    """What a resume changes in the run's course, on stderr: replicas that start from the outer
-    parameters (relayout_note), other training data (`loader`: the loader's state_dict() now;
-    other sequences from here), or another --steps (the cosine stretched or compressed: the
-    learning rate jumps at the resumed step)."""
+    """What a resume changes in the run's course, on stderr: another --sync (sync_change_note),
+    other training data (`loader`: the loader's state_dict() now; other sequences from here),
+    or another --steps (the cosine stretched or compressed: the learning rate jumps at the
+    resumed step)."""
     step = meta["step"]  # steps done: the first resumed one is step + 1, run at lr_at(step)
-    note = relayout_note(meta["config"]["parallel"], cfg.parallel)
+    note = sync_change_note(meta["config"]["parallel"], cfg.parallel)
     if note:
         print(note, file=sys.stderr, flush=True)
     before, now = meta["loader"].get("tokens"), loader["tokens"]

@@ -17,7 +17,8 @@ from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.training.disk_room import checkpoint_bytes, room_problem
 from ratrain.training.metrics import read_metrics
 from ratrain.training.resume_settings import refuse_another_runs
-from ratrain.training.run_lock import lock_run_dir
+from ratrain.training.run_lock import (claim_checkpoint_dir, lock_checkpoint_dir, lock_run_dir,
+                                       refuse_another_runs_checkpoints)
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,29 @@ def open_run_dir(run_dir: str | Path | None, cfg: RunConfig, resume: bool = Fals
     from is found (resume_point). Nothing is made until every check has passed."""
     if run_dir:  # before the checks read what another run may be writing (if it is there)
         lock_run_dir(Path(run_dir))
+    _take_checkpoint_dir(Path(run_dir or "runs"), cfg, made=False)
     check_run_dir(Path(run_dir) if run_dir else Path("runs"), cfg, resume)
     ckpt = resume_point(Path(run_dir), cfg) if resume else None
     path = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
     path.mkdir(parents=True, exist_ok=True)
     lock_run_dir(path)
+    _take_checkpoint_dir(path, cfg, made=True)
     return RunDirectory(path, checkpoints_of(path, cfg), ckpt)
+
+
+def _take_checkpoint_dir(run_dir: Path, cfg: RunConfig, made: bool) -> None:
+    """Hold the run's --checkpoint-dir as its run directory is held: two runs of other run
+    directories wrote their checkpoints into one among each other's. Before the checks where it
+    exists already (`made` False: nothing is made until they pass); then made, held, and
+    recorded as this run's."""
+    if not cfg.train.checkpoint_dir or not saves_checkpoints(cfg):
+        return
+    directory = Path(cfg.train.checkpoint_dir)
+    if made:
+        directory.mkdir(parents=True, exist_ok=True)
+    lock_checkpoint_dir(directory, run_dir)
+    if made:
+        claim_checkpoint_dir(directory, run_dir)
 
 
 def refuse_a_taken_run_dir(run_dir: Path) -> None:
@@ -157,13 +175,40 @@ def _gone(run_dir: Path, saved: TrainConfig, way_out: str) -> str | None:
     where = checkpoint.root(checkpoints_of(run_dir, RunConfig(train=saved)))
     if where.exists() or not saved.checkpoints:
         return None
-    log = run_dir / "metrics.jsonl"
-    reached = max((r["step"] for r in read_metrics(log)), default=0) if log.is_file() else 0
+    reached = _reached(run_dir)
     if reached < min(saved.checkpoint_every or saved.steps, saved.steps):
         return None
     named = " (config.yaml's train.checkpoint_dir)" if saved.checkpoint_dir else ""
     return (f"the run's checkpoint directory {where}{named} does not exist (moved or deleted?), "
             f"though the run reached step {reached}; {way_out} to say where it is now")
+
+
+def checkpoints_lost(run_dir: Path) -> str | None:
+    """Where the run's checkpoint directory, as its config.yaml names it, is there but holds
+    no checkpoint, though its metrics.jsonl shows it passed two save points or more (at one, the
+    save may have died being written): the line that says so. None otherwise."""
+    saved = _saved_train(run_dir)
+    if saved is None or not saved.checkpoints:
+        return None
+    own = checkpoints_of(run_dir, RunConfig(train=saved))
+    reached = _reached(run_dir)
+    every = saved.checkpoint_every or saved.steps
+    saves = [*range(every, min(reached, saved.steps) + 1, every)]
+    if reached >= saved.steps and saved.steps not in saves:
+        saves.append(saved.steps)
+    if len(saves) < 2 or checkpoint.complete_dirs(own):
+        return None
+    return (f"no checkpoint in {checkpoint.root(own)}, though {run_dir}/metrics.jsonl shows the "
+            f"run reached step {reached}, past {len(saves)} of its save points (the last at step "
+            f"{saves[-1]}): its checkpoints were moved or deleted, and starting over would "
+            f"overwrite its metrics. Pass --checkpoint-dir DIR where they are now; to start the "
+            f"run over, remove {run_dir}/metrics.jsonl first (or choose another --run-dir)")
+
+
+def _reached(run_dir: Path) -> int:
+    """The last step the run's metrics.jsonl records (0: none)."""
+    log = run_dir / "metrics.jsonl"
+    return max((r["step"] for r in read_metrics(log)), default=0) if log.is_file() else 0
 
 
 def _why_none(run_dir: Path, where: Path, way_out: str) -> str:
@@ -176,8 +221,8 @@ def _why_none(run_dir: Path, where: Path, way_out: str) -> str:
         return f"no checkpoint in {where}: the run was started with --no-checkpoints and saved none"
     own = checkpoint.root(checkpoints_of(run_dir, RunConfig(train=saved)))
     every = f"every {saved.checkpoint_every} steps and " if saved.checkpoint_every else ""
-    why = _gone(run_dir, saved, way_out) or (f"no checkpoint in {own}: the run saves one "
-                                             f"{every}at its end, and had not reached one")
+    why = _gone(run_dir, saved, way_out) or checkpoints_lost(run_dir) or (
+        f"no checkpoint in {own}: the run saves one {every}at its end, and had not reached one")
     if own == where:
         return why
     return (f"--checkpoint-dir {where} does not exist" if not where.exists() else
@@ -206,6 +251,8 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
             print(f"--checkpoint-dir {where} holds no checkpoint: resuming from the run's own, "
                   f"in {checkpoint.root(own)}; the new ones go to {where}", file=sys.stderr)
         checkpoints = own
+    if checkpoint.root(checkpoints) != checkpoint.root(run_dir):
+        refuse_another_runs_checkpoints(run_dir, checkpoint.root(checkpoints))
     hashed = not under_torchrun() or main
     ckpt, skipped = checkpoint.scan(checkpoints, hashed)
     if ckpt is None:
