@@ -56,8 +56,8 @@ def test_an_unfinished_runs_figures_come_from_its_metrics(tmp_path):
     table = dict(write_report(run_dir).table)
     later = [_row(s) for s in range(2, 16)]
     mean = TOKENS * len(later) / sum(r["step_time_s"] for r in later)  # not step 15's 2,500
-    assert table["tokens/s"] == (f"{mean:,.0f} (mean of steps 2-15, the run stopped at step 15 "
-                                 "of 30)")
+    assert table["tokens/s"] == (f"{mean:,.0f} (tokens of steps 2-15 over their time, the run "
+                                 "stopped at step 15 of 30)")
     assert table["MFU"].startswith(f"{100 * mean * 1e-4:.1f}% of ")
     assert "step 15 of 30" in table["training"]
     assert table["peak memory"].startswith(
@@ -132,7 +132,8 @@ def test_a_resumes_first_step_is_left_out_of_the_mean_as_the_runs_is(tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     later = [_row(s) for s in range(2, 16) if s != 8]
     mean = TOKENS * len(later) / sum(r["step_time_s"] for r in later)
-    assert dict(write_report(run_dir).table)["tokens/s"].startswith(f"{mean:,.0f} (mean of ")
+    assert dict(write_report(run_dir).table)["tokens/s"].startswith(f"{mean:,.0f} (tokens of ")
     (run_dir / "summary.json").write_text(json.dumps({
         "tokens_per_s": 1234.0, "tokens_per_s_of_steps": "2-7, 9-15", "final_loss": 4.0}))
-    assert dict(write_report(run_dir).table)["tokens/s"] == "1,234 (mean of steps 2-7, 9-15)"
+    assert dict(write_report(run_dir).table)["tokens/s"] == (
+        "1,234 (tokens of steps 2-7, 9-15 over their time)")

@@ -40,20 +40,25 @@ def steps_text(rows: list[dict]) -> str:
 
 
 def tokens_per_s(run) -> tuple[float | None, str]:
-    """(the mean tokens/s: tokens over the time they took, what it is of)."""
+    """(the steps' tokens over the time they took, not a mean of their rates; what it is of)."""
     if run.summary.get("tokens_per_s") is not None:
         steps = run.summary.get("tokens_per_s_of_steps")
-        return run.summary["tokens_per_s"], (f"mean of steps {steps}" if steps else
-                                             "mean over the steps after the first")
+        return run.summary["tokens_per_s"], over_their_time(f"steps {steps}" if steps else
+                                                            "the steps after the first")
     from ratrain.training.whole_run import Throughput
 
     counted = Throughput(run.metrics)  # as summary.json counts them
     if counted.tokens_per_s() is not None:
-        return counted.tokens_per_s(), f"mean of steps {counted.of_steps()}, {stopped(run)}"
+        return (counted.tokens_per_s(),
+                f"{over_their_time(f'steps {counted.of_steps()}')}, {stopped(run)}")
     row = next((r for r in run.metrics if r.get("step_time_s") and r.get("tokens_per_s")), None)
     if row is None:
         return None, "no step recorded its time"
     return row["tokens_per_s"], f"step {row['step']}'s, {stopped(run)}"  # the run's only one
+
+
+def over_their_time(steps: str) -> str:
+    return f"tokens of {steps} over their time"
 
 
 @dataclass
@@ -65,7 +70,12 @@ class Mfu:
 
 
 def mfu(run) -> Mfu:
-    """The MFU of the mean tokens/s. Without a summary, from metrics.jsonl's per-step MFU:
+    """The MFU of the run's tokens/s (tokens_per_s); above 100%, none (below_peak)."""
+    return below_peak(counted_mfu(run))
+
+
+def counted_mfu(run) -> Mfu:
+    """The MFU of the run's tokens/s. Without a summary, from metrics.jsonl's per-step MFU:
     each row's is its tokens/s times the same FLOPs per token over the same peak."""
     s = run.summary
     if s:
@@ -81,6 +91,17 @@ def mfu(run) -> Mfu:
     return Mfu(tps * row["mfu"] / row["tokens_per_s"],
                per_token * row["tokens_per_s"] / row["mfu"], per_token,
                "the peak metrics.jsonl's MFU is of")
+
+
+def below_peak(m: Mfu) -> Mfu:
+    """`m`, or where it is above 100% (no run does more than its peak) no MFU and why: the
+    page shows the MFU, the peak and the source, so the source names the low peak."""
+    if m.mfu is None or m.mfu <= 1:
+        return m
+    from ratrain.training.mfu import peak_low
+
+    return Mfu(None, None, m.flops_per_token,
+               f"{peak_low(m.mfu, m.peak_flops, m.source)}; {m.source or 'of unknown source'}")
 
 
 def per_stage(run, name: str) -> list[float] | None:
