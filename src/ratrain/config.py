@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ class TrainConfig:
                      "grad_clip", "outer_lr", "outer_momentum", "outer_mix"):
             check_finite(f"train.{name}", getattr(self, name))
         for name in ("seq_len", "global_batch", "micro_batch_size", "steps", "lr", "adam_eps",
-                     "keep_checkpoints"):
+                     "keep_checkpoints", "outer_lr"):
             if getattr(self, name) <= 0:
                 raise UserError(f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup_steps", "weight_decay", "grad_clip", "eval_every",
@@ -106,19 +107,14 @@ class TrainConfig:
                 raise UserError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise UserError(f"train.min_lr must be in [0, lr = {self.lr}], got {self.min_lr}")
-        if self.outer_lr <= 0:
-            raise UserError(f"train.outer_lr must be positive, got {self.outer_lr}")
         for name in ("beta1", "beta2", "outer_momentum", "outer_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.global_batch % self.micro_batch_size:
-            default = type(self).micro_batch_size
-            raise UserError(
-                f"train.global_batch {self.global_batch} is not a multiple of "
-                f"micro_batch_size {self.micro_batch_size}"
-                + (" (the default: set --micro-batch-size)"
-                   if self.micro_batch_size == default else "")
-            )
+            hint = (" (the default: set --micro-batch-size)"
+                    if self.micro_batch_size == type(self).micro_batch_size else "")
+            raise UserError(f"train.global_batch {self.global_batch} is not a multiple of "
+                            f"micro_batch_size {self.micro_batch_size}{hint}")
         if self.dtype not in DTYPES:
             raise UserError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
@@ -239,15 +235,23 @@ class RunConfig:
         """The values as such: ranges, names, finite numbers, the sequence within the model's.
         Whether their combination can run (layout, batch split, state home, dtype, hardware) is
         the rule of setup/rule.py, which the setup stage (setup.run_plan, that calls this
-        first) and the planner apply."""
-        self.model.validate()
-        self.data.validate()
-        self.train.validate()
-        self.parallel.validate()
-        if self.train.seq_len > self.model.max_seq_len:
-            raise UserError(
-                f"seq_len {self.train.seq_len} exceeds the model's max_seq_len {self.model.max_seq_len}"
-            )
+        first) and the planner apply. A refusal of a value a flag gave names the flag."""
+        try:
+            self.model.validate()
+            self.data.validate()
+            self.train.validate()
+            self.parallel.validate()
+            if self.train.seq_len > self.model.max_seq_len:
+                raise UserError(f"seq_len {self.train.seq_len} exceeds the model's max_seq_len "
+                                f"{self.model.max_seq_len}")
+        except UserError as e:
+            raise _led_by_flags(e, vars(self).get("_flags", {})) from None
+
+    def take_flag(self, flag: str, section: str, name: str, value: Any) -> None:
+        """`section`.`name` = `value`, typed as `flag`: a refusal of it names the flag (from
+        cli/options.py). Not a field: config.yaml keeps values, not where they came from."""
+        setattr(getattr(self, section), name, value)
+        vars(self).setdefault("_flags", {})[f"{section}.{name}"] = flag
 
     @property
     def n_micro(self) -> int:
@@ -279,12 +283,9 @@ class RunConfig:
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        text = (
-            json.dumps(self.to_dict(), indent=2)
-            if path.suffix == ".json"
-            else yaml.safe_dump(self.to_dict(), sort_keys=False)
-        )
-        write_whole(path, text)
+        d = self.to_dict()
+        write_whole(path, json.dumps(d, indent=2) if path.suffix == ".json"
+                    else yaml.safe_dump(d, sort_keys=False))
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
@@ -296,6 +297,17 @@ class RunConfig:
         except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
             raise UserError(f"cannot parse config {path}: {parse_error(e)}") from None
         return cls.from_dict(d or {})
+
+
+def _led_by_flags(error: UserError, flags: dict[str, str]) -> UserError:
+    """`error` led by the flags (by key) that gave values it names, by key or, where it is
+    worded in no flag, by name alone: it said `train.outer_lr must be positive` to a user who
+    typed --outer-lr."""
+    said = str(error)
+    typed = [flag for key, flag in flags.items() if flag not in said and any(
+        re.search(rf"(?<![\w.-]){re.escape(name)}\b", said)
+        for name in (key, key.partition(".")[2])[:1 if "--" in said else 2])]
+    return UserError(f"{', '.join(typed)}: {said}") if typed else error
 
 
 def _build(factory, values: dict[str, Any], section: str):

@@ -158,7 +158,7 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
         resolve_model(opts["model"], cfg, opts.get("tokenizer"))
     for key, section in _FIELDS.items():
         if opts[key] is not None:
-            setattr(getattr(cfg, section), _RENAMED.get(key, key), opts[key])
+            cfg.take_flag("--" + key.replace("_", "-"), section, _RENAMED.get(key, key), opts[key])
     if resume_dir and opts.get("shard_state") is False:  # what only sharded state has goes too
         if opts.get("shard_group") is None:
             cfg.parallel.shard_group = None

@@ -17,6 +17,7 @@ from ratrain.cli.train_resume import (absolute_paths, anchor_saved_paths, check_
                                       refuse_idle_checkpoint_flags)
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.setup.memory_fit import over_budget
 
 
 @cli.command()
@@ -136,6 +137,8 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
+        from ratrain.training.mfu import mfu_in_words
+
         val = summary.get("val_loss")
         val = ("  val loss: not finite" if summary.get("val_loss_not_finite")
                else f"  val loss: {val:.4f}" if val is not None else "")
@@ -143,10 +146,13 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
                    f"loss: {summary.get('final_loss'):.4f}" + val
                    + f"  tokens/s: {summary.get('tokens_per_s'):.0f}"
-                   + (f"  MFU: {summary['mfu']:.1%}" if summary.get("mfu") is not None else "")
+                   + (f"  MFU: {mfu_in_words(summary)}" if summary.get("mfu") is not None else "")
                    + (f"  skipped (float16 overflow): {len(skipped)} steps, loss scale "
                       f"{summary.get('loss_scale')}" if skipped else ""))
         click.echo(_memory_line(summary))
+    over = memory_budget is not None and over_budget(summary, memory_budget)
+    if over:
+        click.echo(f"warning: {over}", err=True)
     if report:
         _write_report(Path(summary["run_dir"]), quiet=as_json)
 
@@ -164,8 +170,10 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     from ratrain.planner.account import decimal_bytes
     from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.runtime.process_groups import pick_backend
+    from ratrain.runtime.process_memory import resident_bytes
     from ratrain.runtime.torchrun_env import under_torchrun
     from ratrain.setup import Machine
+    from ratrain.setup.memory_fit import with_process_base
     from ratrain.setup.plan_file import SEARCHED_PLAN
 
     if under_torchrun():  # every rank would search, and a time limit could part them
@@ -183,6 +191,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         hw = (with_this_machines_host(hw, devices or gpus) if gpus
               else with_this_machines_memory(hw, devices))
     hw = with_host_budget(hw, host_memory_budget)
+    hw, base = (hw, None) if gpus else with_process_base(hw, memory_budget, resident_bytes())
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)
@@ -198,7 +207,8 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                f"state / views "
                f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}: predicted "
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
-               f"{decimal_bytes(max(best.stage_bytes))} a device", err=True)
+               f"{decimal_bytes(max(best.stage_bytes))} a device" + (
+                   f" with its process's own {decimal_bytes(base)}" if base else ""), err=True)
     low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
     if low_grad:
         click.echo("not taken, since it rounds the gradients (add the flag to take it): "

@@ -9,7 +9,8 @@ describes: hf_files.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from torch import nn
 
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
-from ratrain.models.hf_files import lacks, sources, tensor_files
+from ratrain.models.hf_files import check_export_dir, lacks, sources, tensor_files
 from ratrain.models.llama import hf_param_name
 
 LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"
@@ -37,8 +38,11 @@ _POSITION_KEY, _NORM_HEAD_KEY = "ratrain_position", "ratrain_norm_head"
 # --- config -------------------------------------------------------------------------------------
 
 
-def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
-    """ModelConfig of a Hugging Face checkpoint directory (or its config.json)."""
+def config_from_hf(dir_or_config_json: str | Path,
+                   warn: Callable[[str], None] | None = None) -> ModelConfig:
+    """ModelConfig of a Hugging Face checkpoint directory (or its config.json); `warn` is told
+    what ratrain trains otherwise than the checkpoint's own code would (default: a warning
+    line on stderr)."""
     path = Path(dir_or_config_json)
     if path.is_dir():
         path = path / "config.json"
@@ -115,7 +119,21 @@ def config_from_hf(dir_or_config_json: str | Path) -> ModelConfig:
         cfg.validate()
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
+    # pretraining_tp > 1 is not weighed: older transformers computed each projection in that
+    # many slices of its weight, concatenated or summed, the same product summed in another
+    # order ("exact reproducibility of the pretraining results"); the weights are stored whole
+    # and transformers 5 ignores it
+    dropout = num("attention_dropout", float, 0.0, nullable=True)
+    if dropout:
+        (warn or _warn_on_stderr)(
+            f"{path}: attention_dropout {dropout:g} is not applied: ratrain trains without "
+            "dropout on the attention weights, where Hugging Face training drops them out "
+            "(inference, which drops nothing, is the same)")
     return cfg
+
+
+def _warn_on_stderr(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def _num(path: Path, src: dict, key: str, kind: type, default, nullable: bool, label: str):
@@ -268,21 +286,6 @@ def _hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict:
             }
         )
     return d
-
-
-def check_export_dir(out_dir: str | Path) -> Path:
-    """out_dir, refused where it is a file or holds weights already: an old index and shards
-    left beside a new model.safetensors made two models of it (transformers read the new one,
-    ratrain the old). `export` may call this before it reads the checkpoint."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} is a file: export into a directory")
-    held = sorted(f.name for pattern in ("*.safetensors*", "pytorch_model*.bin*")
-                  for f in out.glob(pattern))
-    if held:
-        raise UserError(f"{out} already holds weights ({', '.join(held[:3])}"
-                        f"{' ...' if len(held) > 3 else ''}): export into a new directory")
-    return out
 
 
 def save_hf(

@@ -1,7 +1,8 @@
 """The safetensors files of a Hugging Face model directory: which file holds each tensor, and
 whether they are the weights its config.json describes. `check_weights` reads only the files'
 headers (and, for a tied head saved apart, the two matrices a slice at a time), so --model is
-checked before any process starts; a stage reads only the tensors its units need."""
+checked before any process starts; a stage reads only the tensors its units need. And whether
+a directory an export writes into holds none yet (`check_export_dir`)."""
 
 from __future__ import annotations
 
@@ -160,3 +161,18 @@ def _equal(where: dict[str, Path], a: str, b: str, chunk_bytes: int = 64 << 20) 
         rows = max(1, chunk_bytes // (4 * max(1, shape[-1])))
         return all(torch.equal(sa[i:i + rows].float(), sb[i:i + rows].float())
                    for i in range(0, shape[0], rows))
+
+
+def check_export_dir(out_dir: str | Path) -> Path:
+    """out_dir, refused where it is a file or holds weights already: an old index and shards
+    left beside a new model.safetensors made two models of it (transformers read the new one,
+    ratrain the old). `export` may call this before it reads the checkpoint."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file: export into a directory")
+    held = sorted(f.name for pattern in ("*.safetensors*", "pytorch_model*.bin*")
+                  for f in out.glob(pattern))
+    if held:
+        raise UserError(f"{out} already holds weights ({', '.join(held[:3])}"
+                        f"{' ...' if len(held) > 3 else ''}): export into a new directory")
+    return out

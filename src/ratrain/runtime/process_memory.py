@@ -49,6 +49,14 @@ class RssGrowth:
         return self._highest
 
 
+def resident_bytes() -> int | None:
+    """This process's resident set now (Linux's VmRSS); None where it cannot be read."""
+    try:
+        return _status_bytes("VmRSS")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
