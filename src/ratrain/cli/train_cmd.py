@@ -96,11 +96,13 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         plan_data = _searched_plan(cfg, opts, profile_spec, devices, memory_budget,
                                    host_memory_budget)
     _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
-    for value, section, key in ((keep_checkpoints, "train", "keep_checkpoints"),
-                                (checkpoint_on_interrupt, "train", "checkpoint_on_interrupt"),
-                                (comm_timeout, "parallel", "comm_timeout_s")):
-        if value is not None:
-            setattr(getattr(cfg, section), key, value)
+    for flag, value, section, key in (
+            ("--keep-checkpoints", keep_checkpoints, "train", "keep_checkpoints"),
+            ("--checkpoint-on-interrupt", checkpoint_on_interrupt, "train",
+             "checkpoint_on_interrupt"),
+            ("--comm-timeout", comm_timeout, "parallel", "comm_timeout_s")):
+        if value is not None:  # (a refusal of the value names the flag)
+            cfg.take_flag(flag, section, key, value)
     _use_output_flags(cfg, tensorboard, profile_spec)
     if resume_dir:
         run_dir = Path(resume_dir)
@@ -173,7 +175,6 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     from ratrain.runtime.process_memory import resident_bytes
     from ratrain.runtime.torchrun_env import under_torchrun
     from ratrain.setup import Machine
-    from ratrain.setup.memory_fit import with_process_base
     from ratrain.setup.plan_file import SEARCHED_PLAN
 
     if under_torchrun():  # every rank would search, and a time limit could part them
@@ -191,7 +192,7 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
         hw = (with_this_machines_host(hw, devices or gpus) if gpus
               else with_this_machines_memory(hw, devices))
     hw = with_host_budget(hw, host_memory_budget)
-    hw, base = (hw, None) if gpus else with_process_base(hw, memory_budget, resident_bytes())
+    base = None if gpus else resident_bytes()  # a GPU's memory is not the process's
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
     found = best_plans(request)
@@ -207,8 +208,9 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                f"state / views "
                f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}: predicted "
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
-               f"{decimal_bytes(max(best.stage_bytes))} a device" + (
-                   f" with its process's own {decimal_bytes(base)}" if base else ""), err=True)
+               f"{decimal_bytes(max(best.stage_bytes))}" + (
+                   f" a device, beside its process's own {decimal_bytes(base)} (Python, torch: "
+                   "outside the budget)" if base else " a device"), err=True)
     low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
     if low_grad:
         click.echo("not taken, since it rounds the gradients (add the flag to take it): "

@@ -8,16 +8,15 @@ and grew until the kernel killed it (2026-11-27). The ledger leaves out torch it
 allocator's slack and autograd's temporaries, so a run it passes may still not fit; one it
 refuses cannot.
 
-`ratrain train --memory-budget` on a CPU holds each rank's whole process to the budget: the
-search counts the process's own bytes (Python, torch), measured at the start, beside what the
-ledger and the profile predict (with_process_base), and the run warns at its end where a
-rank's peak passed the budget all the same (over_budget). Until 2026-12-02 a 200 MB budget
-searched the model's bytes alone and its ranks peaked at 524 MB, unsaid.
+`ratrain train --memory-budget` searches what `ratrain plan` would for the same request: the
+plan's bytes held to the budget. On a CPU the process's own (Python, torch: about 290 MB) come
+on top, which the run says at its start, and it warns at its end where a rank's peak passed the
+budget (over_budget): until 2026-12-02 a 200 MB budget searched and its ranks peaked at 524 MB,
+unsaid.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from ratrain.config import RunConfig
@@ -150,38 +149,6 @@ def _hint(cfg: RunConfig, plan: PipelinePlan, at_peak: dict[str, int]) -> str:
             f"and AdamW) is most of it; " + ", ".join(ways))
 
 
-def with_process_base(hw, memory_budget: str, base: int | None) -> tuple[object, int | None]:
-    """The HardwareProfile `hw` that `ratrain train --memory-budget` searches, with `base`, this
-    process's resident set now (Python, torch and ratrain, before any model or data: what
-    every rank holds before its plan's bytes) added to its CPU devices' process overhead, and
-    that base; unchanged and None where no device is a CPU or the set cannot be read. The
-    ledger leaves the base out and a profile's overhead is growth over it, so the search held
-    only the model's bytes to the budget. A budget the base fills alone is refused."""
-    from ratrain.planner.account import decimal_bytes
-    from ratrain.planner.budget import parse_bytes
-
-    devices = [g.device for g in hw.groups] or [hw.device]
-    if base is None or all(d.host_link is not None for d in devices):
-        return hw, None
-    budget = parse_bytes(memory_budget)
-    if base >= budget:
-        raise UserError(f"--memory-budget {decimal_bytes(budget)} cannot hold a rank on this "
-                        f"machine: its process holds {decimal_bytes(base)} before any model "
-                        "(Python and torch), and the model's state and activations come on top; "
-                        "give a larger budget")
-
-    def counted(device):
-        if device.host_link is not None:  # a GPU's memory is not the process's
-            return device
-        return dataclasses.replace(
-            device, process_overhead_bytes=device.process_overhead_bytes + base)
-
-    notes = {**hw.notes, "device.process_overhead_bytes": (
-        f"with this process's own {decimal_bytes(base)} at the start (Python, torch)")}
-    return dataclasses.replace(hw, notes=notes, device=counted(hw.device), groups=[
-        dataclasses.replace(g, device=counted(g.device)) for g in hw.groups]), base
-
-
 def over_budget(summary: dict, memory_budget: str) -> str | None:
     """Where the largest rank's peak memory in a run's `summary` passed its --memory-budget,
     a line that says so and what to do; else None. The search's prediction leaves out what no
@@ -193,7 +160,8 @@ def over_budget(summary: dict, memory_budget: str) -> str | None:
     if not peak or peak <= budget:
         return None
     return (f"the largest rank's peak memory, {decimal_bytes(peak)}, passed --memory-budget "
-            f"{decimal_bytes(budget)}: the plan's prediction leaves out what the profile does "
-            "not measure (the allocator's slack, autograd's temporaries); to keep within it, "
-            "search with a smaller budget, or on this machine's measured profile (`ratrain "
-            "profile`, then --profile)")
+            f"{decimal_bytes(budget)}: the plan holds its state, activations and buffers to the "
+            "budget, and the process's own memory (Python, torch: said at the start) and what "
+            "no profile measures (the allocator's slack, autograd's temporaries) come on top; to "
+            "keep the whole process within it, search with a budget smaller by that much, or on "
+            "this machine's measured profile (`ratrain profile`, then --profile)")
