@@ -17,7 +17,6 @@ from ratrain.cli.train_resume import (absolute_paths, anchor_saved_paths, check_
                                       refuse_idle_checkpoint_flags)
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
-from ratrain.setup.memory_fit import over_budget
 
 
 @cli.command()
@@ -280,3 +279,23 @@ def _memory_line(summary: dict) -> str:
     parts = [f"stage {s}: {fmt_bytes(held)}" + (f" (RSS +{fmt_bytes(grown)})" if grown is not None else "")
              for s, (held, grown) in enumerate(zip(ledger, rss))]
     return "peak memory held (ledger): " + ", ".join(parts)
+
+
+def over_budget(summary: dict, memory_budget: str) -> str | None:
+    """Where the largest rank's peak memory in a run's `summary` passed its --memory-budget,
+    a line that says so and what to do; else None. The search is plan's for the same request:
+    it holds the plan's bytes to the budget, and on a CPU the process's own (Python, torch:
+    about 290 MB, said at the start) come on top (until 2026-12-02 a 200 MB budget peaked at
+    524 MB, unsaid)."""
+    from ratrain.planner.account import decimal_bytes
+    from ratrain.planner.budget import parse_bytes
+
+    peak, budget = summary.get("peak_memory_bytes"), parse_bytes(memory_budget)
+    if not peak or peak <= budget:
+        return None
+    return (f"the largest rank's peak memory, {decimal_bytes(peak)}, passed --memory-budget "
+            f"{decimal_bytes(budget)}: the plan holds its state, activations and buffers to the "
+            "budget, and the process's own memory (Python, torch: said at the start) and what "
+            "no profile measures (the allocator's slack, autograd's temporaries) come on top; to "
+            "keep the whole process within it, search with a budget smaller by that much, or on "
+            "this machine's measured profile (`ratrain profile`, then --profile)")

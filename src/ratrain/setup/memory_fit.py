@@ -7,12 +7,6 @@ bytes and what lowers them; without it, a 7B run on a 23 GB machine built its mo
 and grew until the kernel killed it (2026-11-27). The ledger leaves out torch itself, the
 allocator's slack and autograd's temporaries, so a run it passes may still not fit; one it
 refuses cannot.
-
-`ratrain train --memory-budget` searches what `ratrain plan` would for the same request: the
-plan's bytes held to the budget. On a CPU the process's own (Python, torch: about 290 MB) come
-on top, which the run says at its start, and it warns at its end where a rank's peak passed the
-budget (over_budget): until 2026-12-02 a 200 MB budget searched and its ranks peaked at 524 MB,
-unsaid.
 """
 
 from __future__ import annotations
@@ -147,21 +141,3 @@ def _hint(cfg: RunConfig, plan: PipelinePlan, at_peak: dict[str, int]) -> str:
     ways.append("or train a smaller model")
     return (f"the training state ({cfg.model.name}: 16 bytes a parameter, masters, gradients "
             f"and AdamW) is most of it; " + ", ".join(ways))
-
-
-def over_budget(summary: dict, memory_budget: str) -> str | None:
-    """Where the largest rank's peak memory in a run's `summary` passed its --memory-budget,
-    a line that says so and what to do; else None. The search's prediction leaves out what no
-    profile measured (the allocator's slack, autograd's temporaries)."""
-    from ratrain.planner.account import decimal_bytes
-    from ratrain.planner.budget import parse_bytes
-
-    peak, budget = summary.get("peak_memory_bytes"), parse_bytes(memory_budget)
-    if not peak or peak <= budget:
-        return None
-    return (f"the largest rank's peak memory, {decimal_bytes(peak)}, passed --memory-budget "
-            f"{decimal_bytes(budget)}: the plan holds its state, activations and buffers to the "
-            "budget, and the process's own memory (Python, torch: said at the start) and what "
-            "no profile measures (the allocator's slack, autograd's temporaries) come on top; to "
-            "keep the whole process within it, search with a budget smaller by that much, or on "
-            "this machine's measured profile (`ratrain profile`, then --profile)")
