@@ -174,9 +174,8 @@ def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
         return None
     if dp < 2:
         return f"--sync {sync} averages replicas' deltas: it needs --dp >= 2, got dp={dp}"
-    if outer.islands and (outer.islands > dp or dp % outer.islands):
-        return (f"--sync {sync}: {outer.islands} islands of equal size do not divide "
-                f"--dp {dp} replicas; use a K that divides dp")
+    if outer.islands and dp % outer.islands:
+        return _unequal_islands(sync, dp, outer.islands)
     if policy != "ratrain":
         return f"--sync {sync} needs --policy ratrain (the baseline policy syncs every step)"
     if shard_state and outer.islands and outer.island_size(dp) < 2:
@@ -195,6 +194,17 @@ def outer_refusal(sync: str, dp: int, policy: str, shard_state: bool,
         return (f"--sync {sync}: {outer.fragments} fragments for a model of {n_units} units; "
                 f"use at most {n_units}")
     return None
+
+
+def _unequal_islands(sync: str, dp: int, islands: int) -> str:
+    """Why K islands that do not divide dp are refused: an island's replicas each carry one of
+    dp / K slices of its delta to the same replica of every other island
+    (runtime/outer_sync.py), and the outer step weighs the islands alike, which is the mean
+    over the replicas' batches only where every island has as many."""
+    fits = ", ".join(str(k) for k in range(2, dp + 1) if dp % k == 0)
+    return (f"--sync {sync}: {islands} islands do not divide --dp {dp} replicas into islands of "
+            f"equal size (each carries its delta in dp / K slices, one a replica); use "
+            f"islands=K with K one of {fits}, or a --dp that is a multiple of {islands}")
 
 
 def check_outer(sync: str, dp: int, policy: str, shard_state: bool, n_units: int,

@@ -189,6 +189,11 @@ class Loop:
         if self.engine.outer is not None:  # each replica's own, on its own weights
             firsts = [figures[r] for r in self.grid.replica_ranks(0)]
             row["loss_per_replica"] = [f.loss for f in firsts]
+            islands = self.engine.outer.sync.islands
+            if islands:  # how far the islands drift apart: an island's replicas share weights
+                size = len(firsts) // islands
+                row["loss_per_island"] = [replicas_mean(row["loss_per_replica"][i:i + size])
+                                          for i in range(0, len(firsts), size)]
             if firsts[0].loss_scale is not None:  # float16: each replica scales its own
                 row["loss_scale_per_replica"] = [f.loss_scale for f in firsts]
                 row["skipped_per_replica"] = [f.skipped for f in firsts]

@@ -28,6 +28,8 @@ def write_summary(run_dir: Path, cfg: RunConfig, grid: RankGrid, last: dict,
                "peak_memory_bytes": last.get("peak_memory_bytes"),
                "schedule": cfg.parallel.schedule, "weight_grad": cfg.parallel.weight_grad,
                "grad_lifetime": cfg.parallel.grad_lifetime}
+    if "loss_per_island" in last:  # islands=K: final_loss's of each, how far they drifted apart
+        summary["loss_per_island"] = last["loss_per_island"]
     if peaks.from_step is not None:  # a resume gave the ranks other jobs: peaks since then
         summary["memory_peaks_from_step"] = peaks.from_step
     per_stage = grid.largest_per_stage

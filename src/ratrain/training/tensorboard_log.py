@@ -24,11 +24,12 @@ SCALARS = {
     "step_time_s": "throughput/step_time_s",
     "peak_memory_bytes": "memory/peak_bytes",
 }
-PER_RANK = {  # lists of one value per rank (or replica), a tag each
+PER_RANK = {  # lists of one value per rank (or replica, or island), a tag each
     "peak_memory_bytes_per_rank": "memory/peak_bytes/rank_{}",
     "ledger_peak_bytes_per_rank": "memory/ledger_peak_bytes/rank_{}",
     "rss_growth_bytes_per_rank": "memory/rss_growth_bytes/rank_{}",
     "loss_per_replica": "loss/train/replica_{}",
+    "loss_per_island": "loss/train/island_{}",  # --sync diloco:...:islands=K
     "loss_scale_per_replica": "optimizer/loss_scale/replica_{}",
 }
 
