@@ -78,12 +78,15 @@ def _is_tokenizer_json(path: Path) -> bool:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path())
-@click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors).")
+@click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors, the run's tokenizer as tokenizer.json + tokenizer_config.json).")
 @click.option("--replica", type=int, help="--sync diloco runs: this replica's own weights (its island's, with islands) instead of the outer parameters (the replicas' last outer sync).")
 @click.option("--checkpoint-dir", type=click.Path(), help="Where the run's checkpoints are, if not where its config.yaml says (moved since).")
-def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | None) -> None:
-    """Export a run's newest checkpoint that verifies as a Hugging Face model directory; of a
-    --sync diloco run, its outer parameters (--replica R: that replica's own weights)."""
+@click.option("--tokenizer", "tokenizer_spec", help="The run's tokenizer, if not where its config.yaml says (moved since), or of a run on pre-tokenized .bin ids: 'byte' or a tokenizer.json (or a directory holding one).")
+def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | None,
+           tokenizer_spec: str | None) -> None:
+    """Export a run's newest checkpoint that verifies as a Hugging Face model directory, with
+    the tokenizer it trained with; of a --sync diloco run, its outer parameters (--replica R:
+    that replica's own weights)."""
     import torch
 
     from ratrain import checkpoint
@@ -96,6 +99,7 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     if not (Path(run_dir) / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
+    tok = _run_tokenizer(cfg, tokenizer_spec, f"ratrain export {run_dir} --out {out}")
     if checkpoint_dir:
         cfg.train.checkpoint_dir = checkpoint_dir
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True, way_out=f"export with `ratrain export "
@@ -115,11 +119,38 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
         with_outer = outer and state["outer"] is not None
         units[u].load_state_dict(outer_weights(units[u], state) if with_outer else state["weights"],
                                  assign=True)
-    save_hf(units, cfg.model, out)
+    save_hf(units, cfg.model, out, tok.token_ids if tok else None)
+    if tok:
+        tok.write(Path(out), cfg.model.max_seq_len)
     what = (" (the outer parameters: the replicas' last outer sync; --replica R exports a "
             "replica's own weights)" if outer else f" (replica {replica}'s own weights)"
             if replica is not None else "")
     click.echo(f"exported {ckpt.name} of {run_dir} to {out}{what}")
+    click.echo(f"tokenizer: {tok}" if tok else f"tokenizer: none written: {run_dir} trained on "
+               f"pre-tokenized ids ({cfg.data.path}), whose tokenizer ratrain does not know; "
+               "--tokenizer FILE writes it")
+
+
+def _run_tokenizer(cfg: RunConfig, given: str | None, again: str):
+    """The ExportTokenizer of the tokenizer the run trained with (`given`: the one named by
+    --tokenizer), checked before the checkpoint is read; None for a run on a .bin of ids
+    under the default tokenizer, which is no claim about where the ids came from."""
+    from ratrain.data.tokenizer import check_fits, load_tokenizer
+    from ratrain.data.tokens import is_token_file
+    from ratrain.models.hf_tokenizer import ExportTokenizer
+
+    spec = given or cfg.data.tokenizer
+    if given is None and spec == "byte" and is_token_file(cfg.data.path):
+        return None
+    try:
+        found = load_tokenizer(spec)
+    except UserError as e:
+        if given is not None:
+            raise
+        raise UserError(f"{e}; the run's config.yaml names it as its tokenizer: if it moved, "
+                        f"export with `{again} --tokenizer FILE`") from None
+    check_fits(found, cfg.model.vocab_size)
+    return ExportTokenizer(found)
 
 
 @cli.command("merge-parts")

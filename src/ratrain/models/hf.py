@@ -21,6 +21,7 @@ from torch import nn
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 from ratrain.models.hf_files import check_export_dir, lacks, sources, tensor_files
+from ratrain.models.hf_tokenizer import write_config
 from ratrain.models.llama import hf_param_name
 
 LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"
@@ -288,11 +289,10 @@ def _hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict:
     return d
 
 
-def save_hf(
-    model_or_units: nn.Module | Iterable[nn.Module], cfg: ModelConfig, out_dir: str | Path
-) -> Path:
-    """Write model.safetensors (Hugging Face names) and config.json into out_dir, which must hold
-    no weights yet; return out_dir.
+def save_hf(model_or_units: nn.Module | Iterable[nn.Module], cfg: ModelConfig,
+            out_dir: str | Path, token_ids: dict[str, int | None] | None = None) -> Path:
+    """Write model.safetensors (Hugging Face names) and config.json (with `token_ids`, the
+    tokenizer's bos/eos ids) into out_dir, which must hold no weights yet; return out_dir.
 
     Rotary models without bias are written as LlamaForCausalLM, with q/k/v bias as
     Qwen2ForCausalLM, ALiBi or NormHead ones as Baichuan (packed W_pack). Tied embeddings are
@@ -316,5 +316,5 @@ def save_hf(
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     dtype = tensors["model.embed_tokens.weight"].dtype
-    (out / "config.json").write_text(json.dumps(_hf_config(cfg, arch, dtype), indent=2) + "\n")
+    write_config(out, _hf_config(cfg, arch, dtype), token_ids or {})
     return out

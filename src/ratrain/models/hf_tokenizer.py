@@ -1,0 +1,97 @@
+"""The tokenizer of an export: the files `transformers.AutoTokenizer` reads (tokenizer.json,
+tokenizer_config.json) for the tokenizer a run trained with, and the bos/eos ids config.json
+and generation_config.json give for it.
+
+A run's tokenizer.json is copied as it is. ratrain's byte tokenizer has no file of its own; it
+is written as an equivalent byte-level BPE without merges (ids 0-255 the bytes, 256 the end of
+a document), which encodes every text to the ids ByteTokenizer gives.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ratrain.data.tokenizer import BPE_EOS, ByteTokenizer, HFTokenizer, Tokenizer
+
+BYTE_EOS = BPE_EOS  # the name the byte tokenizer's id 256 is given; it has none of its own
+_BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>")
+
+
+class ExportTokenizer:
+    """What an export writes of `tokenizer`: its files, and its bos/eos ids."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._hf = _byte_level_json() if isinstance(tokenizer, ByteTokenizer) else _parsed(tokenizer)
+        eos = tokenizer.eos_id
+        bos = next((i for i in map(self._hf.token_to_id, _BOS_CANDIDATES) if i is not None), eos)
+        # Documents were joined by the eos id alone, so without a BOS token of its own the eos
+        # is what preceded every document (GPT-2's bos = eos); None is written as null, else
+        # transformers' LlamaConfig assumes bos 1 and eos 2, which are text here
+        self.token_ids = {"bos_token_id": bos, "eos_token_id": eos}
+
+    def write(self, out: Path, max_len: int) -> None:
+        """tokenizer.json and tokenizer_config.json into `out` (a directory that exists)."""
+        if isinstance(self.tokenizer, HFTokenizer):
+            shutil.copyfile(self.tokenizer.path, out / "tokenizer.json")
+        else:
+            self._hf.save(str(out / "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": max_len,
+            # ratrain encodes a special token's text inside a document as text, not as its id
+            "split_special_tokens": True,
+            "clean_up_tokenization_spaces": False,  # decode gives back the text, spaces and all
+        }
+        for key, i in self.token_ids.items():
+            if i is not None:
+                config[key.removesuffix("_id")] = self._hf.id_to_token(i)
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def __str__(self) -> str:
+        eos = self.token_ids["eos_token_id"]
+        what = ("the byte tokenizer (UTF-8 bytes; written as an equivalent byte-level "
+                "tokenizer.json)" if isinstance(self.tokenizer, ByteTokenizer)
+                else str(self.tokenizer))
+        return what + (f", end of document {self._hf.id_to_token(eos)} = id {eos}"
+                       if eos is not None else ", no end-of-document token")
+
+
+def write_config(out: Path, config: dict, token_ids: dict[str, int | None]) -> None:
+    """config.json, with the tokenizer's bos/eos ids, and (where there are ids)
+    generation_config.json, which `generate` reads to know where a document ends."""
+    (out / "config.json").write_text(json.dumps({**config, **token_ids}, indent=2) + "\n")
+    if token_ids:
+        (out / "generation_config.json").write_text(json.dumps(token_ids, indent=2) + "\n")
+
+
+def _parsed(tokenizer: HFTokenizer):
+    from tokenizers import Tokenizer as _HF
+
+    return _HF.from_file(str(tokenizer.path))
+
+
+def _byte_level_json():
+    """ByteTokenizer as a `tokenizers` tokenizer: each byte is one symbol of the byte-level
+    alphabet (GPT-2's byte-to-character map), whose id is the byte; no merges; id 256 special."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as _HF
+
+    chars = _byte_chars()
+    tok = _HF(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(BYTE_EOS, special=True)])
+    assert tok.token_to_id(BYTE_EOS) == ByteTokenizer.eos_id
+    return tok
+
+
+def _byte_chars() -> list[str]:
+    """The character the byte-level pre-tokenizer maps each byte to (GPT-2's bytes_to_unicode):
+    printable Latin-1 bytes are themselves, the others 256 + their rank among them."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
