@@ -92,9 +92,10 @@ def _room(out: str, free_mib: list[float]) -> None:
 
 
 def test_each_node_is_asked_for_room_for_its_own_part_and_all_stop_where_one_lacks_it(tmp_path):
-    """The default model's whole DiLoCo checkpoint at dp 2 is 32 bytes a parameter (105 MiB);
-    a node's part 20 (65 MiB): 80 MiB is room enough for a node; 60 MiB is not, on every rank."""
+    """The default model's whole DiLoCo checkpoint at dp 2 is 32 bytes a parameter (110 MB);
+    a node's part 20 (69 MB): 80 MiB is room enough for a node; 60 MiB is not, on every rank."""
     from ratrain.config import RunConfig
+    from ratrain.planner.account import decimal_bytes
     from ratrain.training.disk_room import checkpoint_bytes
 
     cfg = RunConfig()
@@ -108,9 +109,9 @@ def test_each_node_is_asked_for_room_for_its_own_part_and_all_stop_where_one_lac
     assert results[0] == ["room", "room"]
     for said in results[1]:
         assert said.startswith(
-            f"not enough disk space for {tmp_path / 'node_1'}: 60.0 MiB free, a checkpoint of "
+            f"not enough disk space for {tmp_path / 'node_1'}: 62.91 MB free, a checkpoint of "
             f"{cfg.model.name} (the part of ranks 1, whose directory it is) takes about "
-            f"{whole * 20 / 32:.1f} MiB"), said
+            f"{decimal_bytes(whole * 2**20 * 20 / 32)}"), said
 
 
 def _nodes(tmp_path: Path, corpus, *args: str, ok: bool = True,

@@ -57,9 +57,9 @@ def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
 @pytest.mark.parametrize("args,needle", [
     (["--pp", "0"], "--pp and --dp must be >= 1, got pp=0 dp=1"),
     (["--dp", "-2"], "--pp and --dp must be >= 1, got pp=1 dp=-2"),
-    (["--keep-checkpoints", "0"], "train.keep_checkpoints must be positive, got 0"),
-    (["--comm-timeout", "0"], "parallel.comm_timeout_s must be in (0, 604800] seconds, got 0"),
-    (["--comm-timeout", "inf"], "parallel.comm_timeout_s must be in (0, 604800] seconds, got inf"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints: train.keep_checkpoints must be positive, got 0"),
+    (["--comm-timeout", "0"], "--comm-timeout: parallel.comm_timeout_s must be in (0, 604800] seconds, got 0"),
+    (["--comm-timeout", "inf"], "--comm-timeout: parallel.comm_timeout_s must be in (0, 604800] seconds, got inf"),
     (["--resume", "auto"], "--resume auto needs --run-dir"),
     (["--lr", "nan"], "train.lr must be a finite number, got nan"),
     (["--lr", "inf"], "train.lr must be a finite number, got inf"),
@@ -196,7 +196,7 @@ def test_a_disk_without_room_for_a_checkpoint(monkeypatch, capsys, tmp_path, mou
     small = mount_tmpfs("size=1m")
     line = _refused(monkeypatch, capsys, "not enough disk space",
                     "train", "--run-dir", str(small / "run"), "--no-progress")
-    assert "1.0 MiB free, a checkpoint of tiny takes about 39.2 MiB" in line  # 3.4M params x 12 B
+    assert "1.05 MB free, a checkpoint of tiny takes about 41.12 MB" in line  # 3.4M params x 12 B
     assert not (small / "run").exists()
 
 
@@ -209,7 +209,7 @@ def test_free_space_is_checked_where_the_run_dir_will_be(monkeypatch, capsys, tm
         return shutil._ntuple_diskusage(10 * 2**30, 10 * 2**30 - 2**20, 2**20)
 
     monkeypatch.setattr("ratrain.training.disk_room.shutil.disk_usage", usage)
-    _refused(monkeypatch, capsys, "not enough disk space for new/run: 1.0 MiB free",
+    _refused(monkeypatch, capsys, "not enough disk space for new/run: 1.05 MB free",
              "train", "--run-dir", "new/run", "--no-progress")
     assert asked == [tmp_path] and not (tmp_path / "new").exists()
 

@@ -61,7 +61,7 @@ def test_an_unfinished_runs_figures_come_from_its_metrics(tmp_path):
     assert table["MFU"].startswith(f"{100 * mean * 1e-4:.1f}% of ")
     assert "step 15 of 30" in table["training"]
     assert table["peak memory"].startswith(
-        "stage 0: held 57.2 MiB, RSS +171.7 MiB; stage 1: held 62.0 MiB, RSS +157.4 MiB; ")
+        "stage 0: held 60.00 MB, RSS +180.00 MB; stage 1: held 65.00 MB, RSS +165.00 MB; ")
     assert table["final loss"] == "4.5000, validation loss 3.4000 (after step 10)"
     run = load_run(run_dir)
     assert measured_per_stage(run) == ("measured: peak RSS growth", [180e6, 165e6])

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
+from ratrain.cli.state_options import STATE_FIELDS, STATE_OPTIONS
 from ratrain.config import AUTO_SCHEDULE, RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import parse_sync
 from ratrain.setup.plan_file import read_plan_file
 from ratrain.training.resume_settings import fixed_on_resume, same_setting
-from ratrain.schedule.plan_rules import GRAD_LIFETIMES, HOST_GRAD_DTYPES
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
 
@@ -82,13 +82,7 @@ _CONFIG_OPTIONS = [
     click.option("--weight-grad", callback=_placement, metavar="[bubble|bubble:K|grouped]", help="Where a split schedule (zbh1) runs the weight gradients: bubble (in the pipeline's cool-down), bubble:K (the same, but no stage defers more than K micro-batches' weight gradients: less memory on the later stages, less of the bubble filled; 0 holds about what 1F1B holds) or grouped (per unit, all micro-batches together, so each unit's gradient is final early and its sync hides under the rest; keeps every micro-batch's activations until then; on one stage, the whole backward unit-major).  [default: bubble]"),
     click.option("--micro-batch-group", type=int, help="Run a stage's micro-batches in groups of this many, each group through the stage unit by unit (forwards, then recomputes and backwards), 1F1B over the groups: each unit's view is made and its gradient folded about m/g times a step instead of 2m and m, for g times the activations in flight. Must divide the micro-batches per step; 1 is 1F1B. With --schedule auto, chosen by simulation where the plan has views.  [default: 1, or chosen]"),
     click.option("--activation", help="What decoder blocks keep for the backward: keep (everything), recompute (only the input; the forward re-runs before the backward) or offload (saved tensors go to host memory and come back before the backward). One for every stage, or one per stage: recompute,keep.  [default: keep]"),
-    click.option("--view-window", type=int, help="Make each unit's compute view from its master at most this many units ahead of its use and release it after; 0 keeps all views resident. Only where views differ from masters (--dtype other than float32, --state-home host on a GPU, or --shard-state: the view is the gathered whole).  [default: 0]"),
-    click.option("--state-home", type=click.Choice(["device", "host"]), help="Where fp32 masters, gradients and optimizer state live; host is pinned CPU memory on a GPU (on a CPU-only run, the same memory).  [default: device]"),
-    click.option("--device-units", type=int, help="With --state-home host: the first K units of each stage (the embedding and blocks, in order) keep their fp32 masters, gradients and AdamW state on the compute device, updated there; the rest live on the host. Costs 16 bytes a parameter of device memory per unit, saves that unit's host-link traffic and host update. `ratrain plan --memory-budget` picks K where the budget allows.  [default: 0]"),
-    click.option("--host-grad-dtype", type=click.Choice(HOST_GRAD_DTYPES), help="With --state-home host: what the host-homed units accumulate their gradients in. bfloat16 takes 2 bytes a parameter instead of 4 (13.5 GB less host memory at llama2-7b) and halves the gradients' trip across the host link; the update casts the gradient back to fp32 a chunk at a time before its AdamW (host work more), and each fold into it rounds to bfloat16, so the run is no longer bit for bit the float32 one: over 300 steps of `tiny` the validation loss ended 1.5-2.9% higher at 2 folds a step, 2.6-3.9% at 16 (docs/correctness.md).  [default: float32]"),
-    click.option("--shard-state/--no-shard-state", default=None, help="Each data-parallel replica holds 1/dp of every unit's fp32 masters and AdamW state (ZeRO-style): gradients are reduce-scattered, each replica updates its slice, and the compute views are all-gathered. Needs --dp >= 2 and --state-home device.  [default: off]"),
-    click.option("--grad-lifetime", type=click.Choice(GRAD_LIFETIMES), help="With --shard-state, how long each unit's full-size fp32 gradient lives: step (accumulated over the step, reduce-scattered once), transient (the same sync, but the buffer exists only from the unit's first backward to its reduce-scatter's end), micro-batch (each micro-batch's gradient reduce-scattered right after its backward: 1/dp of the memory, m times the traffic).  [default: step]"),
-    click.option("--shard-group", type=int, help="With --shard-state, hybrid sharding: shard each unit's state within groups of this many neighbouring replicas (a node's) and replicate it across the groups, so only a shard's gradient crosses between them (an all-reduce per unit). Must divide --dp into at least two groups.  [default: shard over all --dp replicas]"),
+    *STATE_OPTIONS,
     click.option("--sync", metavar="[step|diloco:H[:F][:bf16][:islands=K]]", help="How the data-parallel replicas agree. step: every gradient summed every step. diloco:H changes the ALGORITHM, not only the schedule (DiLoCo): each replica takes H steps with its own AdamW and only its own gradients (its own clipping, its own loss), then per unit the replicas' mean change is taken as the outer gradient of a Nesterov SGD step (--outer-lr, --outer-momentum) and every replica continues from the result: about H times less traffic, for links too slow for a sync every step. diloco:H:F (Streaming DiLoCo): F fragments of the model sync in turn over the H steps, each overlapped with the next step and mixed into the local weights (--outer-mix). :bf16 sends the deltas in bfloat16. :islands=K (for sites of several devices joined by a slow link): K islands of dp/K neighbouring replicas, each synchronous inside (its gradients summed every step), are DiLoCo's workers, and each island sends one delta across, sliced over its replicas; with --shard-state each island's state is sharded over its replicas. Needs --dp >= 2 and --policy ratrain; --shard-state only with islands.  [default: step]"),
     click.option("--outer-lr", type=float, help="--sync diloco: the outer Nesterov step's learning rate.  [default: 0.7]"),
     click.option("--outer-momentum", type=float, help="--sync diloco: the outer Nesterov momentum.  [default: 0.9]"),
@@ -99,20 +93,21 @@ _CONFIG_OPTIONS = [
                  "keeps OMP_NUM_THREADS or every core; ranks that share a machine, launched by "
                  "ratrain or torchrun, split its cores, unless OMP_NUM_THREADS is set to more "
                  "than 1)."),
-    click.option("--eval-every", type=int),
+    click.option("--eval-every", type=int, help="Steps between validations (and one at the end); 0: only at the end.  [default: 100]"),
+    click.option("--eval-batches", type=int, help="Global batches of the held-out sequences (their first) each validation runs; 0: no validation. A resume may change it.  [default: 4]"),
+    click.option("--val-fraction", type=float, help="The share of the data's token stream (its end) held out for validation, in [0, 1). It sets the split, so a resume cannot change it.  [default: 0.05]"),
     click.option("--checkpoint-every", type=int),
 ]
 
 _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch": "train",
            "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
+           "eval_batches": "train", "val_fraction": "data",
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel",
            "micro_batch_group": "parallel", "tokenizer": "data", "data": "data",
-           "threads": "parallel", "rank_order": "parallel", "view_window": "parallel",
-           "state_home": "parallel", "shard_state": "parallel", "grad_lifetime": "parallel",
-           "shard_group": "parallel", "sync": "parallel", "outer_lr": "train",
-           "outer_momentum": "train", "outer_mix": "train", "update": "parallel",
-           "device_units": "parallel", "host_grad_dtype": "parallel"}
+           "threads": "parallel", "rank_order": "parallel", "sync": "parallel",
+           "outer_lr": "train", "outer_momentum": "train", "outer_mix": "train",
+           "update": "parallel", **STATE_FIELDS}
 _RENAMED = {"data": "path", "threads": "threads_per_rank"}
 # Flags that change the math or the data, which a resume may not change (the model's, and
 # training/resume_settings.py's fixed fields). (A --config given again is the run's when the

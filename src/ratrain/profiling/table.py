@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ratrain.planner.account import decimal_bytes
 from ratrain.profiling.ranks import KINDS
 from ratrain.sim.profile import HardwareProfile, Link
 
@@ -42,9 +43,9 @@ def summary_rows(profile: HardwareProfile) -> tuple[list[str], list[list[str]]]:
     if d.thread_efficiency is not None:
         rows.append(["one process on every core: each thread beyond one adds",
                      f"{d.thread_efficiency:.0%} of one thread's speed"])
-    rows.append(["process memory beyond the ledger",
-                 f"{d.process_overhead_bytes / 2**20:.1f} MiB + {d.process_overhead_per_byte:.2f} x its growth"])
-    rows.append(["memory per device", f"{d.memory_bytes / 2**30:.1f} GiB"])
+    rows.append(["process memory beyond the ledger", f"{decimal_bytes(d.process_overhead_bytes)} "
+                 f"+ {d.process_overhead_per_byte:.2f} x its growth"])
+    rows.append(["memory per device", decimal_bytes(d.memory_bytes)])
     return ["figure", "value"], rows
 
 

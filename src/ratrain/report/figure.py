@@ -20,7 +20,3 @@ def save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     pyplot().close(fig)
     return path
-
-
-def fmt_mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"

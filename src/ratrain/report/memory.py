@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratrain.planner.account import decimal_bytes
 from ratrain.report import run_figures
 from ratrain.report.figure import pyplot, save
 
-MIB = 2**20
 # the ledger's kinds, in stacking order; "total": the one bar of a run that did not reach its end
 KIND_COLORS = {"masters": "#4C72B0", "views": "#64B5CD", "gradients": "#DD8452",
                "optimizer": "#C44E52", "activations": "#55A868", "offloaded": "#8C8C8C",
@@ -49,6 +49,12 @@ def measured_per_stage(run) -> tuple[str, list[float]] | None:
     return "measured: peak allocated (CUDA)", out
 
 
+def axis_unit(largest: float) -> tuple[float, str]:
+    """The axis's bytes per unit and its name: decimal, as decimal_bytes (and so the report's
+    table and the planner) writes sizes; GB from a gigabyte up."""
+    return (1e9, "GB") if largest >= 1e9 else (1e6, "MB")
+
+
 def plot_memory(run, sim, path: Path) -> Path | None:
     """Grouped bars per stage; None if the run measured nothing per stage."""
     ledgers = stage_ledgers(run)
@@ -60,6 +66,8 @@ def plot_memory(run, sim, path: Path) -> Path | None:
     groups = [g for g in ("ledger", "sim", "measured")
               if {"ledger": ledgers, "sim": simulated, "measured": measured}[g]]
     width = 0.8 / len(groups) if len(groups) > 1 else 0.35
+    scale, unit = axis_unit(max([sum(d.values()) for d in (ledgers or []) + (simulated or [])]
+                                + (measured[1] if measured else []) + [run.budget_bytes or 0]))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(groups) * n_stages + 3.4), 4.2))
     seen = set()
@@ -69,7 +77,7 @@ def plot_memory(run, sim, path: Path) -> Path | None:
             stacks = ledgers if group == "ledger" else simulated
             bottom = [0.0] * len(stacks)
             for kind, color in KIND_COLORS.items():
-                heights = [d.get(kind, 0) / MIB for d in stacks]
+                heights = [d.get(kind, 0) / scale for d in stacks]
                 if not any(heights):
                     continue
                 label = None if kind in seen else "ledger, its total" if kind == "total" else kind
@@ -81,17 +89,17 @@ def plot_memory(run, sim, path: Path) -> Path | None:
             for x, total in zip(xs, bottom):
                 ax.annotate(f"{total:,.1f}", (x, total), ha="center", va="bottom", fontsize=8)
         else:
-            values = [v / MIB for v in measured[1]]
+            values = [v / scale for v in measured[1]]
             ax.bar(xs[:len(values)], values, width * 0.92, color="#555555", label=measured[0])
             for x, v in zip(xs, values):
                 ax.annotate(f"{v:,.1f}", (x, v), ha="center", va="bottom", fontsize=8)
             if sim and "RSS" in measured[0]:  # the simulator predicts the growth too
-                predicted = [r.rss_growth(sim.result.device) / MIB for r in sim.result.ranks]
+                predicted = [r.rss_growth(sim.result.device) / scale for r in sim.result.ranks]
                 ax.hlines(predicted, [x - width * 0.46 for x in xs], [x + width * 0.46 for x in xs],
                           colors="black", linestyles="--", lw=1.5, label="simulated RSS growth")
     if run.budget_bytes:
-        ax.axhline(run.budget_bytes / MIB, color="red", ls="--", lw=1.2,
-                   label=f"plan's budget ({run.budget_bytes / MIB:,.0f} MiB)")
+        ax.axhline(run.budget_bytes / scale, color="red", ls="--", lw=1.2,
+                   label=f"plan's budget ({decimal_bytes(run.budget_bytes)})")
     names = {"ledger": "ledger", "sim": "simulated", "measured": measured and measured[1] and
              ("RSS growth" if "RSS" in measured[0] else "allocated")}
     ticks = [(s - 0.4 + width * (g + 0.5), names[group]) for s in range(n_stages)
@@ -103,7 +111,7 @@ def plot_memory(run, sim, path: Path) -> Path | None:
     below = blended_transform_factory(ax.transData, ax.transAxes)
     for s in range(n_stages):
         ax.text(s, -0.11, f"stage {s}", transform=below, ha="center", va="top", fontsize=10)
-    ax.set_ylabel("memory at its peak (MiB)")
+    ax.set_ylabel(f"memory at its peak ({unit})")
     ax.set_title("Memory per stage at its peak" + _title_of(run, ledgers, "sim" in groups),
                  fontsize=10)
     ax.grid(axis="y", alpha=0.3)

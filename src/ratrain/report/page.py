@@ -6,8 +6,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from ratrain.planner.account import decimal_bytes
 from ratrain.report import run_figures
-from ratrain.report.figure import fmt_mib
 from ratrain.schedule.outer_sync import parse_sync
 
 CSS = """
@@ -92,14 +92,14 @@ def run_table(run, sim, timeline_step: tuple[float, float | None, str] | None
     rss = run_figures.per_stage(run, "rss_growth_bytes")
     parts = []
     for stage in range(max(len(ledger or []), len(rss or []))):
-        held = f"held {fmt_mib(ledger[stage])}" if ledger else ""
-        grown = f"RSS +{fmt_mib(rss[stage])}" if rss else ""
+        held = f"held {decimal_bytes(ledger[stage])}" if ledger else ""
+        grown = f"RSS +{decimal_bytes(rss[stage])}" if rss else ""
         parts.append(f"stage {stage}: " + ", ".join(x for x in (held, grown) if x))
     peak = run_figures.process_peak(run)
     if peak is not None:
-        parts.append(f"process peak {fmt_mib(peak)}")
+        parts.append(f"process peak {decimal_bytes(peak)}")
     if run.budget_bytes:
-        parts.append(f"plan's budget {fmt_mib(run.budget_bytes)}")
+        parts.append(f"plan's budget {decimal_bytes(run.budget_bytes)}")
     rows.append(("peak memory", "; ".join(parts) or "n/a"))
     val = run_figures.validation(run)
     text = f"{s.get('final_loss', last['loss']):.4f}"

@@ -17,6 +17,7 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.models.params import count_params, unit_param_counts
+from ratrain.planner.account import decimal_bytes
 from ratrain.runtime import timed_comm
 from ratrain.schedule.grid import RankGrid
 
@@ -76,12 +77,13 @@ def room_problem(cfg: RunConfig, checkpoints: Path | checkpoint.Elsewhere, on: P
     many = "" if count == 1 else (
         f" and this run needs room for {count} at once (the newest "
         f"{cfg.train.keep_checkpoints} kept while the next is written): "
-        f"{count * size / 2**20:.1f} MiB")
+        f"{decimal_bytes(count * size)}")
     fewer = count > 1 and cfg.train.keep_checkpoints > 1
     hints = (["--keep-checkpoints 1 keeps fewer"] if fewer else []) + [
         "--checkpoint-dir DIR saves elsewhere", "--no-checkpoints saves none"]
-    return (f"not enough disk space for {name}: {free / 2**20:.1f} MiB free, {what} takes about "
-            f"{size / 2**20:.1f} MiB{many} ({', '.join(hints)})")
+    # (in decimal units, as the planner's sizes and a disk's are written)
+    return (f"not enough disk space for {name}: {decimal_bytes(free)} free, {what} takes about "
+            f"{decimal_bytes(size)}{many} ({', '.join(hints)})")
 
 
 def check_room_together(cfg: RunConfig, checkpoints: Path | checkpoint.Elsewhere, name,
