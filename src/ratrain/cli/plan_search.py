@@ -136,6 +136,7 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
     if opts.get("pp") and cfg.parallel.pp > devices:  # (said as a full host tier before)
         raise UserError(f"--pp {cfg.parallel.pp} needs a device a stage, {cfg.parallel.pp} at "
                         f"least; the search has {devices} (--devices)")
+    _refuse_too_few_micro_batches(cfg, opts)
     if top < 1:
         raise UserError(f"--top must be at least 1, got {top}")
     if not 0 <= margin < 1:
@@ -153,6 +154,19 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit,
         threads_per_rank=cfg.parallel.threads_per_rank,
         host_grad_dtype=cfg.parallel.host_grad_dtype, steps=t.steps)
+
+
+def _refuse_too_few_micro_batches(cfg: RunConfig, opts: dict) -> None:
+    """A pinned --pp deeper than the micro-batches the global batch can give (a stage needs one
+    of its own), refused as such: every layout's refusal said to "lower micro_batch_size/dp",
+    which at --global-batch 1 are 1 already."""
+    pp, batch = cfg.parallel.pp, cfg.train.global_batch
+    size = cfg.train.micro_batch_size if opts.get("micro_batch_size") else 1
+    if opts.get("pp") and pp > batch // size:
+        of = f" of {size} sequences" if size > 1 else " of one sequence"
+        raise UserError(f"--pp {pp} needs at least {pp} micro-batches a step (one a stage); "
+                        f"--global-batch {batch} gives at most {batch // size} (micro-batches{of}): "
+                        f"raise --global-batch to {pp * size} or lower --pp")
 
 
 def best_plans(request):
@@ -213,7 +227,7 @@ def unbounded_host_note(request, plans: list) -> str | None:
     """A line where the profile records no host memory for a host tier that plans use: their
     host bytes were not bounded (a GPU profile from `ratrain profile` had none until
     2026-11-27); None otherwise. `plans`: (name, Candidate) pairs."""
-    from ratrain.planner.account import decimal_bytes
+    from ratrain.byte_units import decimal_bytes
 
     held = []
     for name, c in plans:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.planner.bounds import lower_bound
 from ratrain.planner.candidate import Candidate, evaluate
-from ratrain.planner.layouts import Layout, PlanRequest, layouts, lifecycles
-from ratrain.planner.partition import fits, least_excess
-from ratrain.planner.search import UnitTables
+from ratrain.planner.layouts import Layout, PlanRequest
+from ratrain.planner.partition import least_excess
+from ratrain.planner.unit_tables import UnitTables
+from ratrain.planner.what_fits import devices_hint, fits_with, smallest_layouts
 from ratrain.planner.lifecycle import Lifecycle
 from ratrain.planner.unit_table import UnitTable
 from ratrain.sim import unit_costs as uc
@@ -18,14 +20,6 @@ from ratrain.sim import unit_costs as uc
 GROUPS = {"states": ("masters", "gradients", "optimizer", "views"),
           "activations": ("activations",), "offloaded": ("offloaded",), "buffers": ("buffers",),
           "compute's working bytes": ("working",)}
-
-
-def decimal_bytes(n: float) -> str:
-    """Bytes in decimal units, as budgets are written (20GB)."""
-    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n / 1e3:.1f} kB" if abs(n) >= 100 else f"{n:.0f} B"
 
 
 def budget_to_hold(held: float, margin: float) -> float:
@@ -37,24 +31,13 @@ def budget_to_hold(held: float, margin: float) -> float:
     return math.ceil(need / step) * step
 
 
-def _smallest_layouts(request: PlanRequest) -> list[Layout]:
-    """Per pipeline degree and lifecycle, the layout that holds the least: micro-batches of one
-    sequence, and as many replicas as the devices allow (the fewest micro-batches in flight)."""
-    smallest: dict[tuple, Layout] = {}
-    for layout in layouts(dataclasses.replace(request, micro_batch_sizes=(1,))):
-        key = (layout.pp, layout.lifecycle, layout.activation, layout.rank_order)
-        if key not in smallest or layout.n_micro < smallest[key].n_micro:
-            smallest[key] = layout
-    return list(smallest.values())
-
-
 def _least(request: PlanRequest) -> tuple[float, Layout, list] | None:
     """Over the layouts that hold the least, the partition that overfills its devices the
     least by the estimate: (that excess in bytes, the layout, the partition). A layout that
     cannot beat the best so far is left after one greedy pass."""
     tables = UnitTables(request)
     best = None
-    for layout in _smallest_layouts(request):
+    for layout in smallest_layouts(request):
         found = least_excess(tables(layout), layout.activation,
                              below=None if best is None else best[0])
         if found and (best is None or found[0] < best[0]):
@@ -72,18 +55,6 @@ def closest(request: PlanRequest) -> tuple[Candidate, float] | None:
     excess, layout, part = best
     candidate = Candidate(layout, part, lower_bound([e for _, _, e in part], layout.n_micro))
     return evaluate(request, candidate), excess
-
-
-def _fits_with(request: PlanRequest, **change) -> bool:
-    """Whether some plan fits by the estimate once `change` is made to the request."""
-    changed = dataclasses.replace(request, **change)
-    tables = UnitTables(changed)
-    # the deepest pipelines and sharded state first: the likeliest to fit
-    for layout in sorted(_smallest_layouts(changed),
-                         key=lambda lay: (-lay.pp, not lay.lifecycle.shard_state)):
-        if fits(tables(layout), layout.activation):
-            return True
-    return False
 
 
 def account(request: PlanRequest) -> str:
@@ -179,7 +150,7 @@ def _lifetime_hint(request: PlanRequest, c: Candidate, worst: int) -> str | None
         return text  # (shorter lifetimes were searched: this one was closest)
     text += ("; --policy ratrain frees each once reduce-scattered (gradient lifetimes transient, "
              "micro-batch)")
-    fits = _fits_with(r, policy="ratrain")
+    fits = fits_with(r, policy="ratrain")
     return text + (": it fits" if fits else ", which does not fit either")
 
 
@@ -203,8 +174,14 @@ def _sharding_hint(request: PlanRequest) -> str:
     (dividing the global batch) that brings it under half the budget, and whether the devices
     allow that dp."""
     r = request
-    degrees = [d for d in range(2, r.global_batch + 1) if r.global_batch % d == 0]
+    stages = min(r.pipeline_degrees or (1,))  # a replica's stages need a micro-batch each
+    degrees = [d for d in range(2, r.global_batch + 1)
+               if r.global_batch % d == 0 and r.global_batch // d >= stages]
     if not degrees:
+        if stages > 1:
+            return (f"sharding it needs 2 or more data-parallel replicas, each with a micro-batch "
+                    f"for each of the --pp {stages} stages: the global batch has "
+                    f"{r.global_batch} sequences")
         return "sharding it needs 2 or more data-parallel replicas: the global batch has 1 sequence"
     for dp in degrees:
         sharded = _sharded_block(r, dp)
@@ -220,8 +197,12 @@ def _sharding_hint(request: PlanRequest) -> str:
             f"{decimal_bytes(sharded)} ({sharded / r.limit:.0%})")
     if dp > r.devices:
         return what + f": dp={dp} needs more than the {r.devices} devices"
-    return what + (f"; the search tried dp >= {dp} with at most {r.devices // dp} stages, which "
-                   f"did not fit")
+    pinned = r.pipeline_degrees
+    if pinned and dp * min(pinned) > r.devices:
+        return what + (f": dp={dp} with --pp {min(pinned)} needs {dp * min(pinned)} devices, "
+                       f"more than the {r.devices}")
+    stages = f"--pp {'/'.join(map(str, pinned))}" if pinned else f"at most {r.devices // dp} stages"
+    return what + f"; the search tried dp >= {dp} with {stages}, which did not fit"
 
 
 def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
@@ -233,29 +214,10 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
     held = max(max(closest_candidate.stage_bytes), r.limit + estimated_excess)
     need = budget_to_hold(held, r.margin)
     hints.append(f"a budget of {decimal_bytes(need)} per device would fit the closest plan")
-    # More devices help by more pipeline stages (up to one unit each) and, where the state can
-    # be sharded, by more replicas to shard it over (up to one sequence each).
-    shards = any(life.shard_state for life in lifecycles(r))
-    most = n_units * (r.global_batch if shards else 1)
-    if r.profile.device_count:
-        most = min(most, r.profile.device_count)
-    if r.devices < most:
-        for devices in sorted({min(most, r.devices * k) for k in (2, 4, 8, 16, 32)}):
-            if _fits_with(r, devices=devices, pipeline_degrees=None):
-                hints.append(f"{devices} devices would fit (more pipeline stages"
-                             + (" or replicas to shard the state over)" if shards else ")"))
-                break
-        else:
-            hints.append("more devices would not help: every stage already holds one unit, and "
-                         f"sharding the state over more replicas (up to {most} devices) does not "
-                         "fit either" if r.devices >= n_units else
-                         "more devices alone would not fit it: even one unit per stage overfills"
-                         + (", with its state sharded" if shards else ""))
-    else:
-        hints.append("more devices would not help: every stage already holds one unit")
+    hints.append(devices_hint(r))
     seq = r.seq_len // 2
     while seq >= 128:
-        if _fits_with(r, seq_len=seq):
+        if fits_with(r, seq_len=seq):
             hints.append(f"--seq-len {seq} would fit")
             break
         seq //= 2
@@ -276,15 +238,15 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
     if lifetime:
         hints.append(lifetime)
     if r.profile.device.host_link is not None and r.policy == "baseline":
-        if _fits_with(r, policy="ratrain"):
+        if fits_with(r, policy="ratrain"):
             hints.append("--policy ratrain fits: it can keep state on the host, per-stage "
                          "recompute, offload and views in a window")
     if (host is not None and r.profile.device.host_link is not None and r.policy == "ratrain"
-            and r.host_grad_dtype == "float32" and _fits_with(r, host_grad_dtype="bfloat16")):
+            and r.host_grad_dtype == "float32" and fits_with(r, host_grad_dtype="bfloat16")):
         hints.append("--host-grad-dtype bfloat16 would fit (host-homed gradients in 2 bytes a "
                      "parameter, each fold rounded to bfloat16)")
     if r.dtype == "float32" and "bfloat16" in r.profile.device.compute:
-        if _fits_with(r, dtype="bfloat16"):
+        if fits_with(r, dtype="bfloat16"):
             hints.append("--dtype bfloat16 would fit (views and activations at half the size)")
     return hints
 

@@ -42,6 +42,15 @@ class Candidate:
         return max(max(b - request.limit_of(g), h - request.host_limit_of(g))
                    for b, h, g in zip(self.stage_bytes, self.host_bytes, self.layout.groups))
 
+    def shortfall(self, request: PlanRequest) -> float:
+        """The most by which a stage over its device's limit, as simulated, holds more than
+        its estimate: what the estimates of the layout's stages must leave free for the next
+        partition of it to fit, where the estimates fall short by as much again."""
+        over = [b - est.bytes for b, g, (_, _, est) in
+                zip(self.stage_bytes, self.layout.groups, self.partition)
+                if b > request.limit_of(g)]
+        return max(over, default=0.0)
+
     def choices(self, n_units: int) -> list[str]:
         return [est.choice.label(range(a, b), n_units) for a, b, est in self.partition]
 

@@ -118,5 +118,5 @@ def deferral_caps(pp: int) -> list[int]:
     (the last stage defers pp - 1 uncapped, so a cap of pp - 1 or more is "bubble" itself). A
     cap is a memory knob: the later stages' peak grows with it, nearly linearly, so a chosen
     cap is within 2x of the largest that fits. Each cap is one more layout to partition; the
-    bound of a capped layout (search.UnitTables._own_micro) keeps most of them unexpanded."""
+    bound of a capped layout (unit_tables.UnitTables._own_micro) keeps most of them unexpanded."""
     return [0, *(1 << i for i in range(max(0, pp - 2).bit_length()))]
