@@ -55,13 +55,17 @@ def test_torchrun_needs_a_run_dir(corpus, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+_UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}  # as ratrain.byte_units says
+
+
 def _peaks(stdout: str) -> tuple[list[float], list[float]]:
-    """(ledger MiB, RSS growth MiB) per stage from the run's memory line."""
+    """(ledger bytes, RSS growth bytes) per stage from the run's memory line."""
     lines = [x for x in stdout.splitlines() if x.startswith("peak memory held (ledger): ")]
     assert len(lines) == 1, stdout
     line = lines[0]
-    found = re.findall(r"stage \d+: ([\d.]+) MiB \(RSS \+([\d.]+) MiB\)", line)
-    return [float(a) for a, _ in found], [float(b) for _, b in found]
+    found = re.findall(r"stage \d+: ([\d.]+) (\w+) \(RSS \+([\d.]+) (\w+)\)", line)
+    return ([float(a) * _UNITS[u] for a, u, _, _ in found],
+            [float(b) * _UNITS[v] for _, _, b, v in found])
 
 
 def test_recompute_on_stage_0_shows_in_the_runs_own_output(corpus, tmp_path):

@@ -223,8 +223,8 @@ def test_a_model_that_does_not_fit_this_machines_memory(monkeypatch, capsys, tmp
     monkeypatch.setattr(prepare, "available_host_bytes", lambda: 20 * 2**30)
     line = _refused(monkeypatch, capsys, "does not fit this machine's memory", "train",
                     "--model", "llama2-7b", "--no-checkpoints", "--no-progress")
-    assert "its rank here would hold about 105.7 GiB (optimizer 50.2 GiB, masters 25.1 GiB" in line
-    assert "20.0 GiB is available" in line
+    assert "its rank here would hold about 113.48 GB (optimizer 53.91 GB, masters 26.95 GB" in line
+    assert "21.47 GB is available" in line
     line = _refused(monkeypatch, capsys, "does not fit", "train", "--model", "llama2-7b",
                     "--pp", "2", "--dp", "2", "--no-checkpoints", "--no-progress")
     assert "its 4 ranks here" in line and "--shard-state" in line
@@ -233,6 +233,7 @@ def test_a_model_that_does_not_fit_this_machines_memory(monkeypatch, capsys, tmp
 
 def test_the_memory_check_weighs_the_ledgers_prediction(monkeypatch, capsys, tmp_path):
     """A byte under the prediction is refused, the prediction itself runs."""
+    from ratrain.byte_units import decimal_bytes
     from ratrain.config import RunConfig
     from ratrain.setup import Machine, run_plan
     from ratrain.setup.memory_fit import stage_bytes
@@ -244,8 +245,9 @@ def test_the_memory_check_weighs_the_ledgers_prediction(monkeypatch, capsys, tmp
     need = stage_bytes(cfg, run_plan(cfg, Machine()), load_profile("cpu-local"))[0].total
     assert 700_000 < need < 900_000  # (790,364: masters, gradients, AdamW, activations)
     monkeypatch.setattr(prepare, "available_host_bytes", lambda: need - 1)
-    _refused(monkeypatch, capsys, "its rank here would hold about 0.0 GiB", "train", "--config",
-             str(config), "--run-dir", "run", "--no-progress", "--no-checkpoints")
+    _refused(monkeypatch, capsys, f"its rank here would hold about {decimal_bytes(need)}",
+             "train", "--config", str(config), "--run-dir", "run", "--no-progress",
+             "--no-checkpoints")
     assert not (tmp_path / "run").exists()
     monkeypatch.setattr(prepare, "available_host_bytes", lambda: need)
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(config), "--run-dir",

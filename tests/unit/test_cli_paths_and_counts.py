@@ -157,7 +157,7 @@ def test_a_host_tier_over_its_bytes_is_no_fit_in_the_schedule_line_or_the_json(m
                                                                                 capsys):
     code, stdout, stderr = run_cli(monkeypatch, capsys, *HOST_OVER)
     assert code == 0, stderr
-    assert "GiB host tier, fits the device but not the host tier, as no candidate does." \
+    assert "GB host tier, fits the device but not the host tier, as no candidate does." \
         in stdout.splitlines()[0]
     code, stdout, _ = run_cli(monkeypatch, capsys, *HOST_OVER, "--json")
     stages = json.loads(stdout)["stages"]

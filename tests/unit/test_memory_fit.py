@@ -6,9 +6,11 @@ from __future__ import annotations
 from ratrain.config import RunConfig
 from ratrain.models.presets import get_preset
 from ratrain.schedule.plan import build_plan
-from ratrain.setup.memory_fit import GIB, StageBytes, memory_refusal
+from ratrain.setup.memory_fit import StageBytes, memory_refusal
 
-STATE = {"masters": 4 * GIB, "gradients": 4 * GIB, "optimizer": 8 * GIB, "activations": GIB}
+GB = 10**9  # as the messages say sizes
+
+STATE = {"masters": 4 * GB, "gradients": 4 * GB, "optimizer": 8 * GB, "activations": GB}
 
 
 def _cfg() -> RunConfig:
@@ -18,18 +20,18 @@ def _cfg() -> RunConfig:
 
 
 def _stages(device: list[float], host: list[float]) -> list[StageBytes]:
-    return [StageBytes(int((d + h) * GIB), int(d * GIB), int(h * GIB), STATE, STATE)
+    return [StageBytes(int((d + h) * GB), int(d * GB), int(h * GB), STATE, STATE)
             for d, h in zip(device, host)]
 
 
 def test_a_gpu_stage_over_the_device_is_named_with_what_lowers_it():
     plan = build_plan(4, 2, 1, 4)
     why = memory_refusal(_cfg(), plan, _stages([30, 90], [0, 0]), local_ranks=[0, 1],
-                         host_available=500 * GIB, device_bytes=80 * GIB, host_is_separate=True)
-    assert why.startswith("this run does not fit the GPU: stage 1 would hold about 90.0 GiB")
-    assert "the GPU has 80.0 GiB" in why and "--state-home host" in why
+                         host_available=500 * GB, device_bytes=80 * GB, host_is_separate=True)
+    assert why.startswith("this run does not fit the GPU: stage 1 would hold about 90.00 GB")
+    assert "the GPU has 80.00 GB" in why and "--state-home host" in why
     assert memory_refusal(_cfg(), plan, _stages([30, 80], [0, 0]), local_ranks=[0, 1],
-                          host_available=500 * GIB, device_bytes=80 * GIB,
+                          host_available=500 * GB, device_bytes=80 * GB,
                           host_is_separate=True) is None
 
 
@@ -38,14 +40,14 @@ def test_host_memory_is_summed_over_this_nodes_ranks_only():
     (pp-dp order), so its host must hold two of stage 1's host state, not stage 0's."""
     plan = build_plan(4, 2, 2, 4)
     stages = _stages([5, 5], [10, 30])
-    fits = dict(host_available=61 * GIB, device_bytes=80 * GIB, host_is_separate=True)
+    fits = dict(host_available=61 * GB, device_bytes=80 * GB, host_is_separate=True)
     assert memory_refusal(_cfg(), plan, stages, local_ranks=[0, 1], **fits) is None
     assert memory_refusal(_cfg(), plan, stages, local_ranks=[2, 3], **fits) is None
-    fits["host_available"] = 59 * GIB
+    fits["host_available"] = 59 * GB
     assert memory_refusal(_cfg(), plan, stages, local_ranks=[0, 1], **fits) is None
     why = memory_refusal(_cfg(), plan, stages, local_ranks=[2, 3], **fits)
     assert why.startswith("this run does not fit this machine's host memory: its 2 ranks here "
-                          "would hold about 60.0 GiB"), why
+                          "would hold about 60.00 GB"), why
     assert "--shard-state" in why  # dp 2, whole state on each replica
 
 
@@ -54,9 +56,9 @@ def test_on_a_cpu_a_ranks_whole_peak_counts_and_unknown_memory_passes():
     stages = _stages([20], [0])
     assert memory_refusal(_cfg(), plan, stages, local_ranks=[0], host_available=None,
                           device_bytes=None, host_is_separate=False) is None
-    why = memory_refusal(_cfg(), plan, stages, local_ranks=[0], host_available=19 * GIB,
+    why = memory_refusal(_cfg(), plan, stages, local_ranks=[0], host_available=19 * GB,
                          device_bytes=None, host_is_separate=False)
-    assert "its rank here would hold about 20.0 GiB (optimizer 8.0 GiB" in why
+    assert "its rank here would hold about 20.00 GB (optimizer 8.00 GB" in why
     assert "--shard-state" not in why and "smaller model" in why
 
 
@@ -67,20 +69,20 @@ def test_a_containers_memory_limit_bounds_what_is_available(tmp_path, monkeypatc
     from ratrain.host_memory import available_host_bytes
 
     assert host_memory._meminfo_available() > 0  # this machine's, read
-    host = 100 * GIB  # (fixed: MemAvailable moves while other tests run)
+    host = 100 * GB  # (fixed: MemAvailable moves while other tests run)
     monkeypatch.setattr(host_memory, "_meminfo_available", lambda: host)
     v2 = tmp_path / "v2"
     v2.mkdir()
-    (v2 / "memory.max").write_text(f"{8 * GIB}\n")
-    (v2 / "memory.current").write_text(f"{5 * GIB}\n")
-    (v2 / "memory.stat").write_text(f"anon 123\ninactive_file {GIB}\nactive_file 7\n")
-    assert available_host_bytes(v2) == 4 * GIB
+    (v2 / "memory.max").write_text(f"{8 * GB}\n")
+    (v2 / "memory.current").write_text(f"{5 * GB}\n")
+    (v2 / "memory.stat").write_text(f"anon 123\ninactive_file {GB}\nactive_file 7\n")
+    assert available_host_bytes(v2) == 4 * GB
     v1 = tmp_path / "v1"
     (v1 / "memory").mkdir(parents=True)
-    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2 * GIB}\n")
-    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{3 * GIB}\n")
-    (v1 / "memory" / "memory.stat").write_text(f"total_inactive_file {2 * GIB}\n")
-    assert available_host_bytes(v1) == GIB
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2 * GB}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{3 * GB}\n")
+    (v1 / "memory" / "memory.stat").write_text(f"total_inactive_file {2 * GB}\n")
+    assert available_host_bytes(v1) == GB
     (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     (v2 / "memory.max").write_text("max\n")
     assert available_host_bytes(v1) == available_host_bytes(v2) == host
@@ -123,10 +125,10 @@ def test_an_outer_sync_is_weighed_at_its_synced_step():
 
 
 def test_a_gpu_refusal_lists_what_is_on_the_device_not_the_host_state():
-    stages = [StageBytes(int(120 * GIB), int(90 * GIB), int(30 * GIB),
-                         {**STATE, "views": 2 * GIB},
-                         {"views": 2 * GIB, "activations": GIB, "masters": 0})]
+    stages = [StageBytes(int(120 * GB), int(90 * GB), int(30 * GB),
+                         {**STATE, "views": 2 * GB},
+                         {"views": 2 * GB, "activations": GB, "masters": 0})]
     why = memory_refusal(_cfg(), build_plan(4, 1, 1, 4, state_home="host", view_window=1),
-                         stages, local_ranks=[0], host_available=500 * GIB,
-                         device_bytes=80 * GIB, host_is_separate=True)
-    assert "would hold about 90.0 GiB on it (views 2.0 GiB, activations 1.0 GiB)" in why, why
+                         stages, local_ranks=[0], host_available=500 * GB,
+                         device_bytes=80 * GB, host_is_separate=True)
+    assert "would hold about 90.00 GB on it (views 2.00 GB, activations 1.00 GB)" in why, why

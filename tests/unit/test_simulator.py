@@ -403,7 +403,7 @@ def test_simulate_command(tmp_path, monkeypatch, capsys):
                        "--seq-len", "4096", "--global-batch", "32", "--micro-batch-size", "1",
                        "--dtype", "float16", "--activation", "recompute", "--state-home", "host",
                        "--view-window", "1")
-    assert code == 0 and "mt3000" in out and "fits 18.6 GiB (host 3.7 GiB)" in out
+    assert code == 0 and "mt3000" in out and "fits 20.00 GB (host 4.00 GB)" in out
     # 16 bytes a parameter of an eighth of 7B is over mt3000's 4 GB host tier on every stage
     rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
     assert len(rows) == 8 and all(row[8:10] == ["NO:", "host"] for row in rows), out

@@ -1,14 +1,7 @@
-"""Plain-text output: byte sizes, counts, tables, a prediction's range."""
+"""Plain-text output: counts, tables, a prediction's range. Byte sizes: ratrain.byte_units,
+the one formatter every layer prints them with."""
 
 from __future__ import annotations
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def fmt_count(n: int) -> str:

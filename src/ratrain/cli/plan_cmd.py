@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
@@ -84,7 +85,6 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                                          with_host_budget, with_this_machines_memory)
     from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.planner import host_grad_option, low_comm, plan_file
-    from ratrain.planner.account import decimal_bytes
     from ratrain.setup import Machine
     from ratrain.sim.profile_repeats import step_time_range, unstable_figures
     from ratrain.sim.simulator import simulate
@@ -168,8 +168,6 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
 
 
 def _heading(found) -> str:
-    from ratrain.planner.account import decimal_bytes
-
     r = found.request
     used = found.best[0].layout.devices
     text = (f"{r.model.name} on {r.profile.name}: {r.global_batch} x {r.seq_len} tokens per step, "
@@ -192,8 +190,6 @@ def _heading(found) -> str:
 
 
 def _rows(found) -> list[list]:
-    from ratrain.planner.account import decimal_bytes
-
     rows = []
     n_units = found.request.model.n_layers + 2
     for i, c in enumerate(found.best, 1):

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from ratrain.cli.format import fmt_bytes, other_work_line, range_line, table
+from ratrain.byte_units import decimal_bytes
+from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
                                  use_plan_file)
@@ -107,18 +108,19 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                    f"{period['mean_step_time_s']:.4g} s a step, {period['tokens_per_s']:,.0f} "
                    f"tokens/s; the outer sync adds {added} to its step"
                    f"{'s' if len(period['exposed_sync_s']) > 1 else ''} (the step above is an "
-                   f"inner one); device peak in a synced step {fmt_bytes(period['peak_bytes'])}")
+                   f"inner one); device peak in a synced step "
+                   f"{decimal_bytes(period['peak_bytes'])}")
     rows = []
     for r, stage in zip(result.ranks, summary["stages"]):
         fits = ("NO" if not stage["fits_device"] else
                 "NO: host" if stage["fits_host"] is False else "yes")
-        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.at_device_peak.items() if v)
-        rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", fmt_bytes(r.device_peak),
-                     fmt_bytes(stage["peak_with_process_bytes"]), fits,
-                     fmt_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
+        kinds = ", ".join(f"{k} {decimal_bytes(v)}" for k, v in r.at_device_peak.items() if v)
+        rows.append([r.stage, f"{r.bubble:.1%}", f"{r.exposed:.3g} s", decimal_bytes(r.device_peak),
+                     decimal_bytes(stage["peak_with_process_bytes"]), fits,
+                     decimal_bytes(r.host_peak) if hw.device.host_link else "-", kinds])
     click.echo(table(rows, ["stage", "bubble", "exposed comm", "device peak", "with the process",
                              f"fits {limit_said}"
-                             + (f" (host {fmt_bytes(host)})" if host is not None else ""),
+                             + (f" (host {decimal_bytes(host)})" if host is not None else ""),
                              "host tier peak",
                              "on the device at its peak, by kind"]))
     if trace_file:
@@ -154,8 +156,8 @@ def _device_limit(plan_data: dict | None, hw) -> tuple[float, float, str]:
     if isinstance(budget, (int, float)) and isinstance(margin, (int, float)):
         budget = min(budget, hw.device.memory_bytes)
         limit = budget * (1.0 - margin)
-        return budget, limit, f"{fmt_bytes(limit)} (the plan's budget less {margin:.0%})"
-    return hw.device.memory_bytes, hw.device.memory_bytes, fmt_bytes(hw.device.memory_bytes)
+        return budget, limit, f"{decimal_bytes(limit)} (the plan's budget less {margin:.0%})"
+    return hw.device.memory_bytes, hw.device.memory_bytes, decimal_bytes(hw.device.memory_bytes)
 
 
 def _outer_period(plan, cfg, hw, inner, shape) -> dict | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ratrain.cli.format import fmt_bytes, fmt_count, table
+from ratrain.byte_units import decimal_bytes
+from ratrain.cli.format import fmt_count, table
 from ratrain.cli.group import cli
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
@@ -34,7 +35,7 @@ def models(compute_dtype: str, as_json: bool) -> None:
         click.echo(json.dumps(out, indent=2))
         return
     rows = [[r["name"], fmt_count(r["params"]), r["layers"], r["dim"], f"{r['heads']}/{r['kv_heads']}",
-             r["vocab"], r["position"], *(fmt_bytes(r[k]) for k in state_keys)] for r in out]
+             r["vocab"], r["position"], *(decimal_bytes(r[k]) for k in state_keys)] for r in out]
     click.echo(table(rows, ["preset", "params", "layers", "dim", "heads/kv", "vocab", "pos",
                              f"weights ({compute_dtype})", "fp32 master", "fp32 grads",
                              "Adam (2 x fp32)", "total"]))

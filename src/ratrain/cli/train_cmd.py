@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ratrain.cli.format import fmt_bytes
+from ratrain.byte_units import decimal_bytes
 from ratrain.cli.group import cli
 from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
                                  refuse_idle_outer_flags, use_plan_file)
@@ -168,7 +168,6 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
                                          with_host_budget, with_this_machines_host,
                                          with_this_machines_memory)
     from ratrain.planner import host_grad_option, plan_file
-    from ratrain.planner.account import decimal_bytes
     from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.runtime.process_groups import pick_backend
     from ratrain.runtime.process_memory import resident_bytes
@@ -274,9 +273,10 @@ def _memory_line(summary: dict) -> str:
     """Peak memory per pipeline stage: what the executor held (ledger), what the process grew."""
     ledger = summary.get("ledger_peak_bytes_per_stage")
     if not ledger:
-        return f"peak memory: {fmt_bytes(summary.get('peak_memory_bytes') or 0)}"
+        return f"peak memory: {decimal_bytes(summary.get('peak_memory_bytes') or 0)}"
     rss = summary.get("rss_growth_bytes_per_stage") or [None] * len(ledger)
-    parts = [f"stage {s}: {fmt_bytes(held)}" + (f" (RSS +{fmt_bytes(grown)})" if grown is not None else "")
+    parts = [f"stage {s}: {decimal_bytes(held)}"
+             + (f" (RSS +{decimal_bytes(grown)})" if grown is not None else "")
              for s, (held, grown) in enumerate(zip(ledger, rss))]
     return "peak memory held (ledger): " + ", ".join(parts)
 
@@ -287,7 +287,6 @@ def over_budget(summary: dict, memory_budget: str) -> str | None:
     it holds the plan's bytes to the budget, and on a CPU the process's own (Python, torch:
     about 290 MB, said at the start) come on top (until 2026-12-02 a 200 MB budget peaked at
     524 MB, unsaid)."""
-    from ratrain.planner.account import decimal_bytes
     from ratrain.planner.budget import parse_bytes
 
     peak, budget = summary.get("peak_memory_bytes"), parse_bytes(memory_budget)

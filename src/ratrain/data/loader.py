@@ -134,7 +134,7 @@ def eval_batches(
         raise UserError(
             f"the validation split has {len(tokens)} tokens, {_sequences(n_windows)} of "
             f"{seq_len} + 1 tokens, fewer than one micro-batch of {micro_batch_size}; raise "
-            "data.val_fraction or set train.eval_batches to 0"
+            "--val-fraction (data.val_fraction) or set --eval-batches (train.eval_batches) to 0"
         )
     lo, hi = dp_rank * n // dp_size, (dp_rank + 1) * n // dp_size
     windows = np.arange(lo * micro_batch_size, hi * micro_batch_size, dtype=np.int64)
@@ -148,7 +148,8 @@ def _sequences(n: int) -> str:
 def _count_windows(tokens: np.ndarray, seq_len: int, split: str) -> int:
     n = max(len(tokens) - 1, 0) // seq_len
     if n == 0:
-        hint = ("raise data.val_fraction, or set train.eval_batches to 0 (no validation)"
+        hint = ("raise --val-fraction (data.val_fraction), or set --eval-batches "
+                "(train.eval_batches) to 0 (no validation)"
                 if split == "validation" else "give it more text, or a shorter --seq-len")
         raise UserError(
             f"the {split} split has {len(tokens)} tokens, too few for one sequence of "

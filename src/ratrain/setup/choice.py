@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.weight_grads import schedules
@@ -155,7 +156,6 @@ def _fits(c: Candidate, budget: float, host: float | None) -> bool:
 
 def _why(best: Candidate, found: list[Candidate], budget: float, host: float | None,
          profile: str) -> str:
-    gib = 2 ** 30
     others = ", ".join(f"{c.label} {c.step_s:.3g} s" + ("" if _fits(c, budget, host) else
                                                         " (does not fit)")
                        for c in found if c is not best)
@@ -163,9 +163,9 @@ def _why(best: Candidate, found: list[Candidate], budget: float, host: float | N
     fit = ("fits" if _fits(best, budget, host) else
            "fits the device but not the host tier, as no candidate does"
            if _fits(best, budget, None) else "the least memory of none that fit")
-    held = (f" and {best.host_peak_bytes / gib:.2f} GiB of a {host / gib:.1f} GiB host tier"
+    held = (f" and {decimal_bytes(best.host_peak_bytes)} of a {decimal_bytes(host)} host tier"
             if host is not None else "")
     return (f"schedule {best.label}: simulated {best.step_s:.3g} s/step on {profile} "
-            f"({others}); its largest stage holds {best.peak_bytes / gib:.2f} GiB (with the "
-            f"process's own) of a {budget / gib:.2f} GiB budget{held}, {fit}. --schedule "
+            f"({others}); its largest stage holds {decimal_bytes(best.peak_bytes)} (with the "
+            f"process's own) of a {decimal_bytes(budget)} budget{held}, {fit}. --schedule "
             "overrides")

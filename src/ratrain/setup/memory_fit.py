@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
 
-GIB = 2**30
+SMALL_KIND = 50e6  # bytes: a kind that holds less is not named, not to bury the large ones
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes],
         need = stages[worst].device
         if need > device_bytes:
             return (f"this run does not fit the GPU: stage {worst} would hold about "
-                    f"{need / GIB:.1f} GiB on it ({_kinds(stages[worst].at_device_peak)}), the "
-                    f"GPU has {device_bytes / GIB:.1f} GiB; keep the state in host memory "
+                    f"{decimal_bytes(need)} on it ({_kinds(stages[worst].at_device_peak)}), the "
+                    f"GPU has {decimal_bytes(device_bytes)}; keep the state in host memory "
                     "(--state-home host, --view-window 1), recompute activations (--activation "
                     "recompute), or let `ratrain plan --memory-budget` find a plan that fits")
     if host_available is None:
@@ -116,15 +117,16 @@ def memory_refusal(cfg: RunConfig, plan: PipelinePlan, stages: list[StageBytes],
     ranks = ("its rank here would hold" if len(here) == 1 else
              f"its {len(here)} ranks here would hold")
     largest = "" if len(here) == 1 else "the largest rank: "
-    return (f"this run does not fit this machine's {what}: {ranks} about {need / GIB:.1f} GiB "
-            f"({largest}{_kinds(peak.at_peak)}), {host_available / GIB:.1f} GiB is available; "
+    return (f"this run does not fit this machine's {what}: {ranks} about {decimal_bytes(need)} "
+            f"({largest}{_kinds(peak.at_peak)}), {decimal_bytes(host_available)} is available; "
             f"{_hint(cfg, plan, peak.at_peak)}")
 
 
 def _kinds(at_peak: dict[str, int]) -> str:
-    """The kinds that hold a twentieth of a GiB or more, largest first."""
-    held = sorted(((b, k) for k, b in at_peak.items() if b >= GIB // 20), reverse=True)
-    return ", ".join(f"{k} {b / GIB:.1f} GiB" for b, k in held) or "under 0.05 GiB"
+    """The kinds that hold SMALL_KIND bytes or more, largest first."""
+    held = sorted(((b, k) for k, b in at_peak.items() if b >= SMALL_KIND), reverse=True)
+    return (", ".join(f"{k} {decimal_bytes(b)}" for b, k in held)
+            or f"each kind under {decimal_bytes(SMALL_KIND)}")
 
 
 def _hint(cfg: RunConfig, plan: PipelinePlan, at_peak: dict[str, int]) -> str:
