@@ -13,9 +13,11 @@ taken as a Ctrl-C.
 
 The ranks are forks of the fork server, not children of this process, and the server stays up
 while any rank does (each holds its "alive" pipe): a launcher killed outright (SIGKILL, the OOM
-killer) would leave them training. So each rank holds the read end of a pipe whose only write
-end is here, and ends itself as `_stop` would when that reads EOF: the kernel closes the write
-end however this process ends.
+killer) would leave them training. On Linux the kernel ends the server with this process, and
+each rank with the server, from their first instant (forkserver_signals: PR_SET_PDEATHSIG): a
+launcher killed while the server imported torch left it to fork a rank afterwards. Everywhere,
+each rank also holds the read end of a pipe whose only write end is here, and ends itself as
+`_stop` would when that reads EOF: the kernel closes the write end however this process ends.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch.multiprocessing as mp
 from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
 
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+_LAUNCHER_PID = "RATRAIN_LAUNCHER_PID"  # forkserver_signals' (not imported: it acts on import)
 
 _stop_signal: int | None = None  # the signal that asked this process to stop
 
@@ -212,9 +215,14 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
     # since its start unblocks them.
     multiprocessing.resource_tracker.ensure_running()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    # The server ends with the thread that starts it, and tells whether it already has by this
+    # pid (forkserver_signals): a launching thread that ends takes it along, and the next
+    # launch starts another.
+    os.environ[_LAUNCHER_PID] = str(os.getpid())
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
+        del os.environ[_LAUNCHER_PID]
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     # The rendezvous store is served from here, on the port the OS gives it as it binds. A
     # port found free here and bound later by rank 0 could be taken in between: "address
