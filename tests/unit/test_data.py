@@ -437,8 +437,8 @@ def test_loader_rejects_too_little_data():
     with pytest.raises(UserError, match="10 tokens, too few for one sequence of seq_len 16 "
                        r"\(needs 17\); give it more text, or a shorter --seq-len"):
         MicroBatchLoader(np.zeros(10, np.uint16), SEQ, 8, 2)
-    with pytest.raises(UserError, match="validation split has 3 tokens.*set train.eval_batches "
-                       "to 0"):
+    with pytest.raises(UserError, match=r"validation split has 3 tokens.*set --eval-batches "
+                       r"\(train.eval_batches\) to 0"):
         eval_batches(np.zeros(3, np.uint16), SEQ, 2, 1)
     with pytest.raises(UserError, match="5 sequences .* fewer than one global batch of 8"):
         MicroBatchLoader(_stream(5), SEQ, 8, 2)

@@ -95,7 +95,9 @@ def test_the_heads_loss_is_lm_loss_of_its_logits_and_keeps_no_logits(chunked, mo
     else:
         assert max(sizes) == logits
     want = lm_loss(head(h), targets)
-    assert abs(loss.item() - want.item()) < 1e-6
+    # relative: the chunks sum their tokens' losses in another order (fp32, unseeded inputs
+    # once missed an absolute 1e-6 by 1.4e-6 of 6.24)
+    assert abs(loss.item() - want.item()) < 1e-6 * abs(want.item())
     (dh,) = torch.autograd.grad(loss, h)
     (eh,) = torch.autograd.grad(want, h)
     assert torch.allclose(dh, eh, atol=1e-6)

@@ -215,9 +215,11 @@ def test_a_search_nothing_can_run_in_says_why(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--profile", "cpu-local", "--devices", "4",
                            "--pp", "4", "--global-batch", "4", "--micro-batch-size", "2")
     assert code == 2
-    assert err.strip() == ("error: no layout on 4 devices can run: n_micro=2 is fewer than pp=4 "
-                           "stages: 1F1B needs at least as many micro-batches as stages; raise "
-                           "global_batch or lower micro_batch_size/dp")
+    # (until 2026-12-02 "no layout on 4 devices can run: ... raise global_batch or lower
+    # micro_batch_size/dp", though only the pinned --pp could be lowered)
+    assert err.strip() == ("error: --pp 4 needs at least 4 micro-batches a step (one a stage); "
+                           "--global-batch 4 gives at most 2 (micro-batches of 2 sequences): "
+                           "raise --global-batch to 8 or lower --pp")
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -138,7 +138,7 @@ def _run_tokenizer(cfg: RunConfig, given: str | None, again: str):
     under the default tokenizer, which is no claim about where the ids came from."""
     from ratrain.data.tokenizer import check_fits, load_tokenizer
     from ratrain.data.tokens import is_token_file
-    from ratrain.models.hf_tokenizer import ExportTokenizer
+    from ratrain.data.hf_tokenizer import ExportTokenizer
 
     spec = given or cfg.data.tokenizer
     if given is None and spec == "byte" and is_token_file(cfg.data.path):

@@ -176,3 +176,11 @@ def check_export_dir(out_dir: str | Path) -> Path:
         raise UserError(f"{out} already holds weights ({', '.join(held[:3])}"
                         f"{' ...' if len(held) > 3 else ''}): export into a new directory")
     return out
+
+
+def write_config(out: Path, config: dict, token_ids: dict[str, int | None]) -> None:
+    """config.json, with the tokenizer's bos/eos ids, and (where there are ids)
+    generation_config.json, which `generate` reads to know where a document ends."""
+    (out / "config.json").write_text(json.dumps({**config, **token_ids}, indent=2) + "\n")
+    if token_ids:
+        (out / "generation_config.json").write_text(json.dumps(token_ids, indent=2) + "\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ratrain.planner.account import decimal_bytes
+from ratrain.byte_units import decimal_bytes
 from ratrain.profiling.ranks import KINDS
 from ratrain.sim.profile import HardwareProfile, Link
 

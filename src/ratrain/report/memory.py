@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ratrain.planner.account import decimal_bytes
+from ratrain.byte_units import decimal_bytes
 from ratrain.report import run_figures
 from ratrain.report.figure import pyplot, save
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from ratrain.planner.account import decimal_bytes
+from ratrain.byte_units import decimal_bytes
 from ratrain.report import run_figures
 from ratrain.schedule.outer_sync import parse_sync
 

@@ -17,7 +17,7 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.models.params import count_params, unit_param_counts
-from ratrain.planner.account import decimal_bytes
+from ratrain.byte_units import decimal_bytes
 from ratrain.runtime import timed_comm
 from ratrain.schedule.grid import RankGrid
 

@@ -1,6 +1,6 @@
 """The tokenizer of an export: the files `transformers.AutoTokenizer` reads (tokenizer.json,
-tokenizer_config.json) for the tokenizer a run trained with, and the bos/eos ids config.json
-and generation_config.json give for it.
+tokenizer_config.json) for the tokenizer a run trained with, and the bos/eos ids that
+models/hf_files.write_config gives config.json and generation_config.json.
 
 A run's tokenizer.json is copied as it is. ratrain's byte tokenizer has no file of its own; it
 is written as an equivalent byte-level BPE without merges (ids 0-255 the bytes, 256 the end of
@@ -57,14 +57,6 @@ class ExportTokenizer:
                 else str(self.tokenizer))
         return what + (f", end of document {self._hf.id_to_token(eos)} = id {eos}"
                        if eos is not None else ", no end-of-document token")
-
-
-def write_config(out: Path, config: dict, token_ids: dict[str, int | None]) -> None:
-    """config.json, with the tokenizer's bos/eos ids, and (where there are ids)
-    generation_config.json, which `generate` reads to know where a document ends."""
-    (out / "config.json").write_text(json.dumps({**config, **token_ids}, indent=2) + "\n")
-    if token_ids:
-        (out / "generation_config.json").write_text(json.dumps(token_ids, indent=2) + "\n")
 
 
 def _parsed(tokenizer: HFTokenizer):
