@@ -93,6 +93,7 @@ def test_a_tokenizer_moved_since_the_run_is_named_with_the_way_out(monkeypatch, 
     tok_json = _bpe(monkeypatch, capsys, tmp_path)
     run = _train(monkeypatch, capsys, tmp_path, "--tokenizer", str(tok_json), vocab_size=320)
     shutil.move(tmp_path / "tok", tmp_path / "moved")
+    (run / "tokenizer.json").unlink()  # a run of before 2026-12-02, which kept no copy of it
     code, _, err = run_cli(monkeypatch, capsys, "export", str(run), "--out", "hf")
     assert code != 0 and "its tokenizer: if it moved, export with `ratrain export " in err, err
     assert "Traceback" not in err and not (tmp_path / "hf").exists()

@@ -95,11 +95,13 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     from ratrain.models.hf import check_export_dir, save_hf
     from ratrain.models.llama import build_units
     from ratrain.training.run_dir import resume_point
+    from ratrain.training.run_tokenizer import kept_tokenizer
 
     check_export_dir(out)  # before the checkpoint is read and hashed (minutes at 7B)
     if not (Path(run_dir) / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     cfg = RunConfig.load(Path(run_dir) / "config.yaml")
+    tokenizer_spec = tokenizer_spec or kept_tokenizer(run_dir)  # the file it trained with
     tok = _run_tokenizer(cfg, tokenizer_spec, f"ratrain export {run_dir} --out {out}")
     if checkpoint_dir:
         cfg.train.checkpoint_dir = checkpoint_dir

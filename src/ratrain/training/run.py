@@ -42,6 +42,7 @@ from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
                                       threads_per_rank)
 from ratrain.training.run_dir import checkpoints_of, kept_files, open_run_dir, saves_checkpoints
+from ratrain.training.run_tokenizer import keep_run_tokenizer
 from ratrain.training.shared_dir import agreed_local_checkpoint, shared_by
 
 
@@ -63,6 +64,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         cfg.parallel.plan_file = str((run_dir / "plan.json").resolve())
     world = cfg.parallel.pp * cfg.parallel.dp
     summary_path = run_dir / "summary.json"
+    keep_run_tokenizer(run_dir, cfg, resumed=ckpt is not None)
     # a resumed run that fails before its first step leaves the directory's files as they were
     kept = kept_files(run_dir) if ckpt and int(os.environ.get("RANK", 0)) == 0 else None
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank gets here

@@ -1,0 +1,58 @@
+"""The run's own copy of its tokenizer file, RUN/tokenizer.json: config.yaml records only the
+tokenizer's path, and a file replaced there since (under the same name) paired the model with
+other ids without a word: `ratrain export` shipped the new file, and a resume trained on,
+saying only that the training data changed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ratrain.config import RunConfig
+from ratrain.errors import UserError
+
+COPY = "tokenizer.json"
+
+
+def kept_tokenizer(run_dir: str | Path) -> str | None:
+    """The run's copy of its tokenizer (None: a byte-tokenizer run, or one of before
+    2026-12-02, which kept none)."""
+    path = Path(run_dir) / COPY
+    return str(path) if path.is_file() else None
+
+
+def keep_run_tokenizer(run_dir: Path, cfg: RunConfig, resumed: bool) -> None:
+    """At a run's start: a resume's tokenizer file checked against the run's copy (on every
+    rank, so that all of them stop); a new run's (or one started over from step 0) copied,
+    by rank 0 alone, as it writes config.yaml."""
+    source = _tokenizer_file(cfg.data.tokenizer)
+    if resumed:
+        _refuse_another_tokenizer(run_dir, source)
+    elif source is not None and int(os.environ.get("RANK", 0)) == 0:
+        copy = run_dir / COPY
+        if not (copy.exists() and copy.samefile(source)):  # resumed from the copy itself
+            part = copy.with_name(f".{COPY}.{os.getpid()}.part")
+            shutil.copyfile(source, part)
+            os.replace(part, copy)
+
+
+def _tokenizer_file(spec: str) -> Path | None:
+    """The file a data.tokenizer names (None: the byte tokenizer, which has none)."""
+    if spec == "byte":
+        return None
+    path = Path(spec).expanduser()
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def _refuse_another_tokenizer(run_dir: Path, source: Path | None) -> None:
+    copy = kept_tokenizer(run_dir)
+    if (copy is None or source is None or not source.is_file()  # (a missing one is said where it loads)
+            or source.read_bytes() == Path(copy).read_bytes()):
+        return
+    # (a resume may not name another tokenizer file, the run's copy included: the original
+    # goes back where config.yaml says it is)
+    raise UserError(f"the tokenizer {source} is not the one {run_dir} trained with (its copy, "
+                    f"{copy}, holds other bytes): its ids would mean other text; put the "
+                    f"original back (cp {copy} {source}) and resume again, or train the new "
+                    "tokenizer in a new run")
