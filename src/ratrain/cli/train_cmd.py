@@ -151,7 +151,8 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
                    + (f"  skipped (float16 overflow): {len(skipped)} steps, loss scale "
                       f"{summary.get('loss_scale')}" if skipped else ""))
         click.echo(_memory_line(summary))
-    over = memory_budget is not None and over_budget(summary, memory_budget)
+    over = memory_budget is not None and over_budget(summary, memory_budget, plan_data,
+                                                     profiled=profile_spec is not None)
     if over:
         click.echo(f"warning: {over}", err=True)
     if report:
@@ -193,6 +194,10 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     base = None if gpus else resident_bytes()  # a GPU's memory is not the process's
     request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
                              TIME_LIMIT_S, "--memory-budget")
+    if base and base >= request.budget_bytes:
+        click.echo(f"warning: the process's own memory, {decimal_bytes(base)} (Python, torch), "
+                   f"is at or over --memory-budget {decimal_bytes(request.budget_bytes)} by "
+                   "itself: no plan can hold a rank's process to the budget", err=True)
     found = best_plans(request)
     best = found.best[0]
     data = plan_file.to_dict(best, cfg, request)
@@ -281,20 +286,26 @@ def _memory_line(summary: dict) -> str:
     return "peak memory held (ledger): " + ", ".join(parts)
 
 
-def over_budget(summary: dict, memory_budget: str) -> str | None:
+def over_budget(summary: dict, memory_budget: str, plan_data: dict | None = None,
+                profiled: bool = False) -> str | None:
     """Where the largest rank's peak memory in a run's `summary` passed its --memory-budget,
     a line that says so and what to do; else None. The search is plan's for the same request:
     it holds the plan's bytes to the budget, and on a CPU the process's own (Python, torch:
     about 290 MB, said at the start) come on top (until 2026-12-02 a 200 MB budget peaked at
-    524 MB, unsaid)."""
+    524 MB, unsaid). `plan_data`: the searched plan, whose predicted peak the line sets apart
+    from the rest; `profiled`: --profile given (no profiling to suggest). A smaller budget is
+    not suggested: in a test it searched the same plan, to the same peak."""
     from ratrain.planner.budget import parse_bytes
 
     peak, budget = summary.get("peak_memory_bytes"), parse_bytes(memory_budget)
     if not peak or peak <= budget:
         return None
+    predicted = max(((plan_data or {}).get("prediction") or {}).get("stage_peak_bytes") or [0])
+    outside = (f"; {decimal_bytes(peak - predicted)} of the peak is outside the plan's "
+               f"predicted {decimal_bytes(predicted)}" if 0 < predicted < peak else "")
     return (f"the largest rank's peak memory, {decimal_bytes(peak)}, passed --memory-budget "
             f"{decimal_bytes(budget)}: the plan holds its state, activations and buffers to the "
             "budget, and the process's own memory (Python, torch: said at the start) and what "
-            "no profile measures (the allocator's slack, autograd's temporaries) come on top; to "
-            "keep the whole process within it, search with a budget smaller by that much, or on "
-            "this machine's measured profile (`ratrain profile`, then --profile)")
+            "no profile measures (the allocator's slack, autograd's temporaries) come on top"
+            + outside + ("" if profiled else "; the search ran on a preset, not on this machine's "
+                         "measured profile (`ratrain profile`, then --profile)"))

@@ -20,9 +20,13 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
     start from step 0 is said (until 2026-12-02 it was silent). A --checkpoint-dir of another
     run's checkpoints is refused."""
     from ratrain import checkpoint
-    from ratrain.training.run_dir import (checkpoints_gone, checkpoints_lost, checkpoints_of,
-                                          own_checkpoints)
+    from ratrain.training.run_dir import (START_OVER_AUTO, checkpoints_gone, checkpoints_lost,
+                                          checkpoints_of, own_checkpoints)
+    from ratrain.training.run_lock import RESUME_WAY_OUT, lock_run_dir
 
+    # a run under way there is refused before a start from step 0 is said (until 2026-12-02
+    # the line came first, then the refusal)
+    lock_run_dir(run_dir, RESUME_WAY_OUT)
     own, here = own_checkpoints(run_dir), checkpoints_of(run_dir, cfg)
     if checkpoint.complete_dirs(here):
         if isinstance(here, checkpoint.Elsewhere):
@@ -30,7 +34,7 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
         return True
     if own is not None and checkpoint.complete_dirs(own):
         return True
-    gone = checkpoints_gone(run_dir) or checkpoints_lost(run_dir)
+    gone = checkpoints_gone(run_dir) or checkpoints_lost(run_dir, START_OVER_AUTO)
     if gone:
         raise UserError(f"--resume auto: {gone}")
     if int(os.environ.get("RANK", 0)) == 0:

@@ -128,7 +128,20 @@ def _parsed(path: Path, blob: bytes):
     try:
         return _HF.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+        if _is_json(text):  # its message named a column of valid JSON, as if malformed
+            raise UserError(f"tokenizer {path} is JSON but not a Hugging Face tokenizer.json; "
+                            f"{WHAT_A_TOKENIZER_IS}") from None
         raise UserError(f"cannot parse tokenizer {path} ({e}); {WHAT_A_TOKENIZER_IS}") from None
+
+
+def _is_json(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def load_tokenizer(spec: str) -> Tokenizer:

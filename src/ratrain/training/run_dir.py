@@ -3,6 +3,7 @@ from."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -17,7 +18,8 @@ from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.training.disk_room import checkpoint_bytes, room_problem
 from ratrain.training.metrics import read_metrics
 from ratrain.training.resume_settings import refuse_another_runs
-from ratrain.training.run_lock import (claim_checkpoint_dir, lock_checkpoint_dir, lock_run_dir,
+from ratrain.training.run_lock import (NEW_RUN_WAY_OUT, RESUME_WAY_OUT, checkpoint_dir_owner,
+                                       claim_checkpoint_dir, lock_checkpoint_dir, lock_run_dir,
                                        refuse_another_runs_checkpoints)
 
 
@@ -36,7 +38,7 @@ def open_run_dir(run_dir: str | Path | None, cfg: RunConfig, resume: bool = Fals
     checkpoint directory are checked (check_run_dir) and, with `resume`, the checkpoint to go on
     from is found (resume_point). Nothing is made until every check has passed."""
     if run_dir:  # before the checks read what another run may be writing (if it is there)
-        lock_run_dir(Path(run_dir))
+        lock_run_dir(Path(run_dir), RESUME_WAY_OUT if resume else NEW_RUN_WAY_OUT)
     _take_checkpoint_dir(Path(run_dir or "runs"), cfg, made=False)
     check_run_dir(Path(run_dir) if run_dir else Path("runs"), cfg, resume)
     ckpt = resume_point(Path(run_dir), cfg) if resume else None
@@ -120,8 +122,9 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
         where, name = _writable(cfg.train.checkpoint_dir, "checkpoint directory"), cfg.train.checkpoint_dir
         found = checkpoint.complete_dirs(checkpoint.Elsewhere(Path(name)))
         if found and not resume:
+            owner = checkpoint_dir_owner(Path(name)) or "RUN"
             raise UserError(f"checkpoint directory {name} holds checkpoints already ({found[-1].name}); "
-                            "continue that run with --resume RUN, or choose another directory")
+                            f"continue that run with --resume {owner}, or choose another directory")
     else:
         where = existing
     if under_torchrun():  # once the ranks know who shares a directory (disk_room.py)
@@ -183,10 +186,16 @@ def _gone(run_dir: Path, saved: TrainConfig, way_out: str) -> str | None:
             f"though the run reached step {reached}; {way_out} to say where it is now")
 
 
-def checkpoints_lost(run_dir: Path) -> str | None:
+# --resume auto starts from step 0 where no metrics.jsonl records steps; --resume RUN never does
+START_OVER_AUTO = "remove {run_dir}/metrics.jsonl first (or choose another --run-dir)"
+START_OVER = ("remove {run_dir}/metrics.jsonl and train with --resume auto --run-dir {run_dir} "
+              "(or start a new run in another --run-dir)")
+
+
+def checkpoints_lost(run_dir: Path, start_over: str = START_OVER) -> str | None:
     """Where the run's checkpoint directory, as its config.yaml names it, is there but holds
     no checkpoint, though its metrics.jsonl shows it passed two save points or more (at one, the
-    save may have died being written): the line that says so. None otherwise."""
+    save may have died being written): the line that says so, and `start_over`. None otherwise."""
     saved = _saved_train(run_dir)
     if saved is None or not saved.checkpoints:
         return None
@@ -202,7 +211,7 @@ def checkpoints_lost(run_dir: Path) -> str | None:
             f"run reached step {reached}, past {len(saves)} of its save points (the last at step "
             f"{saves[-1]}): its checkpoints were moved or deleted, and starting over would "
             f"overwrite its metrics. Pass --checkpoint-dir DIR where they are now; to start the "
-            f"run over, remove {run_dir}/metrics.jsonl first (or choose another --run-dir)")
+            f"run over, {start_over.format(run_dir=run_dir)}")
 
 
 def _reached(run_dir: Path) -> int:
@@ -220,13 +229,29 @@ def _why_none(run_dir: Path, where: Path, way_out: str) -> str:
     if not saved.checkpoints:
         return f"no checkpoint in {where}: the run was started with --no-checkpoints and saved none"
     own = checkpoint.root(checkpoints_of(run_dir, RunConfig(train=saved)))
-    every = f"every {saved.checkpoint_every} steps and " if saved.checkpoint_every else ""
-    why = _gone(run_dir, saved, way_out) or checkpoints_lost(run_dir) or (
-        f"no checkpoint in {own}: the run saves one {every}at its end, and had not reached one")
+    why = _gone(run_dir, saved, way_out) or checkpoints_lost(run_dir) or _none_saved(
+        run_dir, saved, own)
     if own == where:
         return why
     return (f"--checkpoint-dir {where} does not exist" if not where.exists() else
             f"no checkpoint in --checkpoint-dir {where}") + f", and {why}"
+
+
+def _none_saved(run_dir: Path, saved: TrainConfig, own: Path) -> str:
+    """No checkpoint in `own`, and no metrics.jsonl says a save point was reached (its
+    summary.json may: a metrics.jsonl removed)."""
+    every = saved.checkpoint_every
+    when = ("every step and " if every == 1 else f"every {every} steps and " if every else "")
+    try:
+        summed = json.loads((run_dir / "summary.json").read_text()).get("steps") or 0
+    except (OSError, ValueError, AttributeError):
+        summed = 0
+    if summed < min(every or saved.steps, saved.steps):
+        return (f"no checkpoint in {own}: the run saves one {when}at its end, and had not "
+                "reached one")
+    return (f"no checkpoint in {own}, though {run_dir}/summary.json shows the run reached step "
+            f"{summed} (it saves one {when}at its end): its checkpoints were moved or deleted. "
+            f"Pass --checkpoint-dir DIR where they are now, or start a new run")
 
 
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,

@@ -29,22 +29,27 @@ OWNER = ".ratrain-run"
 _held: dict[Path, int] = {}
 
 
-def lock_run_dir(run_dir: Path) -> None:
+NEW_RUN_WAY_OUT = "wait for it to end, or choose another --run-dir"
+RESUME_WAY_OUT = "wait for it to end"  # a resume goes on in its own directory, no other
+
+
+def lock_run_dir(run_dir: Path, way_out: str = NEW_RUN_WAY_OUT) -> None:
     """Hold `run_dir`'s lock, where the directory exists, until release_run_dirs() or this
     process ends; a UserError naming the directory (and the holder's process id) where another
-    process holds it. Under torchrun only rank 0 takes it: the others write no run files, and on
-    a shared filesystem rank 0 of the same run already holds it."""
-    _lock(Path(run_dir), "run directory", "--run-dir", "")
+    process holds it, ending with `way_out`. Under torchrun only rank 0 takes it: the others
+    write no run files, and on a shared filesystem rank 0 of the same run already holds it."""
+    _lock(Path(run_dir), "run directory", way_out, "")
 
 
 def lock_checkpoint_dir(directory: Path, run_dir: Path) -> None:
     """Hold the --checkpoint-dir `directory`'s lock for the run in `run_dir`, as lock_run_dir;
     the refusal names the run that holds it."""
-    _lock(Path(directory), "checkpoint directory", "--checkpoint-dir",
+    _lock(Path(directory), "checkpoint directory",
+          "wait for it to end, or choose another --checkpoint-dir",
           f" for run {Path(run_dir).resolve()}")
 
 
-def _lock(directory: Path, what: str, flag: str, holder_note: str) -> None:
+def _lock(directory: Path, what: str, way_out: str, holder_note: str) -> None:
     if int(os.environ.get("RANK", 0)) != 0 or not directory.is_dir():
         return
     key = directory.resolve()
@@ -62,7 +67,7 @@ def _lock(directory: Path, what: str, flag: str, holder_note: str) -> None:
         os.close(fd)
         raise UserError(f"{what} {directory} is in use by another run"
                         + (f" (process {holder}, which holds {key / NAME})" if holder else "")
-                        + f"; wait for it to end, or choose another {flag}") from None
+                        + f"; {way_out}") from None
     except OSError as e:  # a filesystem without locks: the run goes on unguarded, as before
         os.close(fd)
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
