@@ -139,3 +139,18 @@ def test_a_budget_the_process_alone_fills_is_said_at_the_start(monkeypatch, caps
     assert first == ("warning: the process's own memory, 700.00 MB (Python, torch), is at or "
                      "over --memory-budget 600.00 MB by itself: no plan can hold a rank's "
                      "process to the budget"), err
+
+
+def test_a_resumed_diloco_run_counts_the_meetings_it_has_left():
+    """A resume from step 4 under diloco:4 over 6 steps meets once, at step 6: the note said
+    "twice, after step 4 and at the last", counting from step 0."""
+    from ratrain.training.prepare import meetings_note
+
+    cfg = RunConfig()
+    cfg.parallel.sync, cfg.train.steps = "diloco:4", 6
+    assert "over 6 steps: the replicas meet twice, after step 4 and at the last" in meetings_note(cfg)
+    assert "over steps 5-6: the replicas meet once, at the last step" in meetings_note(cfg, 4)
+    cfg.parallel.sync = "diloco:3"
+    assert meetings_note(cfg) is None  # twice in 6 steps, every 3: H is no surprise there
+    cfg.parallel.sync = "diloco:1000000000"  # (a huge H counts no steps one by one)
+    assert "over steps 3-6: the replicas meet once" in meetings_note(cfg, 2)

@@ -115,13 +115,24 @@ def prepare(cfg: RunConfig, progress: bool = True,
         print(f"--threads {asked} x {ranks} rank(s) here on {cores} cores: the threads "
               f"outnumber the cores and wait on each other (slower steps); leave --threads out "
               f"to split the cores among the ranks", file=sys.stderr, flush=True)
-    outer, steps = parse_sync(cfg.parallel.sync), cfg.train.steps
-    if first and outer and 2 * outer.every > steps:
-        meet = ("once, at the last step" if outer.every >= steps else
-                f"twice, after step {outer.every} and at the last")
-        print(f"--sync {cfg.parallel.sync} over {steps} steps: the replicas meet {meet} (each "
-              f"trains alone until then); a smaller H syncs them more often",
-              file=sys.stderr, flush=True)
     check_data(cfg, progress and first, first_here=int(os.environ.get("LOCAL_RANK", 0)) == 0,
                first=first)
     return plan if keep else None
+
+
+def meetings_note(cfg: RunConfig, done: int = 0) -> str | None:
+    """Where a --sync diloco run (resumed after step `done`) meets at most twice in the steps
+    it has left, the line that says when: the outer syncs fall on the run's steps H, 2H, ...
+    and its last, counted from step 0 (a resume from step 4 under diloco:4 over 6 steps meets
+    once, at step 6, where the note said "twice, after step 4" until 2026-12-02)."""
+    outer, steps = parse_sync(cfg.parallel.sync), cfg.train.steps
+    if outer is None or done >= steps or 2 * outer.every <= steps - done:
+        return None
+    meets = list(range((done // outer.every + 1) * outer.every, steps + 1, outer.every)[:2])
+    if steps not in meets:
+        meets.append(steps)
+    when = ("once, at the last step" if len(meets) == 1 else
+            f"twice, after step {meets[0]} and at the last")
+    over = f"over steps {done + 1}-{steps}" if done else f"over {steps} steps"
+    return (f"--sync {cfg.parallel.sync} {over}: the replicas meet {when} (each trains alone "
+            "until then); a smaller H syncs them more often")

@@ -39,8 +39,8 @@ from ratrain.setup.plan_file import SEARCHED_PLAN
 from ratrain.training.agreed_plan import agreed, agreed_checkpoint
 from ratrain.training.disk_room import check_room_together
 from ratrain.training.loop import Loop
-from ratrain.training.prepare import (is_distributed, plan_here, prepare, threads_in_this_process,
-                                      threads_per_rank)
+from ratrain.training.prepare import (is_distributed, meetings_note, plan_here, prepare,
+                                      threads_in_this_process, threads_per_rank)
 from ratrain.training.run_dir import checkpoints_of, kept_files, open_run_dir, saves_checkpoints
 from ratrain.training.run_tokenizer import keep_run_tokenizer
 from ratrain.training.shared_dir import agreed_local_checkpoint, shared_by
@@ -60,6 +60,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     plan_dict = plan.to_dict() if plan else None
     opened = open_run_dir(run_dir, cfg, resume)
     run_dir, ckpt = opened.path, opened.resume_from
+    note = meetings_note(cfg, checkpoint.load_meta(ckpt)["step"] if ckpt else 0)
+    if note and int(os.environ.get("RANK", 0)) == 0:
+        print(note, file=sys.stderr, flush=True)
     if cfg.parallel.plan_file == SEARCHED_PLAN:  # its plan file is the run's copy
         cfg.parallel.plan_file = str((run_dir / "plan.json").resolve())
     world = cfg.parallel.pp * cfg.parallel.dp
