@@ -615,7 +615,7 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collect
     assert "/ 8 GPU(s)" in notes["device.host_memory_bandwidth"]
     assert tier["host_memory_bytes"] == 12 * 2**30
     note = notes["device.host_memory_bytes"]
-    assert "96.0 GiB" in note and "8 GPU(s)" in note
+    assert "103.08 GB: MemAvailable" in note and "/ 8 GPUs of the node" in note
     assert set(notes) == {"device.host_link", "device.host_memory_bandwidth",
                           "device.host_memory_bytes"}
     monkeypatch.setattr(fits, "available_host_bytes", lambda: None)  # not known: unbounded

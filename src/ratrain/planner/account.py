@@ -169,6 +169,15 @@ def _sharded_block(request: PlanRequest, dp: int) -> float:
     return table.state[1] + table.view[1]
 
 
+def _state_home_note(c: Candidate) -> str:
+    """Sharded state lives on the device (layouts.lifecycles): said where the closest plan keeps
+    its state on the host, so the sharding that follows is not read as that plan's."""
+    if c.layout.lifecycle.state_home != "host":
+        return ""
+    return ("the closest plan keeps it on the host; sharding it over replicas keeps it on the "
+            "device (--state-home device): ")
+
+
 def _sharding_hint(request: PlanRequest) -> str:
     """What sharding a block's state over the replicas (ZeRO-style) makes of it: the least dp
     (dividing the global batch) that brings it under half the budget, and whether the devices
@@ -191,7 +200,9 @@ def _sharding_hint(request: PlanRequest) -> str:
         whole = ("the view and the full-size fp32 gradient (alive from the block's backward to "
                  "its reduce-scatter, with the gradient lifetimes) stay whole"
                  if r.policy == "ratrain" else "the fp32 gradient buffer and the view stay whole")
-        return (f"even sharded over dp={dp} replicas it takes {decimal_bytes(sharded)} "
+        needs = (f" (dp={dp} needs {dp} devices, more than the {r.devices})"
+                 if dp > r.devices else "")
+        return (f"even sharded over dp={dp} replicas{needs} it takes {decimal_bytes(sharded)} "
                 f"({sharded / r.limit:.0%}): {whole}")
     what = (f"sharded across dp={dp} data-parallel replicas (ZeRO-style) it would take "
             f"{decimal_bytes(sharded)} ({sharded / r.limit:.0%})")
@@ -205,6 +216,16 @@ def _sharding_hint(request: PlanRequest) -> str:
     return what + f"; the search tried dp >= {dp} with {stages}, which did not fit"
 
 
+def _budget_hint(request: PlanRequest, need: float, group: int) -> str:
+    """The budget that would fit the closest plan, where the worst stage's device has that much
+    memory: a budget above it is held to it, so suggesting one would repeat this account."""
+    memory = request.device(group).memory_bytes
+    if need <= memory:
+        return f"a budget of {decimal_bytes(need)} per device would fit the closest plan"
+    return (f"no budget a {request.profile.name} device can give fits the closest plan: it needs "
+            f"{decimal_bytes(need)}, the device has {decimal_bytes(memory)}")
+
+
 def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
            estimated_excess: float) -> list[str]:
     r = request
@@ -212,8 +233,8 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
     n_units = r.model.n_layers + 2
     # the search admits the plan by its estimate and its simulation both: the larger counts
     held = max(max(closest_candidate.stage_bytes), r.limit + estimated_excess)
-    need = budget_to_hold(held, r.margin)
-    hints.append(f"a budget of {decimal_bytes(need)} per device would fit the closest plan")
+    hints.append(_budget_hint(r, budget_to_hold(held, r.margin),
+                              closest_candidate.layout.groups[worst]))
     hints.append(devices_hint(r))
     seq = r.seq_len // 2
     while seq >= 128:
@@ -227,7 +248,7 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
     if block > 0.5 * r.limit:
         hints.append(f"one decoder block's training state ({decimal_bytes(block)}: fp32 masters, "
                      f"gradients, AdamW moments and its view) takes {block / r.limit:.0%} of the "
-                     f"budget; " + _sharding_hint(r))
+                     f"budget; " + _state_home_note(closest_candidate) + _sharding_hint(r))
     host = r.profile.device.host_memory_bytes
     if host is not None and table.state[1] > r.host_limit:
         hints.append(f"state on the host would need {decimal_bytes(table.state[1])} per block; "

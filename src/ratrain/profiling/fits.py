@@ -9,6 +9,7 @@ import statistics
 
 import torch
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.config import RunConfig
 from ratrain.host_memory import available_host_bytes
 from ratrain.profiling.ranks import ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, rate_dtypes
@@ -160,8 +161,8 @@ def host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict:
     if available is not None:  # what the planner bounds host-homed state by (None: unbounded)
         fields["host_memory_bytes"] = float(available / gpus)
         notes["device.host_memory_bytes"] = (
-            f"the host memory available when profiled ({available / 2**30:.1f} GiB: MemAvailable, "
-            f"or a memory cgroup's room) / {gpus} GPU(s) of the node")
+            f"the host memory available when profiled ({decimal_bytes(available)}: MemAvailable, "
+            f"or a memory cgroup's room) / {gpus} GPU{'s' if gpus != 1 else ''} of the node")
     return fields
 
 

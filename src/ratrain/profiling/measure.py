@@ -45,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.config import ParallelConfig, RunConfig, TrainConfig
 from ratrain.errors import UserError
 from ratrain.host_cores import usable_cores
@@ -202,8 +203,8 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
         name, cores, per_node = torch.cuda.get_device_name(0), None, torch.cuda.device_count()
     else:
         memory = _ram_bytes() / ranks
-        notes["device.memory_bytes"] = (f"the machine's RAM ({_ram_bytes() / 2**30:.1f} GiB) / "
-                                        f"{ranks} rank(s)")
+        notes["device.memory_bytes"] = (f"the machine's RAM ({decimal_bytes(_ram_bytes())}) / "
+                                        f"{ranks} rank{'s' if ranks != 1 else ''}")
         name, cores, per_node = _cpu_name(), usable_cores(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     if cores:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.config import ModelConfig
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas, outer_refusal
@@ -174,7 +175,7 @@ def advice(low: LowComm, tokens_per_step: int) -> str:
     return (f"the per-step gradient sync adds {low.exposed_s:.3g} s to a {low.inner_s:.3g} s "
             f"step; --sync {best.sync}{also} {what}: {tokens_per_step / best.mean_step_s:,.0f} "
             f"tokens/s predicted against {tokens_per_step / low.step_s:,.0f} "
-            f"({low.step_s / best.mean_step_s:.2f}x), {best.bytes_per_period / 1e6:.3g} MB per "
+            f"({low.step_s / best.mean_step_s:.2f}x), {decimal_bytes(best.bytes_per_period)} per "
             f"replica every {best.every} steps. It changes the ALGORITHM ({_algorithm(best)}; "
             f"the loss per token is not the synchronous run's; "
             f"over a few thousand steps, average with --outer-lr 1 --outer-momentum 0: "
