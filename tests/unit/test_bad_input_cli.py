@@ -310,7 +310,7 @@ def test_a_resume_at_another_pp_splits_the_units_anew_and_says_whose_stages_are_
         "policy, or one per stage, replaces it)"]
     code, _, err = run_cli(monkeypatch, capsys, *resume, "--activation", "keep")
     assert err.strip().splitlines()[1:] == [  # past its settings: there is no checkpoint
-        "error: no checkpoint in run/checkpoints: the run saves one every 1 steps and at its "
+        "error: no checkpoint in run/checkpoints: the run saves one every step and at its "
         "end, and had not reached one"]
     _refused(monkeypatch, capsys, "--partition 1,3 gives 2 stages' units for 3 stages", "train",
              "--resume", "run", "--steps", "4", "--no-progress", "--pp", "3", "--partition", "1,3", "--activation", "keep")
