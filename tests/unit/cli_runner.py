@@ -24,6 +24,13 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def run_cli_ok(monkeypatch, capsys, *args: str) -> str:
+    """run_cli's stdout, for a command that must succeed (its stderr in the failure)."""
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    return out
+
+
 def small_config(tmp_path: Path, **train) -> Path:
     """A run config (YAML in tmp_path) whose model and corpus are small enough that a few steps
     in this process take a second: 2 steps, a checkpoint after each, unless `train` says."""

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ratrain.data.tokenizer import ByteTokenizer, load_tokenizer
 
-from .cli_runner import run_cli, small_config
+from .cli_runner import run_cli, run_cli_ok as _cli, small_config
 
 # non-ASCII text of 2-, 3- and 4-byte characters, odd spacing, a control byte, and the text of
 # the end-of-document token, which ratrain encodes as text
@@ -25,12 +25,6 @@ TEXT = ("def straße(x):\n\treturn 'naïve — 日本語 🙂'  \x00\x7f  # <|en
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-
-
-def _cli(monkeypatch, capsys, *args: str) -> str:
-    code, out, err = run_cli(monkeypatch, capsys, *args)
-    assert code == 0, err
-    return out
 
 
 def _train(monkeypatch, capsys, tmp_path: Path, *flags: str, vocab_size: int = 257) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .cli_runner import run_cli, small_config
+from .cli_runner import run_cli, run_cli_ok as _cli, small_config
 
 FLAGS = ("--threads", "1", "--no-progress", "--no-report")
 
@@ -16,12 +16,6 @@ FLAGS = ("--threads", "1", "--no-progress", "--no-report")
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-
-
-def _cli(monkeypatch, capsys, *args: str) -> str:
-    code, out, err = run_cli(monkeypatch, capsys, *args)
-    assert code == 0, err
-    return out
 
 
 def _bpe(monkeypatch, capsys, data: str, out: str) -> Path:
