@@ -94,13 +94,14 @@ MOSTLY_UNDECODABLE = 0.25
 suffix) given as text."""
 
 
-def documents(path: Path) -> Iterator[tuple[str, bool]]:
+def documents(path: Path, undecodable: list | None = None) -> Iterator[tuple[str, bool]]:
     """A file's text in pieces, each with whether a document ends with it (the tokenizer's
     end-of-document id follows): a `.jsonl` file's records, one document each (the "text" of
     every line); any other file, one document read CHUNK_CHARS at a time. UTF-8, undecodable
     bytes (and a record's lone surrogate escapes) as U+FFFD rather than a failed run, with a
-    warning where they are most of the file; line ends as the file has them (CRLF and CR were
-    made LF until 2026-12-02)."""
+    warning where they are most of the file (`undecodable` given: (path, fraction) appended to
+    it instead, for the caller to say; undecodable_warning words it); line ends as the file
+    has them (CRLF and CR were made LF until 2026-12-02)."""
     binary = chars = 0
     for text, ends in _records(path) if path.suffix.lower() == ".jsonl" else _pieces(path):
         binary += text.count("\ufffd") + text.count("\0")
@@ -108,9 +109,17 @@ def documents(path: Path) -> Iterator[tuple[str, bool]]:
         yield text, ends
     # the standard library's few files in other encodings are its codecs' test data
     if binary > MOSTLY_UNDECODABLE * chars and not path.is_relative_to(stdlib_root()):
-        _warn(f"warning: {path}: {binary / chars:.0%} of its characters are U+FFFD (bytes that "
-              "are no UTF-8) or NUL: it is most likely not text (pre-tokenized ids need the "
-              "suffix .bin), and a run on it learns noise")
+        if undecodable is None:
+            _warn(undecodable_warning(path, binary / chars))
+        else:
+            undecodable.append((path, binary / chars))
+
+
+def undecodable_warning(path: Path, fraction: float) -> str:
+    """The warning of a file that documents() finds mostly undecodable."""
+    return (f"warning: {path}: {fraction:.0%} of its characters are U+FFFD (bytes that are no "
+            "UTF-8) or NUL: it is most likely not text (pre-tokenized ids need the suffix "
+            ".bin), and a run on it learns noise")
 
 
 def _warn(line: str) -> None:

@@ -128,6 +128,18 @@ def eval_batches(
     """
     if n_sequences <= 0:
         return []
+    n = eval_sequences(tokens, seq_len, micro_batch_size, n_sequences) // micro_batch_size
+    lo, hi = dp_rank * n // dp_size, (dp_rank + 1) * n // dp_size
+    windows = np.arange(lo * micro_batch_size, hi * micro_batch_size, dtype=np.int64)
+    return _micro_batches(tokens, windows, seq_len, micro_batch_size)
+
+
+def eval_sequences(tokens: np.ndarray, seq_len: int, micro_batch_size: int,
+                   n_sequences: int) -> int:
+    """How many sequences eval_batches' set holds: `n_sequences`, or where the validation split
+    holds fewer, its whole micro-batches' (a UserError where it holds none)."""
+    if n_sequences <= 0:
+        return 0
     n_windows = _count_windows(tokens, seq_len, "validation")
     n = min(n_sequences, n_windows) // micro_batch_size  # whole micro-batches
     if n == 0:
@@ -136,9 +148,7 @@ def eval_batches(
             f"{seq_len} + 1 tokens, fewer than one micro-batch of {micro_batch_size}; raise "
             "--val-fraction (data.val_fraction) or set --eval-batches (train.eval_batches) to 0"
         )
-    lo, hi = dp_rank * n // dp_size, (dp_rank + 1) * n // dp_size
-    windows = np.arange(lo * micro_batch_size, hi * micro_batch_size, dtype=np.int64)
-    return _micro_batches(tokens, windows, seq_len, micro_batch_size)
+    return n * micro_batch_size
 
 
 def _sequences(n: int) -> str:

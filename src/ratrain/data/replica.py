@@ -4,13 +4,13 @@ the checks of the data that can be the user's mistake, made once before any proc
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ratrain.config import RunConfig
-from ratrain.data.corpus import corpus_files, stdlib_root
-from ratrain.data.loader import MicroBatchLoader, eval_batches
+from ratrain.data.corpus import stdlib_root
+from ratrain.data.loader import MicroBatchLoader, eval_batches, eval_sequences
 from ratrain.data.tokenizer import check_fits, load_tokenizer, no_eos_note, unused_vocab_note
-from ratrain.data.tokens import check_token_ids, is_token_file, load_tokens, split_train_val
+from ratrain.data.tokens import (check_token_ids, is_token_file, load_tokens, read_corpus,
+                                 split_train_val)
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False,
@@ -22,16 +22,17 @@ def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool =
 
 def _replica_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool,
                   tokenize: bool):
-    """make_data's (loader, validation batches), and the whole stream they are cut from."""
+    """make_data's (loader, validation batches), and the corpus (read_corpus's) they are cut
+    from."""
     t = cfg.train
-    tokens = load_tokens(cfg.data, tokenizer, progress=progress, tokenize=tokenize)
-    train_tokens, val_tokens = split_train_val(tokens, cfg.data.val_fraction)
+    corpus = read_corpus(cfg.data, tokenizer, progress=progress, tokenize=tokenize)
+    train_tokens, val_tokens = split_train_val(corpus.tokens, cfg.data.val_fraction)
     loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
                               dp_size=dp, dp_rank=replica, seed=t.seed)
     val = (eval_batches(val_tokens, t.seq_len, t.micro_batch_size,
                         t.eval_batches * t.global_batch, dp, replica)
            if t.eval_batches > 0 else [])
-    return loader, val, tokens
+    return loader, val, corpus
 
 
 def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
@@ -41,32 +42,46 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     ranks only memory-map the cached file. Under torchrun, where every rank checks:
     `first_here`, this node's first rank, tokenizes (the others wait for its file), and
     `first`, the run's first, alone reads a pre-tokenized file whole for its largest id (64
-    ranks read a 100 GB file 64 times) and notes what the tokenizer changes about the data.
-    With `progress`, says what the run reads (data_line)."""
+    ranks read a 100 GB file 64 times), warns of the data (files mostly undecodable, whether
+    tokenized now or cached), notes what the tokenizer changes about it and a validation set
+    smaller than --eval-batches asks. With `progress`, says what the run reads (data_line)."""
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
     pretokenized = is_token_file(cfg.data.path)
     if pretokenized and first:
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size,
                         str(cfg.data.path))
-    loader, _, tokens = _replica_data(cfg, tokenizer, cfg.parallel.dp, 0, progress, first_here)
-    notes = first and not pretokenized  # a token file's ids are its own, whatever the tokenizer
-    # the corpus is walked again only to be said (load_tokens keeps its files to itself)
-    files = (_files(cfg.data.path) if progress or (notes and tokenizer.eos_id is None)
-             else [])
-    if notes:
+    loader, _, corpus = _replica_data(cfg, tokenizer, cfg.parallel.dp, 0, progress, first_here)
+    say = [*corpus.warnings] if first else []
+    if first and not pretokenized:  # a token file's ids are its own, whatever the tokenizer
+        files = corpus.files
         joined = len(files) > 1 or any(f.suffix.lower() == ".jsonl" for f in files)
-        for note in (joined and no_eos_note(tokenizer),
-                     unused_vocab_note(tokenizer, cfg.model.vocab_size)):
-            if note:
-                print(note, file=sys.stderr, flush=True)
+        say += [joined and no_eos_note(tokenizer),
+                unused_vocab_note(tokenizer, cfg.model.vocab_size)]
+    if first:
+        say.append(eval_cap_note(cfg, split_train_val(corpus.tokens, cfg.data.val_fraction)[1]))
     if progress:
-        print(data_line(cfg, len(files), len(tokens), loader.n_windows), file=sys.stderr,
-              flush=True)
+        say.append(data_line(cfg, len(corpus.files), len(corpus.tokens), loader.n_windows))
+    for line in say:
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
 
-def _files(path: str | None) -> list[Path]:
-    return [Path(path)] if is_token_file(path) else corpus_files(path)[1]
+def eval_cap_note(cfg: RunConfig, val_tokens) -> str | None:
+    """Where the validation split holds fewer sequences than --eval-batches asks, the line
+    that says how many the run validates on (eval_batches caps them, without a word until
+    2026-12-03) and how to get more."""
+    t = cfg.train
+    asked = t.eval_batches * t.global_batch
+    got = eval_sequences(val_tokens, t.seq_len, t.micro_batch_size, asked)
+    if got == asked:
+        return None
+    batches = got / t.global_batch
+    return (f"note: --eval-batches {t.eval_batches} asks for {asked:,} validation sequences, "
+            f"more than the validation split holds (--val-fraction {cfg.data.val_fraction:g}: "
+            f"{len(val_tokens):,} tokens): the run validates on {got:,} ({batches:.3g} "
+            f"{'batch' if batches == 1 else 'batches'} of {t.global_batch}) instead; a larger "
+            "--val-fraction (data.val_fraction) gives more")
 
 
 def data_line(cfg: RunConfig, files: int, tokens: int, train_windows: int) -> str:

@@ -20,12 +20,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
 
 from ratrain.config import DataConfig
-from ratrain.data.corpus import corpus_files, documents
+from ratrain.data.corpus import corpus_files, documents, undecodable_warning
 from ratrain.data.tokenizer import Tokenizer
 from ratrain.errors import UserError
 
@@ -41,6 +42,9 @@ _CHARS_PER_BATCH = 16 << 20
 # A partial stream not written to for this long was left by a killed run (a live one writes
 # every batch; an exception removes its own): the next tokenization removes it.
 _STALE_PART_S = 24 * 3600
+# Beside a cached stream whose files warned: [path relative to the corpus root, fraction of
+# undecodable characters] each (corpus.documents' findings), worded again at every read.
+_FINDINGS_SUFFIX = ".undecodable.json"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -61,9 +65,21 @@ def cache_root(data_cfg: DataConfig) -> Path:
     return Path(root).expanduser()
 
 
-def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True,
-                tokenize: bool = True) -> np.ndarray:
-    """The token stream of `data_cfg.path` (None: the standard library), as a read-only memmap.
+class Corpus(NamedTuple):
+    """A data path's token stream, the files it was read from, and the warnings of them: a
+    run says these at its start whether it tokenized the files now or mapped their cache."""
+
+    tokens: np.ndarray
+    files: list[Path]
+    warnings: list[str]
+
+
+def read_corpus(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True,
+                tokenize: bool = True) -> Corpus:
+    """The token stream of `data_cfg.path` (None: the standard library), as a read-only memmap,
+    with the files it holds and its warnings (files mostly undecodable), which are kept beside
+    the cached stream: said only while tokenizing, they were never seen again by a run that
+    mapped the cache.
 
     The first call tokenizes (with a progress bar on stderr unless `progress` is False) and
     writes the stream under `cache_root(data_cfg)/tokens/`; later calls with the same
@@ -74,15 +90,26 @@ def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = Tru
     a second one.
     """
     if is_token_file(data_cfg.path):
-        return load_bin(data_cfg.path)
+        return Corpus(load_bin(data_cfg.path), [Path(data_cfg.path).expanduser()], [])
     root, files = corpus_files(data_cfg.path)
     dtype = token_dtype(tokenizer.vocab_size)
     suffix = ".bin" if dtype.itemsize == 2 else ".u32.bin"
-    path = cache_root(data_cfg) / "tokens" / (_cache_key(tokenizer, root, files) + suffix)
+    key = _cache_key(tokenizer, root, files)
+    path = cache_root(data_cfg) / "tokens" / (key + suffix)
+    found = path.parent / (key + _FINDINGS_SUFFIX)
     if not path.exists() and tokenize:
-        _tokenize_to(path, files, tokenizer, dtype, progress)
+        _tokenize_to(path, files, tokenizer, dtype, progress, found, root)
     _wait_for(path)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return Corpus(np.memmap(path, dtype=dtype, mode="r"), files, _read_findings(found, root))
+
+
+def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True,
+                tokenize: bool = True) -> np.ndarray:
+    """read_corpus's token stream, its warnings said on stderr (every call, cached or not)."""
+    corpus = read_corpus(data_cfg, tokenizer, progress, tokenize)
+    for line in corpus.warnings:
+        print(line, file=sys.stderr, flush=True)
+    return corpus.tokens
 
 
 def load_bin(path: str | Path) -> np.ndarray:
@@ -169,13 +196,13 @@ def _cache_key(tokenizer: Tokenizer, root: Path, files: list[Path]) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def _tokenize_to(
-    path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.dtype, progress: bool
-) -> None:
+def _tokenize_to(path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.dtype,
+                 progress: bool, found: Path, root: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_parts(path.parent)
     eos = np.array([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=dtype)
     n_text = 0  # tokens of text: empty documents add their end-of-document ids only
+    undecodable: list[tuple[Path, float]] = []
     # The temporary file sits next to the target so the final rename stays on one filesystem.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
@@ -184,7 +211,7 @@ def _tokenize_to(
             total=sum(sizes), unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr,
             disable=not progress,
         ) as bar:
-            for batch in _batches(files, sizes, bar):
+            for batch in _batches(files, sizes, bar, undecodable):
                 for ids, (_, ends) in zip(tokenizer.encode_batch([t for t, _ in batch]), batch):
                     out.write(ids.astype(dtype, copy=False).tobytes())
                     if ends:
@@ -195,11 +222,39 @@ def _tokenize_to(
         if n_text == 0:
             what = str(files[0]) if len(files) == 1 else f"the corpus ({len(files)} files)"
             raise UserError(f"{what} holds no text to train on")
+        # before the stream appears: a run that finds the stream finds its findings
+        _write_findings(found, [(f.relative_to(root).as_posix(), fraction)
+                                for f, fraction in undecodable])
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is fine to share
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_findings(found: Path, findings: list[tuple[str, float]]) -> None:
+    if not findings:
+        found.unlink(missing_ok=True)
+        return
+    fd, tmp = tempfile.mkstemp(dir=found.parent, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(findings, out)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, found)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_findings(found: Path, root: Path) -> list[str]:
+    """The warnings kept beside a cached stream (none for a stream cached before they were
+    kept, 2026-12-03: its files are not read again to find them)."""
+    try:
+        findings = json.loads(found.read_text())
+    except FileNotFoundError:
+        return []
+    return [undecodable_warning(root / name, fraction) for name, fraction in findings]
 
 
 def _remove_stale_parts(directory: Path) -> None:
@@ -224,13 +279,14 @@ def _wait_for(path: Path, every_s: float = 2.0) -> None:
         time.sleep(every_s)
 
 
-def _batches(files: list[Path], sizes: list[int], bar):
-    """The corpus's pieces (corpus.documents) in batches for the tokenizer, the progress bar
-    moved by each file's bytes (`sizes`) as its pieces are read."""
+def _batches(files: list[Path], sizes: list[int], bar, undecodable: list):
+    """The corpus's pieces (corpus.documents, its findings into `undecodable`) in batches for
+    the tokenizer, the progress bar moved by each file's bytes (`sizes`) as its pieces are
+    read."""
     batch, chars = [], 0
     for f, size in zip(files, sizes):
         read = 0
-        for text, ends in documents(f):
+        for text, ends in documents(f, undecodable):
             batch.append((text, ends))
             chars += len(text)
             read += len(text)

@@ -86,11 +86,13 @@ def plan_here(cfg: RunConfig, plan_data: dict | None = None, progress: bool = Fa
               machine: Machine | None = None) -> PipelinePlan:
     """The checked plan of cfg on this machine (setup.run_plan; `machine`: this_machine's, where
     already known); with `progress`, rank 0 says why the schedule it chose was chosen."""
-    say = None
-    if progress and int(os.environ.get("RANK", 0)) == 0:
-        def say(line: str) -> None:
-            print(line, file=sys.stderr, flush=True)
-    return run_plan(cfg, machine or this_machine(cfg), plan_data=plan_data, say=say)
+    says = progress and int(os.environ.get("RANK", 0)) == 0
+    return run_plan(cfg, machine or this_machine(cfg), plan_data=plan_data,
+                    say=_say if says else None)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def is_distributed(cfg: RunConfig) -> bool:
