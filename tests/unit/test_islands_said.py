@@ -15,9 +15,9 @@ import torch
 from ratrain.report import curves
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import OuterSync
-from ratrain.training.loop import Loop
 from ratrain.training.metrics import read_metrics
 from ratrain.training.step_meetings import StepFigures
+from ratrain.training.step_rows import StepRows
 from ratrain.training.tensorboard_log import scalars_of
 from ratrain.training.whole_run import RunPeaks
 
@@ -31,15 +31,11 @@ def _in_tmp(tmp_path, monkeypatch):
 
 
 def _row_of(grid: RankGrid, losses_by_rank: list[float], islands: int) -> dict:
-    """Loop._row of one step whose ranks said these losses (a Loop with only what _row reads)."""
-    loop = Loop.__new__(Loop)
-    loop.engine = SimpleNamespace(outer=SimpleNamespace(sync=OuterSync(2, islands=islands)),
-                                  stage=SimpleNamespace(device=torch.device("cpu")))
-    loop.groups = SimpleNamespace(grid=grid)
-    loop.peaks = RunPeaks([], True, 0)
-    loop._per_rank_written = {}
+    """The row of one step whose ranks said these losses (an engine with only what it reads)."""
+    engine = SimpleNamespace(outer=SimpleNamespace(sync=OuterSync(2, islands=islands)),
+                             stage=SimpleNamespace(device=torch.device("cpu")))
     figures = [StepFigures(v, 1, None, None, False) for v in losses_by_rank]
-    return loop._row({"step": 1}, figures, final=False)
+    return StepRows(engine, grid, RunPeaks([], True, 0)).row({"step": 1}, figures, final=False)
 
 
 def test_each_islands_loss_is_the_mean_of_its_own_replicas():

@@ -20,7 +20,9 @@ MAY_IMPORT = {
     "schedule": {"errors"},
     "checkpoint": {"errors", "host_memory"},
     "model_config": {"errors"},
-    "config": {"errors", "plain_data", "schedule", "model_config"},
+    "field_errors": {"errors", "model_config"},
+    "parallel_config": {"errors", "schedule", "field_errors"},
+    "config": {"errors", "plain_data", "model_config", "field_errors", "parallel_config"},
     "models": {"errors", "config"},
     "data": {"errors", "config"},
     "sim": {"errors", "byte_units", "plain_data", "schedule", "config", "models"},
@@ -37,7 +39,8 @@ MAY_IMPORT = {
 }
 """What each package (or top-level module) may import of ratrain, besides itself."""
 
-PURE = ("schedule", "model_config", "config", "sim", "setup", "planner")
+PURE = ("schedule", "model_config", "field_errors", "parallel_config", "config", "sim", "setup",
+        "planner")
 """Pure Python: no torch, no processes (the planner searches without them)."""
 
 

@@ -2,7 +2,7 @@
 
 `build_plan` composes a builder (the compute order) with the passes of a policy and checks the
 result; `PipelinePlan.to_dict`/`from_dict` write and read it as plain JSON-able data, programs in
-their text form. Data-parallel replicas run the same programs.
+their text form (plan_json.py). Data-parallel replicas run the same programs.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ratrain.schedule import builders, outer_sync
-from ratrain.schedule.activation_choice import (ACTIVATIONS, by_unit,  # noqa: F401 (re-export)
-                                                check_baseline, check_choice,
+from ratrain.schedule.activation_choice import (by_unit, check_baseline, check_choice,
                                                 resolve_activation)
 from ratrain.schedule.checks import validate
 from ratrain.schedule.errors import ScheduleConfigError
-from ratrain.schedule.ir import Op, Program, format_program, parse_program
+from ratrain.schedule.ir import Op, Program
 from ratrain.schedule.carried_updates import carry_updates
 from ratrain.schedule.plan_checks import check_plan
+from ratrain.schedule.plan_json import plan_from_dict, plan_to_dict
 from ratrain.schedule.plan_rules import (GRAD_LIFETIMES, UPDATES, check_carried_update,
                                          check_device_grad_sum, check_device_units,
                                          check_host_grad, check_hybrid, check_sharding,
@@ -159,63 +159,12 @@ class PipelinePlan:
         return outer_sync.grad_sync_replicas(self.sync, self.dp)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pp": self.pp,
-            "dp": self.dp,
-            "n_micro": self.n_micro,
-            "stage_units": [[r.start, r.stop] for r in self.stage_units],
-            "programs": [format_program(p) for p in self.programs],
-            "policy": self.policy,
-            "schedule": self.schedule,
-            "activation": self.activation,
-            "clip": self.clip,
-            "rank_order": self.rank_order,
-            "view_window": self.view_window,
-            "state_home": self.state_home,
-            "shard_state": self.shard_state,
-            # only where the backward is split: other plans read as before
-            **({"weight_grad": self.weight_grad} if self.weight_grad else {}),
-            **({"grad_lifetime": self.grad_lifetime} if self.grad_lifetime != "step" else {}),
-            **({"shard_group": self.shard_group} if self.shard_group is not None else {}),
-            **({"micro_batch_group": self.micro_batch_group}
-               if self.micro_batch_group != 1 else {}),
-            **({"sync": self.sync} if self.sync != outer_sync.EVERY_STEP else {}),
-            **({"update": self.update} if self.update != "inline" else {}),
-            **({"device_units": list(self.device_units)} if self.device_units else {}),
-            **({"tie_embeddings": True} if self.tie_embeddings else {}),
-            **({"device_grad_sum": True} if self.device_grad_sum else {}),
-            **({"host_grad_dtype": self.host_grad_dtype}
-               if self.host_grad_dtype != "float32" else {}),
-        }
+        return plan_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PipelinePlan:
-        """Read `to_dict`'s output. Older plans hold one activation string (the policy of every
-        decoder block) and no view_window, state_home or shard_state (no view actions, masters
-        on device, whole on every replica)."""
-        stage_units = [range(start, stop) for start, stop in d["stage_units"]]
-        activation = d["activation"]
-        if isinstance(activation, str):
-            activation = resolve_activation(activation, None, stage_units)
-        return cls(
-            pp=d["pp"], dp=d["dp"], n_micro=d["n_micro"], stage_units=stage_units,
-            programs=[parse_program(text) for text in d["programs"]],
-            policy=d["policy"], schedule=d["schedule"], activation=activation, clip=d["clip"],
-            rank_order=d.get("rank_order", "pp-dp"),
-            view_window=d.get("view_window"),
-            state_home=d.get("state_home", "device"),
-            shard_state=d.get("shard_state", False),
-            weight_grad=d.get("weight_grad"),
-            grad_lifetime=d.get("grad_lifetime", "step"),
-            shard_group=d.get("shard_group"),
-            micro_batch_group=d.get("micro_batch_group", 1),
-            sync=d.get("sync", outer_sync.EVERY_STEP),
-            update=d.get("update", "inline"),
-            device_units=tuple(d.get("device_units", ())),
-            tie_embeddings=d.get("tie_embeddings", False),
-            device_grad_sum=d.get("device_grad_sum", False),
-            host_grad_dtype=d.get("host_grad_dtype", "float32"),
-        )
+        """Read `to_dict`'s output (plan_json.plan_from_dict: older plans too)."""
+        return plan_from_dict(cls, d)
 
 
 def build_plan(

@@ -28,8 +28,8 @@ from ratrain.training.resuming import OuterAsWeights, resumed_state, say_what_ch
 from ratrain.training.run_dir import checkpoints_of
 from ratrain.training.run_summary import write_summary
 from ratrain.training.shared_dir import DirectoryShare
-from ratrain.training.step_meetings import (StepFigures, StepMeetings, meeting_steps,
-                                            replicas_mean)
+from ratrain.training.step_meetings import StepFigures, StepMeetings, meeting_steps
+from ratrain.training.step_rows import StepRows
 from ratrain.training.whole_run import RunPeaks, Throughput
 
 
@@ -54,7 +54,6 @@ class Loop:
         self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, self.replica)
         self.where = checkpoints_of(run_dir, cfg)
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
-        self._per_rank_written: dict[str, list] = {}  # _per_rank's last lists by key
         self._said_stop = self._said_short = False  # (each said once a run)
         self.bar: tqdm | None = None
 
@@ -92,6 +91,7 @@ class Loop:
         # the run's earlier parts, as the main rank wrote them (the others write no rows)
         kept = log.kept if log else []
         self.peaks = RunPeaks(kept, meta is None or self._same_layout(meta), start)
+        step_rows = StepRows(self.engine, self.grid, self.peaks)
         throughput = Throughput(kept)
         tokens_per_step = t.global_batch * t.seq_len
         bar = self.bar = tqdm(total=t.steps, initial=start, disable=not self.progress, unit="step",
@@ -136,7 +136,7 @@ class Loop:
                 bar.update(1)
                 self._say_stop_waits(step, meetings)
                 continue
-            rows = [self._row(mine.pop(s), figures, s + 1 == t.steps) for s, figures in met]
+            rows = [step_rows.row(mine.pop(s), figures, s + 1 == t.steps) for s, figures in met]
             bad = next((i for i, r in enumerate(rows) if not math.isfinite(r["loss"])), None)
             diverged = rows[bad] if bad is not None else None
             if diverged:  # the rows before it are written: they were good steps
@@ -183,34 +183,6 @@ class Loop:
                    "diloco: they do not talk between outer syncs); Ctrl-C again stops them at "
                    "once", file=sys.stderr)
 
-    def _row(self, row: dict, figures: list[StepFigures], final: bool) -> dict:
-        """This rank's row of a step with what every rank said of it."""
-        row["loss"] = replicas_mean([f.loss for f in figures])
-        if self.engine.outer is not None:  # each replica's own, on its own weights
-            firsts = [figures[r] for r in self.grid.replica_ranks(0)]
-            row["loss_per_replica"] = [f.loss for f in firsts]
-            islands = self.engine.outer.sync.islands
-            if islands:  # how far the islands drift apart: an island's replicas share weights
-                size = len(firsts) // islands
-                row["loss_per_island"] = [replicas_mean(row["loss_per_replica"][i:i + size])
-                                          for i in range(0, len(firsts), size)]
-            if firsts[0].loss_scale is not None:  # float16: each replica scales its own
-                row["loss_scale_per_replica"] = [f.loss_scale for f in firsts]
-                row["skipped_per_replica"] = [f.skipped for f in firsts]
-                row["skipped"] = any(f.skipped for f in firsts)
-        row["peak_memory_bytes"] = self.peaks.of("peak_memory_bytes",
-                                                 max(f.peak_memory for f in figures))
-        ledger = [f.ledger_peak for f in figures]
-        growth = [f.rss_growth for f in figures]
-        lists = {
-            "peak_memory_bytes_per_rank": ([f.peak_memory for f in figures]
-                                           if len(figures) > 1 else None),
-            "ledger_peak_bytes_per_rank": ledger if ledger[0] is not None else None,
-            "rss_growth_bytes_per_rank": growth if growth[0] is not None
-            and self.engine.stage.device.type == "cpu" else None}
-        self._per_rank(row, {k: self.peaks.of(k, v) for k, v in lists.items()}, final)
-        return row
-
     def _diverged(self, row: dict) -> None:
         self.saver.wait()  # a save in flight is of a good step: it counts, on every rank
         if self.saver.times and not self.publishes:
@@ -223,15 +195,6 @@ class Loop:
             fix += (" or train in bfloat16 (--dtype bfloat16: float16's activations overflow "
                     "past 65504, bfloat16 has float32's range)")
         raise TrainingDiverged(f"loss is {row['loss']} at step {row['step']}; {kept}; {fix}")
-
-    def _per_rank(self, row: dict, lists: dict, final: bool) -> None:
-        """Each rank's peaks into the row where they moved since the last row that has them,
-        and in the run's last: they only grow (the run's so far: RunPeaks), and most steps'
-        are the last ones' (a row of 1,024 ranks' three lists is ~40 KB; every step's made
-        metrics.jsonl grow by that). What reads them reads the latest row that has them."""
-        for key, values in lists.items():
-            if values is not None and (final or list(values) != self._per_rank_written.get(key)):
-                row[key] = self._per_rank_written[key] = list(values)
 
     def _same_layout(self, meta: dict) -> bool:
         """Whether the checkpoint's ranks had this run's ranks' jobs (pp, dp and rank order)."""
