@@ -12,5 +12,5 @@ def cli() -> None:
     slow-link clusters.
 
     Run `ratrain train` with no arguments for the built-in default: a tiny model on the text of
-    Python's standard library, about two minutes on two CPU cores.
+    Python's standard library, about two and a half minutes on two CPU cores.
     """

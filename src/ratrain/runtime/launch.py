@@ -1,8 +1,8 @@
 """Start pp x dp local processes, or join the ones torchrun started.
 
-A failing rank takes every other rank down with it: the parent watches all children, terminates
-the rest as soon as one fails (SIGTERM, then SIGKILL for one that does not go: a stopped or hung
-process), and reports the *first* failure once (later failures of the other ranks are only echoes
+A failing rank takes every other rank down with it: the parent watches all children, kills the
+rest with SIGKILL as soon as one fails (a rank's SIGTERM may be ignored or taken as a request to
+stop after its step: _stop), and reports the *first* failure once (later failures of the other ranks are only echoes
 of it: closed connections, timeouts).
 
 Ctrl-C reaches the parent (the ranks ignore SIGINT: a terminal sends it to all of them). Without
