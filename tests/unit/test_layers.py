@@ -17,6 +17,7 @@ MAY_IMPORT = {
     "host_cores": set(),
     "cpu_features": set(),
     "byte_units": set(),
+    "counts": set(),
     "schedule": {"errors"},
     "checkpoint": {"errors", "host_memory"},
     "model_config": {"errors"},
@@ -25,22 +26,22 @@ MAY_IMPORT = {
     "config": {"errors", "plain_data", "model_config", "field_errors", "parallel_config"},
     "models": {"errors", "config"},
     "data": {"errors", "config"},
-    "sim": {"errors", "byte_units", "plain_data", "schedule", "config", "models"},
+    "sim": {"errors", "byte_units", "counts", "plain_data", "schedule", "config", "models"},
     "runtime": {"errors", "schedule", "config", "models"},
     "setup": {"errors", "byte_units", "schedule", "config", "sim"},
-    "planner": {"errors", "byte_units", "schedule", "config", "models", "sim", "setup"},
-    "training": {"errors", "byte_units", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
+    "planner": {"errors", "byte_units", "counts", "schedule", "config", "models", "sim", "setup"},
+    "training": {"errors", "byte_units", "counts", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
                  "setup", "host_memory", "host_cores", "cpu_features"},
-    "profiling": {"errors", "byte_units", "schedule", "config", "models", "sim", "runtime", "training",
+    "profiling": {"errors", "byte_units", "counts", "schedule", "config", "models", "sim", "runtime", "training",
                   "host_memory", "host_cores"},
     "report": {"errors", "byte_units", "schedule", "config", "models", "sim", "runtime", "training"},
-    "cli": {"errors", "byte_units", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
+    "cli": {"errors", "byte_units", "counts", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
             "setup", "planner", "training", "profiling", "report", "host_memory", "cpu_features"},
 }
 """What each package (or top-level module) may import of ratrain, besides itself."""
 
-PURE = ("schedule", "model_config", "field_errors", "parallel_config", "config", "sim", "setup",
-        "planner")
+PURE = ("schedule", "model_config", "counts", "field_errors", "parallel_config", "config", "sim",
+        "setup", "planner")
 """Pure Python: no torch, no processes (the planner searches without them)."""
 
 

@@ -455,7 +455,7 @@ def test_repeats_beside_other_work_are_set_aside_or_named():
     quiet, busy = _repeat(2.0e-3, 0.02, 100e-6, 2e9), _repeat(3.0e-3, 0.6, 100e-6, 2e9)
     combined = combine([busy, quiet, quiet], sizes, other_work=[1.0, 0.1, 0.0])
     assert combined.measured[0].block.backward_s == 2.0e-3 and combined.device.contention == 0.02
-    assert "the 1 beside more than 0.25 cores of it are set aside" in combined.notes["other_work"]
+    assert "the 1 repeat beside more than 0.25 cores of it is set aside" in combined.notes["other_work"]
     # nothing quiet: the times are what there is, and contention its median, with a range
     # from a quiet machine's 0 to its largest repeat though its repeats agree
     combined = combine([busy, busy], sizes, other_work=[1.0, 0.9])
@@ -612,7 +612,7 @@ def test_a_gpus_host_tier_has_its_link_its_update_rate_its_memory_and_no_collect
     assert tier["host_link"].bandwidth == pytest.approx(slow.bandwidth, rel=1e-6)
     params = sum(a * b for a, b in ADAMW_SHAPES["host"])
     assert tier["host_memory_bandwidth"] == pytest.approx(28 * params / 0.02 / 8)
-    assert "/ 8 GPU(s)" in notes["device.host_memory_bandwidth"]
+    assert "/ 8 GPUs of the node" in notes["device.host_memory_bandwidth"]
     assert tier["host_memory_bytes"] == 12 * 2**30
     note = notes["device.host_memory_bytes"]
     assert "103.08 GB: MemAvailable" in note and "/ 8 GPUs of the node" in note

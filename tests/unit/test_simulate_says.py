@@ -10,7 +10,7 @@ from ratrain.sim.profile import load_profile
 
 from .cli_runner import run_cli
 
-BUSY = ("other work kept 1.42 cores busy during the 1 repeats: the times are slower than on a "
+BUSY = ("other work kept 1.42 cores busy during the measuring: the times are slower than on a "
         "quiet machine")
 
 

@@ -12,6 +12,7 @@ from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
 from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
+from ratrain.counts import counted
 
 
 @cli.command()
@@ -50,7 +51,9 @@ def _show(cfg, out, as_json) -> None:
     if as_json:
         click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))
         return
-    units = ", ".join(f"stage {s}: units {r.start}-{r.stop - 1}" for s, r in enumerate(pipeline_plan.stage_units))
+    units = ", ".join(f"stage {s}: " + (f"unit {r.start}" if len(r) == 1
+                                         else f"units {r.start}-{r.stop - 1}")
+                      for s, r in enumerate(pipeline_plan.stage_units))
     placed = (f" (weight gradients: {pipeline_plan.weight_grad})"
               if pipeline_plan.weight_grad else "")
     click.echo(f"{pipeline_plan.policy} {pipeline_plan.schedule}{placed}, pp={cfg.parallel.pp} dp={cfg.parallel.dp} "
@@ -173,8 +176,8 @@ def _heading(found) -> str:
     text = (f"{r.model.name} on {r.profile.name}: {r.global_batch} x {r.seq_len} tokens per step, "
             f"{r.dtype}, policy {r.policy}, budget {decimal_bytes(r.budget_bytes)} per device "
             f"(plans keep {r.margin:.0%} free)\n"
-            f"searched {found.layouts} layouts, simulated {found.simulated} "
-            f"plan{'' if found.simulated == 1 else 's'} in {found.seconds:.1f} s")
+            f"searched {counted(found.layouts, 'layout')}, simulated "
+            f"{counted(found.simulated, 'plan')} in {found.seconds:.1f} s")
     if found.cut:
         text += f" ({found.cut})"
     threads = r.threads_of(found.best[0].layout)

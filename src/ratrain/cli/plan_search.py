@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ratrain.config import RunConfig
+from ratrain.counts import counted
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP
 
@@ -42,7 +43,8 @@ def with_this_machines_memory(hw, devices: int | None):
         return hw
     shared = devices or hw.device_count or 2
     notes = {**hw.notes, "device.memory_bytes": f"this machine's available memory "
-             f"({available / 1e9:.2f} GB) shared by the {shared} devices searched"}
+             f"({available / 1e9:.2f} GB) shared by the "
+             f"{counted(shared, 'device')} searched"}
     return dataclasses.replace(hw, notes=notes, device=dataclasses.replace(
         hw.device, memory_bytes=float(available) / shared))
 

@@ -16,6 +16,7 @@ from ratrain.cli.train_resume import (absolute_paths, anchor_saved_paths, check_
                                       has_checkpoint, refuse_another_run_dir,
                                       refuse_idle_checkpoint_flags)
 from ratrain.config import RunConfig
+from ratrain.counts import counted
 from ratrain.errors import UserError
 
 
@@ -148,7 +149,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
                    f"loss: {summary.get('final_loss'):.4f}" + val
                    + f"  tokens/s: {summary.get('tokens_per_s'):.0f}"
                    + (f"  MFU: {mfu_in_words(summary)}" if summary.get("mfu") is not None else "")
-                   + (f"  skipped (float16 overflow): {len(skipped)} steps, loss scale "
+                   + (f"  skipped (float16 overflow): {counted(len(skipped), 'step')}, loss scale "
                       f"{summary.get('loss_scale')}" if skipped else ""))
         click.echo(_memory_line(summary))
     over = memory_budget is not None and over_budget(summary, memory_budget, plan_data,
@@ -204,12 +205,14 @@ def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices
     use_plan(cfg, data, "the searched plan", opts)
     cfg.parallel.plan_file = SEARCHED_PLAN
     L = best.layout
-    click.echo(f"--memory-budget {decimal_bytes(request.budget_bytes)} on {hw.name}: the fastest "
-               f"of {found.layouts} layouts ({found.simulated} simulated in {found.seconds:.1f} s"
-               + (f"; {found.cut}" if found.cut else "") + f") is pp {L.pp} x dp "
-               f"{L.dp}, {L.schedule_label}, {L.n_micro} micro-batches of {L.micro_batch_size}, "
-               f"state / views "
-               f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}: predicted "
+    searched = ("the only layout" if found.layouts == 1
+                else f"the fastest of {found.layouts} layouts")
+    click.echo(f"--memory-budget {decimal_bytes(request.budget_bytes)} on {hw.name}: "
+               f"{searched} ({found.simulated} simulated in {found.seconds:.1f} s"
+               + (f"; {found.cut}" if found.cut else "") + f") is pp {L.pp} x dp {L.dp}, "
+               f"{L.schedule_label}, {counted(L.n_micro, 'micro-batch', 'micro-batches')} of "
+               f"{L.micro_batch_size}, state / views: "
+               f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}; predicted "
                f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
                f"{decimal_bytes(max(best.stage_bytes))}" + (
                    f" a device, beside its process's own {decimal_bytes(base)} (Python, torch: "

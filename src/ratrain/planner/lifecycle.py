@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.counts import counted
+
 
 @dataclass(frozen=True)
 class Lifecycle:
@@ -28,16 +30,15 @@ class Lifecycle:
         "device, sharded in 4s / resident" (hybrid: within groups of 4 replicas), "host, 2
         units on device / window 1" (`on_device`: a plan's device units, planner/device_units.py),
         "host, summed on device / window 1, groups of 8" (`summed_on_device`: the plan's
-        device_grad_sum)."""
-        views = ("-" if self.view_window is None
+        device_grad_sum), "device / no views" (the masters themselves compute)."""
+        views = ("no views" if self.view_window is None
                  else "resident" if self.view_window == 0 else f"window {self.view_window}")
         sharded = ""
         if self.shard_state:
             sharded = (", sharded" + (f" in {self.shard_group}s" if self.shard_group else "")
                        + (f", grad {self.grad_lifetime}" if self.grad_lifetime != "step" else ""))
         grouped = f", groups of {self.micro_batch_group}" if self.micro_batch_group > 1 else ""
-        units = (f", {on_device} unit{'s' if on_device > 1 else ''} on device" if on_device
-                 else "")
+        units = f", {counted(on_device, 'unit')} on device" if on_device else ""
         summed = ", summed on device" if summed_on_device else ""
         low = ", bf16 grad" if self.host_grad_dtype == "bfloat16" else ""
         return f"{self.state_home}{units}{summed}{low}{sharded} / {views}{grouped}"

@@ -11,6 +11,7 @@ import torch
 
 from ratrain.byte_units import decimal_bytes
 from ratrain.config import RunConfig
+from ratrain.counts import counted
 from ratrain.host_memory import available_host_bytes
 from ratrain.profiling.ranks import ADAMW_SHAPES, KINDS, LINK_SIZES, MATMUL_N, rate_dtypes
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
@@ -152,8 +153,8 @@ def host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict:
     gpus = max(1, torch.cuda.device_count())
     notes["device.host_memory_bandwidth"] = (
         f"the same AdamW step over {adamw_params('host') / 1e6:.1f}M pinned host parameters "
-        f"with every core, as one training process has them, / {gpus} GPU(s) of the node: what "
-        f"host-homed state's update, norm and gradient folds run at")
+        f"with every core, as one training process has them, / {counted(gpus, 'GPU')} of the "
+        f"node: what host-homed state's update, norm and gradient folds run at")
     fields = {"host_link": link, "host_collectives": False,
               "host_memory_bandwidth": (UPDATE_BYTES_PER_PARAM * adamw_params("host")
                                         / alone["host_adamw_s"] / gpus)}
@@ -162,7 +163,7 @@ def host_tier(per_rank: list[dict], alone: dict, notes: dict[str, str]) -> dict:
         fields["host_memory_bytes"] = float(available / gpus)
         notes["device.host_memory_bytes"] = (
             f"the host memory available when profiled ({decimal_bytes(available)}: MemAvailable, "
-            f"or a memory cgroup's room) / {gpus} GPU{'s' if gpus != 1 else ''} of the node")
+            f"or a memory cgroup's room) / {counted(gpus, 'GPU')} of the node")
     return fields
 
 

@@ -47,6 +47,7 @@ import torch
 
 from ratrain.byte_units import decimal_bytes
 from ratrain.config import ParallelConfig, RunConfig, TrainConfig
+from ratrain.counts import counted
 from ratrain.errors import UserError
 from ratrain.host_cores import usable_cores
 from ratrain.models.presets import get_preset
@@ -227,7 +228,7 @@ def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> st
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"Measured by `ratrain profile` on {platform.node()} ({device_name}), {when}, torch "
             f"{torch.__version__}: {model} units, micro-batch {t.micro_batch_size} x {t.seq_len} "
-            f"tokens, {t.dtype}, {ranks} concurrent rank(s) of 1 thread.")
+            f"tokens, {t.dtype}, {counted(ranks, 'concurrent rank')} of 1 thread.")
 
 
 def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
@@ -246,11 +247,12 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                      f"scaled by the block's forward in the first run over its forward in the "
                      f"zbh1 run (the machine's drift between the two). A second entry: "
                      f"the same process's forwards and backwards on a micro-batch of about a "
-                     f"quarter of the tokens (sim/shape_scale.py). The block's "
-                     f"forward without grad: from a pipeline of the {ranks} measuring rank(s) "
+                     f"quarter of the tokens (sim/shape_scale.py). The block's forward "
+                     f"without grad: from a pipeline of the {counted(ranks, 'measuring rank')} "
                      f"(one block each, recomputing), divided by 1 + device.contention"),
-        "device.contention": (f"the same traced steps of a pipeline of the {ranks} measuring "
-                              f"rank(s), one stage each with one decoder block, all computing at "
+        "device.contention": (f"the same traced steps of a pipeline of the "
+                              f"{counted(ranks, 'measuring rank')}, one stage each with one "
+                              f"decoder block, all computing at "
                               f"once: the median over the unit kinds' forwards and backwards of "
                               f"their time there over their time alone, less 1 (0 on GPUs: each "
                               f"rank has its own)"),

@@ -39,6 +39,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
+from ratrain.counts import counted
 from ratrain.errors import UserError
 from ratrain.sim.links import Link
 from ratrain.sim.profile import HardwareProfile, from_dict
@@ -47,6 +48,8 @@ RATE = "peak_flops"  # the key of a ComputeRate as plain data
 TOLERANCE = 0.10
 BUSY = 0.25  # cores of other work beside a measurement that disturb it
 CONTENTION = "device.contention"
+# the other_work note's words where every repeat was beside other work (mfu.py reads them)
+LOADED = "the times are slower than on a quiet machine"
 
 
 def spread(values: list[float]) -> float:
@@ -128,17 +131,20 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
         _widen(merged["unstable"], CONTENTION, slow=largest, fast=0.0)
     if len(quiet) < len(repeats):
         shown = ", ".join(f"{busy:.2f}" for busy in other_work)
+        during = ("the measuring" if len(repeats) == 1
+                  else f"the {len(repeats)} repeats")
         if quiet:
-            notes["other_work"] = (f"other work kept {shown} cores busy during the {len(repeats)} "
-                                   f"repeats: the {len(repeats) - len(quiet)} beside more than "
-                                   f"{BUSY} cores of it are set aside")
+            aside = len(repeats) - len(quiet)
+            notes["other_work"] = (f"other work kept {shown} cores busy during {during}: the "
+                                   f"{counted(aside, 'repeat')} beside more than {BUSY} cores of "
+                                   f"it {'is' if aside == 1 else 'are'} set aside")
         else:
             c = merged["device"]["contention"]
-            notes["other_work"] = (f"other work kept {shown} cores busy during the {len(repeats)} "
-                                   f"repeats: the times are slower than on a quiet machine, and "
-                                   f"contention cannot be told from that work's load: its median "
-                                   f"{c:.3g} is used, its range from 0 to its largest repeat "
-                                   f"(unstable)")
+            used_as = (f"its {c:.3g} is used, its range from 0 to that" if len(repeats) == 1
+                       else f"its median {c:.3g} is used, its range from 0 to its largest repeat")
+            notes["other_work"] = (f"other work kept {shown} cores busy during {during}: "
+                                   f"{LOADED}, and contention cannot be told from that work's "
+                                   f"load: {used_as} (unstable)")
     merged["notes"] = notes
     return from_dict(merged, "combined profile")
 

@@ -28,7 +28,9 @@ The peak, per device, times the devices of the run:
 
 No run does more than its peak: an MFU above 100% says the peak is low (measured while the
 machine was busy, or a profile's from another machine), and the summary line and the report
-say so (mfu_in_words) instead of showing it as a figure.
+say so (mfu_in_words) instead of showing it as a figure. Where the profile says its figures
+were measured beside other work (sim/profile_repeats.py's note), that is the cause they
+name, not the peak the user gave.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ CPU_MATMUL_N = 1024  # as `ratrain profile` (profiling/ranks.MATMUL_N["cpu"])
 CPU_MATMUL_N_SLOW = 512  # bfloat16/float16 on a CPU without native support: about 15x slower
 CPU_MATMUL_REPEATS = 6  # at least; more while CPU_PEAK_BUDGET_S lasts
 CPU_PEAK_BUDGET_S = 0.5  # of wall time, the warm-up's included
+BESIDE_OTHER_WORK = "measured beside other work"  # in a profile peak's source: peak_low reads it
 
 
 def matmul_params(model: ModelConfig) -> int:
@@ -165,13 +168,13 @@ def run_peak(device_type: str, dtype: str, world: int, threads_per_rank: int,
     if device_type == "cuda":
         peak = gpu_peak(device_name or "", dtype, world)
         if peak.flops is None and rate is not None:
-            return Peak(rate.peak_flops * world, f"profile {profile.name}: {dtype} "
+            return Peak(rate.peak_flops * world, f"{_profile_source(profile)}: {dtype} "
                         f"{rate.peak_flops / 1e12:.4g} TFLOP/s {_times(world, 'GPU')}")
         return peak
     cores = cpu_cores_used(world, threads_per_rank)
     times = _times(cores, "core")
     if rate is not None:
-        return Peak(rate.peak_flops * cores, f"profile {profile.name}: {dtype} "
+        return Peak(rate.peak_flops * cores, f"{_profile_source(profile)}: {dtype} "
                     f"{rate.peak_flops / 1e9:.4g} GFLOP/s per core {times}")
     machine = cpu_machine(dtype)
     reused = measured_before is not None and measured_before.get("machine") == machine
@@ -184,6 +187,16 @@ def run_peak(device_type: str, dtype: str, world: int, threads_per_rank: int,
 
 def _times(n: int, what: str) -> str:
     return f"x {n} {what}{'' if n == 1 else 's'}"
+
+
+def _profile_source(profile) -> str:
+    """Where a profile's peak comes from. One whose every repeat was measured beside other work
+    (sim/profile_repeats.combine's note; busy repeats set aside beside quiet ones leave a quiet
+    profile) says so: that work's load, not the profile, is then why its peak is low."""
+    from ratrain.sim.profile_repeats import LOADED
+
+    beside = f" ({BESIDE_OTHER_WORK})" if LOADED in profile.notes.get("other_work", "") else ""
+    return f"profile {profile.name}{beside}"
 
 
 def mfu(flops_per_tok: float, tokens_per_s: float, peak_flops: float | None) -> float | None:
@@ -204,7 +217,11 @@ def mfu_in_words(summary: dict) -> str:
 
 
 def peak_low(value: float, peak_flops: float | None, source: str | None) -> str:
-    """Why an MFU above 100% (`value`) is not a figure: the peak it is of is low."""
-    how = "measured" if (source or "").startswith("measured") else "given"
+    """Why an MFU above 100% (`value`) is not a figure: the peak it is of is low; of a profile
+    measured beside other work, because of that work."""
     of = f"the {peak_flops / 1e9:,.1f} GFLOP/s peak" if peak_flops else "the peak"
+    if BESIDE_OTHER_WORK in (source or ""):
+        return (f"the profile's peak is low, measured while other work kept the machine busy: "
+                f"the run's model FLOP/s are {value:.0%} of {of}")
+    how = "measured" if (source or "").startswith("measured") else "given"
     return f"peak {how} low: the run's model FLOP/s are {value:.0%} of {of}"

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ratrain import checkpoint
+from ratrain.counts import noun_for
 from ratrain.errors import UserError
 from ratrain.runtime import timed_comm
 from ratrain.schedule.grid import RankGrid
@@ -88,8 +89,10 @@ def shared_by(directory: Path, rank: int, world: int, timeout_s: float, device: 
     if odd:
         raise UserError(
             f"the checkpoint directory {directory} is not seen alike by ranks that share it: "
-            f"rank(s) {', '.join(map(str, odd))} see files some of the ranks they share it with "
-            "do not (a mount that lags or differs). Put --run-dir, or --checkpoint-dir, on one "
+            f"{noun_for(len(odd), 'rank')} {', '.join(map(str, odd))} "
+            + ("sees files some of the ranks it shares it with" if len(odd) == 1
+               else "see files some of the ranks they share it with")
+            + " do not (a mount that lags or differs). Put --run-dir, or --checkpoint-dir, on one "
             "filesystem every node mounts, or on each node's own disk, or train with "
             "--no-checkpoints")
     if rank == 0 and len(groups) > 1:
@@ -148,8 +151,9 @@ def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, wr
     if unheld:
         r, missing = next(iter(unheld.items()))
         raise UserError(
-            f"rank {r} reads unit(s) {', '.join(map(str, missing))} at a resume (a tied "
-            "embedding's copy) and no rank that sees its checkpoint directory saves them: the "
+            f"rank {r} reads {noun_for(len(missing), 'unit')} {', '.join(map(str, missing))} at "
+            "a resume (a tied embedding's copy) and no rank that sees its checkpoint directory "
+            f"saves {'it' if len(missing) == 1 else 'them'}: the "
             "nodes' own checkpoints could not be resumed. Put --run-dir, or --checkpoint-dir, "
             "on a filesystem every node mounts, place the stages with another --rank-order, or "
             "train with --no-checkpoints")
@@ -163,8 +167,10 @@ def agreed_local_checkpoint(root: Path, rank: int, chosen: str | None, units, wr
     steps = timed_comm.all_gather_object(mine, timeout_s, when, action, device)
     lacking = [r for r, s in enumerate(steps) if newest not in s]
     if lacking and rank == 0:
-        print(f"skipping checkpoint step_{newest:06d}: rank(s) {', '.join(map(str, lacking))} "
-              "do not hold it whole with their units", file=sys.stderr, flush=True)
+        print(f"skipping checkpoint step_{newest:06d}: {noun_for(len(lacking), 'rank')} "
+              f"{', '.join(map(str, lacking))} "
+              + ("does not hold it whole with its units" if len(lacking) == 1
+                 else "do not hold it whole with their units"), file=sys.stderr, flush=True)
     common = set(steps[0]).intersection(*steps[1:])
     for step in sorted((s for s in common if s <= newest), reverse=True):
         ckpt = checkpoint.checkpoint_dir(checkpoint.Elsewhere(root), step)
