@@ -174,7 +174,7 @@ def load_units(ckpt: Path, units, device: torch.device | str, replica: int = 0,
     against the manifest before any is read; each unit's read onto `device` when it is asked
     for (UnitStates). `optimizer`: False
     leaves the AdamW states unread (None) and unchecked. `verified`: the caller has checked
-    the whole checkpoint already (scan, as run_dir.resume_point does), so its files are checked
+    the whole checkpoint already (scan, as run_checkpoints.resume_point does), so its files are checked
     at their sizes, not hashed again (81 GB at llama2-7b: about 80 s a pass at 1 GB/s)."""
     meta = load_meta(ckpt)
     wrong = units_problem(ckpt, units, replica, optimizer, hashed=not verified, meta=meta)

@@ -3,6 +3,12 @@ sha256, and holds what a resumed run needs besides the unit files (step, config,
 loader's position, the random generators' states, the loss scale). A checkpoint is complete only
 when its manifest verifies: a crash or a full disk while saving leaves no manifest, a damaged
 file a size or checksum that does not match.
+
+The manifest holds the sha256 of its own content too (SELF): a manifest edited by hand or
+damaged by a broken copy loaded what it said without a word until 2026-12-03 (another step:
+the data position and learning rate of that step on the weights of this one; an optimizer
+file left out of the list: a fresh AdamW state). A manifest of before then has none, and is
+checked for its step only: the step its directory is named by.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 
 NAME = "manifest.json"
 FORMAT = 1
+SELF = "manifest_sha256"  # of the rest of the manifest, as _content_digest reads it
 
 
 def digest(path: Path) -> dict:
@@ -27,8 +34,12 @@ def write(directory: Path, manifest: dict) -> None:
     """Write the manifest atomically (a reader sees none or all of it), after every file it
     names is on disk."""
     tmp = directory / (NAME + ".tmp")
+    # as a reader will see it (JSON makes int keys strings, tuples lists), a merge's copy of
+    # a part's digest left out
+    content = json.loads(json.dumps({"format": FORMAT, **{k: v for k, v in manifest.items()
+                                                          if k != SELF}}))
     with open(tmp, "w") as f:
-        json.dump({"format": FORMAT, **manifest}, f, indent=1)
+        json.dump({**content, SELF: _content_digest(content)}, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(directory / NAME)
@@ -60,7 +71,20 @@ def read(ckpt: Path) -> tuple[dict | None, str | None]:
             isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
             for e in files.values()) or not all(Path(n).name == n for n in files):
         return None, f"{NAME} is damaged"
+    own = manifest.pop(SELF, None)
+    if own is not None and own != _content_digest(manifest):
+        return None, (f"{NAME} does not match its own sha256 (edited or corrupted): its step, "
+                      "files or state cannot be trusted")
+    named = Path(ckpt).name
+    if named.startswith("step_") and named[5:].isdigit() and int(named[5:]) != manifest["step"]:
+        return None, f"{NAME} says step {manifest['step']}, its directory {named} (edited or copied?)"
     return manifest, None
+
+
+def _content_digest(content: dict) -> str:
+    """The sha256 of a manifest's content, however its file is laid out."""
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def file_problem(ckpt: Path, name: str, entry: dict, hashed: bool = True) -> str | None:

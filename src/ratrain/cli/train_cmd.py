@@ -112,6 +112,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         raise UserError("under torchrun, pass --run-dir: the directory every node writes into "
                         "(one all nodes share, or each node's own disk: each then keeps its "
                         "ranks' part of every checkpoint)")
+    from ratrain.training.run_checkpoints import RunFinished
     from ratrain.training.run_lock import release_run_dirs
 
     try:
@@ -128,6 +129,11 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
             refuse_a_taken_run_dir(run_dir)
         summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress,
                                trace=trace, plan_data=plan_data)
+    except RunFinished as done:  # nothing to train is no failure: a restart loop reruns it
+        if under_torchrun():  # rank 0 alone finds it: the others wait for it to say so, exit 2
+            raise
+        click.echo(str(done), err=True)
+        return
     except UserError as e:
         if inherited:
             blame_the_resumed_run(e, run_dir, opts)

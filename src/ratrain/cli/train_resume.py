@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+import click
+
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
@@ -18,10 +20,12 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
     2026-11-30 the run started over, rewriting its metrics). Where its checkpoints are gone
     (moved, or their directory emptied), a UserError rather than a new run over its files; a
     start from step 0 is said (until 2026-12-02 it was silent). A --checkpoint-dir of another
-    run's checkpoints is refused."""
+    run's checkpoints is refused. A run that has trained all its steps ends the command, with
+    exit 0 (_end_if_finished)."""
     from ratrain import checkpoint
-    from ratrain.training.run_dir import (START_OVER_AUTO, checkpoints_gone, checkpoints_lost,
-                                          checkpoints_of, own_checkpoints)
+    from ratrain.training.run_checkpoints import (START_OVER_AUTO, checkpoints_gone,
+                                                  checkpoints_lost, checkpoints_of,
+                                                  own_checkpoints)
     from ratrain.training.run_lock import RESUME_WAY_OUT, lock_run_dir
 
     # a run under way there is refused before a start from step 0 is said (until 2026-12-02
@@ -31,8 +35,10 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
     if checkpoint.complete_dirs(here):
         if isinstance(here, checkpoint.Elsewhere):
             _refuse_anothers(run_dir, here.path, own is None)
+        _end_if_finished(run_dir, cfg, here)
         return True
     if own is not None and checkpoint.complete_dirs(own):
+        _end_if_finished(run_dir, cfg, own)
         return True
     gone = checkpoints_gone(run_dir) or checkpoints_lost(run_dir, START_OVER_AUTO)
     if gone:
@@ -42,6 +48,38 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
         print(f"--resume auto: no checkpoint in {' or '.join(map(str, sorted(looked)))}: "
               "starting the run from step 0", file=sys.stderr, flush=True)
     return False
+
+
+def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> None:
+    """A run that has trained all its steps: said on one line, and the command ends with exit
+    0, training nothing. A preemptible job reruns its command in a loop, the last time after
+    the run finished: until 2026-12-03 that rerun failed (exit 2). Its settings are checked
+    first (another command's are refused, finished or not); the resume's own choice of
+    checkpoint (resume_point: hashed on rank 0, the damaged skipped) decides, and only where
+    the newest whole one (at its sizes, unread) is at cfg.train.steps or past: a run that goes
+    on hashes its checkpoint once, as it loads.
+
+    Under torchrun every rank decides for itself, from the same files. Not from a node's part
+    of node-local checkpoints (training/shared_dir.py): another node's may be newer than rank
+    0's, which the run would resume from, and a node that ended alone would leave the others
+    waiting for it; there rank 0 says it once the nodes meet, as an error (exit 2)."""
+    from ratrain import checkpoint
+    from ratrain.training.run_checkpoints import RunFinished, resume_point
+    from ratrain.training.run_lock import release_run_dirs
+
+    newest = checkpoint.scan(checkpoints, hashed=False)[0]
+    meta = checkpoint.load_meta(newest) if newest is not None else None
+    if meta is None or meta["step"] < cfg.train.steps or "ranks" in meta:
+        return
+    check_same_run(cfg, run_dir)
+    step = checkpoint.load_meta(resume_point(run_dir, cfg, done_ok=True))["step"]
+    if step < cfg.train.steps:  # its newest checkpoint did not verify: it trains from an older
+        return
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"--resume auto: {RunFinished(run_dir, step, cfg.train.steps)}", file=sys.stderr,
+              flush=True)
+    release_run_dirs()
+    raise click.exceptions.Exit(0)
 
 
 def _refuse_anothers(run_dir: Path, where: Path, no_run_here: bool) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.training.run_tokenizer import tokenizer_file
 
 # How long the run trains, how often it evaluates and saves, how it fails, what it writes
 # besides and where it caches; and DiLoCo's outer step, retuned when a run changes its sync
@@ -38,12 +39,24 @@ def fixed_on_resume(section: str, key: str) -> bool:
 
 def same_setting(field: tuple[str, str], a, b) -> bool:
     """Whether two values of a config field are the same setting: paths by the file they
-    name (data.txt and /here/data.txt are one), relative ones from this directory."""
+    name (data.txt and /here/data.txt are one), relative ones from this directory; tokenizers
+    by the bytes of their files, so that the run's own copy (RUN/tokenizer.json,
+    run_tokenizer.py), or the original's contents elsewhere, is the run's tokenizer (until
+    2026-12-03 it was refused as another)."""
     if a == b:
         return True
     if field not in PATH_FIELDS or not isinstance(a, str) or not isinstance(b, str) or "byte" in (a, b):
         return False
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    if Path(a).expanduser().resolve() == Path(b).expanduser().resolve():
+        return True
+    return field == ("data", "tokenizer") and _same_bytes(tokenizer_file(a), tokenizer_file(b))
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+    except OSError:  # one not there (moved, unreadable): not shown to be the same
+        return False
 
 
 def changed_settings(saved: dict, now: dict) -> list[tuple[str, str, object, object]]:

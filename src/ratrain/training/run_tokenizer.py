@@ -26,7 +26,7 @@ def keep_run_tokenizer(run_dir: Path, cfg: RunConfig, resumed: bool) -> None:
     """At a run's start: a resume's tokenizer file checked against the run's copy (on every
     rank, so that all of them stop); a new run's (or one started over from step 0) copied,
     by rank 0 alone, as it writes config.yaml."""
-    source = _tokenizer_file(cfg.data.tokenizer)
+    source = tokenizer_file(cfg.data.tokenizer)
     if resumed:
         _refuse_another_tokenizer(run_dir, source)
     elif source is not None and int(os.environ.get("RANK", 0)) == 0:
@@ -37,7 +37,7 @@ def keep_run_tokenizer(run_dir: Path, cfg: RunConfig, resumed: bool) -> None:
             os.replace(part, copy)
 
 
-def _tokenizer_file(spec: str) -> Path | None:
+def tokenizer_file(spec: str) -> Path | None:
     """The file a data.tokenizer names (None: the byte tokenizer, which has none)."""
     if spec == "byte":
         return None
@@ -50,8 +50,9 @@ def _refuse_another_tokenizer(run_dir: Path, source: Path | None) -> None:
     if (copy is None or source is None or not source.is_file()  # (a missing one is said where it loads)
             or source.read_bytes() == Path(copy).read_bytes()):
         return
-    # (a resume may not name another tokenizer file, the run's copy included: the original
-    # goes back where config.yaml says it is)
+    # (a resume may name another file of the same bytes, the run's copy included:
+    # resume_settings.same_setting; one of other bytes is refused, there as another
+    # tokenizer, here where it replaced the original: that goes back where config.yaml says)
     raise UserError(f"the tokenizer {source} is not the one {run_dir} trained with (its copy, "
                     f"{copy}, holds other bytes): its ids would mean other text; put the "
                     f"original back (cp {copy} {source}) and resume again, or train the new "
