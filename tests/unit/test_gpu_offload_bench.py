@@ -19,6 +19,16 @@ SMALL = ["--model", "tiny", "--layers", "1", "--seq-len", "32", "--global-batch"
          "--ratrain-flags", "--schedule 1f1b --profile cpu-local"]
 
 
+@pytest.fixture(scope="module")
+def ratrain_alone(tmp_path_factory):
+    """`--rows ratrain`'s result file, run once: its row is what the tests below cut short or
+    merge (each run of a row is a process that imports torch, seconds on 2 cores)."""
+    out = tmp_path_factory.mktemp("ratrain_alone") / "r.json"
+    assert gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--rows", "ratrain",
+                             "--out", str(out)]) == 0
+    return out
+
+
 def test_both_rows_train_the_same_weights_on_the_same_batches_on_cpu(tmp_path):
     out = tmp_path / "r.json"
     assert gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--out", str(out)]) == 0
@@ -36,12 +46,17 @@ def test_both_rows_train_the_same_weights_on_the_same_batches_on_cpu(tmp_path):
     assert "--state-home host" in ratrain["commands"][-1]
 
 
-def test_ratrains_row_is_kept_when_the_peer_does_not_finish(tmp_path, monkeypatch):
+def test_ratrains_row_is_kept_when_the_peer_does_not_finish(tmp_path, monkeypatch,
+                                                           ratrain_alone):
     """A GPU session's call has a time limit, and the peer tries micro-batch sizes one process
     each: ratrain's row is written before the peer runs, so a call cut short keeps it."""
     def cut(*args):
         raise KeyboardInterrupt  # as the caller's timeout would stop it
 
+    # the row a real run of these settings made, not a second run: this test is of when main()
+    # writes the row (before the peer), the other tests of how the row is made
+    made = json.loads(ratrain_alone.read_text())["rows"]["ratrain"]
+    monkeypatch.setattr(gpu_offload, "run_ratrain", lambda *args: made)
     monkeypatch.setattr(gpu_offload, "choose_peer", cut)
     out = tmp_path / "r.json"
     with pytest.raises(KeyboardInterrupt):
@@ -83,7 +98,7 @@ def test_the_loss_check_uses_the_dtype_tolerance():
     assert not gpu_offload.compare_losses([2.0, 1.01], [2.0, 1.0], "float32")["within_tolerance"]
 
 
-def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path):
+def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path, ratrain_alone):
     """A GPU session can run the rows in separate calls (`--rows`); a time limit's SIGTERM
     while the peer runs keeps the steps it had run, and stops its process (which holds the GPU
     on a GPU)."""
@@ -93,9 +108,7 @@ def test_one_row_alone_and_a_stopped_peers_steps_are_kept(tmp_path):
     import time
     from pathlib import Path
 
-    out = tmp_path / "r.json"
-    assert gpu_offload.main([*SMALL, "--device", "cpu", "--dtype", "float32", "--rows", "ratrain",
-                             "--out", str(out)]) == 0
+    out = ratrain_alone
     result = json.loads(out.read_text())
     assert len(result["rows"]["ratrain"]["losses"]) == 2
     assert result["rows"]["fsdp2-offload"] == {"skipped": "--rows ratrain"}
