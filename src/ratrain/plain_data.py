@@ -34,6 +34,17 @@ def unknown_keys(data: dict, known) -> list[str]:
     return sorted(map(str, set(data) - set(known)))
 
 
+def with_close_matches(unknown: list[str], known) -> str:
+    """The unknown keys, comma-separated, each followed by the known key it likely misspells
+    ("warmup_step (did you mean warmup_steps?)"), where one is close."""
+    import difflib
+
+    known = [str(k) for k in known]
+    return ", ".join(key + "".join(f" (did you mean {m}?)" for m in
+                                   difflib.get_close_matches(key, known, n=1))
+                     for key in unknown)
+
+
 def shown(value: Any) -> str:
     """A value for an error line: its repr, cut to 40 characters."""
     text = repr(value)
@@ -54,7 +65,8 @@ def typed_dataclass(factory, values: dict[str, Any], section: str):
     fields = {f.name: f for f in dataclasses.fields(factory)}
     unknown = unknown_keys(values, fields)
     if unknown:
-        raise ValueError(f"unknown key(s) in config section '{section}': {', '.join(unknown)}")
+        raise ValueError(f"unknown key(s) in config section '{section}': "
+                         f"{with_close_matches(unknown, fields)}")
     return factory(**{key: typed_value(fields[key].type, value, f"{section}.{key}")
                       for key, value in values.items()})
 

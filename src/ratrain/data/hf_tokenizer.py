@@ -2,9 +2,10 @@
 tokenizer_config.json) for the tokenizer a run trained with, and the bos/eos ids that
 models/hf_files.write_config gives config.json and generation_config.json.
 
-A run's tokenizer.json is copied as it is. ratrain's byte tokenizer has no file of its own; it
-is written as an equivalent byte-level BPE without merges (ids 0-255 the bytes, 256 the end of
-a document), which encodes every text to the ids ByteTokenizer gives.
+A run's tokenizer.json is copied as it is, except for a post-processor that adds tokens (a
+BOS): the run never applied it, so the copy has none. ratrain's byte tokenizer has no file of
+its own; it is written as an equivalent byte-level BPE without merges (ids 0-255 the bytes, 256
+the end of a document), which encodes every text to the ids ByteTokenizer gives.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class ExportTokenizer:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
+        # AutoTokenizer applies the post-processor by default: the export's ids would start
+        # with a token the model never saw in front of a text
+        self.dropped = (tokenizer.post_processor_adds() if isinstance(tokenizer, HFTokenizer)
+                        else [])
         self._hf = _byte_level_json() if isinstance(tokenizer, ByteTokenizer) else _parsed(tokenizer)
         eos = tokenizer.eos_id
         bos = next((i for i in map(self._hf.token_to_id, _BOS_CANDIDATES) if i is not None), eos)
@@ -34,7 +39,12 @@ class ExportTokenizer:
 
     def write(self, out: Path, max_len: int) -> None:
         """tokenizer.json and tokenizer_config.json into `out` (a directory that exists)."""
-        if isinstance(self.tokenizer, HFTokenizer):
+        if self.dropped:
+            written = json.loads(self.tokenizer.path.read_text())
+            written["post_processor"] = None
+            (out / "tokenizer.json").write_text(json.dumps(written, indent=2, ensure_ascii=False)
+                                                + "\n")
+        elif isinstance(self.tokenizer, HFTokenizer):
             shutil.copyfile(self.tokenizer.path, out / "tokenizer.json")
         else:
             self._hf.save(str(out / "tokenizer.json"))
@@ -55,8 +65,10 @@ class ExportTokenizer:
         what = ("the byte tokenizer (UTF-8 bytes; written as an equivalent byte-level "
                 "tokenizer.json)" if isinstance(self.tokenizer, ByteTokenizer)
                 else str(self.tokenizer))
+        dropped = (f"; written without its post-processor, which adds {' '.join(self.dropped)}"
+                   " (the run did not apply it)" if self.dropped else "")
         return what + (f", end of document {self._hf.id_to_token(eos)} = id {eos}"
-                       if eos is not None else ", no end-of-document token")
+                       if eos is not None else ", no end-of-document token") + dropped
 
 
 def _parsed(tokenizer: HFTokenizer):

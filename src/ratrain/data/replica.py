@@ -8,7 +8,8 @@ import sys
 from ratrain.config import RunConfig
 from ratrain.data.corpus import stdlib_root
 from ratrain.data.loader import MicroBatchLoader, eval_batches, eval_sequences
-from ratrain.data.tokenizer import check_fits, load_tokenizer, no_eos_note, unused_vocab_note
+from ratrain.data.tokenizer import (check_fits, load_tokenizer, no_eos_note, post_processor_note,
+                                    unused_vocab_note)
 from ratrain.data.tokens import (check_token_ids, is_token_file, load_tokens, read_corpus,
                                  split_train_val)
 
@@ -56,7 +57,7 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     if first and not pretokenized:  # a token file's ids are its own, whatever the tokenizer
         files = corpus.files
         joined = len(files) > 1 or any(f.suffix.lower() == ".jsonl" for f in files)
-        say += [joined and no_eos_note(tokenizer),
+        say += [joined and no_eos_note(tokenizer), post_processor_note(tokenizer),
                 unused_vocab_note(tokenizer, cfg.model.vocab_size)]
     if first:
         say.append(eval_cap_note(cfg, split_train_val(corpus.tokens, cfg.data.val_fraction)[1]))

@@ -103,6 +103,12 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def post_processor_adds(self) -> list[str]:
+        """The tokens the file's post-processor (TemplateProcessing: a BOS) adds to a text it
+        encodes; ratrain never applies it, since documents are joined by the eos id alone."""
+        e = self._tok.encode("a", add_special_tokens=True)
+        return [t for t, added in zip(e.tokens, e.special_tokens_mask) if added]
+
     def __str__(self) -> str:
         return str(self.path)
 
@@ -224,6 +230,19 @@ def unused_vocab_note(tokenizer: Tokenizer, model_vocab_size: int) -> str | None
             f"{model_vocab_size - 1:,} never occur, and their embedding and head rows cost "
             "memory and time for nothing (a --tokenizer of the model's vocabulary, or "
             "model.vocab_size in a --config file, matches them)")
+
+
+def post_processor_note(tokenizer: Tokenizer) -> str | None:
+    """A note where a tokenizer.json's post-processor adds tokens (a BOS) that the run does
+    not: its ids were trained without them, said at the start (silent until 2026-12-03)."""
+    added = tokenizer.post_processor_adds() if isinstance(tokenizer, HFTokenizer) else []
+    if not added:
+        return None
+    joined = ("joined by its end-of-document token only" if tokenizer.eos_id is not None
+              else "joined with nothing between them")
+    return (f"note: tokenizer '{tokenizer}': its post-processor, which adds {' '.join(added)} "
+            f"to every text, is not applied (documents are {joined}); `ratrain export` writes "
+            "the tokenizer without it, so that it encodes as the run did")
 
 
 def no_eos_note(tokenizer: Tokenizer) -> str | None:

@@ -21,6 +21,7 @@ from torch import nn
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 from ratrain.models.hf_files import check_export_dir, lacks, sources, tensor_files, write_config
+from ratrain.models.hf_start import in_hf_keys
 from ratrain.models.llama import hf_param_name
 
 LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"
@@ -118,7 +119,7 @@ def config_from_hf(dir_or_config_json: str | Path,
     try:
         cfg.validate()
     except UserError as e:
-        raise UserError(f"{path}: {e}") from None
+        raise UserError(f"{path}: {in_hf_keys(str(e))}") from None  # its keys, not ours
     # pretraining_tp > 1 is not weighed: older transformers computed each projection in that
     # many slices of its weight, concatenated or summed, the same product summed in another
     # order ("exact reproducibility of the pretraining results"); the weights are stored whole

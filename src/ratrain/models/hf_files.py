@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from ratrain.config import ModelConfig
+from ratrain.counts import counted
 from ratrain.errors import UserError
 from ratrain.models.llama import build_units, hf_param_name
 
@@ -93,8 +94,13 @@ def sources(needed: Iterable[str], where: dict[str, Path]) -> tuple[list[str], s
 
 
 def lacks(path: Path, missing: list[str]) -> UserError:
-    return UserError(f"checkpoint {path} lacks {len(missing)} tensor(s) the model needs, "
-                     f"e.g. {', '.join(missing[:3])}")
+    said = (f"checkpoint {path} lacks {counted(len(missing), 'tensor')} the model needs, "
+            f"e.g. {', '.join(missing[:3])}")
+    if _HEAD in missing:  # a tied model's weights (transformers saves no lm_head for those)
+        said += ("; the model's head is untied (tie_word_embeddings: false in config.json), "
+                 "likely the cause where the weights are a tied model's: set "
+                 "tie_word_embeddings to true to train the head as the embedding")
+    return UserError(said)
 
 
 def check_weights(path: Path, cfg: ModelConfig) -> list[str] | None:

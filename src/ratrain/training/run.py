@@ -26,6 +26,7 @@ from ratrain.config import RunConfig, write_whole
 from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
 from ratrain.errors import Interrupted
+from ratrain.models.hf_start import check_init_from, overridden_fields, weights_line
 from ratrain.models.params import count_params
 from ratrain.runtime.launch import (STOP_SIGNALS, ask_to_stop_on_signals, launch_local,
                                     stop_signal, stopped_how)
@@ -57,6 +58,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     every rank (each builds the plan itself) and only rank 0 returns the summary (others: {}).
     Raises Interrupted when Ctrl-C stopped the run."""
     plan = prepare(cfg, progress, plan_data)
+    _say_the_weights(cfg, resume, progress)
     plan_dict = plan.to_dict() if plan else None
     opened = open_run_dir(run_dir, cfg, resume)
     run_dir, ckpt = opened.path, opened.resume_from
@@ -104,6 +106,19 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     if int(os.environ.get("RANK", 0)) != 0 or not summary_path.exists():
         return {}
     return json.loads(summary_path.read_text())
+
+
+def _say_the_weights(cfg: RunConfig, resume: bool, progress: bool) -> None:
+    """A new run's train.init_from checked (before its directory is made), and said by rank 0:
+    the model fields set otherwise than its config.json, and (with progress) where the
+    weights come from. A resume's are its checkpoint's."""
+    if resume:
+        return
+    check_init_from(cfg)
+    if int(os.environ.get("RANK", 0)) == 0:
+        for line in [*overridden_fields(cfg), progress and weights_line(cfg)]:
+            if line:
+                print(line, file=sys.stderr, flush=True)
 
 
 def _what_is_kept(cfg: RunConfig, checkpoints, run_dir: Path) -> str:
