@@ -107,7 +107,8 @@ class TrainConfig:
                 raise FieldError(f"train.{name} must be >= 0, got {getattr(self, name)}",
                                  f"train.{name}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
-            raise FieldError(f"train.min_lr must be in [0, lr = {self.lr}], got {self.min_lr}",
+            raise FieldError(f"train.min_lr must be in [0, train.lr] ([0, {self.lr}]), got "
+                             f"{self.min_lr}",
                              "train.min_lr", "train.lr")
         for name in ("beta1", "beta2", "outer_momentum", "outer_mix"):
             if not 0 <= getattr(self, name) < 1:
@@ -117,7 +118,7 @@ class TrainConfig:
             hint = (" (the default: set --micro-batch-size)"
                     if self.micro_batch_size == type(self).micro_batch_size else "")
             raise FieldError(f"train.global_batch {self.global_batch} is not a multiple of "
-                             f"micro_batch_size {self.micro_batch_size}{hint}",
+                             f"train.micro_batch_size {self.micro_batch_size}{hint}",
                              "train.global_batch", "train.micro_batch_size")
         if self.dtype not in DTYPES:
             raise FieldError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}",
@@ -145,11 +146,29 @@ class RunConfig:
             self.data.validate()
             self.train.validate()
             self.parallel.validate()
+            self._check_partition()
             if self.train.seq_len > self.model.max_seq_len:
-                raise FieldError(f"seq_len {self.train.seq_len} exceeds the model's "
+                raise FieldError(f"train.seq_len {self.train.seq_len} exceeds the model's "
                                  f"max_seq_len {self.model.max_seq_len}", "train.seq_len")
         except UserError as e:  # a FieldError where a section's value is refused
             raise led_by_flags(e, vars(self).get("_flags", {})) from None
+
+    def _check_partition(self) -> None:
+        """--partition against the model's units: refused here, where the model is known (every
+        schedule refused it alike, said as "no schedule can run this layout: units_per_stage
+        [1, 1] sums to 2" without naming the flag)."""
+        counts = self.parallel.partition
+        if counts is None:
+            return
+        given = ",".join(map(str, counts))
+        n_layers = self.model.n_layers
+        if any(k < 1 for k in counts):
+            raise FieldError(f"--partition {given}: every stage needs at least one unit",
+                             "parallel.partition")
+        if sum(counts) != n_layers + 2:
+            raise FieldError(f"--partition {given} places {sum(counts)} units; the model has "
+                             f"{n_layers + 2} (embedding, {n_layers} decoder blocks, head): the "
+                             f"counts must sum to {n_layers + 2}", "parallel.partition")
 
     def take_flag(self, flag: str, section: str, name: str, value: Any) -> None:
         """`section`.`name` = `value`, typed as `flag`: a refusal of it names the flag (from

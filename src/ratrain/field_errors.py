@@ -1,8 +1,10 @@
 """Refusals of config values that carry the fields they refuse, so that the flags which gave
 those values lead the message (config.RunConfig.take_flag) by the field, not by its wording: a
-user who typed --outer-lr is told `--outer-lr: train.outer_lr must be positive`."""
+user who typed --outer-lr is told `--outer-lr (train.outer_lr) must be positive`."""
 
 from __future__ import annotations
+
+import re
 
 from ratrain.errors import UserError
 from ratrain.model_config import check_finite
@@ -25,9 +27,22 @@ def check_finite_field(key: str, value: float | None) -> None:
 
 
 def led_by_flags(error: UserError, flags: dict[str, str]) -> UserError:
-    """`error` led by the flags (by key) that gave the values it refuses, except those it says
-    already; as it is where no flag gave them, or it refuses no field (a model's values)."""
+    """`error` worded by the flags (by key) that gave the values it refuses: a key it names is
+    said as the flag, the key beside it for a config file's reader (`--global-batch
+    (train.global_batch) must be positive`; `--global-batch 6 (train.global_batch) is not a
+    multiple of ...`); a flag whose key it does not name leads it, unless the message says the
+    flag already. As it is where no flag gave them, or it refuses no field (a model's values)."""
     said = str(error)
     fields = error.fields if isinstance(error, FieldError) else ()
-    typed = [flag for key, flag in flags.items() if key in fields and flag not in said]
-    return UserError(f"{', '.join(typed)}: {said}") if typed else error
+    lead = []
+    for key, flag in flags.items():
+        if key not in fields or f"({key})" in said:  # said beside its flag already
+            continue
+        named = re.compile(rf"(?<![\w.]){re.escape(key)}( -?\d+(?:\.\d+)?)?(?![\w.])")
+        if named.search(said):
+            said = named.sub(lambda m: f"{flag}{m.group(1) or ''} ({key})", said, count=1)
+        elif flag not in said:
+            lead.append(flag)
+    if said == str(error) and not lead:
+        return error
+    return UserError(f"{', '.join(lead)}: {said}" if lead else said)

@@ -57,18 +57,20 @@ def _trained_run(monkeypatch, capsys, tmp_path, name="run") -> Path:
 @pytest.mark.parametrize("args,needle", [
     (["--pp", "0"], "--pp and --dp must be >= 1, got pp=0 dp=1"),
     (["--dp", "-2"], "--pp and --dp must be >= 1, got pp=1 dp=-2"),
-    (["--keep-checkpoints", "0"], "--keep-checkpoints: train.keep_checkpoints must be positive, got 0"),
-    (["--comm-timeout", "0"], "--comm-timeout: parallel.comm_timeout_s must be in (0, 604800] seconds, got 0"),
-    (["--comm-timeout", "inf"], "--comm-timeout: parallel.comm_timeout_s must be in (0, 604800] seconds, got inf"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints (train.keep_checkpoints) must be positive, got 0"),
+    (["--comm-timeout", "0"], "--comm-timeout (parallel.comm_timeout_s) must be in (0, 604800] seconds, got 0"),
+    (["--comm-timeout", "inf"], "--comm-timeout (parallel.comm_timeout_s) must be in (0, 604800] seconds, got inf"),
     (["--resume", "auto"], "--resume auto needs --run-dir"),
-    (["--lr", "nan"], "train.lr must be a finite number, got nan"),
-    (["--lr", "inf"], "train.lr must be a finite number, got inf"),
-    (["--lr", "-inf"], "train.lr must be a finite number, got -inf"),
+    (["--lr", "nan"], "--lr (train.lr) must be a finite number, got nan"),
+    (["--lr", "inf"], "--lr (train.lr) must be a finite number, got inf"),
+    (["--lr", "-inf"], "--lr (train.lr) must be a finite number, got -inf"),
     (["--dp", "2", "--global-batch", "3"],
-     "global_batch 3 is not a multiple of micro_batch_size 2 (the default: set "
+     "--global-batch 3 (train.global_batch) is not a multiple of train.micro_batch_size 2 "
+     "(the default: set "
      "--micro-batch-size)"),
     (["--global-batch", "6", "--micro-batch-size", "4"],
-     "global_batch 6 is not a multiple of micro_batch_size 4"),
+     "--global-batch 6 (train.global_batch) is not a multiple of --micro-batch-size 4 "
+     "(train.micro_batch_size)"),
     (["--outer-lr", "0.5"], "--outer-lr 0.5 is for the outer step of --sync diloco:H, which "
      "this run does not take: it syncs every step (--sync step)"),
     (["--outer-momentum", "0.8"], "--outer-momentum 0.8 is for the outer step of --sync"),
@@ -97,9 +99,10 @@ def test_a_world_size_that_does_not_fit_pp_x_dp(tmp_path):
 def test_a_plan_file_that_does_not_fit_the_flags_or_the_model(monkeypatch, capsys, tmp_path):
     code, _, _ = run_cli(monkeypatch, capsys, "plan", "--pp", "2", "--out", "p.json")
     assert code == 0
-    _refused(monkeypatch, capsys, "does not fit this run: dp=1 (run has 2)",
-             "train", "--plan", "p.json", "--pp", "2", "--dp", "2", "--global-batch", "16", "--no-progress")
-    _refused(monkeypatch, capsys, "n_layers=4 (run has 2)",
+    _refused(monkeypatch, capsys, "--dp 2 differs from dp 1, which p.json was made for",
+             "train", "--plan", "p.json", "--pp", "2", "--dp", "2", "--no-progress")
+    _refused(monkeypatch, capsys, "p.json was made for model tiny (4 layers, dim 256); this run "
+             "has small (2 layers, dim 32)",
              "train", "--plan", "p.json", "--config", str(small_config(tmp_path)), "--no-progress")
     assert not (tmp_path / "runs").exists()
 

@@ -53,7 +53,7 @@ def _tiny_text(tmp_path):
     (["--data", "/no/such/path"], "data path not found"),
     (["--pp", "4", "--global-batch", "4", "--micro-batch-size", "2"], "fewer than pp=4"),
     (["--partition", "2,x"], "--partition"),
-    (["--partition", "4,4", "--pp", "2"], "sums to 8, but the model has 6 units"),
+    (["--partition", "4,4", "--pp", "2"], "--partition 4,4 places 8 units; the model has 6"),
     (["--global-batch", "6", "--micro-batch-size", "4"], "not a multiple"),
     (["--seq-len", "4096"], "max_seq_len"),
     (["--resume", "nowhere"], "not a ratrain run directory"),
@@ -166,7 +166,7 @@ def test_a_plan_file_of_another_policy_or_order_is_refused(monkeypatch, capsys, 
             "--out", str(tmp_path / "p.json"))
     code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(tmp_path / "p.json"),
                            "--policy", "ratrain", "--no-progress")
-    assert code == 2 and "policy=baseline (run has ratrain)" in err
+    assert code == 2 and "--policy ratrain differs from policy baseline, which" in err, err
     assert not (tmp_path / "runs").exists()
 
 

@@ -50,12 +50,12 @@ def test_val_fraction_and_eval_batches_are_flags_with_their_defaults(monkeypatch
 
 
 @pytest.mark.parametrize("args,line", [
-    (["--val-fraction", "1"], "error: --val-fraction: data.val_fraction must be in [0, 1), got 1.0"),
-    (["--eval-batches", "-1"], "error: --eval-batches: train.eval_batches must be >= 0, got -1"),
+    (["--val-fraction", "1"], "error: --val-fraction (data.val_fraction) must be in [0, 1), got 1.0"),
+    (["--eval-batches", "-1"], "error: --eval-batches (train.eval_batches) must be >= 0, got -1"),
     (["--keep-checkpoints", "0"],
-     "error: --keep-checkpoints: train.keep_checkpoints must be positive, got 0"),
+     "error: --keep-checkpoints (train.keep_checkpoints) must be positive, got 0"),
     (["--comm-timeout", "nan"],
-     "error: --comm-timeout: parallel.comm_timeout_s must be in (0, 604800] seconds, got nan"),
+     "error: --comm-timeout (parallel.comm_timeout_s) must be in (0, 604800] seconds, got nan"),
 ])
 def test_a_bad_value_is_refused_naming_its_flag(monkeypatch, capsys, tmp_path, args, line):
     assert _refused(monkeypatch, capsys, *args) == line

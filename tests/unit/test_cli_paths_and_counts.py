@@ -15,7 +15,7 @@ TINY = ("--model", "tiny", "--seq-len", "32", "--global-batch", "8")
 
 @pytest.mark.parametrize("args, said", [
     (("plan", *TINY, "--memory-budget", "50MB", "--out", "{tmp}/no/dir/p.json"),
-     "error: {tmp}/no/dir/p.json: No such file or directory"),
+     "error: --out {tmp}/no/dir/p.json: cannot write the plan there (No such file or directory)"),
     (("simulate", *TINY, "--trace", "{tmp}"), "error: {tmp}: Is a directory"),
 ])
 def test_an_output_path_that_cannot_be_written(monkeypatch, capsys, tmp_path, args, said):

@@ -1,6 +1,6 @@
 """A config value out of range is refused naming what the user gave: the flag where a flag gave
-it (until 2026-12-02 `--outer-lr -1` was told `train.outer_lr must be positive`), the key
-alone where a --config file did. And a Hugging Face config.json's keys that ratrain does not
+it (until 2026-12-02 `--outer-lr -1` was told `train.outer_lr must be positive`; now `--outer-lr
+(train.outer_lr) must be positive`), the key alone where a --config file did. And a Hugging Face config.json's keys that ratrain does not
 compute are said, not taken silently."""
 
 from __future__ import annotations
@@ -31,17 +31,19 @@ def _error(monkeypatch, capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize("args,said", [
-    ((*DILOCO, "--outer-lr", "-1"), "--outer-lr: train.outer_lr must be positive, got -1.0"),
-    ((*DILOCO, "--outer-lr", "nan"), "--outer-lr: train.outer_lr must be a finite number, got nan"),
+    ((*DILOCO, "--outer-lr", "-1"), "--outer-lr (train.outer_lr) must be positive, got -1.0"),
+    ((*DILOCO, "--outer-lr", "nan"), "--outer-lr (train.outer_lr) must be a finite number, "
+     "got nan"),
     ((*DILOCO, "--outer-momentum", "1.5"),
-     "--outer-momentum: train.outer_momentum must be in [0, 1), got 1.5"),
+     "--outer-momentum (train.outer_momentum) must be in [0, 1), got 1.5"),
     (("--dp", "2", "--sync", "diloco:2:2", "--outer-mix", "2"),
-     "--outer-mix: train.outer_mix must be in [0, 1), got 2.0"),
-    (("--seq-len", "0"), "--seq-len: train.seq_len must be positive, got 0"),
-    (("--seq-len", "100000"), "--seq-len: seq_len 100000 exceeds the model's max_seq_len 1024"),
+     "--outer-mix (train.outer_mix) must be in [0, 1), got 2.0"),
+    (("--seq-len", "0"), "--seq-len (train.seq_len) must be positive, got 0"),
+    (("--seq-len", "100000"), "--seq-len 100000 (train.seq_len) exceeds the model's "
+     "max_seq_len 1024"),
     (("--global-batch", "6", "--micro-batch-size", "4"),
-     "--global-batch, --micro-batch-size: train.global_batch 6 is not a multiple of "
-     "micro_batch_size 4"),
+     "--global-batch 6 (train.global_batch) is not a multiple of --micro-batch-size 4 "
+     "(train.micro_batch_size)"),
 ])
 def test_a_bad_flag_is_named_as_typed(monkeypatch, capsys, args, said):
     assert _error(monkeypatch, capsys, *args) == said

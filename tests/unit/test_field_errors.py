@@ -1,7 +1,9 @@
-"""A refusal of a value a flag gave leads with that flag by the field it refuses, not by its
-words (until 2026-12-03 a regex looked for the field's name in the message: `state home must
-be one of ...` never named --state-home, and a value spelled like another field, --schedule lr,
-named --lr as well)."""
+"""A refusal of a value a flag gave names that flag by the field it refuses, not by its words:
+as the flag where the message names the field's key, the key beside it (`--seq-len
+(train.seq_len) must be positive`, since 2026-12-03), else leading the message (until
+2026-12-03 a regex looked for the field's name in the message: `state home must be one of ...`
+never named --state-home, and a value spelled like another field, --schedule lr, named --lr as
+well)."""
 
 from __future__ import annotations
 
@@ -47,15 +49,20 @@ def _refusal(cfg: RunConfig) -> str:
 
 
 @pytest.mark.parametrize("flag,section,name,value", REFUSED)
-def test_every_refusal_of_a_flags_value_leads_with_the_flag(flag, section, name, value):
+def test_every_refusal_of_a_flags_value_names_the_flag(flag, section, name, value):
     from_file = RunConfig()  # the same value from a config file: the message alone
     setattr(getattr(from_file, section), name, value)
     said = _refusal(from_file)
     typed = RunConfig()
     typed.take_flag(flag, section, name, value)
+    key = f"{section}.{name}"
     if flag in said:  # worded with its flag already: not led by it again
         assert _refusal(typed) == said
-    else:
+    elif f"{key} {value} " in said:  # the key and its value: said as the flag, the key beside
+        assert _refusal(typed) == said.replace(f"{key} {value}", f"{flag} {value} ({key})", 1)
+    elif key in said:
+        assert _refusal(typed) == said.replace(key, f"{flag} ({key})", 1)
+    else:  # a message that does not name its key
         assert _refusal(typed) == f"{flag}: {said}"
 
 
@@ -67,9 +74,9 @@ def test_a_value_spelled_like_another_field_leads_only_with_its_own_flag():
                              "zbh1")
 
 
-def test_a_refusal_of_two_fields_leads_with_the_flags_that_gave_them():
+def test_a_refusal_of_two_fields_names_the_flags_that_gave_them_only():
     cfg = RunConfig()
     cfg.take_flag("--micro-batch-size", "train", "micro_batch_size", 3)
     cfg.take_flag("--steps", "train", "steps", 5)  # a field it does not refuse
-    assert _refusal(cfg) == ("--micro-batch-size: train.global_batch 8 is not a multiple of "
-                             "micro_batch_size 3")
+    assert _refusal(cfg) == ("train.global_batch 8 is not a multiple of --micro-batch-size 3 "
+                             "(train.micro_batch_size)")

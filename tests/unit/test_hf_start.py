@@ -103,11 +103,16 @@ def test_a_typo_d_key_is_given_the_key_it_misspells(tmp_path):
 
 
 def test_a_model_dir_without_safetensors_says_why_its_weights_are_random(tmp_path):
-    from ratrain.models.hf_start import no_safetensors_line
+    from ratrain.cli.options import resolve_model
 
     hf = _hf_dir(tmp_path)
     (hf / "model.safetensors").unlink()
-    assert no_safetensors_line(hf).startswith(f"note: --model {hf}: no *.safetensors in it")
     (hf / "model.pt").write_bytes(b"pickle")
-    assert no_safetensors_line(hf).startswith(f"warning: --model {hf}: its weights (model.pt) "
-                                              "are not read")
+    with pytest.raises(UserError, match=r"its weights \(model.pt\) are of a kind ratrain does "
+                                        "not read"):
+        resolve_model(str(hf), RunConfig())
+    (hf / "model.pt").unlink()
+    cfg = RunConfig()
+    cfg.train.init_from = "/elsewhere"  # a --config's leftover
+    resolve_model(str(hf), cfg)
+    assert cfg.train.init_from is None

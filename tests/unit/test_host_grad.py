@@ -231,7 +231,7 @@ def test_a_flag_that_contradicts_the_plan_files_is_refused(monkeypatch, capsys, 
     path.write_text(json.dumps(plan.to_dict()))
     code, _, err = run_cli(monkeypatch, capsys, "train", "--plan", str(path),
                            "--host-grad-dtype", "float32", "--steps", "1")
-    assert code == 2 and "host_grad_dtype=bfloat16 (run has float32)" in err
+    assert code == 2 and "--host-grad-dtype float32 differs from host_grad_dtype bfloat16" in err, err
 
 
 def test_a_search_on_a_profile_without_a_host_tier_refuses_the_flag(monkeypatch, capsys):

@@ -28,7 +28,7 @@ MAY_IMPORT = {
     "data": {"errors", "counts", "config"},
     "sim": {"errors", "byte_units", "counts", "plain_data", "schedule", "config", "models"},
     "runtime": {"errors", "counts", "schedule", "config", "models"},
-    "setup": {"errors", "counts", "byte_units", "schedule", "config", "sim"},
+    "setup": {"errors", "counts", "byte_units", "schedule", "config", "models", "sim"},
     "planner": {"errors", "byte_units", "counts", "schedule", "config", "models", "sim", "setup"},
     "training": {"errors", "byte_units", "counts", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
                  "setup", "host_memory", "host_cores", "cpu_features"},

@@ -276,7 +276,8 @@ def test_one_sequence_a_step_needs_no_micro_batch_flag(monkeypatch, capsys):
     assert code == 0 and json.loads(out)["plans"][0]["micro_batch_size"] == 1
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--global-batch", "1",
                            "--micro-batch-size", "2")
-    assert code == 2 and "global_batch 1 is not a multiple of micro_batch_size 2" in err
+    assert code == 2 and "--global-batch 1 (train.global_batch) is not a multiple of " \
+        "--micro-batch-size 2 (train.micro_batch_size)" in err
 
 
 def test_a_planned_run_resumes_with_its_own_plan_when_the_file_is_gone(monkeypatch, capsys,

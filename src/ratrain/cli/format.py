@@ -25,8 +25,12 @@ def table(rows: list[list], header: list[str]) -> str:
 def range_line(edges: tuple[float, float], figures: list[str]) -> str:
     """A step time at a profile's fast and slow edges (profile_repeats.step_time_range)."""
     fast, slow = edges
+    shown = ", ".join(figures[:3]) + (f" and {len(figures) - 3} more" if len(figures) > 3 else "")
+    if f"{fast:.4g}" == f"{slow:.4g}":
+        return (f"{fast:.4g} s at either repeat of the profile's figures that did not repeat "
+                f"({shown}): they do not move it")
     return (f"{fast:.4g}-{slow:.4g} s with the profile's figures that did not repeat at their "
-            f"fastest and slowest repeat ({', '.join(figures)})")
+            f"fastest and slowest repeat ({shown})")
 
 
 def other_work_line(hw) -> str | None:

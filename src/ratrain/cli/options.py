@@ -25,9 +25,11 @@ def resolve_model(spec: str, cfg: RunConfig, tokenizer: str | None = None) -> No
     from ratrain.models.presets import PRESETS, get_preset
 
     path = Path(spec)
+    cfg.train.init_from = None  # --model decides the weights, not a --config's leftover
     if path.is_dir():
         from ratrain.models.hf import config_from_hf
         from ratrain.models.hf_files import check_weights, unused_line
+        from ratrain.models.hf_start import random_weights_note, unread_weights
 
         cfg.model = config_from_hf(path)
         if (tokenizer is None and cfg.data.tokenizer == "byte"
@@ -44,6 +46,13 @@ def resolve_model(spec: str, cfg: RunConfig, tokenizer: str | None = None) -> No
                             "does not read (they are pickles); save them as safetensors "
                             "(transformers: save_pretrained(dir, safe_serialization=True)), or "
                             "give a directory with config.json alone to start from random weights")
+        elif unread := unread_weights(path):
+            raise UserError(f"--model {spec}: its weights ({', '.join(unread[:3])}) are of a "
+                            "kind ratrain does not read (it reads safetensors); save them as "
+                            "safetensors, or give a directory with config.json alone to start "
+                            "from random weights")
+        else:
+            click.echo(random_weights_note(path), err=True)
     elif spec not in PRESETS and (path.exists() or "/" in spec):
         raise UserError(f"--model {spec}: " + ("a file; a Hugging Face model is a directory "
                         "(config.json and its safetensors)" if path.exists() else

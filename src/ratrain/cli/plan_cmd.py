@@ -13,6 +13,7 @@ from ratrain.cli.group import cli
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
 from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
 from ratrain.counts import counted
+from ratrain.errors import UserError
 
 
 @cli.command()
@@ -34,6 +35,9 @@ def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin
     refuse_no_devices(devices)
     cfg = build_config(opts)
     refuse_idle_outer_flags(cfg, opts)
+    if out and Path(out).is_dir():  # refused before a search's seconds are spent
+        raise UserError(f"--out {out} is a directory: give the plan's file name, e.g. "
+                        f"{Path(out) / 'plan.json'}")
     if profile_spec or devices is not None or memory_budget or host_memory_budget:
         _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                 memory_margin, top, time_limit, out, as_json)
@@ -45,9 +49,12 @@ def _show(cfg, out, as_json) -> None:
     from ratrain.schedule import format_table
     from ratrain.training.prepare import plan_here
 
+    from ratrain.planner.plan_file import made_from_preset, shown_run_settings
+
     pipeline_plan = plan_here(cfg)
-    if out:
-        Path(out).write_text(json.dumps(pipeline_plan.to_dict(), indent=2))
+    if out:  # with the run it is for, as a searched plan's file: `train --plan` runs it as is
+        _write(out, {**pipeline_plan.to_dict(), "run": shown_run_settings(pipeline_plan, cfg),
+                     **made_from_preset(cfg)})
     if as_json:
         click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))
         return
@@ -102,13 +109,18 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     request = search_request(cfg, opts, hw, devices, memory_budget, margin, top, time_limit,
                              "--profile/--devices/--memory-budget")
     t = cfg.train
-    found = best_plans(request)
+    try:
+        found = best_plans(request)
+    except UserError as e:
+        if as_json:  # a script reads an object either way (still exit 2, the error on stderr)
+            click.echo(json.dumps(_no_plan(e, request), indent=2))
+        raise
     best = found.best[0]
     if out:
         written = plan_file.to_dict(best, cfg, request)
         if profile_spec and Path(profile_spec).is_file():  # `simulate --plan` finds it there
             written["prediction"]["profile_file"] = str(Path(profile_spec).resolve())
-        Path(out).write_text(json.dumps(written, indent=2))
+        _write(out, written)
     # what the profile's figures that did not repeat do to the best plan's prediction
     edges = step_time_range(hw, lambda profile: simulate(
         best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,
@@ -117,11 +129,11 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     offer = low_comm.offer(found)  # a link too slow for per-step sync: what --sync diloco buys
     offered = Path(out).with_suffix(".diloco.json") if out else None
     if offered and offer:
-        offered.write_text(json.dumps(low_comm.plan_file_of(offer, cfg, request), indent=2))
+        _write(offered, low_comm.plan_file_of(offer, cfg, request))
     low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
     low_grad_file = Path(out).with_suffix(".bf16grad.json") if out and low_grad else None
     if low_grad_file:
-        low_grad_file.write_text(json.dumps(plan_file.to_dict(low_grad, cfg, request), indent=2))
+        _write(low_grad_file, plan_file.to_dict(low_grad, cfg, request))
     note = unbounded_host_note(request, [("plan 1", best)]
                                + ([("the option", offer.candidate)] if offer else []))
     if as_json:
@@ -170,10 +182,34 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                    f"`ratrain train --plan {low_grad_file}`")
 
 
+def _write(path, data: dict) -> None:
+    """A plan file; a path that cannot take it is refused naming --out (it was the bare
+    OSError's "error: .: Is a directory")."""
+    try:
+        Path(path).write_text(json.dumps(data, indent=2))
+    except OSError as e:
+        raise UserError(f"--out {path}: cannot write the plan there "
+                        f"({e.strerror or type(e).__name__})") from None
+
+
+def _no_plan(error: UserError, request) -> dict:
+    """What `--json` prints where no plan is found: the error, and the plan that comes closest
+    to the budget (None where no layout can run), as plain data."""
+    from ratrain.planner import account
+    from ratrain.planner.plan_file import candidate_summary
+
+    found = account.closest(request)
+    return {"error": str(error), "closest": None if found is None else {
+        **candidate_summary(found[0], request), "estimated_excess_bytes": found[1]}}
+
+
 def _heading(found) -> str:
+    from ratrain.planner.wording import profile_said
+
     r = found.request
     used = found.best[0].layout.devices
-    text = (f"{r.model.name} on {r.profile.name}: {r.global_batch} x {r.seq_len} tokens per step, "
+    text = (f"{r.model.name} on {profile_said(r.profile)}: {r.global_batch} x {r.seq_len} tokens "
+            "per step, "
             f"{r.dtype}, policy {r.policy}, budget {decimal_bytes(r.budget_bytes)} per device "
             f"(plans keep {r.margin:.0%} free)\n"
             f"searched {counted(found.layouts, 'layout')}, simulated "

@@ -37,12 +37,13 @@ def with_this_machines_memory(hw, devices: int | None):
     import dataclasses
 
     from ratrain.host_memory import available_host_bytes
+    from ratrain.planner.wording import THIS_MACHINES_MEMORY
 
     available = available_host_bytes()
     if available is None:
         return hw
     shared = devices or hw.device_count or 2
-    notes = {**hw.notes, "device.memory_bytes": f"this machine's available memory "
+    notes = {**hw.notes, "device.memory_bytes": f"{THIS_MACHINES_MEMORY} "
              f"({available / 1e9:.2f} GB) shared by the "
              f"{counted(shared, 'device')} searched"}
     return dataclasses.replace(hw, notes=notes, device=dataclasses.replace(
@@ -118,8 +119,8 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
                         "the link is too slow for a sync every step, `ratrain plan` offers "
                         "--sync diloco below them (with --out FILE, written to FILE's "
                         ".diloco.json); leave it out")
-    if not opts.get("micro_batch_size"):  # the search picks it; 1 divides any batch
-        cfg.train.micro_batch_size = 1
+    if opts.get("micro_batch_size") is None:  # the search picks it; 1 divides any batch
+        cfg.train.micro_batch_size = 1  # (0 was taken as not given: validate refuses it)
     cfg.validate()
     lifetime = opts.get("grad_lifetime")
     if lifetime not in (None, "step") and cfg.parallel.policy != "ratrain":
@@ -135,6 +136,11 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
     if hw.device_count and devices > hw.device_count:
         raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
                         f"in its groups")
+    n_units = cfg.model.n_layers + 2
+    if opts.get("pp") and cfg.parallel.pp > n_units:  # first: more devices or batch can't help
+        raise UserError(f"--pp {cfg.parallel.pp} is more stages than the model has units "
+                        f"({n_units}: embedding, {counted(cfg.model.n_layers, 'decoder block')}, "
+                        f"head); lower --pp to at most {n_units}")
     if opts.get("pp") and cfg.parallel.pp > devices:  # (said as a full host tier before)
         raise UserError(f"--pp {cfg.parallel.pp} needs a device a stage, {cfg.parallel.pp} at "
                         f"least; the search has {devices} (--devices)")
@@ -151,7 +157,8 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
         seq_len=t.seq_len, dtype=t.dtype,
         budget=parse_bytes(memory_budget) if memory_budget else None, margin=margin,
         policy=cfg.parallel.policy, clip=t.grad_clip > 0 or t.dtype == "float16", top=top,
-        micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") else None,
+        micro_batch_sizes=(t.micro_batch_size,) if opts.get("micro_batch_size") is not None
+        else None,
         pipeline_degrees=(cfg.parallel.pp,) if opts.get("pp") else None,
         grad_lifetimes=(lifetime,) if lifetime else None, time_limit_s=time_limit,
         threads_per_rank=cfg.parallel.threads_per_rank,
@@ -163,7 +170,7 @@ def _refuse_too_few_micro_batches(cfg: RunConfig, opts: dict) -> None:
     of its own), refused as such: every layout's refusal said to "lower micro_batch_size/dp",
     which at --global-batch 1 are 1 already."""
     pp, batch = cfg.parallel.pp, cfg.train.global_batch
-    size = cfg.train.micro_batch_size if opts.get("micro_batch_size") else 1
+    size = cfg.train.micro_batch_size if opts.get("micro_batch_size") is not None else 1
     if opts.get("pp") and pp > batch // size:
         of = f" of {size} sequences" if size > 1 else " of one sequence"
         raise UserError(f"--pp {pp} needs at least {pp} micro-batches a step (one a stage); "

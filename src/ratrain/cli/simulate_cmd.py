@@ -9,8 +9,8 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
-from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
-                                 use_plan_file)
+from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
+from ratrain.cli.plan_taken import take_plan
 from ratrain.errors import UserError
 
 
@@ -30,7 +30,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     from ratrain.runtime.trace import write_chrome_trace
 
     cfg = build_config(opts)
-    plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
+    plan_data = take_plan(cfg, plan_file, opts) if plan_file else None
     refuse_idle_outer_flags(cfg, opts)
     hw = load_profile(profile_spec or _plans_profile(plan_data, plan_file, as_json))
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
@@ -150,14 +150,18 @@ def _device_limit(plan_data: dict | None, hw) -> tuple[float, float, str]:
     """The device memory a stage is held to, what its device peak with the process's own
     overhead may reach, and the latter's words: a plan file's budget and that after its
     margin, as `ratrain plan` held it (simulate once judged a plan made for 20 GB against the
-    profile's 140 GB), else the profile's memory."""
+    profile's 140 GB); the profile's whole device memory where that is less (as without a
+    plan: once labelled "the plan's budget less 10%", the profile's 8 GB less it), else too."""
+    memory = hw.device.memory_bytes
     made = (plan_data or {}).get("prediction") or {}
     budget, margin = made.get("budget_bytes"), made.get("margin")
     if isinstance(budget, (int, float)) and isinstance(margin, (int, float)):
-        budget = min(budget, hw.device.memory_bytes)
         limit = budget * (1.0 - margin)
-        return budget, limit, f"{decimal_bytes(limit)} (the plan's budget less {margin:.0%})"
-    return hw.device.memory_bytes, hw.device.memory_bytes, decimal_bytes(hw.device.memory_bytes)
+        if limit <= memory:
+            return budget, limit, f"{decimal_bytes(limit)} (the plan's budget less {margin:.0%})"
+        return memory, memory, (f"{decimal_bytes(memory)} (the profile's device memory; the "
+                                f"plan's budget is {decimal_bytes(budget)})")
+    return memory, memory, decimal_bytes(memory)
 
 
 def _outer_period(plan, cfg, hw, inner, shape) -> dict | None:

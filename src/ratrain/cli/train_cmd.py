@@ -10,7 +10,8 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.group import cli
 from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
-                                 refuse_idle_outer_flags, use_plan_file)
+                                 refuse_idle_outer_flags)
+from ratrain.cli.plan_taken import take_plan
 from ratrain.cli.plan_search import refuse_no_devices
 from ratrain.cli.train_resume import (absolute_paths, anchor_saved_paths, check_same_run,
                                       has_checkpoint, refuse_another_run_dir,
@@ -89,7 +90,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     else:
         cfg = build_config(opts)
         absolute_paths(cfg)
-    plan_data = use_plan_file(cfg, plan_file, opts) if plan_file else None
+    plan_data = take_plan(cfg, plan_file, opts, note=progress) if plan_file else None
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
     if memory_budget is not None:

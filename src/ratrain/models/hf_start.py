@@ -95,14 +95,13 @@ def weights_line(cfg) -> str:
     return f"weights: {shown} ({len(where):,} tensors)"
 
 
-def no_safetensors_line(path: Path) -> str:
-    """For a --model directory without safetensors weights, which trains from random weights
-    (silently until 2026-12-03): a warning where it holds weights files of a kind ratrain does
-    not read (model.pt), else a note."""
-    unread = sorted(f.name for pattern in UNREAD_WEIGHTS for f in path.glob(pattern))
-    if not unread:
-        return (f"note: --model {path}: no *.safetensors in it: the run starts from random "
-                "weights (of its config.json's model)")
-    return (f"warning: --model {path}: its weights ({', '.join(unread[:3])}) are not read "
-            "(ratrain reads safetensors only): the run starts from random weights; save them "
-            "as safetensors (transformers: save_pretrained(dir, safe_serialization=True))")
+def unread_weights(path: Path) -> list[str]:
+    """The weights files of a --model directory that ratrain does not read (model.pt trained
+    from random weights, silently, until 2026-12-03)."""
+    return sorted(f.name for pattern in UNREAD_WEIGHTS for f in path.glob(pattern))
+
+
+def random_weights_note(path: Path) -> str:
+    """For a --model directory of config.json alone: its run starts from random weights."""
+    return (f"note: --model {path}: no *.safetensors in it: the run starts from random weights "
+            "(of its config.json's model)")

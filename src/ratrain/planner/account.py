@@ -7,12 +7,14 @@ import dataclasses
 import math
 
 from ratrain.byte_units import decimal_bytes
+from ratrain.counts import counted
 from ratrain.planner.bounds import lower_bound
 from ratrain.planner.candidate import Candidate, evaluate
 from ratrain.planner.layouts import Layout, PlanRequest
 from ratrain.planner.partition import least_excess
 from ratrain.planner.unit_tables import UnitTables
-from ratrain.planner.what_fits import devices_hint, fits_with, smallest_layouts
+from ratrain.planner.wording import a_device, memory_is_this_machines, share_of_budget
+from ratrain.planner.what_fits import devices_hint, fits_with, pinned_hints, smallest_layouts
 from ratrain.planner.lifecycle import Lifecycle
 from ratrain.planner.unit_table import UnitTable
 from ratrain.sim import unit_costs as uc
@@ -62,8 +64,9 @@ def account(request: PlanRequest) -> str:
     r, dev = request, request.profile.device
     above = f"; {r.budget_above_memory}" if r.budget_above_memory else ""
     head = (f"no plan fits {decimal_bytes(r.budget_bytes)} per device ({decimal_bytes(r.limit)} "
-            f"after the {r.margin:.0%} margin{above}) for {r.model.name} on {r.devices} "
-            f"{r.profile.name} devices, global batch {r.global_batch} x {r.seq_len} tokens, "
+            f"after the {r.margin:.0%} margin{above}) for {r.model.name} on "
+            f"{counted(r.devices, f'{r.profile.name} device')}{_whose_memory(r.profile)}, "
+            f"global batch {r.global_batch} x {r.seq_len} tokens, "
             f"{r.dtype}, policy {r.policy}")
     found = closest(request)
     if found is None:
@@ -96,6 +99,11 @@ def account(request: PlanRequest) -> str:
                      f"the margin")
     lines.extend("  " + hint for hint in _hints(request, c, worst, estimated_excess))
     return "\n".join(lines)
+
+
+def _whose_memory(profile) -> str:
+    """Said where the devices' memory is this machine's, not the profile's (no --profile)."""
+    return " with this machine's memory" if memory_is_this_machines(profile) else ""
 
 
 def _over(simulated: float, estimated: float) -> str:
@@ -139,10 +147,13 @@ def _lifetime_hint(request: PlanRequest, c: Candidate, worst: int) -> str | None
                 - rank.held_before_training)
         how = ("each micro-batch's reduce-scattered after its backward" if
                life.grad_lifetime == "micro-batch" else "each freed once reduce-scattered")
-        return (f"the full-size fp32 gradients are already freed early (gradient lifetime "
-                f"{life.grad_lifetime}: {how}): stage {worst} holds {decimal_bytes(max(0, full))} "
-                f"of them at its peak, instead of {decimal_bytes(_full_grads(r, c, a, b))} for the "
-                f"whole step")
+        whole_step = _full_grads(r, c, a, b)
+        text = (f"the full-size fp32 gradients are already freed early (gradient lifetime "
+                f"{life.grad_lifetime}: {how}): stage {worst} holds "
+                f"{decimal_bytes(max(0, full))} of them at its peak")
+        if decimal_bytes(max(0, full)) == decimal_bytes(whole_step):  # as printed: no saving
+            return text + ", which is all of them: its peak comes before any is freed"
+        return text + f", instead of {decimal_bytes(whole_step)} for the whole step"
     full = _full_grads(r, c, a, b)
     text = (f"the full-size fp32 gradients take {decimal_bytes(full)} on stage {worst} for the "
             f"whole step")
@@ -203,9 +214,9 @@ def _sharding_hint(request: PlanRequest) -> str:
         needs = (f" (dp={dp} needs {dp} devices, more than the {r.devices})"
                  if dp > r.devices else "")
         return (f"even sharded over dp={dp} replicas{needs} it takes {decimal_bytes(sharded)} "
-                f"({sharded / r.limit:.0%}): {whole}")
+                f"({share_of_budget(sharded, r.limit)}): {whole}")
     what = (f"sharded across dp={dp} data-parallel replicas (ZeRO-style) it would take "
-            f"{decimal_bytes(sharded)} ({sharded / r.limit:.0%})")
+            f"{decimal_bytes(sharded)} ({share_of_budget(sharded, r.limit)})")
     if dp > r.devices:
         return what + f": dp={dp} needs more than the {r.devices} devices"
     pinned = r.pipeline_degrees
@@ -222,7 +233,7 @@ def _budget_hint(request: PlanRequest, need: float, group: int) -> str:
     memory = request.device(group).memory_bytes
     if need <= memory:
         return f"a budget of {decimal_bytes(need)} per device would fit the closest plan"
-    return (f"no budget a {request.profile.name} device can give fits the closest plan: it needs "
+    return (f"no budget {a_device(request.profile.name)} can give fits the closest plan: it needs "
             f"{decimal_bytes(need)}, the device has {decimal_bytes(memory)}")
 
 
@@ -233,6 +244,7 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
     n_units = r.model.n_layers + 2
     # the search admits the plan by its estimate and its simulation both: the larger counts
     held = max(max(closest_candidate.stage_bytes), r.limit + estimated_excess)
+    hints.extend(pinned_hints(r))  # first: it is the flag the user typed that keeps them out
     hints.append(_budget_hint(r, budget_to_hold(held, r.margin),
                               closest_candidate.layout.groups[worst]))
     hints.append(devices_hint(r))
@@ -247,8 +259,8 @@ def _hints(request: PlanRequest, closest_candidate: Candidate, worst: int,
     block = table.state[1] + table.view[1] if n_units > 2 else 0
     if block > 0.5 * r.limit:
         hints.append(f"one decoder block's training state ({decimal_bytes(block)}: fp32 masters, "
-                     f"gradients, AdamW moments and its view) takes {block / r.limit:.0%} of the "
-                     f"budget; " + _state_home_note(closest_candidate) + _sharding_hint(r))
+                     f"gradients, AdamW moments and its view) takes "
+                     f"{share_of_budget(block, r.limit)}; " + _state_home_note(closest_candidate) + _sharding_hint(r))
     host = r.profile.device.host_memory_bytes
     if host is not None and table.state[1] > r.host_limit:
         hints.append(f"state on the host would need {decimal_bytes(table.state[1])} per block; "

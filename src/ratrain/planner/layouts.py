@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ratrain.config import ModelConfig
 from ratrain.planner.lifecycle import Lifecycle
+from ratrain.planner.wording import a_device, memory_is_this_machines
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan_rules import GRAD_LIFETIMES, SCHEDULE_NAMES
 from ratrain.schedule.weight_grads import schedules
@@ -94,9 +95,11 @@ class PlanRequest:
         memory = max(self.device(g).memory_bytes for g in range(len(self.profile.groups) or 1))
         if self.budget <= memory:
             return None
-        return (f"a {self.profile.name} device has {memory / 1e9:.2f} GB, less than the "
-                f"{self.budget / 1e9:.2f} GB asked (a profile of this machine, with its own "
-                f"memory: `ratrain profile`)")
+        said = (f"{a_device(self.profile.name)} has {memory / 1e9:.2f} GB, less than the "
+                f"{self.budget / 1e9:.2f} GB asked")
+        if memory_is_this_machines(self.profile):  # the way out below is taken already
+            return said + " (this machine's available memory, shared by the devices searched)"
+        return said + " (a profile of this machine, with its own memory: `ratrain profile`)"
 
     def limit_of(self, group: int = 0) -> float:
         """What the simulated device peak of a stage on the group, plus the process's own

@@ -9,6 +9,7 @@ from ratrain.config import RunConfig
 from ratrain.planner.candidate import Candidate
 from ratrain.planner.search import SearchResult
 
+
 def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
     """The model and the training settings the plan is for, resolved: `ratrain train --plan`
     takes them where no flag says otherwise."""
@@ -29,6 +30,35 @@ def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
     }
 
 
+def shown_run_settings(plan, cfg: RunConfig) -> dict:
+    """run_settings for the layout the flags describe (`ratrain plan --out` without a search):
+    its file runs as a searched one does (until 2026-12-03 it had none, and `train --plan`
+    trained the preset tiny, refusing its n_micro without naming a flag)."""
+    return {
+        "model": dataclasses.asdict(cfg.model),
+        "train": {"seq_len": cfg.train.seq_len, "global_batch": cfg.train.global_batch,
+                  "micro_batch_size": cfg.train.micro_batch_size, "dtype": cfg.train.dtype},
+        "parallel": {"pp": plan.pp, "dp": plan.dp, "policy": plan.policy,
+                     "rank_order": plan.rank_order, "state_home": plan.state_home,
+                     "view_window": plan.view_window or 0, "shard_state": plan.shard_state,
+                     "grad_lifetime": plan.grad_lifetime, "shard_group": plan.shard_group,
+                     "schedule": plan.schedule, "weight_grad": plan.weight_grad,
+                     "micro_batch_group": plan.micro_batch_group,
+                     "partition": [len(units) for units in plan.stage_units]},
+    }
+
+
+def made_from_preset(cfg: RunConfig) -> dict:
+    """The plan file's "model_preset": the preset the run's model is, field for field (none
+    for a model of its own, which may bear any name: a config file's "small" of 2 layers).
+    `train`/`simulate --plan` hold the plan's model to it, so that a name edited alone is
+    refused (a plan renamed llama2-7b trained tiny under that name)."""
+    from ratrain.models.presets import PRESETS
+
+    preset = PRESETS.get(cfg.model.name)
+    return {"model_preset": cfg.model.name} if preset == cfg.model else {}
+
+
 def prediction(candidate: Candidate, request) -> dict:
     r = candidate.result
     return {"profile": request.profile.name, "step_time_s": r.step_time,
@@ -47,9 +77,27 @@ def prediction(candidate: Candidate, request) -> dict:
 def to_dict(candidate: Candidate, cfg: RunConfig, request=None) -> dict:
     plan = candidate.plan.to_dict()
     plan["run"] = run_settings(candidate, cfg)
+    plan.update(made_from_preset(cfg))
     if request is not None:
         plan["prediction"] = prediction(candidate, request)
     return plan
+
+
+def candidate_summary(c: Candidate, request) -> dict:
+    """One plan of the search (or the closest of a search that found none), as plain data."""
+    return {"pp": c.layout.pp, "dp": c.layout.dp,
+            "micro_batch_size": c.layout.micro_batch_size, "n_micro": c.layout.n_micro,
+            "rank_order": c.layout.rank_order, "state_home": c.layout.lifecycle.state_home,
+            "view_window": c.layout.lifecycle.view_window,
+            "shard_state": c.layout.lifecycle.shard_state,
+            "grad_lifetime": c.layout.lifecycle.grad_lifetime,
+            "shard_group": c.layout.lifecycle.shard_group,
+            "schedule": c.layout.schedule, "weight_grad": c.layout.weight_grad,
+            "micro_batch_group": c.layout.lifecycle.micro_batch_group,
+            "partition": [b - a for a, b, _ in c.partition],
+            "device_units": list(c.device_units),
+            "host_grad_dtype": c.layout.lifecycle.host_grad_dtype,
+            **prediction(c, request)}
 
 
 def summary(found: SearchResult) -> dict:
@@ -60,17 +108,5 @@ def summary(found: SearchResult) -> dict:
         "policy": r.policy, "budget_bytes": r.budget_bytes, "margin": r.margin,
         "layouts": found.layouts, "simulated": found.simulated, "seconds": found.seconds,
         "complete": found.complete, "late": found.late,
-        "plans": [{"pp": c.layout.pp, "dp": c.layout.dp,
-                   "micro_batch_size": c.layout.micro_batch_size, "n_micro": c.layout.n_micro,
-                   "rank_order": c.layout.rank_order, "state_home": c.layout.lifecycle.state_home,
-                   "view_window": c.layout.lifecycle.view_window,
-                   "shard_state": c.layout.lifecycle.shard_state,
-                   "grad_lifetime": c.layout.lifecycle.grad_lifetime,
-                   "shard_group": c.layout.lifecycle.shard_group,
-                   "schedule": c.layout.schedule, "weight_grad": c.layout.weight_grad,
-                   "micro_batch_group": c.layout.lifecycle.micro_batch_group,
-                   "partition": [b - a for a, b, _ in c.partition],
-                   "device_units": list(c.device_units),
-                   "host_grad_dtype": c.layout.lifecycle.host_grad_dtype,
-                   **prediction(c, r)} for c in found.best],
+        "plans": [candidate_summary(c, r) for c in found.best],
     }

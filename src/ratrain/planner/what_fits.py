@@ -103,3 +103,20 @@ def _no_more_devices(request: PlanRequest, shards: bool) -> str:
                 f"the state over more replicas (up to {most} devices) does not fit either")
     return ("more devices alone would not fit it: even one unit per stage overfills"
             + (", with its state sharded" if shards else ""))
+
+
+PINS = (("pipeline_degrees", "--pp"), ("micro_batch_sizes", "--micro-batch-size"),
+        ("grad_lifetimes", "--grad-lifetime"))
+"""The request's fields that a flag pins, and the flag."""
+
+
+def pinned_hints(request: PlanRequest) -> list[str]:
+    """Per flag pinned, where it alone keeps every plan out: the search without it finds one
+    that fits (a user who pinned it would otherwise read the account as the budget's)."""
+    hints = []
+    for field, flag in PINS:
+        pinned = getattr(request, field)
+        if pinned and fits_with(request, **{field: None}):
+            hints.append(f"without {flag} {'/'.join(map(str, pinned))} a plan fits: leave it "
+                         f"out for the search to choose")
+    return hints

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -30,6 +31,64 @@ def read_plan_file(path: str | Path) -> dict:
         raise UserError(f"{path} is not a ratrain plan: expected a JSON object, got "
                         f"{type(data).__name__}")
     return data
+
+
+LAYOUT_FLAGS = ("pp", "dp", "rank_order", "policy", "shard_state", "grad_lifetime",
+                "shard_group", "micro_batch_group", "host_grad_dtype", "schedule")
+"""The plan's layout keys whose flags a run with --plan refuses by name where they differ
+(once --pp 3 with a 2-stage plan got "--partition 3,3 gives 2 stages' units for 3 stages", a
+flag not given; --dp 2 got "does not fit this run: dp=1 (run has 2)"). --weight-grad and --sync are spelt in more
+than one way: load_plan's check compares them once resolved."""
+
+
+def refuse_what_differs(cfg: RunConfig, data: dict, plan_file: str, opts: dict) -> None:
+    """After cli/options.use_plan: a layout flag that differs from the plan, a plan whose pp
+    its own stages contradict (a hand edit), and a model other than the preset it was made
+    for, each refused naming what differs, before the run's checks meet them."""
+    for key in LAYOUT_FLAGS:
+        flag = opts.get(key)
+        if key not in data or flag is None or (key == "schedule" and flag == AUTO_SCHEDULE):
+            continue
+        if flag != data[key]:
+            name = ("--shard-state" if flag else "--no-shard-state") if key == "shard_state" \
+                else f"--{key.replace('_', '-')} {flag}"
+            made = "none" if data[key] is None else data[key]
+            raise UserError(f"{name} differs from {key} {made}, which {plan_file} was made for; "
+                            "leave the flag out or make a new plan")
+    _refuse_inconsistent_pp(data, plan_file)
+    if isinstance(data.get("run"), dict):  # cfg.model is the plan's (use_plan took it)
+        _refuse_misnamed_model(cfg, data, plan_file)
+
+
+def _refuse_inconsistent_pp(data: dict, plan_file: str) -> None:
+    pp, units = data.get("pp"), data.get("stage_units")
+    partition = ((data.get("run") or {}).get("parallel") or {}).get("partition") \
+        if isinstance(data.get("run"), dict) else None
+    for what, stages in (("stage_units", units), ("run.parallel.partition", partition)):
+        if isinstance(pp, int) and isinstance(stages, list) and len(stages) != pp:
+            raise UserError(f"{plan_file} is inconsistent: its pp is {pp}, but its {what} has "
+                            f"{len(stages)} stages (edited by hand?); make a new plan with "
+                            "`ratrain plan --out`")
+
+
+def _refuse_misnamed_model(cfg: RunConfig, data: dict, plan_file: str) -> None:
+    """A plan made for a preset (its "model_preset": planner/plan_file.made_from_preset) runs
+    that preset's model, every field: the name is what the run's directory, its report and
+    `simulate` say it trains (a plan whose name alone was edited to llama2-7b trained tiny
+    under that name). A model of its own is the plan's fields, whatever its name."""
+    from ratrain.models.presets import PRESETS
+
+    preset = PRESETS.get(data.get("model_preset"))
+    if preset is None:
+        return
+    mine, its = dataclasses.asdict(cfg.model), dataclasses.asdict(preset)
+    differ = [f"run.model.{k} is {mine[k]} (the preset's is {its[k]})"
+              for k in its if mine[k] != its[k]]
+    if differ:
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise UserError(f"{plan_file} was made for preset {preset.name}, but "
+                        f"{', '.join(differ[:3])}{more}: make a new plan for the model (an "
+                        "edited plan's memory and speed are not the edited model's)")
 
 
 def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:

@@ -45,7 +45,7 @@ class Option:
     every: int
     fragments: int | None
     mean_step_s: float  # over a period of H steps
-    hidden: bool  # within HIDDEN of the inner step (False: the largest H weighed, still short)
+    hidden: bool  # within HIDDEN of the inner step (False: the largest H weighed, not hidden)
     bytes_per_period: int  # one replica's outer deltas per H steps (islands: its slices)
     results: list[SimResult]  # the inner step and each fragment's: their peaks are the memory
     islands: int | None = None  # K: hierarchical DiLoCo, an island a node's replicas
@@ -171,7 +171,11 @@ def advice(low: LowComm, tokens_per_step: int) -> str:
     best = low.best
     others = [o for o in low.options if o.hidden and o is not best]
     also = (" (or " + ", ".join(f"--sync {o.sync}" for o in others) + ")" if others else "")
-    what = "hides it" if best.hidden else "is the fastest H weighed, still short"
+    # not hidden: faster than the synchronous plan still, but its outer sync shows in the step
+    what = "hides it" if best.hidden else (
+        f"is the fastest H weighed, though it does not hide the outer sync (its mean step "
+        f"{best.mean_step_s:.3g} s is {best.mean_step_s / low.inner_s - 1:.0%} above the "
+        f"{low.inner_s:.3g} s step without a sync; hidden is within {HIDDEN:.0%})")
     return (f"the per-step gradient sync adds {low.exposed_s:.3g} s to a {low.inner_s:.3g} s "
             f"step; --sync {best.sync}{also} {what}: {tokens_per_step / best.mean_step_s:,.0f} "
             f"tokens/s predicted against {tokens_per_step / low.step_s:,.0f} "

@@ -164,8 +164,12 @@ class HardwareProfile:
 
     def rate(self, dtype: str) -> ComputeRate:
         if dtype not in self.device.compute:
+            known = ", ".join(self.device.compute)
             raise UserError(f"profile {self.name} has no compute rate for {dtype}; it knows "
-                            f"{', '.join(self.device.compute)}")
+                            f"{known}: measure {dtype} on the machine with `ratrain profile "
+                            f"--dtype {dtype}`, or run in "
+                            + (f"--dtype {known}" if len(self.device.compute) == 1
+                               else f"one it knows (--dtype {next(iter(self.device.compute))})"))
         rate = self.device.compute[dtype]
         if rate.efficiency is None:
             raise UserError(f"profile {self.name} measured {dtype}'s peak but not its "
