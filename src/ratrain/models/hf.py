@@ -21,7 +21,7 @@ from torch import nn
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
 from ratrain.models.hf_files import check_export_dir, lacks, sources, tensor_files, write_config
-from ratrain.models.hf_start import in_hf_keys
+from ratrain.models.hf_keys import in_hf_keys
 from ratrain.models.llama import hf_param_name
 
 LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"

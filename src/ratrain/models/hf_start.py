@@ -2,37 +2,19 @@
 checked against the run's model (a leftover one, of a config.yaml that a `--model DIR` run
 wrote, failed deep in the build naming neither), the model fields a --config sets otherwise
 than that directory's config.json, and where the weights come from (random init, silently,
-until 2026-12-03). And the config.json keys of ratrain's model fields, for messages about a
-Hugging Face directory."""
+until 2026-12-03)."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
-
-HF_KEYS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_hidden_layers",
-           "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
-           "ffn_dim": "intermediate_size", "norm_eps": "rms_norm_eps",
-           "rope_theta": "rope_theta", "max_seq_len": "max_position_embeddings",
-           "tie_embeddings": "tie_word_embeddings"}
-"""ModelConfig field -> the config.json key it is read from (models/hf.config_from_hf)."""
+from ratrain.models.hf_keys import HF_KEYS
 
 UNREAD_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5", "*.msgpack")
 """Weights files ratrain does not read (pickles, other frameworks' formats)."""
-
-
-def in_hf_keys(message: str) -> str:
-    """A ModelConfig.validate message ("model.n_heads 4 is not divisible by n_kv_heads 3")
-    said in a config.json's keys, for a Hugging Face directory whose config.json it is about."""
-    for field in sorted(HF_KEYS, key=len, reverse=True):  # n_kv_heads before n_heads
-        message = message.replace(f"model.{field}", HF_KEYS[field])
-    for field in sorted((f for f in HF_KEYS if "_" in f), key=len, reverse=True):
-        message = re.sub(rf"(?<![\w.]){field}(?!\w)", HF_KEYS[field], message)
-    return message
 
 
 def check_init_from(cfg) -> None:
