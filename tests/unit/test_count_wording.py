@@ -56,7 +56,7 @@ def test_the_plan_heading_counts_one_layout_and_one_plan_as_one():
 
     layout = SimpleNamespace(devices=1, groups=[])
     request = SimpleNamespace(model=SimpleNamespace(name="tiny"),
-                              profile=SimpleNamespace(name="cpu-local", groups=None),
+                              profile=SimpleNamespace(name="cpu-local", groups=None, notes={}),
                               global_batch=8, seq_len=256, dtype="float32", policy="ratrain",
                               budget_bytes=1e9, margin=0.1, devices=1,
                               threads_of=lambda layout: 1)
