@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ratrain.counts import model_units
 from ratrain.errors import UserError
 from ratrain.field_errors import FieldError, check_finite_field, led_by_flags
 from ratrain.model_config import ModelConfig
@@ -161,14 +162,14 @@ class RunConfig:
         if counts is None:
             return
         given = ",".join(map(str, counts))
-        n_layers = self.model.n_layers
+        n_units = self.model.n_units
         if any(k < 1 for k in counts):
             raise FieldError(f"--partition {given}: every stage needs at least one unit",
                              "parallel.partition")
-        if sum(counts) != n_layers + 2:
+        if sum(counts) != n_units:
             raise FieldError(f"--partition {given} places {sum(counts)} units; the model has "
-                             f"{n_layers + 2} (embedding, {n_layers} decoder blocks, head): the "
-                             f"counts must sum to {n_layers + 2}", "parallel.partition")
+                             f"{n_units} ({model_units(self.model.n_layers)}): the counts must "
+                             f"sum to {n_units}", "parallel.partition")
 
     def take_flag(self, flag: str, section: str, name: str, value: Any) -> None:
         """`section`.`name` = `value`, typed as `flag`: a refusal of it names the flag (from

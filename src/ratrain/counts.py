@@ -13,3 +13,8 @@ def noun_for(n: int, singular: str, plural: str | None = None) -> str:
 def counted(n: int, singular: str, plural: str | None = None) -> str:
     """The count and its noun: counted(1, "rank") is "1 rank", counted(3, "rank") "3 ranks"."""
     return f"{n} {noun_for(n, singular, plural)}"
+
+
+def model_units(n_layers: int) -> str:
+    """A model's schedulable units as refusals list them: "embedding, 4 decoder blocks, head"."""
+    return f"embedding, {counted(n_layers, 'decoder block')}, head"

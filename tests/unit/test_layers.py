@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "model_config": {"errors"},
     "field_errors": {"errors", "model_config"},
     "parallel_config": {"errors", "schedule", "field_errors"},
-    "config": {"errors", "plain_data", "model_config", "field_errors", "parallel_config"},
+    "config": {"errors", "counts", "plain_data", "model_config", "field_errors", "parallel_config"},
     "models": {"errors", "counts", "config"},
     "data": {"errors", "counts", "config"},
     "sim": {"errors", "byte_units", "counts", "plain_data", "schedule", "config", "models"},

@@ -49,11 +49,11 @@ def _show(cfg, out, as_json) -> None:
     from ratrain.schedule import format_table
     from ratrain.training.prepare import plan_here
 
-    from ratrain.planner.plan_file import made_from_preset, shown_run_settings
+    from ratrain.planner.plan_file import made_from_preset, run_settings
 
     pipeline_plan = plan_here(cfg)
     if out:  # with the run it is for, as a searched plan's file: `train --plan` runs it as is
-        _write(out, {**pipeline_plan.to_dict(), "run": shown_run_settings(pipeline_plan, cfg),
+        _write(out, {**pipeline_plan.to_dict(), "run": run_settings(pipeline_plan, cfg),
                      **made_from_preset(cfg)})
     if as_json:
         click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ratrain.config import RunConfig
-from ratrain.counts import counted
+from ratrain.counts import counted, model_units
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP
 
@@ -136,11 +136,11 @@ def search_request(cfg: RunConfig, opts: dict, hw, devices: int | None,
     if hw.device_count and devices > hw.device_count:
         raise UserError(f"--devices {devices}: profile {hw.name} has {hw.device_count} devices "
                         f"in its groups")
-    n_units = cfg.model.n_layers + 2
+    n_units = cfg.model.n_units
     if opts.get("pp") and cfg.parallel.pp > n_units:  # first: more devices or batch can't help
         raise UserError(f"--pp {cfg.parallel.pp} is more stages than the model has units "
-                        f"({n_units}: embedding, {counted(cfg.model.n_layers, 'decoder block')}, "
-                        f"head); lower --pp to at most {n_units}")
+                        f"({n_units}: {model_units(cfg.model.n_layers)}); lower --pp to at "
+                        f"most {n_units}")
     if opts.get("pp") and cfg.parallel.pp > devices:  # (said as a full host tier before)
         raise UserError(f"--pp {cfg.parallel.pp} needs a device a stage, {cfg.parallel.pp} at "
                         f"least; the search has {devices} (--devices)")

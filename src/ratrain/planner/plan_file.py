@@ -10,34 +10,18 @@ from ratrain.planner.candidate import Candidate
 from ratrain.planner.search import SearchResult
 
 
-def run_settings(candidate: Candidate, cfg: RunConfig) -> dict:
-    """The model and the training settings the plan is for, resolved: `ratrain train --plan`
-    takes them where no flag says otherwise."""
-    layout = candidate.layout
+def run_settings(plan, cfg: RunConfig, micro_batch_size: int | None = None) -> dict:
+    """The model and the training settings a plan (a PipelinePlan) is for, resolved: `ratrain
+    train --plan` takes them where no flag says otherwise. A searched plan's micro-batch size
+    is its layout's (`micro_batch_size`); a plan the flags describe (`ratrain plan --out`
+    without a search) has the config's: until 2026-12-03 that file had no settings, and `train
+    --plan` trained the preset tiny, refusing its n_micro without naming a flag."""
     return {
         "model": dataclasses.asdict(cfg.model),
         "train": {"seq_len": cfg.train.seq_len, "global_batch": cfg.train.global_batch,
-                  "micro_batch_size": layout.micro_batch_size, "dtype": cfg.train.dtype},
-        "parallel": {"pp": layout.pp, "dp": layout.dp, "policy": layout.lifecycle.policy,
-                     "rank_order": layout.rank_order, "state_home": layout.lifecycle.state_home,
-                     "view_window": layout.lifecycle.view_window or 0,
-                     "shard_state": layout.lifecycle.shard_state,
-                     "grad_lifetime": layout.lifecycle.grad_lifetime,
-                     "shard_group": layout.lifecycle.shard_group,
-                     "schedule": layout.schedule, "weight_grad": layout.weight_grad,
-                     "micro_batch_group": layout.lifecycle.micro_batch_group,
-                     "partition": [b - a for a, b, _ in candidate.partition]},
-    }
-
-
-def shown_run_settings(plan, cfg: RunConfig) -> dict:
-    """run_settings for the layout the flags describe (`ratrain plan --out` without a search):
-    its file runs as a searched one does (until 2026-12-03 it had none, and `train --plan`
-    trained the preset tiny, refusing its n_micro without naming a flag)."""
-    return {
-        "model": dataclasses.asdict(cfg.model),
-        "train": {"seq_len": cfg.train.seq_len, "global_batch": cfg.train.global_batch,
-                  "micro_batch_size": cfg.train.micro_batch_size, "dtype": cfg.train.dtype},
+                  "micro_batch_size": (cfg.train.micro_batch_size if micro_batch_size is None
+                                       else micro_batch_size),
+                  "dtype": cfg.train.dtype},
         "parallel": {"pp": plan.pp, "dp": plan.dp, "policy": plan.policy,
                      "rank_order": plan.rank_order, "state_home": plan.state_home,
                      "view_window": plan.view_window or 0, "shard_state": plan.shard_state,
@@ -76,7 +60,7 @@ def prediction(candidate: Candidate, request) -> dict:
 
 def to_dict(candidate: Candidate, cfg: RunConfig, request=None) -> dict:
     plan = candidate.plan.to_dict()
-    plan["run"] = run_settings(candidate, cfg)
+    plan["run"] = run_settings(candidate.plan, cfg, candidate.layout.micro_batch_size)
     plan.update(made_from_preset(cfg))
     if request is not None:
         plan["prediction"] = prediction(candidate, request)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 
+from ratrain.counts import model_units
 from ratrain.schedule.errors import ScheduleConfigError
 from ratrain.schedule.ir import Action, Op, Program
 
@@ -36,8 +37,8 @@ def partition_units(
         raise ScheduleConfigError(f"pp must be >= 1, got {pp}")
     if pp > n_units:
         raise ScheduleConfigError(
-            f"pp={pp} is more stages than the model has units ({n_units}: embedding, "
-            f"{n_layers} decoder blocks, head); lower pp to at most {n_units}"
+            f"pp={pp} is more stages than the model has units ({n_units}: "
+            f"{model_units(n_layers)}); lower pp to at most {n_units}"
         )
     if units_per_stage is None:
         if pp == n_units:

@@ -10,6 +10,7 @@ the run's and the machine's. Pure Python: the planner calls it without torch.
 
 from __future__ import annotations
 
+from ratrain.counts import model_units
 from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import EVERY_STEP, grad_sync_replicas, outer_refusal
 from ratrain.schedule.plan_rules import (carried_update_refusal, device_grad_sum_refusal,
@@ -45,8 +46,8 @@ def refusal(*, n_layers: int, pp: int, dp: int, global_batch: int, micro_batch_s
         return (f"torchrun started {world} processes, but --pp {pp} x --dp {dp} needs "
                 f"{pp * dp}")
     if pp > n_units:
-        return (f"pp={pp} is more stages than the model has units ({n_units}: embedding, "
-                f"{n_layers} decoder blocks, head); lower pp to at most {n_units}")
+        return (f"pp={pp} is more stages than the model has units ({n_units}: "
+                f"{model_units(n_layers)}); lower pp to at most {n_units}")
     if global_batch % dp or (global_batch // dp) % micro_batch_size:
         return (f"global batch {global_batch} does not split into dp={dp} replicas of whole "
                 f"micro-batches of {micro_batch_size}")
