@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,8 @@ class TrainConfig:
         return self.checkpoints and (n == self.steps or bool(self.checkpoint_every
                                                              and n % self.checkpoint_every == 0))
 
-    def validate(self) -> None:
+    def validate(self, typed: Collection[str] = ()) -> None:
+        """`typed`: the keys ("train.micro_batch_size") that flags gave (RunConfig.take_flag)."""
         # a NaN passes every comparison below, an inf most: each is refused by name first
         for name in ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
                      "grad_clip", "outer_lr", "outer_momentum", "outer_mix"):
@@ -116,8 +118,10 @@ class TrainConfig:
                 raise FieldError(f"train.{name} must be in [0, 1), got {getattr(self, name)}",
                                  f"train.{name}")
         if self.global_batch % self.micro_batch_size:
+            # (told to one who typed --micro-batch-size 2, "the default" was wrong)
             hint = (" (the default: set --micro-batch-size)"
-                    if self.micro_batch_size == type(self).micro_batch_size else "")
+                    if self.micro_batch_size == type(self).micro_batch_size
+                    and "train.micro_batch_size" not in typed else "")
             raise FieldError(f"train.global_batch {self.global_batch} is not a multiple of "
                              f"train.micro_batch_size {self.micro_batch_size}{hint}",
                              "train.global_batch", "train.micro_batch_size")
@@ -142,17 +146,18 @@ class RunConfig:
         the rule of setup/rule.py, which the setup stage (setup.run_plan, that calls this
         first) and the planner apply. A refusal of a value a flag gave names the flag (by the
         fields a FieldError carries: field_errors.py)."""
+        flags = vars(self).get("_flags", {})
         try:
             self.model.validate()
             self.data.validate()
-            self.train.validate()
+            self.train.validate(flags)
             self.parallel.validate()
             self._check_partition()
             if self.train.seq_len > self.model.max_seq_len:
                 raise FieldError(f"train.seq_len {self.train.seq_len} exceeds the model's "
                                  f"max_seq_len {self.model.max_seq_len}", "train.seq_len")
         except UserError as e:  # a FieldError where a section's value is refused
-            raise led_by_flags(e, vars(self).get("_flags", {})) from None
+            raise led_by_flags(e, flags) from None
 
     def _check_partition(self) -> None:
         """--partition against the model's units: refused here, where the model is known (every

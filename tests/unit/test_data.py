@@ -196,8 +196,8 @@ def test_token_cache_is_reused(text_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tok, "encode_batch", boom)
     assert np.array_equal(load_tokens(cfg, tok, progress=False), first)
-    cached = list((tmp_path / "c" / "tokens").iterdir())
-    assert len(cached) == 1 and cached[0].suffix == ".bin"
+    cached = sorted((tmp_path / "c" / "tokens").iterdir())  # the stream, and its findings
+    assert [p.suffix for p in cached] == [".bin", ".undecodable"]
     # An edited file changes the key, so the stale stream is not used.
     (text_dir / "b.txt").write_text("second file, edited\n")
     with pytest.raises(AssertionError, match="re-tokenized"):
@@ -238,7 +238,8 @@ def test_a_killed_runs_partial_stream_is_removed_by_the_next_tokenization(text_d
 
 def test_cache_dir_from_environment(text_dir, tmp_path):
     load_tokens(DataConfig(path=str(text_dir)), ByteTokenizer(), progress=False)
-    assert len(list((tmp_path / "env-cache" / "tokens").iterdir())) == 1
+    cached = sorted((tmp_path / "env-cache" / "tokens").iterdir())
+    assert [p.suffix for p in cached] == [".bin", ".undecodable"]
 
 
 def test_hf_tokens_decode_back(text_dir, tmp_path):
@@ -308,7 +309,8 @@ def test_a_rank_that_does_not_tokenize_waits_for_the_one_that_does(text_dir, tmp
     waited = load_tokens(cfg, tok, progress=False, tokenize=False)
     later.join()
     assert waited.tolist() == load_tokens(cfg, tok, progress=False).tolist()
-    assert len(list((tmp_path / "c" / "tokens").iterdir())) == 1
+    cached = sorted((tmp_path / "c" / "tokens").iterdir())  # one stream, and its findings
+    assert [p.suffix for p in cached] == [".bin", ".undecodable"]
 
 
 def test_bad_bin_files(tmp_path):

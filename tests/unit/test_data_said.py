@@ -194,5 +194,7 @@ def test_a_model_vocabulary_far_larger_than_the_tokenizers_is_noted(tmp_path, ca
     note = unused_vocab_note(ByteTokenizer(), 32_000)
     assert "257 tokens" in note and "32,000" in note and "ids 257-31,999 never occur" in note
     (tmp_path / "a.txt").write_text("hello world\n" * 80)
-    check_data(_cfg(tmp_path / "a.txt", vocab=2048))
+    check_data(_cfg(tmp_path / "a.txt", vocab=2048), progress=True)
     assert "ids 257-2,047 never occur" in capsys.readouterr().err
+    check_data(_cfg(tmp_path / "a.txt", vocab=2048))  # --no-progress
+    assert "never occur" not in capsys.readouterr().err

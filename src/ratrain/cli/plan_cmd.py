@@ -16,7 +16,21 @@ from ratrain.counts import counted
 from ratrain.errors import UserError
 
 
-@cli.command()
+class _PlanCommand(click.Command):
+    """`plan`, whose --json prints an object on stdout for click's own refusals too (a flag's
+    value that is not a number, an unknown flag): a script reads one either way."""
+
+    def parse_args(self, ctx, args):
+        given = list(args)  # (click's parser takes them from the list it is given)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            if "--json" in given:
+                click.echo(json.dumps({"error": e.format_message()}, indent=2))
+            raise
+
+
+@cli.command(cls=_PlanCommand)
 @config_options
 @click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: cpu-local with a device's memory this machine's available memory shared by the devices searched, and bfloat16 at float32's rate where this CPU has bf16 matrix instructions (amx_bf16, avx512_bf16)]")
 @click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: a profile's device groups; else 2 on a CPU profile, 8 otherwise]")
@@ -32,6 +46,17 @@ def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin
     """Search for the fastest plan that fits a memory budget (--profile, --devices,
     --memory-budget), or show the per-stage programs of the layout the flags describe (step x
     stage table; every replica runs its stage's)."""
+    try:
+        _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top,
+              time_limit, out, as_json, opts)
+    except UserError as e:
+        if as_json:  # a script reads an object either way (still exit 2, the error on stderr)
+            click.echo(json.dumps(vars(e).get("json_object") or {"error": str(e)}, indent=2))
+        raise
+
+
+def _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top,
+          time_limit, out, as_json, opts) -> None:
     refuse_no_devices(devices)
     cfg = build_config(opts)
     refuse_idle_outer_flags(cfg, opts)
@@ -112,8 +137,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     try:
         found = best_plans(request)
     except UserError as e:
-        if as_json:  # a script reads an object either way (still exit 2, the error on stderr)
-            click.echo(json.dumps(_no_plan(e, request), indent=2))
+        if as_json:  # plan() prints it: the error's object, with the plan that came closest
+            e.json_object = _no_plan(e, request)
         raise
     best = found.best[0]
     if out:

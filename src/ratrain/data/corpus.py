@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -120,6 +121,53 @@ def undecodable_warning(path: Path, fraction: float) -> str:
     return (f"warning: {path}: {fraction:.0%} of its characters are U+FFFD (bytes that are no "
             "UTF-8) or NUL: it is most likely not text (pre-tokenized ids need the suffix "
             ".bin), and a run on it learns noise")
+
+
+def keep_findings(found: Path, undecodable: list[tuple[Path, float]], root: Path) -> None:
+    """documents()' findings (`undecodable`) of a cached stream's files, kept beside it in
+    `found`: [path relative to `root`, fraction] each, [] where no file warned (until
+    2026-12-03 no file then, which a stream cached before findings were kept has too)."""
+    fd, tmp = tempfile.mkstemp(dir=found.parent, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(_relative(undecodable, root), out)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, found)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def kept_findings(found: Path) -> list | None:
+    """keep_findings' list; None where a cached stream has none."""
+    try:
+        return json.loads(found.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def find_again(files: list[Path], root: Path, found: Path, progress: bool) -> list:
+    """The findings of a cached stream that has none, its files (the ones its cache key's stat
+    names) read again, and kept. Read, not tokenized nor the stream rebuilt: on the standard
+    library (31.5 MB, 2 cores, 2026-12-03) the read took 0.1 s, an 8,000-token BPE 42 s."""
+    from tqdm import tqdm
+
+    undecodable: list[tuple[Path, float]] = []
+    with tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True,
+              desc="checking the cached corpus", file=sys.stderr, disable=not progress) as bar:
+        for f in files:
+            for _ in documents(f, undecodable):
+                pass
+            bar.update(f.stat().st_size)
+    try:
+        keep_findings(found, undecodable, root)
+    except OSError:  # a cache this user may read, not write (a shared one): found again next run
+        pass
+    return _relative(undecodable, root)
+
+
+def _relative(undecodable: list[tuple[Path, float]], root: Path) -> list[tuple[str, float]]:
+    return [(f.relative_to(root).as_posix(), fraction) for f, fraction in undecodable]
 
 
 def _warn(line: str) -> None:

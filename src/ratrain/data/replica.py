@@ -45,7 +45,9 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     `first`, the run's first, alone reads a pre-tokenized file whole for its largest id (64
     ranks read a 100 GB file 64 times), warns of the data (files mostly undecodable, whether
     tokenized now or cached), notes what the tokenizer changes about it and a validation set
-    smaller than --eval-batches asks. With `progress`, says what the run reads (data_line)."""
+    smaller than --eval-batches asks. With `progress`, says what the run reads (data_line)
+    and a model vocabulary far beyond the tokenizer's (a cost, nothing the run does otherwise:
+    said with the start's other notes, not under --no-progress)."""
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     check_fits(tokenizer, cfg.model.vocab_size)
     pretokenized = is_token_file(cfg.data.path)
@@ -58,7 +60,7 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
         files = corpus.files
         joined = len(files) > 1 or any(f.suffix.lower() == ".jsonl" for f in files)
         say += [joined and no_eos_note(tokenizer), post_processor_note(tokenizer),
-                unused_vocab_note(tokenizer, cfg.model.vocab_size)]
+                progress and unused_vocab_note(tokenizer, cfg.model.vocab_size)]
     if first:
         say.append(eval_cap_note(cfg, split_train_val(corpus.tokens, cfg.data.val_fraction)[1]))
     if progress:

@@ -19,14 +19,15 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
 
 from ratrain.config import DataConfig
-from ratrain.data.corpus import corpus_files, documents, undecodable_warning
+from ratrain.data.corpus import (corpus_files, documents, find_again, keep_findings,
+                                 kept_findings, undecodable_warning)
 from ratrain.data.tokenizer import Tokenizer
 from ratrain.errors import UserError
 
@@ -42,9 +43,10 @@ _CHARS_PER_BATCH = 16 << 20
 # A partial stream not written to for this long was left by a killed run (a live one writes
 # every batch; an exception removes its own): the next tokenization removes it.
 _STALE_PART_S = 24 * 3600
-# Beside a cached stream whose files warned: [path relative to the corpus root, fraction of
-# undecodable characters] each (corpus.documents' findings), worded again at every read.
-_FINDINGS_SUFFIX = ".undecodable.json"
+# Beside every cached stream: its files' findings (corpus.keep_findings), worded at every read.
+# No text suffix (it was .json): a cache inside the corpus read its own findings as a file of
+# it, a new corpus every run.
+_FINDINGS_SUFFIX = ".undecodable"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -65,13 +67,25 @@ def cache_root(data_cfg: DataConfig) -> Path:
     return Path(root).expanduser()
 
 
-class Corpus(NamedTuple):
-    """A data path's token stream, the files it was read from, and the warnings of them: a
-    run says these at its start whether it tokenized the files now or mapped their cache."""
+@dataclass(frozen=True)
+class Corpus:
+    """A data path's token stream, the files it was read from, and (`warnings`) what they warned
+    of: a run says these at its start whether it tokenized the files now or mapped their cache."""
 
     tokens: np.ndarray
     files: list[Path]
-    warnings: list[str]
+    findings: Path | None = None  # beside the cached stream, its paths relative to `root`
+    root: Path | None = None
+    progress: bool = False
+
+    @property
+    def warnings(self) -> list[str]:
+        """The files mostly undecodable, as warnings; for a stream cached without its findings,
+        found once (corpus.find_again) here, where they are said, not by every rank's loader."""
+        kept = kept_findings(self.findings) if self.findings else []
+        if kept is None:  # ([]: none of its files warned)
+            kept = find_again(self.files, self.root, self.findings, self.progress)
+        return [undecodable_warning(self.root / name, fraction) for name, fraction in kept]
 
 
 def read_corpus(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True,
@@ -90,7 +104,7 @@ def read_corpus(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = Tru
     a second one.
     """
     if is_token_file(data_cfg.path):
-        return Corpus(load_bin(data_cfg.path), [Path(data_cfg.path).expanduser()], [])
+        return Corpus(load_bin(data_cfg.path), [Path(data_cfg.path).expanduser()])
     root, files = corpus_files(data_cfg.path)
     dtype = token_dtype(tokenizer.vocab_size)
     suffix = ".bin" if dtype.itemsize == 2 else ".u32.bin"
@@ -100,7 +114,7 @@ def read_corpus(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = Tru
     if not path.exists() and tokenize:
         _tokenize_to(path, files, tokenizer, dtype, progress, found, root)
     _wait_for(path)
-    return Corpus(np.memmap(path, dtype=dtype, mode="r"), files, _read_findings(found, root))
+    return Corpus(np.memmap(path, dtype=dtype, mode="r"), files, found, root, progress)
 
 
 def load_tokens(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = True,
@@ -223,38 +237,12 @@ def _tokenize_to(path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.
             what = str(files[0]) if len(files) == 1 else f"the corpus ({len(files)} files)"
             raise UserError(f"{what} holds no text to train on")
         # before the stream appears: a run that finds the stream finds its findings
-        _write_findings(found, [(f.relative_to(root).as_posix(), fraction)
-                                for f, fraction in undecodable])
+        keep_findings(found, undecodable, root)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is fine to share
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _write_findings(found: Path, findings: list[tuple[str, float]]) -> None:
-    if not findings:
-        found.unlink(missing_ok=True)
-        return
-    fd, tmp = tempfile.mkstemp(dir=found.parent, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(findings, out)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, found)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _read_findings(found: Path, root: Path) -> list[str]:
-    """The warnings kept beside a cached stream (none for a stream cached before they were
-    kept, 2026-12-03: its files are not read again to find them)."""
-    try:
-        findings = json.loads(found.read_text())
-    except FileNotFoundError:
-        return []
-    return [undecodable_warning(root / name, fraction) for name, fraction in findings]
 
 
 def _remove_stale_parts(directory: Path) -> None:
