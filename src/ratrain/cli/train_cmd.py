@@ -36,7 +36,7 @@ from ratrain.errors import UserError
 @click.option("--comm-timeout", type=float, help="Seconds a rank waits for a peer before the run ends, naming the step, the action and the peer.  [default: 300]")
 @click.option("--checkpoint-on-interrupt", is_flag=True, default=None, help="On Ctrl-C, finish the step and save a checkpoint before stopping (a second Ctrl-C stops at once).")
 @click.option("--trace/--no-trace", default=True, show_default=True, help="Write trace.json (pipeline runs).")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="The progress bar and the start's notes on the choices made (the schedule and why). Errors, warnings and the summary are said either way.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="The progress bar and the start's notes on the choices made (the schedule and why). Errors, warnings, notes of what the run does otherwise than asked, and the summary are said either way.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
 @click.option("--report/--no-report", default=True, show_default=True, help="At the end, write RUN_DIR/report/: index.html with the run's table and pictures (`ratrain report`).")
 @click.option("--tensorboard", is_flag=True, default=None, help="Also write each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/ (pip install 'ratrain[tensorboard]').")
@@ -81,6 +81,8 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         if checkpoint_dir is None and saved.is_file():  # a restarted job's flags may not name it
             cfg.train.checkpoint_dir = RunConfig.load(saved).train.checkpoint_dir
         if resume_dir == "auto":
+            if comm_timeout is not None:  # a finished run's ranks may join to end together
+                cfg.take_flag("--comm-timeout", "parallel", "comm_timeout_s", comm_timeout)
             resume_dir = run_dir if has_checkpoint(target, cfg) else None
         if resume_dir:
             check_same_run(cfg, target, None if started_by_auto else opts["config_file"])

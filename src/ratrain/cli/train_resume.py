@@ -59,11 +59,16 @@ def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> None:
     the newest whole one (at its sizes, unread) is at cfg.train.steps or past: a run that goes
     on hashes its checkpoint once, as it loads.
 
-    Under torchrun every rank decides for itself, from the same files. Not from a node's part
-    of node-local checkpoints (training/shared_dir.py): another node's may be newer than rank
-    0's, which the run would resume from, and a node that ended alone would leave the others
-    waiting for it; there rank 0 says it once the nodes meet, as an error (exit 2)."""
+    Under torchrun rank 0 decides for every rank: only it hashes the checkpoint, and a final
+    one that does not verify (at its sizes, its bytes altered) is skipped there alone; a rank
+    that ended on it left rank 0 waiting --comm-timeout (until 2026-12-03). So every rank joins
+    the world here and takes rank 0's step (agreed_plan.rank_0s), and they end, or go on to
+    train, together. Not from a node's part of node-local checkpoints (training/shared_dir.py):
+    another node's may be newer than rank 0's, which the run would resume from, and a node
+    that ended alone would leave the others waiting for it; there rank 0 says it once the nodes
+    meet, as an error (exit 2)."""
     from ratrain import checkpoint
+    from ratrain.runtime.torchrun_env import under_torchrun
     from ratrain.training.run_checkpoints import RunFinished, resume_point
     from ratrain.training.run_lock import release_run_dirs
 
@@ -73,6 +78,11 @@ def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> None:
         return
     check_same_run(cfg, run_dir)
     step = checkpoint.load_meta(resume_point(run_dir, cfg, done_ok=True))["step"]
+    if under_torchrun():
+        from ratrain.training.agreed_plan import rank_0s
+
+        cfg.validate()  # the join takes --comm-timeout: a value out of range is refused first
+        step = rank_0s(step, cfg)
     if step < cfg.train.steps:  # its newest checkpoint did not verify: it trains from an older
         return
     if int(os.environ.get("RANK", 0)) == 0:

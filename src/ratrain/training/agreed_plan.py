@@ -5,7 +5,8 @@ shows: its free memory, its cores, the moment it read them. Nodes that differ (m
 one busier than another) could choose differently, and ranks running programs that do not
 match wait on each other until --comm-timeout. Once the world is joined, every rank takes rank
 0's choice, checked against its own node's memory. Likewise only rank 0 verifies the whole
-checkpoint a run resumes from (training/run_dir.resume_point): the others take its choice."""
+checkpoint a run resumes from (training/run_dir.resume_point): the others take its choice, and
+its word on whether a run is finished (rank_0s)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.runtime.process_groups import join_world
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup import check_memory_fits
 from ratrain.training.prepare import plan_here, this_machine
@@ -61,6 +63,15 @@ def agreed_checkpoint(resume_from: str | None, rank: int) -> tuple[str | None, b
     only). Collective: every rank of the world calls it."""
     chosen = _gathered(resume_from)[0]
     return chosen, rank == 0
+
+
+def rank_0s(value, cfg: RunConfig):
+    """Rank 0's `value`, on every rank, the world joined for it (once: the run goes on in it)
+    with cfg's backend and --comm-timeout. Collective. For a choice that only rank 0 makes
+    before the run (cli/train_resume.py: whether a run is finished, by its hash of the
+    checkpoint): a rank that chose for itself and ended left the others waiting."""
+    join_world(cfg.parallel.backend, cfg.parallel.comm_timeout_s)
+    return _gathered(value)[0]
 
 
 def _gathered(value) -> list:

@@ -137,7 +137,11 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     Under torchrun only rank 0 hashes the whole checkpoint (81 GB at llama2-7b: each of a
     node's 8 ranks read it all before); the others take the newest whose files are there at
     their sizes, and once the world is joined every rank resumes from rank 0's
-    (agreed_plan.agreed_checkpoint), each hashing the files of its own units as it loads them."""
+    (agreed_plan.agreed_checkpoint), each hashing the files of its own units as it loads them.
+    So rank 0 alone raises RunFinished, and its RunFinished stops the others as they join
+    (process_groups.stop_together): the newest at its sizes may be a final checkpoint that does
+    not verify, and a rank that ended on it left rank 0 waiting --comm-timeout (until
+    2026-12-03) to resume from an older one."""
     checkpoints = checkpoints_of(run_dir, cfg)
     where = checkpoint.root(checkpoints)
     own = own_checkpoints(run_dir)
@@ -150,8 +154,8 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
         checkpoints = own
     if checkpoint.root(checkpoints) != checkpoint.root(run_dir):
         refuse_another_runs_checkpoints(run_dir, checkpoint.root(checkpoints))
-    hashed = not under_torchrun() or main
-    ckpt, skipped = checkpoint.scan(checkpoints, hashed)
+    decides = not under_torchrun() or main
+    ckpt, skipped = checkpoint.scan(checkpoints, hashed=decides)
     if ckpt is None:
         if skipped:
             raise checkpoint.CheckpointDamaged(
@@ -168,9 +172,9 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     elsewhere = own is not None and checkpoint.root(checkpoints) != checkpoint.root(own)
     refuse_another_runs(ckpt, meta, cfg, settings=elsewhere)
     # another node's part of node-local checkpoints (training/shared_dir.py) may be newer than
-    # rank 0's, from which the run resumes: rank 0 says whether the run is done
+    # rank 0's, from which the run resumes: rank 0's part says whether the run is done
     others_part = 0 not in meta.get("ranks", [0])
-    if not done_ok and not others_part and meta["step"] >= cfg.train.steps:
+    if not done_ok and decides and not others_part and meta["step"] >= cfg.train.steps:
         raise RunFinished(run_dir, meta["step"], cfg.train.steps)
     return ckpt
 
