@@ -56,8 +56,9 @@ def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> None:
     the run finished: until 2026-12-03 that rerun failed (exit 2). Its settings are checked
     first (another command's are refused, finished or not); the resume's own choice of
     checkpoint (resume_point: hashed on rank 0, the damaged skipped) decides, and only where
-    the newest whole one (at its sizes, unread) is at cfg.train.steps or past: a run that goes
-    on hashes its checkpoint once, as it loads.
+    the newest whole one (at its sizes, unread) is at cfg.train.steps or past. A run that goes
+    on (its newest did not verify) takes that answer as it opens its directory, hashing and
+    saying nothing again (run_checkpoints._scanned_once: until 2026-12-03 it hashed them twice).
 
     Under torchrun rank 0 decides for every rank: only it hashes the checkpoint, and a final
     one that does not verify (at its sizes, its bytes altered) is skipped there alone; a rank
