@@ -16,6 +16,7 @@ from ratrain.config import RunConfig
 from ratrain.training.metrics import read_metrics
 from ratrain.models.llama import LlamaModel
 
+from ..unit.cli_runner import run_cli
 from ..unit.report_checks import check_mfu, check_page
 
 
@@ -57,15 +58,15 @@ def test_default_run_writes_its_report_and_mfu(default_run):
     check_mfu(run)
 
 
-def test_export_loads_in_transformers(default_run, tmp_path):
+def test_export_loads_in_transformers(default_run, tmp_path, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM
 
     cwd, _ = default_run
     run = (cwd / "runs" / "latest").resolve()
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "ratrain.cli", "export", str(run), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    # in this process: the command is the same, without a second interpreter importing torch
+    code, _, err = run_cli(monkeypatch, capsys, "export", str(run), "--out", str(out))
+    assert code == 0, err
 
     cfg = RunConfig.load(run / "config.yaml")
     ours = LlamaModel(cfg.model)

@@ -5,6 +5,7 @@ a file the loader reads back."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 
@@ -15,6 +16,7 @@ from ratrain.host_cores import usable_cores
 from ratrain.models.presets import get_preset
 from ratrain.profiling import fits
 from ratrain.profiling import measure as profiling
+from ratrain.profiling.ranks import Counts
 from ratrain.profiling.table import summary_rows
 from ratrain.errors import UserError
 from ratrain.sim.profile import (PRESET_DIR, ComputeRate, HardwareProfile, Link, MeasuredShape,
@@ -196,8 +198,15 @@ def test_profile_mistakes_exit_2_with_one_line(monkeypatch, capsys, tmp_path, ar
     assert not out.exists()
 
 
+# What a profile holds, not how stable its figures are: each measurement taken a few times,
+# the single process's stage 2 blocks (still a second stage beside the ranks' one-block ones)
+FEW = Counts(warmup=1, repeats=5, step_warmup=1, step_repeats=2, link_warmup=1, link_repeats=3,
+             alone_blocks=2)
+
+
 @pytest.mark.dist
 def test_profile_measures_this_machine(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(profiling, "measure", functools.partial(profiling.measure, counts=FEW))
     out = tmp_path / "sub" / "measured.yaml"
     code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--model", "tiny",
                                 "--seq-len", "64", "--micro-batch-size", "1", "--ranks", "2",

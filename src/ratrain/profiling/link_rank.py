@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ratrain.profiling.ranks import LINK_REPEATS, LINK_SIZES, LINK_WARMUP, median_s, sync_of
+from ratrain.profiling.ranks import LINK_SIZES, Counts, median_s, sync_of
 
 
 def link_backend() -> str:
@@ -19,7 +19,7 @@ def link_backend() -> str:
     return "nccl" if torch.cuda.device_count() >= 2 else "gloo"
 
 
-def link_rank(out_dir: str) -> None:
+def link_rank(counts: Counts, out_dir: str) -> None:
     """One of 2 ranks: point-to-point (one way: half a ping-pong) and all_reduce seconds for
     each of LINK_SIZES; rank 0 writes them."""
     rank = int(os.environ["RANK"])
@@ -32,8 +32,10 @@ def link_rank(out_dir: str) -> None:
     p2p, all_reduce = [], []
     for size in LINK_SIZES:
         buf = torch.zeros(size // 4, device=device)
-        p2p.append(median_s(lambda: _ping_pong(buf, rank), sync, LINK_WARMUP, LINK_REPEATS) / 2)
-        all_reduce.append(median_s(lambda: dist.all_reduce(buf), sync, LINK_WARMUP, LINK_REPEATS))
+        p2p.append(median_s(lambda: _ping_pong(buf, rank), sync, counts.link_warmup,
+                            counts.link_repeats) / 2)
+        all_reduce.append(median_s(lambda: dist.all_reduce(buf), sync, counts.link_warmup,
+                                   counts.link_repeats))
     if rank == 0:
         result = {"p2p_s": p2p, "all_reduce_s": all_reduce}
         Path(out_dir, "result_0.json").write_text(json.dumps(result))

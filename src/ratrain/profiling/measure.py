@@ -13,13 +13,13 @@ taking the median of its repeats after warm-ups; the profile holds the median ov
 * Unit times: ratrain's single-process executor runs a few steps of the plan `ratrain train`
   would run, with its tracer on; each unit kind's forward and backward are the medians of its
   traced actions (saved-tensor hooks and ledger included). Once in one process alone (a stage
-  of ALONE_BLOCKS blocks): the profile's unit times. Once in every measuring rank together, the
-  model cut to one decoder block per rank: how much slower a unit runs when all ranks compute
-  (`contention`), the block's forward without grad (from a recompute plan), and what a step
-  took beyond its actions' durations, per action: the executor's own overhead.
+  of Counts.alone_blocks blocks): the profile's unit times. Once in every measuring rank
+  together, the model cut to one decoder block per rank: how much slower a unit runs when all
+  ranks compute (`contention`), the block's forward without grad (from a recompute plan), and
+  what a step took beyond its actions' durations, per action: the executor's own overhead.
 * Process overhead: what the process grew by (peak RSS over its size before the first step; on
   CUDA peak allocated) beyond the executor's ledger, over a few steps, on the two stages (one
-  block, ALONE_BLOCKS blocks): a fixed part and a part per byte of the ledger's growth.
+  block, Counts.alone_blocks blocks): a fixed part and a part per byte of the ledger's growth.
 * Compute rate: a square matmul gives the peak; attention's core (scaled_dot_product_attention
   forward and backward on the profiled shape) timed alone gives its own efficiency, and the
   rest of the block's FLOPs (sim/unit_costs.py) over the rest of its measured forward +
@@ -56,8 +56,7 @@ from ratrain.profiling.fits import (adamw_params, compute_rates, contention_of,
                                     median_over_ranks, memory_bandwidth, smaller_shape,
                                     thread_efficiency_of)
 from ratrain.profiling.link_rank import link_backend, link_rank
-from ratrain.profiling.ranks import (LINK_SIZES, MATMUL_N, STEP_REPEATS, STEP_WARMUP,
-                                     alone_rank, compute_rank)
+from ratrain.profiling.ranks import LINK_SIZES, MATMUL_N, Counts, alone_rank, compute_rank
 from ratrain.runtime.launch import launch_local
 from ratrain.sim.cost_model import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.profile import Device, HardwareProfile
@@ -68,7 +67,6 @@ from ratrain.profiling.other_work import OtherWork
 
 REPEATS = 3  # whole measurements, so that one disturbed by other work is outvoted
 N_MICRO = 4  # micro-batches of the traced executor steps
-ALONE_BLOCKS = 4  # decoder blocks of the stage a single process measures (tiny: the whole model)
 MIN_SMALLER_TOKENS = 16  # the second shape's least tokens a micro-batch
 INTER_NODE_NOTE = "not measured: the local loopback figures; set them for your network"
 
@@ -123,10 +121,11 @@ def default_out() -> Path:
 
 def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
             dtype: str = "float32", ranks: int | None = None, repeats: int = REPEATS,
-            progress: Callable[[str], None] = lambda line: None) -> HardwareProfile:
+            progress: Callable[[str], None] = lambda line: None,
+            counts: Counts = Counts()) -> HardwareProfile:
     """Measure this machine `repeats` times (about 15 s each for the defaults on 2 CPU cores)
     and combine them (sim/profile_repeats.py): every figure's median, and in the notes the
-    figures that did not repeat."""
+    figures that did not repeat. `counts`: how often each measurement runs within a repeat."""
     cfg = profile_config(model, seq_len, micro_batch_size, dtype)
     smaller = smaller_config(cfg)
     on_cuda = torch.cuda.is_available()
@@ -141,12 +140,12 @@ def measure(model: str = "tiny", seq_len: int = 256, micro_batch_size: int = 2,
         progress(f"measuring {i + 1}/{repeats}")
         with tempfile.TemporaryDirectory(prefix="ratrain-profile-") as tmp:
             with OtherWork() as compute_load:
-                per_rank = _launch(ranks, compute_rank, (cfg,), Path(tmp, "compute"))
+                per_rank = _launch(ranks, compute_rank, (cfg, counts), Path(tmp, "compute"))
             with OtherWork() as alone_load:
-                alone = _launch(1, alone_rank, (cfg, ALONE_BLOCKS, smaller), Path(tmp, "alone"))[0]
-            links = _launch(2, link_rank, (), Path(tmp, "links"))[0]
+                alone = _launch(1, alone_rank, (cfg, smaller, counts), Path(tmp, "alone"))[0]
+            links = _launch(2, link_rank, (counts,), Path(tmp, "links"))[0]
         measured.append(_build_profile(cfg, smaller, model, ranks, on_cuda, per_rank, links,
-                                       alone))
+                                       alone, counts))
         busy.append(max(compute_load.cores, alone_load.cores))
     return combine(measured, LINK_SIZES, other_work=busy)
 
@@ -176,12 +175,12 @@ def _ram_bytes() -> int:
 
 
 def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks: int,
-                   on_cuda: bool, per_rank: list[dict], links: dict,
-                   alone: dict) -> HardwareProfile:
+                   on_cuda: bool, per_rank: list[dict], links: dict, alone: dict,
+                   counts: Counts) -> HardwareProfile:
     device_type = "cuda" if on_cuda else "cpu"
     # GPU ranks have a device each: what they share is not the compute's.
     contention = 0.0 if on_cuda or ranks < 2 else contention_of(per_rank, alone)
-    notes = _notes(cfg, ranks, device_type)
+    notes = _notes(cfg, ranks, device_type, counts)
     measured = measured_shape(cfg, model, per_rank, alone, contention, notes)
     fewer = [] if smaller is None else [smaller_shape(smaller, model, alone["smaller"])]
     compute = compute_rates(cfg, device_type, per_rank, measured.block, alone["attention_s"])
@@ -231,8 +230,9 @@ def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> st
             f"tokens, {t.dtype}, {counted(ranks, 'concurrent rank')} of 1 thread.")
 
 
-def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
-    dtype = cfg.train.dtype
+def _notes(cfg: RunConfig, ranks: int, device_type: str,
+           counts: Counts = Counts()) -> dict[str, str]:
+    dtype, blocks = cfg.train.dtype, counts.alone_blocks
     n = MATMUL_N[device_type]
     params = adamw_params(device_type)
     link_how = {"nccl": "NCCL between 2 GPUs",
@@ -240,8 +240,9 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
                          else "gloo on host tensors between 2 local processes (one GPU: no "
                               "NCCL peer)")}
     notes = {
-        "measured": (f"unit times read from the executor's trace of {STEP_REPEATS} steps (after "
-                     f"{STEP_WARMUP}) of one process alone with {ALONE_BLOCKS} decoder blocks, "
+        "measured": (f"unit times read from the executor's trace of {counts.step_repeats} steps "
+                     f"(after {counts.step_warmup}) of one process alone with {blocks} decoder "
+                     f"blocks, "
                      f"{N_MICRO} micro-batches; per kind the median of its actions; the halves "
                      f"of a split backward (BI, BW) from the same under the zbh1 schedule, "
                      f"scaled by the block's forward in the first run over its forward in the "
@@ -269,9 +270,10 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str) -> dict[str, str]:
         "device.action_overhead_s": ("the same traced steps: the step's wall time beyond its "
                                      "actions' durations, per action, plus the median of the "
                                      "cheapest kind of non-compute action"),
-        "device.process_overhead_bytes": (f"two stages, {STEP_WARMUP + STEP_REPEATS} keep steps "
-                                          f"each: the pipeline's one-block stages (median over "
-                                          f"ranks) and the single process's {ALONE_BLOCKS}-block "
+        "device.process_overhead_bytes": (f"two stages, {counts.step_warmup + counts.step_repeats} "
+                                          f"keep steps each: the pipeline's one-block stages "
+                                          f"(median over ranks) and the single process's "
+                                          f"{blocks}-block "
                                           f"one: the peak RSS growth over the size before the "
                                           f"first step (CUDA: peak allocated) minus the ledger's "
                                           f"growth and a block's backward's working bytes "

@@ -30,11 +30,23 @@ from ratrain.schedule.plan_rules import SPLIT_SCHEDULES
 from ratrain.runtime.trace import Tracer
 from ratrain.training.prepare import plan_here
 
-WARMUP, REPEATS = 3, 10  # per timing; the median of 10 is stable on a noisy 2-core VM
-STEP_WARMUP, STEP_REPEATS = 2, 6  # executor steps traced for the unit times
-# Small transfers on a loaded 2-core machine are bimodal (a wake-up sometimes waits out a
-# scheduler slice of a few ms): enough repeats that the median does not flip between modes.
-LINK_WARMUP, LINK_REPEATS = 2, 15
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """How many times each measurement runs, and the decoder blocks of the stage the single
+    process measures: `ratrain profile` takes these; a test of what the profile holds, not of
+    how stable its figures are, can take fewer."""
+    warmup: int = 3  # per timing; the median of 10 is stable on a noisy 2-core VM
+    repeats: int = 10
+    step_warmup: int = 2  # executor steps traced for the unit times
+    step_repeats: int = 6
+    # Small transfers on a loaded 2-core machine are bimodal (a wake-up sometimes waits out a
+    # scheduler slice of a few ms): enough repeats that the median does not flip between modes.
+    link_warmup: int = 2
+    link_repeats: int = 15
+    alone_blocks: int = 4  # (tiny: the whole model)
+
+
 MATMUL_N = {"cpu": 1024, "cuda": 8192}
 # AdamW's tensors: ~4M fp32 parameters are well beyond a CPU's caches. A GPU needs ~134M (2.1 GB
 # with the moments) before kernel launches stop mattering: 4M ran at 1.1 TB/s on an H200, 134M at
@@ -63,7 +75,7 @@ def _timed(fn, sync) -> tuple[object, float]:
     return result, time.perf_counter() - t0
 
 
-def median_s(fn, sync, warmup: int = WARMUP, repeats: int = REPEATS) -> float:
+def median_s(fn, sync, warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         fn()
     return statistics.median(_timed(fn, sync)[1] for _ in range(repeats))
@@ -72,7 +84,7 @@ def median_s(fn, sync, warmup: int = WARMUP, repeats: int = REPEATS) -> float:
 # --- the compute ranks ---------------------------------------------------------------------------
 
 
-def compute_rank(cfg: RunConfig, out_dir: str) -> None:
+def compute_rank(cfg: RunConfig, counts: Counts, out_dir: str) -> None:
     """One of the concurrent measuring processes: each measurement in turn, every rank starting
     it at the same time (a gloo barrier), so each sees the others' load."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -84,11 +96,11 @@ def compute_rank(cfg: RunConfig, out_dir: str) -> None:
     torch.manual_seed(rank)
     sync = sync_of(device)
     # first: before other measurements leave freed memory in the allocator for it to reuse
-    steps = [("units", _executor_times, (cfg, device, sync, groups)),
-             ("matmul_s", _matmul_times, (cfg.train.dtype, device, sync)),
-             ("adamw_s", _adamw_s, (cfg.train, device, sync))]
+    steps = [("units", _executor_times, (cfg, device, sync, groups, counts)),
+             ("matmul_s", _matmul_times, (cfg.train.dtype, device, sync, counts)),
+             ("adamw_s", _adamw_s, (cfg.train, device, sync, counts))]
     if device.type == "cuda":
-        steps.append(("host_copies_s", _host_copy_times, (device, sync)))
+        steps.append(("host_copies_s", _host_copy_times, (device, sync, counts)))
     result = {}
     for name, fn, args in steps:
         dist.barrier()
@@ -98,28 +110,29 @@ def compute_rank(cfg: RunConfig, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def alone_rank(cfg: RunConfig, blocks: int, smaller: RunConfig | None, out_dir: str) -> None:
-    """One process with the machine to itself: a stage of `blocks` decoder blocks (with the
-    embedding and the head) through the single-process executor, keeping activations. Its unit
-    times are those of a rank no other rank competes with; its memory is a second, larger
-    stage for the process overhead (beside the pipeline's one-block stages). With `smaller`
-    (the run on a micro-batch of fewer tokens), that run's unit times too (sim/shape_scale.py)."""
+def alone_rank(cfg: RunConfig, smaller: RunConfig | None, counts: Counts, out_dir: str) -> None:
+    """One process with the machine to itself: a stage of counts.alone_blocks decoder blocks
+    (with the embedding and the head) through the single-process executor, keeping
+    activations. Its unit times are those of a rank no other rank competes with; its memory is
+    a second, larger stage for the process overhead (beside the pipeline's one-block stages).
+    With `smaller` (the run on a micro-batch of fewer tokens), that run's unit times too
+    (sim/shape_scale.py)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    sync = sync_of(device)
-    result = _traced_steps(cfg, device, sync, None, "keep", blocks)
+    sync, blocks = sync_of(device), counts.alone_blocks
+    result = _traced_steps(cfg, device, sync, None, counts, "keep", blocks)
     if smaller is not None:
-        fewer = _traced_steps(smaller, device, sync, None, "keep", blocks)
+        fewer = _traced_steps(smaller, device, sync, None, counts, "keep", blocks)
         result["smaller"] = {kind: fewer[kind] for kind in KINDS}
     if device.type == "cpu" and usable_cores() > 1:  # fits.thread_efficiency_of
         result["block_every_core"] = _on_every_core(
-            lambda: _traced_steps(cfg, device, sync, None, "keep", blocks)["block"])
+            lambda: _traced_steps(cfg, device, sync, None, counts, "keep", blocks)["block"])
     split = _traced_steps(dataclasses.replace(cfg, parallel=dataclasses.replace(
-        cfg.parallel, schedule="zbh1")), device, sync, None, "keep", blocks)
+        cfg.parallel, schedule="zbh1")), device, sync, None, counts, "keep", blocks)
     for kind, halves in split_halves(result, split).items():
         result[kind] += halves
-    result["attention_s"] = _attention_s(cfg, device, sync)
+    result["attention_s"] = _attention_s(cfg, device, sync, counts)
     if device.type == "cuda":
-        result["host_adamw_s"] = _host_adamw_s(cfg.train)
+        result["host_adamw_s"] = _host_adamw_s(cfg.train, counts)
     Path(out_dir, "result_0.json").write_text(json.dumps(result))
 
 
@@ -134,7 +147,7 @@ def split_halves(whole: dict, split: dict) -> dict[str, list[float]]:
     return {kind: [t * drift for t in split[f"split {kind}"]] for kind in KINDS}
 
 
-def _attention_s(cfg: RunConfig, device: torch.device, sync) -> float:
+def _attention_s(cfg: RunConfig, device: torch.device, sync, counts: Counts) -> float:
     """Seconds of attention's core forward and backward on the profiled shape, as the model's
     attention runs it (causal with RoPE, an ALiBi bias otherwise): its products are one head
     wide, so it runs far below the matmul peak, and its FLOPs grow with the sequence."""
@@ -148,7 +161,7 @@ def _attention_s(cfg: RunConfig, device: torch.device, sync) -> float:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         out.backward(torch.ones_like(out))
 
-    return median_s(step, sync)
+    return median_s(step, sync, counts.warmup, counts.repeats)
 
 
 def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tracer=None,
@@ -168,30 +181,30 @@ def _pipeline(cfg: RunConfig, device: torch.device, groups, activation: str, tra
     return engine, batches
 
 
-def _executor_times(cfg: RunConfig, device: torch.device, sync, groups) -> dict:
+def _executor_times(cfg: RunConfig, device: torch.device, sync, groups, counts: Counts) -> dict:
     """Unit times as training spends them (saved-tensor hooks, ledger, the pipeline's
     communication threads included), read from the executor's own trace of a few steps of
     `_pipeline`, once keeping activations and once recomputing them (for the block's forward
     without grad); see _traced_steps."""
-    out = _traced_steps(cfg, device, sync, groups, "keep")
-    recomputed = _traced_steps(cfg, device, sync, groups, "recompute")
+    out = _traced_steps(cfg, device, sync, groups, counts, "keep")
+    recomputed = _traced_steps(cfg, device, sync, groups, counts, "recompute")
     out["block_forward_no_grad"] = recomputed["block_forward_no_grad"]
     return out
 
 
-def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, activation: str,
-                  blocks: int = 1) -> dict:
+def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, counts: Counts,
+                  activation: str, blocks: int = 1) -> dict:
     """A few traced steps of `_pipeline`: each unit kind's forward and backward (the medians of
     its actions), or with recompute the block's forward without grad. With keep also: the
     executor's own time per action (what a step took beyond its actions' durations, per
     action, plus the median of its cheapest kind of non-compute action, starting a transfer,
     say) and the memory: the ledger's growth (its peak less the masters and gradients held
     before the first step) and the process's, over all the steps (fragmentation grows)."""
-    tracer = Tracer(keep_steps=STEP_REPEATS)
+    tracer = Tracer(keep_steps=counts.step_repeats)
     engine, batches = _pipeline(cfg, device, groups, activation, tracer, blocks)
     held_before, grown = engine.stage.ledger.total, _growth_since_now(device)
     walls = []
-    for step in range(STEP_WARMUP + STEP_REPEATS):
+    for step in range(counts.step_warmup + counts.step_repeats):
         _, wall = _timed(lambda: engine.train_step(batches, cfg.train.lr, step), sync)
         walls.append(wall)
     durations: dict[str, list[float]] = {}
@@ -205,10 +218,10 @@ def _traced_steps(cfg: RunConfig, device: torch.device, sync, groups, activation
                 **{f"split {kind}": [median[f"BI {kind}"], median[f"BW {kind}"]] for kind in KINDS}}
     out: dict = {kind: [median[f"F {kind}"], median[f"B {kind}"]] for kind in KINDS
                  if f"F {kind}" in median}
-    actions = sum(len(v) for v in durations.values()) / STEP_REPEATS
-    traced = sum(sum(v) for v in durations.values()) / STEP_REPEATS
+    actions = sum(len(v) for v in durations.values()) / counts.step_repeats
+    traced = sum(sum(v) for v in durations.values()) / counts.step_repeats
     cheapest = min((v for k, v in median.items() if k.startswith("op ")), default=0.0)
-    step_wall = statistics.median(walls[STEP_WARMUP:])
+    step_wall = statistics.median(walls[counts.step_warmup:])
     out["overhead_s"] = max(0.0, step_wall - traced) / actions + cheapest
     out["ledger_growth"] = engine.stage.ledger.peak - held_before
     out["process_growth"] = grown()
@@ -231,7 +244,7 @@ def rate_dtypes(dtype: str) -> list[str]:
     return [dtype] if dtype == "float32" else [dtype, "float32"]
 
 
-def _matmul_times(dtype: str, device: torch.device, sync) -> dict[str, float]:
+def _matmul_times(dtype: str, device: torch.device, sync, counts: Counts) -> dict[str, float]:
     """Seconds of an n x n matmul in each of _rate_dtypes, laid out as a Linear's forward
     (x @ W.T): on a CPU without native bf16/fp16, torch's fallback gemm runs a @ b about 8x
     slower than a @ b.T, which would make a 'peak' far below what the model's layers get."""
@@ -239,11 +252,12 @@ def _matmul_times(dtype: str, device: torch.device, sync) -> dict[str, float]:
     out = {}
     for name in rate_dtypes(dtype):
         a, b = (torch.randn(n, n, device=device, dtype=DTYPES[name]) for _ in range(2))
-        out[name] = median_s(lambda: a @ b.T, sync)
+        out[name] = median_s(lambda: a @ b.T, sync, counts.warmup, counts.repeats)
     return out
 
 
-def _adamw_s(train: TrainConfig, device: torch.device, sync, tier: str | None = None) -> float:
+def _adamw_s(train: TrainConfig, device: torch.device, sync, counts: Counts,
+             tier: str | None = None) -> float:
     """One fused AdamW step (ratrain's settings) over ADAMW_SHAPES of the device's type (or of
     `tier`), gradients in place; the host tier's tensors pinned, as host-homed state is."""
     pinned = tier == "host"
@@ -252,13 +266,13 @@ def _adamw_s(train: TrainConfig, device: torch.device, sync, tier: str | None = 
               for shape in ADAMW_SHAPES[tier or device.type]]
     for p in params:
         p.grad = torch.randn_like(p)
-    return median_s(make_optimizer(params, train).step, sync)
+    return median_s(make_optimizer(params, train).step, sync, counts.warmup, counts.repeats)
 
 
-def _host_adamw_s(train: TrainConfig) -> float:
+def _host_adamw_s(train: TrainConfig, counts: Counts) -> float:
     """A GPU machine's host tier: the AdamW step over pinned host tensors with every core, as
     a single training process runs it (a rank of several has --threads)."""
-    return _on_every_core(lambda: _adamw_s(train, torch.device("cpu"), lambda: None,
+    return _on_every_core(lambda: _adamw_s(train, torch.device("cpu"), lambda: None, counts,
                                            tier="host"))
 
 
@@ -284,14 +298,14 @@ def _growth_since_now(device: torch.device) -> Callable[[], int]:
     return lambda: rss.peak() or 0
 
 
-def _host_copy_times(device: torch.device, sync) -> dict[str, list[float]]:
+def _host_copy_times(device: torch.device, sync, counts: Counts) -> dict[str, list[float]]:
     """Pinned host <-> device copies of each of LINK_SIZES (CUDA only)."""
     out = {"host_to_device": [], "device_to_host": []}
     for size in LINK_SIZES:
         host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(size, dtype=torch.uint8, device=device)
         out["host_to_device"].append(median_s(lambda: dev.copy_(host, non_blocking=True), sync,
-                                              LINK_WARMUP, LINK_REPEATS))
+                                              counts.link_warmup, counts.link_repeats))
         out["device_to_host"].append(median_s(lambda: host.copy_(dev, non_blocking=True), sync,
-                                              LINK_WARMUP, LINK_REPEATS))
+                                              counts.link_warmup, counts.link_repeats))
     return out
