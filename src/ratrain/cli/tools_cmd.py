@@ -77,6 +77,22 @@ def _is_tokenizer_json(path: Path) -> bool:
     return isinstance(found, dict) and "model" in found
 
 
+def _refuse_run_dir_out(run_dir: Path, cfg: RunConfig, out: Path) -> None:
+    """Refuse, before anything is written, an --out that is the run directory (its config.json
+    and tokenizer files beside the run's own, the run's tokenizer.json copied onto itself) or
+    inside its checkpoints (which resumes and verification read)."""
+    from ratrain import checkpoint
+    from ratrain.training.run_dir import checkpoints_of
+
+    where, there = out.resolve(), checkpoint.root(checkpoints_of(run_dir, cfg)).resolve()
+    if where == run_dir.resolve():
+        raise UserError(f"--out {out} is the run directory itself: export into a directory of "
+                        f"its own, e.g. --out {run_dir / 'hf'} or one outside the run")
+    if where == there or there in where.parents:
+        raise UserError(f"--out {out} is inside the run's checkpoint directory {there}: export "
+                        f"into a directory of its own, e.g. --out {run_dir / 'hf'}")
+
+
 @cli.command()
 @click.argument("run_dir", type=click.Path())
 @click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors, the run's tokenizer as tokenizer.json + tokenizer_config.json).")
@@ -105,6 +121,7 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     tok = _run_tokenizer(cfg, tokenizer_spec, f"ratrain export {run_dir} --out {out}")
     if checkpoint_dir:
         cfg.train.checkpoint_dir = checkpoint_dir
+    _refuse_run_dir_out(Path(run_dir), cfg, Path(out))
     ckpt = resume_point(Path(run_dir), cfg, done_ok=True, way_out=f"export with `ratrain export "
                         f"{run_dir} --out {out} --checkpoint-dir DIR`")
     diloco = cfg.parallel.diloco

@@ -45,7 +45,10 @@ class ExportTokenizer:
             (out / "tokenizer.json").write_text(json.dumps(written, indent=2, ensure_ascii=False)
                                                 + "\n")
         elif isinstance(self.tokenizer, HFTokenizer):
-            shutil.copyfile(self.tokenizer.path, out / "tokenizer.json")
+            copy = out / "tokenizer.json"
+            # --tokenizer OUT/tokenizer.json (an earlier export's): the file is there already
+            if not (copy.exists() and copy.samefile(self.tokenizer.path)):
+                shutil.copyfile(self.tokenizer.path, copy)
         else:
             self._hf.save(str(out / "tokenizer.json"))
         config = {

@@ -39,7 +39,7 @@ def write_report(run_dir: str | Path, profile: str | None = None,
         # a profile that does not load, say) leaves the old one as it was
         staging = Path(tempfile.mkdtemp(prefix=".new-", dir=out))
     except OSError as e:
-        raise UserError(f"cannot write the report into {out}: {e.strerror or e}") from None
+        raise _cannot_write(out, e) from None
     try:
         table, pictures = _draw(run, profile, staging)
         page = write_page(run, staging, table, pictures)
@@ -50,10 +50,20 @@ def write_report(run_dir: str | Path, profile: str | None = None,
         for old in out.glob("*.png"):  # what the new page does not show (a run redone)
             if old.name not in shown:
                 old.unlink()
+    except OSError as e:
+        # the run was read whole by load_run: what fails here is a write, unless it names a
+        # file elsewhere (a --profile YAML that cannot be read)
+        if e.filename is not None and out.resolve() not in Path(e.filename).resolve().parents:
+            raise
+        raise _cannot_write(out, e) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Report(out / page.name, [out / path.name for _, path, _ in pictures], table,
                   run.notes)
+
+
+def _cannot_write(out: Path, e: OSError) -> UserError:
+    return UserError(f"cannot write the report into {out}: {e.strerror or e}")
 
 
 def _draw(run, profile: str | None, out: Path):

@@ -17,6 +17,8 @@ def pyplot():
 
 
 def save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    pyplot().close(fig)
+    try:
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    finally:  # a save that failed (a full disk) must not leave its figure open
+        pyplot().close(fig)
     return path

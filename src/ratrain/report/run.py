@@ -45,6 +45,47 @@ def _read_json(path: Path) -> tuple[object, str | None]:
         return None, f"{path.name} could not be read ({type(e).__name__}: {e})"
 
 
+_NUMBER, _TEXT = "a number", "text"
+SUMMARY_TYPES = {
+    "steps": _NUMBER, "final_loss": _NUMBER, "val_loss": _NUMBER, "tokens_per_s": _NUMBER,
+    "tokens_per_s_of_steps": _TEXT, "peak_memory_bytes": _NUMBER, "mfu": _NUMBER,
+    "peak_flops": _NUMBER, "flops_per_token": _NUMBER, "peak_flops_source": _TEXT,
+    "threads_per_rank": _NUMBER, "ledger_peak_bytes_per_stage": [_NUMBER],
+    "rss_growth_bytes_per_stage": [_NUMBER], "ledger_at_peak_by_kind_per_rank": [dict]}
+"""What the report reads of summary.json, as training/run_summary.write_summary writes it
+(null: a value it did not know); [x]: a list of x."""
+
+
+def _wrong_type(summary) -> str | None:
+    """What in `summary` (summary.json's contents) is not of the type the report reads, in
+    words; None if nothing is."""
+    if not isinstance(summary, dict):
+        return f"it holds {type(summary).__name__}, not an object"
+    for key, want in SUMMARY_TYPES.items():
+        value = summary.get(key)
+        if value is None:
+            continue
+        if isinstance(want, list):
+            if not isinstance(value, list):
+                return f"its {key} is {value!r}, not a list"
+            wrong = [v for v in value if not _is(v, want[0])]
+            if wrong:
+                return f"its {key} holds {wrong[0]!r}, not {_said(want[0])}"
+        elif not _is(value, want):
+            return f"its {key} is {value!r}, not {_said(want)}"
+    return None
+
+
+def _is(value, want) -> bool:
+    if want == _NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, str) if want == _TEXT else isinstance(value, want)
+
+
+def _said(want) -> str:
+    return want if isinstance(want, str) else "an object"
+
+
 def runs_a_plan(cfg: RunConfig) -> bool:
     """Whether the run ran a pipeline plan, which it wrote to plan.json: every run of more
     than one rank, and a single process that needs the executor (training/prepare.prepare)."""
@@ -59,17 +100,19 @@ def load_run(run_dir: str | Path) -> Run:
     from ratrain.training.metrics import read_metrics
 
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise UserError(f"{run_dir} does not exist")
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     if not (run_dir / "metrics.jsonl").is_file():
         raise UserError(f"{run_dir} has no metrics.jsonl: the run has not taken a step")
-    try:
-        metrics = read_metrics(run_dir / "metrics.jsonl")
-    except ValueError as e:
-        raise UserError(f"{run_dir}/metrics.jsonl is damaged: {e}") from None
+    metrics = read_metrics(run_dir / "metrics.jsonl")  # a damaged one: a UserError, saying where
     if not metrics:
         raise UserError(f"{run_dir}/metrics.jsonl is empty: the run has not taken a step")
     summary, unreadable = _read_json(run_dir / "summary.json")
+    wrong = _wrong_type(summary) if summary is not None else None
+    if wrong:  # as a file cut short is: the report's figures take its values as they are
+        summary, unreadable = None, f"summary.json could not be read ({wrong})"
     run = Run(run_dir, RunConfig.load(run_dir / "config.yaml"), metrics, summary or {})
     if not run.summary:
         run.notes.append((unreadable or "no summary.json (the run did not reach its end)")

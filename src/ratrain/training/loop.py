@@ -23,7 +23,7 @@ from ratrain.runtime.process_memory import RssGrowth
 from ratrain.runtime.trace import write_chrome_trace
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
-from ratrain.training.metrics import MetricsLog, StepExtras
+from ratrain.training.metrics import MetricsLog, StepExtras, write_failed
 from ratrain.training.resuming import OuterAsWeights, resumed_state, say_what_changed
 from ratrain.training.run_dir import checkpoints_of
 from ratrain.training.run_summary import write_summary
@@ -84,7 +84,8 @@ class Loop:
         t = self.cfg.train
         meta = self._resume(ckpt, verified) if ckpt else None
         start = self.loader.step
-        log = MetricsLog(self.run_dir / "metrics.jsonl", start if ckpt else None) if self.is_main else None
+        log = (MetricsLog(self.run_dir / "metrics.jsonl", start if ckpt else None, self.where)
+               if self.is_main else None)
         self.extras = StepExtras(self.cfg, self.run_dir, self.grid.world_size, self.engine.stage.device,
                                  start if ckpt else None, meta and meta.get("cpu_core_peak")
                                  ) if self.is_main else None  # MFU, TensorBoard
@@ -284,7 +285,12 @@ class Loop:
         if self.tracer:
             grid = self.grid
             labels = {r: "rank {} (stage {}, replica {})".format(r, *grid.coords(r)) for r in range(grid.world_size)}
-            write_chrome_trace(self.run_dir / "trace.json", {r: t[0] for r, t in enumerate(traced)},
-                               labels, {r: t[1] for r, t in enumerate(traced)})
+            path = self.run_dir / "trace.json"
+            try:
+                write_chrome_trace(path, {r: t[0] for r, t in enumerate(traced)}, labels,
+                                   {r: t[1] for r, t in enumerate(traced)})
+            except OSError as e:
+                path.unlink(missing_ok=True)  # half a trace would not load
+                raise write_failed(path, e, self.where) from None
         write_summary(self.run_dir, self.cfg, self.grid, last, throughput, self.peaks, ledgers,
-                      self.saver.times, self.extras)
+                      self.saver.times, self.extras, self.where)

@@ -5,11 +5,31 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
 
 from ratrain.config import write_whole
+from ratrain.errors import RunFailure, UserError
+
+
+class RunDirWriteError(RunFailure):
+    """A file of the run directory (metrics.jsonl, summary.json, trace.json) could not be
+    written: a full disk, most often. A RunFailure, so that the launcher relays its message
+    (which names the file) from whichever rank wrote it."""
+
+
+def write_failed(path: Path, e: OSError, checkpoints) -> RunDirWriteError:
+    """The error of a failed write of `path`, saying what the run keeps: the newest complete
+    checkpoint in `checkpoints` (the run's checkpoint directory, as checkpoint.root takes it)."""
+    from ratrain import checkpoint
+
+    kept = [p.name for p in checkpoint.complete_dirs(checkpoints)] if checkpoints else []
+    return RunDirWriteError(
+        f"could not write {path}: {e.strerror or e}; "
+        + (f"the checkpoints are intact (the newest: {kept[-1]})" if kept
+           else "there is no checkpoint to resume from"))
 
 
 class MetricsLog:
@@ -21,20 +41,43 @@ class MetricsLog:
     JSON has no NaN, and strict parsers refuse Python's.
     """
 
-    def __init__(self, path: str | Path, resume_step: int | None = None):
+    def __init__(self, path: str | Path, resume_step: int | None = None, checkpoints=None):
+        """`checkpoints`: the run's checkpoint directory, which a failed write's error names
+        the newest of."""
         self.path = Path(path)
+        self.checkpoints = checkpoints
         self.kept: list[dict] = []
-        if resume_step is not None and self.path.exists():
-            self.kept = [finite(row) for row in read_metrics(self.path)
-                         if row["step"] <= resume_step]
-            # replaced whole: a kill while it is written leaves the earlier file, not a part
-            write_whole(self.path, "".join(_line(row) for row in self.kept))
-        elif resume_step is None:
-            self.path.write_text("")
+        try:
+            if resume_step is not None and self.path.exists():
+                self.kept = [finite(row) for row in read_metrics(self.path)
+                             if row["step"] <= resume_step]
+                # replaced whole: a kill while it is written leaves the earlier file, not a part
+                write_whole(self.path, "".join(_line(row) for row in self.kept))
+            elif resume_step is None:
+                self.path.write_text("")
+        except OSError as e:
+            raise write_failed(self.path, e, checkpoints) from None
 
     def write(self, row: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(_line(row))
+        """Appends the row whole or not at all: unbuffered, so that nothing is left to flush
+        on close after a failed write, and cut back to the rows before it if the disk filled
+        part way through the line."""
+        data = _line(row).encode()
+        try:
+            with self.path.open("ab", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                try:
+                    done = 0
+                    while done < len(data):  # a raw write may take only part of it
+                        done += f.write(data[done:])
+                except OSError:
+                    try:
+                        f.truncate(size)
+                    except OSError:
+                        pass  # the half row stays; read_metrics leaves a cut last line out
+                    raise
+        except OSError as e:
+            raise write_failed(self.path, e, self.checkpoints) from None
 
 
 def _line(row: dict) -> str:
@@ -52,17 +95,34 @@ def finite(value):
     return value
 
 
+class MetricsDamaged(UserError, ValueError):
+    """A line of metrics.jsonl, not its last, that is not a row (the file was edited, or two
+    writers mixed their lines): the message names the file and the line."""
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a metrics.jsonl; a last line cut short (the machine died, or its disk
     filled, while the line was written) is left out, rather than stop every later resume
     and report of the run at a JSON error."""
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
-    rows = [json.loads(line) for line in lines[:-1]]
+    lines = [(n, line) for n, line in enumerate(Path(path).read_text().splitlines(), 1)
+             if line.strip()]
+    rows = [_row(path, n, line) for n, line in lines[:-1]]
     try:
-        rows += [json.loads(lines[-1])] if lines else []
-    except json.JSONDecodeError:
+        rows += [_row(path, *lines[-1])] if lines else []
+    except MetricsDamaged:
         pass
     return rows
+
+
+def _row(path, n: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise MetricsDamaged(f"{path} is damaged: line {n}: {e.msg} (column {e.colno})") from None
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        raise MetricsDamaged(f"{path} is damaged: line {n} is not a row (an object with its "
+                             f"step): {line[:60]}")
+    return row
 
 
 class StepExtras:

@@ -9,16 +9,17 @@ from pathlib import Path
 
 from ratrain.config import RunConfig
 from ratrain.schedule.grid import RankGrid
-from ratrain.training.metrics import finite, read_metrics
+from ratrain.training.metrics import finite, read_metrics, write_failed
 from ratrain.training.whole_run import RunPeaks, Throughput
 
 
 def write_summary(run_dir: Path, cfg: RunConfig, grid: RankGrid, last: dict,
                   throughput: Throughput, peaks: RunPeaks, ledgers: list[tuple],
-                  saves: list[dict], extras) -> None:
+                  saves: list[dict], extras, checkpoints=None) -> None:
     """`last`: the run's last row; `ledgers`: each rank's (ledger at its peak, by kind; bytes
     held before training); `saves`: this process's checkpoint saves (Saver.times); `extras`:
-    the StepExtras that add MFU."""
+    the StepExtras that add MFU; `checkpoints`: the run's checkpoint directory, which a failed
+    write's error names the newest of."""
     counted = throughput.tokens_per_s() is not None  # else each part took one step
     summary = {"run_dir": str(run_dir.absolute()), "steps": last.get("step"),
                "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
@@ -55,7 +56,13 @@ def write_summary(run_dir: Path, cfg: RunConfig, grid: RankGrid, last: dict,
     if isinstance(val, float) and not math.isfinite(val):  # said, not dropped: JSON has no NaN
         summary["val_loss_not_finite"] = True
     extras.finish(summary)
-    (run_dir / "summary.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False))
+    path = run_dir / "summary.json"
+    text = json.dumps(finite(summary), indent=2, allow_nan=False)
+    try:
+        path.write_text(text)
+    except OSError as e:
+        path.unlink(missing_ok=True)  # half a summary would pass for the whole one
+        raise write_failed(path, e, checkpoints) from None
 
 
 def _skipped_by(row: dict, replica: int) -> bool:
