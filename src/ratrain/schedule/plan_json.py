@@ -53,7 +53,7 @@ def plan_from_dict(plan_class, d: dict[str, Any]):
         activation = resolve_activation(activation, None, stage_units)
     return plan_class(
         pp=d["pp"], dp=d["dp"], n_micro=d["n_micro"], stage_units=stage_units,
-        programs=[parse_program(text) for text in d["programs"]],
+        programs=[_program(s, text) for s, text in enumerate(d["programs"])],
         policy=d["policy"], schedule=d["schedule"], activation=activation, clip=d["clip"],
         rank_order=d.get("rank_order", "pp-dp"),
         view_window=d.get("view_window"),
@@ -70,3 +70,11 @@ def plan_from_dict(plan_class, d: dict[str, Any]):
         device_grad_sum=d.get("device_grad_sum", False),
         host_grad_dtype=d.get("host_grad_dtype", "float32"),
     )
+
+
+def _program(stage: int, text: str):
+    """Stage `stage`'s program, parsed; a ValueError names it (a hand edit of one of several)."""
+    try:
+        return parse_program(text)
+    except ValueError as e:
+        raise ValueError(f"programs[{stage}]: {e}") from None

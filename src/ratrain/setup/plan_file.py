@@ -11,6 +11,7 @@ from ratrain.errors import UserError
 from ratrain.schedule.errors import ScheduleError
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.schedule.plan_rules import weight_grad_of
+from ratrain.setup.plan_file_shape import check_plan_shape
 
 SEARCHED_PLAN = "(searched: --memory-budget)"
 """A run's plan_file while the plan `ratrain train --memory-budget` searched for has no file
@@ -18,8 +19,8 @@ yet: training.run.train writes it to RUN/plan.json and records that path instead
 
 
 def read_plan_file(path: str | Path) -> dict:
-    """A plan file's plain data (JSON), read once: the CLI takes its layout and run settings
-    from it, and `load_plan` makes it the plan."""
+    """A plan file's plain data (JSON), read once and its shape checked (plan_file_shape): the
+    CLI takes its layout and run settings from it, and `load_plan` makes it the plan."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -30,6 +31,7 @@ def read_plan_file(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path} is not a ratrain plan: expected a JSON object, got "
                         f"{type(data).__name__}")
+    check_plan_shape(data, str(path))
     return data
 
 
@@ -42,9 +44,9 @@ than one way: load_plan's check compares them once resolved."""
 
 
 def refuse_what_differs(cfg: RunConfig, data: dict, plan_file: str, opts: dict) -> None:
-    """After cli/options.use_plan: a layout flag that differs from the plan, a plan whose pp
-    its own stages contradict (a hand edit), and a model other than the preset it was made
-    for, each refused naming what differs, before the run's checks meet them."""
+    """After cli/options.use_plan: a layout flag that differs from the plan, and a model other
+    than the preset it was made for, each refused naming what differs, before the run's checks
+    meet them (read_plan_file refused a plan whose own keys disagree)."""
     for key in LAYOUT_FLAGS:
         flag = opts.get(key)
         if key not in data or flag is None or (key == "schedule" and flag == AUTO_SCHEDULE):
@@ -55,20 +57,8 @@ def refuse_what_differs(cfg: RunConfig, data: dict, plan_file: str, opts: dict) 
             made = "none" if data[key] is None else data[key]
             raise UserError(f"{name} differs from {key} {made}, which {plan_file} was made for; "
                             "leave the flag out or make a new plan")
-    _refuse_inconsistent_pp(data, plan_file)
-    if isinstance(data.get("run"), dict):  # cfg.model is the plan's (use_plan took it)
+    if "run" in data:  # cfg.model is the plan's (use_plan took it)
         _refuse_misnamed_model(cfg, data, plan_file)
-
-
-def _refuse_inconsistent_pp(data: dict, plan_file: str) -> None:
-    pp, units = data.get("pp"), data.get("stage_units")
-    partition = ((data.get("run") or {}).get("parallel") or {}).get("partition") \
-        if isinstance(data.get("run"), dict) else None
-    for what, stages in (("stage_units", units), ("run.parallel.partition", partition)):
-        if isinstance(pp, int) and isinstance(stages, list) and len(stages) != pp:
-            raise UserError(f"{plan_file} is inconsistent: its pp is {pp}, but its {what} has "
-                            f"{len(stages)} stages (edited by hand?); make a new plan with "
-                            "`ratrain plan --out`")
 
 
 def _refuse_misnamed_model(cfg: RunConfig, data: dict, plan_file: str) -> None:
@@ -118,7 +108,11 @@ def load_plan(cfg: RunConfig, data: dict | None = None) -> PipelinePlan:
         want["tie_embeddings"] = cfg.model.tie_embeddings
     have = {k: getattr(plan, k) for k in want}
     if have != want:
-        diff = ", ".join(f"{k}={have[k]} (run has {want[k]})" for k in want if have[k] != want[k])
+        t = cfg.train  # (a dp of 2 in a plan for 1 was "n_micro=2 (run has 1)", dp unnamed)
+        how = {"n_micro": f": --global-batch {t.global_batch} / (dp {cfg.parallel.dp} x "
+                          f"--micro-batch-size {t.micro_batch_size})"}
+        diff = ", ".join(f"{k}={have[k]} (run has {want[k]}{how.get(k, '')})"
+                         for k in want if have[k] != want[k])
         raise UserError(f"plan {path} does not fit this run: {diff}")
     try:
         plan.validate()
