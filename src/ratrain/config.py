@@ -225,7 +225,10 @@ class RunConfig:
             d = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
         except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
             raise UserError(f"cannot parse config {path}: {parse_error(e)}") from None
-        return cls.from_dict(d or {})
+        try:  # a resumed run's RUN/config.yaml was never named (the user typed RUN)
+            return cls.from_dict(d or {})
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
 
 
 def _build(factory, values: dict[str, Any], section: str):

@@ -56,7 +56,7 @@ def _tiny_text(tmp_path):
     (["--partition", "4,4", "--pp", "2"], "--partition 4,4 places 8 units; the model has 6"),
     (["--global-batch", "6", "--micro-batch-size", "4"], "not a multiple"),
     (["--seq-len", "4096"], "max_seq_len"),
-    (["--resume", "nowhere"], "not a ratrain run directory"),
+    (["--resume", "nowhere"], "--resume nowhere: no such directory"),
     (["--activation", "keep,fast"], "activation policy must be one of keep, recompute, offload"),
     (["--pp", "2", "--activation", "keep,keep,keep"], "lists 3 policies for 2 stages"),
     (["--pp", "2", "--policy", "baseline", "--activation", "recompute,keep"], "use --policy ratrain"),

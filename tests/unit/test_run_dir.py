@@ -191,7 +191,7 @@ def test_resume_with_another_run_dir_is_refused(monkeypatch, capsys, tmp_path):
     """--run-dir OTHER was ignored: the run went on in RUN."""
     _refused(monkeypatch, capsys, "--resume run continues the run in run, and --run-dir names "
              "another directory (other)", "--resume", "run", "--run-dir", "other")
-    _refused(monkeypatch, capsys, "run is not a ratrain run directory", "--resume", "run",
+    _refused(monkeypatch, capsys, "--resume run: no such directory", "--resume", "run",
              "--run-dir", str(tmp_path / "run"))  # the same directory: on to the next check
 
 

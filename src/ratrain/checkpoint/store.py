@@ -59,12 +59,14 @@ def _torch_save(obj, path: Path) -> None:
     until 2026-11-27) the serialization held it: the training thread ran at 22-31% of its pace
     while a background save serialized 1.7 GB of AdamW state (docs/checkpoints.md). A failed
     write (a full disk) comes out of torch as an opaque RuntimeError ("unexpected pos 704 vs
-    598") with the file's OSError as its context: that OSError is raised."""
+    598") with the file's OSError as its context: that OSError is raised. So is a Ctrl-C (or
+    SIGTERM's _Terminated) that lands in a write: a --checkpoint-sync save stopped by it ended
+    in that RuntimeError's traceback, exit 1 (until 2026-12-03)."""
     with open(path, "wb") as f:
         try:
             torch.save(obj, f)
         except RuntimeError as e:
-            if isinstance(e.__context__, OSError):
+            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
                 raise e.__context__ from None
             raise
 

@@ -131,11 +131,38 @@ def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None
 
 
 def refuse_another_run_dir(resume_dir: str, run_dir: str | None) -> None:
-    """--resume RUN goes on in RUN: a --run-dir naming another directory was ignored."""
+    """--resume RUN goes on in RUN: a --run-dir naming another directory was ignored. (The
+    first check of every --resume RUN: RUN itself is checked next, _refuse_no_run.)"""
     if run_dir and Path(run_dir).resolve() != Path(resume_dir).resolve():
         raise UserError(f"--resume {resume_dir} continues the run in {resume_dir}, and --run-dir "
                         f"names another directory ({run_dir}); leave --run-dir out, or give the "
                         "same directory")
+    _refuse_no_run(Path(resume_dir))
+
+
+def _refuse_no_run(run_dir: Path) -> None:
+    """RUN that does not exist, or one whose config.yaml is gone from beside the run's
+    checkpoints or metrics: each said as what it is (both were "not a ratrain run directory"
+    until 2026-12-03). The newest checkpoint's manifest holds the config it was saved with; it
+    is named, not taken: config.yaml holds the settings of the run's last start, which may be
+    newer, and the user knows which to put back."""
+    from ratrain import checkpoint
+    from ratrain.checkpoint import manifest
+
+    if not run_dir.exists():
+        raise UserError(f"--resume {run_dir}: no such directory")
+    if (run_dir / "config.yaml").is_file():
+        return
+    held = checkpoint.complete_dirs(run_dir) if run_dir.is_dir() else []
+    what = [f"checkpoints ({held[-1].name})" for _ in held[-1:]] + \
+        ["metrics.jsonl" for _ in [1] if (run_dir / "metrics.jsonl").is_file()]
+    if not what:
+        return  # not a run at all (build_config says so)
+    restore = ("; its newest checkpoint's manifest holds the config it was saved with "
+               f"({held[-1] / manifest.NAME}, under \"config\")") if held else ""
+    raise UserError(f"{run_dir}/config.yaml is missing: {run_dir} holds a run's "
+                    f"{' and '.join(what)}, which resumes with its settings; put config.yaml "
+                    f"back{restore}")
 
 
 # The config fields that name a file a run reads, by the flag that sets them.

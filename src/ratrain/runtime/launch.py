@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from multiprocessing import util as mp_util
 from pathlib import Path
 
@@ -51,12 +52,28 @@ _stop_signal: int | None = None  # the signal that asked this process to stop
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM in the launcher: a KeyboardInterrupt, so that wherever it lands it is handled as
-    Ctrl-C is (but said as SIGTERM's, and the cli's exit is 143)."""
+    """SIGTERM (sigterm_as_ctrl_c): a KeyboardInterrupt, so that wherever it lands it is handled
+    as Ctrl-C is (but said as SIGTERM's, and the cli's exit is 143)."""
+
+    signum = signal.SIGTERM  # (a plain KeyboardInterrupt has none: Ctrl-C's, SIGINT)
 
 
 def _raise_terminated(signum, frame) -> None:
     raise _Terminated()
+
+
+@contextmanager
+def sigterm_as_ctrl_c():
+    """Within: SIGTERM raises _Terminated in the main thread (elsewhere: nothing). For the
+    launcher watching its ranks, and a one-process run (until 2026-12-03 it died by the signal,
+    silent, its save in flight left as .partial); not a torchrun worker (its agent decides)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+    try:
+        yield
+    finally:
+        if main:  # (None: a handler not set from Python; the default is as near as it gets)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
@@ -243,16 +260,14 @@ def _launch(world: int, fn, args: tuple, error_dir: Path, threads: int,
 def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) -> int | None:
     # SIGTERM as Ctrl-C only while the ranks are watched: before, the default end of this
     # process ends them too (_end_with); after, they are gone or being stopped.
-    main = threading.current_thread() is threading.main_thread()  # (signals need the main one)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     asked_by = None  # the signal that asked the ranks to stop
-    try:
+    with sigterm_as_ctrl_c():
         while True:
             try:
                 failed = _first_to_fail(procs)
                 break
             except KeyboardInterrupt as e:
-                signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+                signum = getattr(e, "signum", signal.SIGINT)
                 if asked_by or not checkpoint_on_interrupt:
                     _stop(procs)
                     signum = asked_by or signum
@@ -262,9 +277,6 @@ def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) ->
                 for p in procs:
                     if p.is_alive():
                         os.kill(p.pid, signal.SIGINT)
-    finally:
-        if main:  # (None: a handler not set from Python; the default is as near as it gets)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if failed is None:
         return int(asked_by) if asked_by else None
     # Signals seen now were not ours: a rank killed from outside leaves no report, and the

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from ratrain.errors import Interrupted
 from ratrain.models.hf_start import check_init_from, overridden_fields, weights_line
 from ratrain.models.params import count_params
 from ratrain.runtime.launch import (STOP_SIGNALS, ask_to_stop_on_signals, launch_local,
-                                    stop_signal, stopped_how)
+                                    sigterm_as_ctrl_c, stop_signal, stopped_how)
 from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.process_groups import init_groups, join_world, stop_together
 from ratrain.runtime.trace import Tracer
@@ -65,6 +65,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     note = meetings_note(cfg, checkpoint.load_meta(ckpt)["step"] if ckpt else 0)
     if note and int(os.environ.get("RANK", 0)) == 0:
         print(note, file=sys.stderr, flush=True)
+    _say_the_resume(cfg, ckpt, progress)
     if cfg.parallel.plan_file == SEARCHED_PLAN:  # its plan file is the run's copy
         cfg.parallel.plan_file = str((run_dir / "plan.json").resolve())
     world = cfg.parallel.pp * cfg.parallel.dp
@@ -80,8 +81,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
     in_this_process = under_torchrun() or world == 1
     try:
-        if in_this_process:
-            with _computing_on(threads_in_this_process(cfg)):
+        if in_this_process:  # (a torchrun worker's SIGTERM is its agent's: sigterm_as_ctrl_c)
+            with _computing_on(threads_in_this_process(cfg)), \
+                    nullcontext() if under_torchrun() else sigterm_as_ctrl_c():
                 stopped = stop_signal() if rank_main(*args, agree=under_torchrun()) else None
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
@@ -91,7 +93,8 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         if kept is not None:
             kept.restore_unless_stepped(checkpoint.load_meta(ckpt)["step"])
         if isinstance(e, KeyboardInterrupt) or (isinstance(e, Interrupted) and not e.kept_said):
-            how = str(e) if isinstance(e, Interrupted) else "interrupted"
+            how = (str(e) if isinstance(e, Interrupted) else
+                   stopped_how(getattr(e, "signum", signal.SIGINT)))  # (SIGTERM's: _Terminated)
             raise Interrupted(f"{how}; {_what_is_kept(cfg, opened.checkpoints, run_dir)}",
                               kept_said=True, signum=getattr(e, "signum", signal.SIGINT)) from None
         raise
@@ -119,6 +122,15 @@ def _say_the_weights(cfg: RunConfig, resume: bool, progress: bool) -> None:
         for line in [*overridden_fields(cfg), progress and weights_line(cfg)]:
             if line:
                 print(line, file=sys.stderr, flush=True)
+
+
+def _say_the_resume(cfg: RunConfig, ckpt: Path | None, progress: bool) -> None:
+    """Which checkpoint a resume goes on from, said by rank 0 with progress (until 2026-12-03
+    only where a newer one was skipped). What was asked, so not a note said either way
+    (--no-progress): a skipped checkpoint's line names the one taken."""
+    if ckpt and progress and int(os.environ.get("RANK", 0)) == 0:
+        print(f"resuming from {ckpt.name} (step {checkpoint.load_meta(ckpt)['step']} of "
+              f"{cfg.train.steps})", file=sys.stderr, flush=True)
 
 
 def _what_is_kept(cfg: RunConfig, checkpoints, run_dir: Path) -> str:
