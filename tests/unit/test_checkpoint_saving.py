@@ -105,3 +105,22 @@ def test_one_save_in_flight_and_its_failure_reaches_the_training_thread():
     sync = saving.Saver(background=False)
     with pytest.raises(OSError, match="No space left"):
         sync.submit(4, 0.0, full_disk)
+
+
+def test_an_abandoned_save_has_stopped_when_the_run_goes_on_to_clean_up():
+    """Loop.run abandons the save in flight on any failure or Ctrl-C before train() removes the
+    partial directory: a writer still running then published an empty step_N."""
+    saver, order = saving.Saver(background=True), []
+
+    def writes_until_cancelled():
+        while not saver.cancelled.wait(0.01):
+            pass
+        time.sleep(0.2)  # the unit being written when the cancel came
+        order.append("stopped")
+        raise OSError(28, "No space left on device")  # dropped: the run's own failure is said
+
+    saver.submit(1, 0.0, writes_until_cancelled)
+    saver.abandon()
+    assert order == ["stopped"] and not saver.in_flight()
+    saver.check()
+    saver.wait()  # nothing left to raise

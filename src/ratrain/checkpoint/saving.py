@@ -200,6 +200,18 @@ class Saver:
             self.times[-1]["waited_s"] = time.perf_counter() - t0
         self._raise()
 
+    def abandon(self) -> None:
+        """After the run failed or was stopped: cancel the save in flight and wait until it has
+        stopped (between units, unpublished, or published whole); its own failure is dropped,
+        the run's is said. A save still writing as the caller removed the partial directory
+        published an empty step_N (seen on Ctrl-C, 2026-12-03), and one still in torch at the
+        interpreter's exit aborted it (exit 134)."""
+        self.cancelled.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._error = None
+
     def _raise(self) -> None:
         error, self._error = self._error, None
         if error is not None:

@@ -74,7 +74,7 @@ class Loop:
         try:
             return self._run(ckpt, verified)
         except BaseException:
-            self.saver.cancelled.set()  # a save in flight stops between units, unpublished
+            self.saver.abandon()  # a save in flight stops between units, unpublished
             raise
         finally:  # before the caller says how the run ended: tqdm redraws an open bar below it
             if self.bar is not None:
