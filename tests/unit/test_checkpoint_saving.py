@@ -4,6 +4,7 @@ every rank's part is marked done, and a save's failure reaches the training thre
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -124,3 +125,31 @@ def test_an_abandoned_save_has_stopped_when_the_run_goes_on_to_clean_up():
     assert order == ["stopped"] and not saver.in_flight()
     saver.check()
     saver.wait()  # nothing left to raise
+
+
+def test_a_wait_that_ctrl_c_interrupts_still_leaves_abandon_waiting_for_the_writer():
+    """A Ctrl-C landing in Thread.join (Python 3.11) left the thread taken for stopped while it
+    wrote on: abandon returned at once, and the writer outlived the run (exit 134)."""
+    saver, order = saving.Saver(background=True), []
+    release = threading.Event()
+
+    def writes():
+        release.wait(10)
+        time.sleep(0.1)
+        order.append("written")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)  # (SIGINT is the test runner's)
+    try:
+        saver.submit(1, 0.0, writes)
+        threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident,
+                                                   signal.SIGUSR1)).start()
+        with pytest.raises(KeyboardInterrupt):
+            saver.wait()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    release.set()
+    saver.abandon()
+    assert order == ["written"] and not saver.in_flight()

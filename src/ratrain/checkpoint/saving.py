@@ -157,7 +157,11 @@ class Saver:
         # per save: its step; the training thread's seconds taking the state (taken_s) and
         # waiting for the save to end (waited_s, at the next save or the end); the writer's
         self.times: list[dict] = []
-        self._thread: threading.Thread | None = None
+        # set by the writer as it ends: not Thread.join, which a Ctrl-C interrupting it leaves
+        # (Python 3.11) taking the thread for stopped while it writes on, so that a later join
+        # returned at once and the writer outlived the run (its partial directory published
+        # empty, the interpreter's exit aborted: exit 134)
+        self._ended: threading.Event | None = None
         self._error: BaseException | None = None
 
     def submit(self, step: int, taken_s: float, job) -> None:
@@ -167,6 +171,8 @@ class Saver:
         entry = {"step": step, "taken_s": taken_s, "waited_s": 0.0}
         self.times.append(entry)
 
+        ended = threading.Event()
+
         def run() -> None:
             t0 = time.perf_counter()
             _yield_to_training()
@@ -174,29 +180,31 @@ class Saver:
                 job()
             except BaseException as e:  # noqa: BLE001 -- raised in the training thread
                 self._error = e
-            entry["written_s"] = time.perf_counter() - t0
+            finally:
+                entry["written_s"] = time.perf_counter() - t0
+                ended.set()
 
         if not self.background:
             run()
             self._raise()
             return
-        self._thread = threading.Thread(target=run, name=f"checkpoint step {step}", daemon=True)
-        self._thread.start()
+        self._ended = ended
+        threading.Thread(target=run, name=f"checkpoint step {step}", daemon=True).start()
 
     def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._ended is not None and not self._ended.is_set()
 
     def check(self) -> None:
         """Raise a finished save's failure, without waiting for one in flight."""
-        if self._thread is not None and not self._thread.is_alive():
+        if self._ended is not None and self._ended.is_set():
             self.wait()
 
     def wait(self) -> None:
         """Wait for the save in flight; raise its failure."""
-        if self._thread is not None:
+        if self._ended is not None:
             t0 = time.perf_counter()
-            self._thread.join()
-            self._thread = None
+            self._ended.wait()
+            self._ended = None
             self.times[-1]["waited_s"] = time.perf_counter() - t0
         self._raise()
 
@@ -207,9 +215,9 @@ class Saver:
         published an empty step_N (seen on Ctrl-C, 2026-12-03), and one still in torch at the
         interpreter's exit aborted it (exit 134)."""
         self.cancelled.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._ended is not None:
+            self._ended.wait()
+            self._ended = None
         self._error = None
 
     def _raise(self) -> None:
