@@ -174,6 +174,7 @@ class Saver:
         ended = threading.Event()
 
         def run() -> None:
+            nonlocal job
             t0 = time.perf_counter()
             _yield_to_training()
             try:
@@ -182,6 +183,9 @@ class Saver:
                 self._error = e
             finally:
                 entry["written_s"] = time.perf_counter() - t0
+                # the snapshot freed here, before the training thread may go on to exit: tensors
+                # freed by this daemon thread as the interpreter ended aborted it (exit 134)
+                job = None
                 ended.set()
 
         if not self.background:
