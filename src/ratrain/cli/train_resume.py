@@ -154,8 +154,9 @@ def _refuse_no_run(run_dir: Path) -> None:
     if (run_dir / "config.yaml").is_file():
         return
     held = checkpoint.complete_dirs(run_dir) if run_dir.is_dir() else []
-    what = [f"checkpoints ({held[-1].name})" for _ in held[-1:]] + \
-        ["metrics.jsonl" for _ in [1] if (run_dir / "metrics.jsonl").is_file()]
+    what = [f"checkpoints ({held[-1].name})"] if held else []
+    if (run_dir / "metrics.jsonl").is_file():
+        what.append("metrics.jsonl")
     if not what:
         return  # not a run at all (build_config says so)
     restore = ("; its newest checkpoint's manifest holds the config it was saved with "
