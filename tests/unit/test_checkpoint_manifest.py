@@ -13,6 +13,8 @@ import torch
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest, store
 
+from .wrapped_file import WrappedFile
+
 
 def _states(seed: float) -> dict[int, dict]:
     """Two units as the engines give them: weights and an AdamW state dict."""
@@ -188,24 +190,16 @@ def test_a_full_disk_under_torch_save_is_the_disks_error_not_torchs(tmp_path, mo
     which the save reports with the checkpoint kept intact."""
     good = _save(tmp_path, 2)
 
-    class FillsAfter:  # a file on a disk with `room` bytes left
+    class FillsAfter(WrappedFile):  # a file on a disk with `room` bytes left
         def __init__(self, f, room):
-            self.f, self.room = f, room
+            super().__init__(f)
+            self.room = room
 
         def write(self, data):
             self.room -= len(memoryview(data).cast("B"))
             if self.room < 0:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.f.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
 
     monkeypatch.setattr(store, "open", lambda path, mode: FillsAfter(open(path, mode), 100),
                         raising=False)

@@ -11,6 +11,7 @@ from ratrain.checkpoint import store
 from ratrain.runtime.launch import _Terminated
 
 from .cli_runner import run_cli, small_config
+from .wrapped_file import WrappedFile
 
 
 @pytest.fixture(scope="module")
@@ -88,26 +89,18 @@ def test_a_refused_value_in_config_yaml_names_the_file(monkeypatch, capsys, run,
                            "got 'fast'"), err
 
 
-class _StoppedWhileWriting:
+class _StoppedWhileWriting(WrappedFile):
     """A file whose third write is where Ctrl-C (or SIGTERM's _Terminated) lands."""
 
     def __init__(self, f, stop):
-        self.f, self.stop, self.writes = f, stop, 0
+        super().__init__(f)
+        self.stop, self.writes = stop, 0
 
     def write(self, data):
         self.writes += 1
         if self.writes == 3:
             raise self.stop()
         return self.f.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, _Terminated])
