@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratrain.cli.train_cmd import over_budget
+from ratrain.cli.train_budget import over_budget
 
 from .cli_runner import run_cli
 

@@ -27,13 +27,13 @@ def test_the_planners_formatter_is_the_one_formatter():
 
 
 def test_trains_memory_line_says_decimal_units():
-    from ratrain.cli.train_cmd import _memory_line
+    from ratrain.cli.train_said import memory_line
 
-    line = _memory_line({"ledger_peak_bytes_per_stage": [367_600_000, 2_500_000_000],
+    line = memory_line({"ledger_peak_bytes_per_stage": [367_600_000, 2_500_000_000],
                          "rss_growth_bytes_per_stage": [12_300_000, 400_000]})
     assert line == ("peak memory held (ledger): stage 0: 367.60 MB (RSS +12.30 MB), "
                     "stage 1: 2.50 GB (RSS +400.0 kB)")
-    assert _memory_line({"peak_memory_bytes": 90e6}) == "peak memory: 90.00 MB"
+    assert memory_line({"peak_memory_bytes": 90e6}) == "peak memory: 90.00 MB"
 
 
 def _table_rows(out: str, header: str) -> tuple[list[str], list[list[str]]]:

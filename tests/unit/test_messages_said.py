@@ -51,10 +51,10 @@ def test_a_resume_of_a_running_run_says_only_to_wait(held_run):
 
 def test_resume_auto_on_a_running_run_is_refused_before_a_start_is_said(held_run, capsys):
     """It said 'starting the run from step 0', then that the directory was in use."""
-    from ratrain.cli.train_resume import has_checkpoint
+    from ratrain.cli.train_resume import auto_resume
 
     with pytest.raises(UserError, match=r"is in use by another run .*; wait for it to end$"):
-        has_checkpoint(held_run, RunConfig())
+        auto_resume(held_run, RunConfig())
     assert "starting the run" not in capsys.readouterr().err
 
 
@@ -113,7 +113,7 @@ def test_a_tokenizer_file_of_other_json_is_said_to_be_no_tokenizer(tmp_path):
 def test_a_peak_over_the_budget_says_what_is_outside_the_plan():
     """It said a budget smaller by the process's own would help (in a test: the same plan, the
     same peak), and to profile the machine where --profile was given."""
-    from ratrain.cli.train_cmd import over_budget
+    from ratrain.cli.train_budget import over_budget
 
     plan = {"prediction": {"stage_peak_bytes": [200_000_000, 300_000_000]}}
     said = over_budget({"peak_memory_bytes": 524_000_000}, "480MB", plan, profiled=True)

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from ratrain.byte_units import decimal_bytes
 from ratrain.cli.group import cli
 from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
                                  refuse_idle_outer_flags)
 from ratrain.cli.plan_taken import take_plan
 from ratrain.cli.plan_search import refuse_no_devices
+from ratrain.cli.train_budget import over_budget, searched_plan
 from ratrain.cli.train_resume import (absolute_paths, anchor_saved_paths, check_same_run,
-                                      has_checkpoint, refuse_another_run_dir,
+                                      auto_resume, refuse_another_run_dir,
                                       refuse_idle_checkpoint_flags)
+from ratrain.cli.train_said import say_summary, write_report_or_warn
 from ratrain.config import RunConfig
-from ratrain.counts import counted
 from ratrain.errors import UserError
 
 
@@ -70,6 +69,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     if resume_dir not in (None, "auto"):
         refuse_another_run_dir(resume_dir, run_dir)
     started_by_auto = resume_dir == "auto"  # (where the run had no checkpoint: it starts)
+    resume_from = None  # the checkpoint --resume auto chose, where it hashed them to choose
     if resume_dir == "auto" and not run_dir:
         raise UserError("--resume auto needs --run-dir: the directory a restarted job continues")
     if resume_dir and not inherited:  # the run's settings as a new run's, checked against it
@@ -83,7 +83,8 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         if resume_dir == "auto":
             if comm_timeout is not None:  # a finished run's ranks may join to end together
                 cfg.take_flag("--comm-timeout", "parallel", "comm_timeout_s", comm_timeout)
-            resume_dir = run_dir if has_checkpoint(target, cfg) else None
+            goes_on, resume_from = auto_resume(target, cfg)
+            resume_dir = run_dir if goes_on else None
         if resume_dir:
             check_same_run(cfg, target, None if started_by_auto else opts["config_file"])
     elif resume_dir:
@@ -96,7 +97,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
     if memory_budget is not None:
-        plan_data = _searched_plan(cfg, opts, profile_spec, devices, memory_budget,
+        plan_data = searched_plan(cfg, opts, profile_spec, devices, memory_budget,
                                    host_memory_budget)
     _use_checkpoint_flags(cfg, checkpoints, checkpoint_dir, checkpoint_async)
     for flag, value, section, key in (
@@ -131,7 +132,7 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         if run_dir and not resume_dir and not started_by_auto:
             refuse_a_taken_run_dir(run_dir)
         summary = run_training(cfg, run_dir, resume=bool(resume_dir), progress=progress,
-                               trace=trace, plan_data=plan_data)
+                               trace=trace, plan_data=plan_data, resume_from=resume_from)
     except RunFinished as done:  # nothing to train is no failure: a restart loop reruns it
         if under_torchrun():  # rank 0 alone finds it: the others wait for it to say so, exit 2
             raise
@@ -145,92 +146,13 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         release_run_dirs()
     if not summary:  # a torchrun rank other than 0
         return
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-    else:
-        from ratrain.training.mfu import mfu_in_words
-
-        val = summary.get("val_loss")
-        val = ("  val loss: not finite" if summary.get("val_loss_not_finite")
-               else f"  val loss: {val:.4f}" if val is not None else "")
-        skipped = summary.get("skipped_steps")
-        click.echo(f"run: {summary.get('run_dir')}  steps: {summary.get('steps')}  "
-                   f"loss: {summary.get('final_loss'):.4f}" + val
-                   + f"  tokens/s: {summary.get('tokens_per_s'):.0f}"
-                   + (f"  MFU: {mfu_in_words(summary)}" if summary.get("mfu") is not None else "")
-                   + (f"  skipped (float16 overflow): {counted(len(skipped), 'step')}, loss scale "
-                      f"{summary.get('loss_scale')}" if skipped else ""))
-        click.echo(_memory_line(summary))
+    say_summary(summary, as_json)
     over = memory_budget is not None and over_budget(summary, memory_budget, plan_data,
                                                      profiled=profile_spec is not None)
     if over:
         click.echo(f"warning: {over}", err=True)
     if report:
-        _write_report(Path(summary["run_dir"]), quiet=as_json)
-
-
-def _searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices: int | None,
-                   memory_budget: str, host_memory_budget: str | None) -> dict:
-    """The fastest plan that fits `memory_budget` per device (`ratrain plan`'s search) on
-    --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
-    a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
-    from ratrain.cli.options import use_plan
-    from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, search_request,
-                                         with_host_budget, with_this_machines_host,
-                                         with_this_machines_memory)
-    from ratrain.planner import host_grad_option, plan_file
-    from ratrain.cpu_features import bf16_matmul_flag
-    from ratrain.runtime.process_groups import pick_backend
-    from ratrain.runtime.process_memory import resident_bytes
-    from ratrain.runtime.torchrun_env import under_torchrun
-    from ratrain.setup import Machine
-    from ratrain.setup.plan_file import SEARCHED_PLAN
-
-    if under_torchrun():  # every rank would search, and a time limit could part them
-        raise UserError("under torchrun, search first: `ratrain plan --memory-budget ... --out "
-                        "plan.json`, then `ratrain train --plan plan.json`")
-    gpus, gpu_name = 0, None
-    if pick_backend(cfg.parallel.backend) == "nccl":
-        import torch
-
-        gpus, gpu_name = torch.cuda.device_count(), torch.cuda.get_device_name()
-    hw = Machine(host_is_separate=gpus > 0, device_name=gpu_name,
-                 cpu_bf16_flag=None if gpus else bf16_matmul_flag()
-                 ).profile_or_preset(profile_spec, cfg.train.dtype)
-    if profile_spec is None:  # this machine's memory, which the run is checked against
-        hw = (with_this_machines_host(hw, devices or gpus) if gpus
-              else with_this_machines_memory(hw, devices))
-    hw = with_host_budget(hw, host_memory_budget)
-    base = None if gpus else resident_bytes()  # a GPU's memory is not the process's
-    request = search_request(cfg, opts, hw, devices or gpus or None, memory_budget, MARGIN, 1,
-                             TIME_LIMIT_S, "--memory-budget")
-    if base and base >= request.budget_bytes:
-        click.echo(f"warning: the process's own memory, {decimal_bytes(base)} (Python, torch), "
-                   f"is at or over --memory-budget {decimal_bytes(request.budget_bytes)} by "
-                   "itself: no plan can hold a rank's process to the budget", err=True)
-    found = best_plans(request)
-    best = found.best[0]
-    data = plan_file.to_dict(best, cfg, request)
-    use_plan(cfg, data, "the searched plan", opts)
-    cfg.parallel.plan_file = SEARCHED_PLAN
-    L = best.layout
-    searched = ("the only layout" if found.layouts == 1
-                else f"the fastest of {found.layouts} layouts")
-    click.echo(f"--memory-budget {decimal_bytes(request.budget_bytes)} on {hw.name}: "
-               f"{searched} ({found.simulated} simulated in {found.seconds:.1f} s"
-               + (f"; {found.cut}" if found.cut else "") + f") is pp {L.pp} x dp {L.dp}, "
-               f"{L.schedule_label}, {counted(L.n_micro, 'micro-batch', 'micro-batches')} of "
-               f"{L.micro_batch_size}, state / views: "
-               f"{L.lifecycle.label(len(best.device_units), best.plan.device_grad_sum)}; predicted "
-               f"{best.result.tokens_per_s:,.0f} tokens/s, peak "
-               f"{decimal_bytes(max(best.stage_bytes))}" + (
-                   f" a device, beside its process's own {decimal_bytes(base)} (Python, torch: "
-                   "outside the budget)" if base else " a device"), err=True)
-    low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
-    if low_grad:
-        click.echo("not taken, since it rounds the gradients (add the flag to take it): "
-                   + host_grad_option.describe(low_grad, best, "the plan above"), err=True)
-    return data
+        write_report_or_warn(Path(summary["run_dir"]), quiet=as_json)
 
 
 def _runs_own_plan(run_dir: Path) -> dict | None:
@@ -260,20 +182,6 @@ def _use_output_flags(cfg: RunConfig, tensorboard: bool | None, profile_spec: st
         load_profile(cfg.train.profile)  # an unknown preset or a bad file: a UserError now
 
 
-def _write_report(run_dir: Path, quiet: bool) -> None:
-    """The run's report; the run has succeeded whatever happens here, so a failure is a warning."""
-    from ratrain.report import write_report
-
-    try:
-        written = write_report(run_dir)
-    except Exception as e:  # noqa: BLE001
-        click.echo(f"warning: the report was not written ({type(e).__name__}: {e}); "
-                   f"try `ratrain report {run_dir}`", err=True)
-        return
-    if not quiet:
-        click.echo(f"report: {written.page}")
-
-
 def _use_checkpoint_flags(cfg: RunConfig, checkpoints: bool | None, checkpoint_dir: str | None,
                           checkpoint_async: bool | None) -> None:
     """--checkpoints, --checkpoint-dir (made absolute: a resumed run may start elsewhere) and
@@ -286,38 +194,3 @@ def _use_checkpoint_flags(cfg: RunConfig, checkpoints: bool | None, checkpoint_d
         cfg.train.checkpoint_async = checkpoint_async
 
 
-def _memory_line(summary: dict) -> str:
-    """Peak memory per pipeline stage: what the executor held (ledger), what the process grew."""
-    ledger = summary.get("ledger_peak_bytes_per_stage")
-    if not ledger:
-        return f"peak memory: {decimal_bytes(summary.get('peak_memory_bytes') or 0)}"
-    rss = summary.get("rss_growth_bytes_per_stage") or [None] * len(ledger)
-    parts = [f"stage {s}: {decimal_bytes(held)}"
-             + (f" (RSS +{decimal_bytes(grown)})" if grown is not None else "")
-             for s, (held, grown) in enumerate(zip(ledger, rss))]
-    return "peak memory held (ledger): " + ", ".join(parts)
-
-
-def over_budget(summary: dict, memory_budget: str, plan_data: dict | None = None,
-                profiled: bool = False) -> str | None:
-    """Where the largest rank's peak memory in a run's `summary` passed its --memory-budget,
-    a line that says so and what to do; else None. The search is plan's for the same request:
-    it holds the plan's bytes to the budget, and on a CPU the process's own (Python, torch:
-    about 290 MB, said at the start) come on top (until 2026-12-02 a 200 MB budget peaked at
-    524 MB, unsaid). `plan_data`: the searched plan, whose predicted peak the line sets apart
-    from the rest; `profiled`: --profile given (no profiling to suggest). A smaller budget is
-    not suggested: in a test it searched the same plan, to the same peak."""
-    from ratrain.planner.budget import parse_bytes
-
-    peak, budget = summary.get("peak_memory_bytes"), parse_bytes(memory_budget)
-    if not peak or peak <= budget:
-        return None
-    predicted = max(((plan_data or {}).get("prediction") or {}).get("stage_peak_bytes") or [0])
-    outside = (f"; {decimal_bytes(peak - predicted)} of the peak is outside the plan's "
-               f"predicted {decimal_bytes(predicted)}" if 0 < predicted < peak else "")
-    return (f"the largest rank's peak memory, {decimal_bytes(peak)}, passed --memory-budget "
-            f"{decimal_bytes(budget)}: the plan holds its state, activations and buffers to the "
-            "budget, and the process's own memory (Python, torch: said at the start) and what "
-            "no profile measures (the allocator's slack, autograd's temporaries) come on top"
-            + outside + ("" if profiled else "; the search ran on a preset, not on this machine's "
-                         "measured profile (`ratrain profile`, then --profile)"))
