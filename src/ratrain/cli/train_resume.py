@@ -14,14 +14,17 @@ import click
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
-def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
-    """Whether --resume auto continues the run: a checkpoint in cfg's checkpoint directory or
-    in the one the run's config.yaml names (a new --checkpoint-dir holds none yet: until
-    2026-11-30 the run started over, rewriting its metrics). Where its checkpoints are gone
-    (moved, or their directory emptied), a UserError rather than a new run over its files; a
-    start from step 0 is said (until 2026-12-02 it was silent). A --checkpoint-dir of another
-    run's checkpoints is refused. A run that has trained all its steps ends the command, with
-    exit 0 (_end_if_finished)."""
+
+def auto_resume(run_dir: Path, cfg: RunConfig) -> tuple[bool, Path | None]:
+    """Whether --resume auto continues the run, and from which checkpoint where choosing it
+    hashed them already: the run takes that one rather than hashing them again (81 GB at
+    llama2-7b: until 2026-12-03 twice); None where the run chooses. It continues where cfg's
+    checkpoint directory, or the one the run's config.yaml names, holds a checkpoint (a new
+    --checkpoint-dir holds none yet: until 2026-11-30 the run started over, rewriting its
+    metrics). Where its checkpoints are gone (moved, or their directory emptied), a UserError
+    rather than a new run over its files; a start from step 0 is said (until 2026-12-02 it was
+    silent). A --checkpoint-dir of another run's checkpoints is refused. A run that has
+    trained all its steps ends the command, with exit 0 (_end_if_finished)."""
     from ratrain import checkpoint
     from ratrain.training.run_checkpoints import (START_OVER_AUTO, checkpoints_gone,
                                                   checkpoints_lost, checkpoints_of,
@@ -35,11 +38,9 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
     if checkpoint.complete_dirs(here):
         if isinstance(here, checkpoint.Elsewhere):
             _refuse_anothers(run_dir, here.path, own is None)
-        _end_if_finished(run_dir, cfg, here)
-        return True
+        return True, _end_if_finished(run_dir, cfg, here)
     if own is not None and checkpoint.complete_dirs(own):
-        _end_if_finished(run_dir, cfg, own)
-        return True
+        return True, _end_if_finished(run_dir, cfg, own)
     gone = checkpoints_gone(run_dir) or checkpoints_lost(run_dir, START_OVER_AUTO)
     if gone:
         raise UserError(f"--resume auto: {gone}")
@@ -47,18 +48,18 @@ def has_checkpoint(run_dir: Path, cfg: RunConfig) -> bool:
         looked = {checkpoint.root(here), *([checkpoint.root(own)] if own is not None else [])}
         print(f"--resume auto: no checkpoint in {' or '.join(map(str, sorted(looked)))}: "
               "starting the run from step 0", file=sys.stderr, flush=True)
-    return False
+    return False, None
 
 
-def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> None:
+def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> Path | None:
     """A run that has trained all its steps: said on one line, and the command ends with exit
     0, training nothing. A preemptible job reruns its command in a loop, the last time after
     the run finished: until 2026-12-03 that rerun failed (exit 2). Its settings are checked
     first (another command's are refused, finished or not); the resume's own choice of
     checkpoint (resume_point: hashed on rank 0, the damaged skipped) decides, and only where
     the newest whole one (at its sizes, unread) is at cfg.train.steps or past. A run that goes
-    on (its newest did not verify) takes that answer as it opens its directory, hashing and
-    saying nothing again (run_checkpoints._scanned_once: until 2026-12-03 it hashed them twice).
+    on (its newest did not verify) is handed the checkpoint chosen here (None where none was
+    chosen: the run chooses as it opens its directory).
 
     Under torchrun rank 0 decides for every rank: only it hashes the checkpoint, and a final
     one that does not verify (at its sizes, its bytes altered) is skipped there alone; a rank
@@ -76,16 +77,17 @@ def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> None:
     newest = checkpoint.scan(checkpoints, hashed=False)[0]
     meta = checkpoint.load_meta(newest) if newest is not None else None
     if meta is None or meta["step"] < cfg.train.steps or "ranks" in meta:
-        return
+        return None
     check_same_run(cfg, run_dir)
-    step = checkpoint.load_meta(resume_point(run_dir, cfg, done_ok=True))["step"]
+    chosen = resume_point(run_dir, cfg, done_ok=True)
+    step = checkpoint.load_meta(chosen)["step"]
     if under_torchrun():
         from ratrain.training.agreed_plan import rank_0s
 
         cfg.validate()  # the join takes --comm-timeout: a value out of range is refused first
         step = rank_0s(step, cfg)
     if step < cfg.train.steps:  # its newest checkpoint did not verify: it trains from an older
-        return
+        return chosen
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"--resume auto: {RunFinished(run_dir, step, cfg.train.steps)}", file=sys.stderr,
               flush=True)

@@ -48,11 +48,14 @@ from ratrain.training.shared_dir import agreed_local_checkpoint, shared_by
 
 
 def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progress: bool = True,
-          trace: bool = True, plan_data: dict | None = None) -> dict:
+          trace: bool = True, plan_data: dict | None = None,
+          resume_from: Path | None = None) -> dict:
     """Train as configured; returns the run summary (also written to run_dir/summary.json).
     With no run_dir, a new one under runs/ is made once the input has been checked. `resume`
-    continues from the newest checkpoint of run_dir that verifies. `plan_data`: the contents
-    of cfg's plan file, where the caller has read it already (setup.read_plan_file).
+    continues from the newest checkpoint of run_dir that verifies: `resume_from`, where the
+    caller has chosen it already (run_dir.resume_point; its files are not hashed again).
+    `plan_data`: the contents of cfg's plan file, where the caller has read it already
+    (setup.read_plan_file).
 
     The plan is built (or read) here once and handed to the ranks. Under torchrun this runs on
     every rank (each builds the plan itself) and only rank 0 returns the summary (others: {}).
@@ -60,7 +63,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     plan = prepare(cfg, progress, plan_data)
     _say_the_weights(cfg, resume, progress)
     plan_dict = plan.to_dict() if plan else None
-    opened = open_run_dir(run_dir, cfg, resume)
+    opened = open_run_dir(run_dir, cfg, resume, resume_from)
     run_dir, ckpt = opened.path, opened.resume_from
     note = meetings_note(cfg, checkpoint.load_meta(ckpt)["step"] if ckpt else 0)
     if note and int(os.environ.get("RANK", 0)) == 0:

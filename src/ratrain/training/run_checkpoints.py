@@ -127,7 +127,7 @@ def _none_saved(run_dir: Path, saved: TrainConfig, own: Path) -> str:
 
 
 def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
-                 way_out: str = RESUME_AGAIN) -> Path:
+                 way_out: str = RESUME_AGAIN, chosen: Path | None = None) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
     skips and why; a UserError if there is none, if it is of another model or run, or (unless
     `done_ok`) RunFinished if the run already reached cfg.train.steps. A cfg.train.checkpoint_dir that
@@ -143,9 +143,10 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     not verify, and a rank that ended on it left rank 0 waiting --comm-timeout (until
     2026-12-03) to resume from an older one.
 
-    Asked again in the same process of the same files (--resume auto asks before the run, to
-    end a finished one, and the run asks as it opens its directory), it hashes nothing again
-    and says nothing again (_scanned_once)."""
+    `chosen`: this answer, found by an earlier call in this process (--resume auto's, which
+    asks before the run whether it is finished): taken, its checks made again, nothing hashed
+    or said again (until 2026-12-03 the run hashed its checkpoints again: 81 GB at llama2-7b,
+    minutes, each skip said twice)."""
     checkpoints = checkpoints_of(run_dir, cfg)
     where = checkpoint.root(checkpoints)
     own = own_checkpoints(run_dir)
@@ -159,9 +160,9 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     if checkpoint.root(checkpoints) != checkpoint.root(run_dir):
         refuse_another_runs_checkpoints(run_dir, checkpoint.root(checkpoints))
     decides = not under_torchrun() or main
-    ckpt, skipped, fresh = (_scanned_once(checkpoints) if decides else
-                            (*checkpoint.scan(checkpoints, hashed=False), False))
-    if main and fresh and looked_past:
+    ckpt, skipped = ((chosen, []) if chosen is not None else
+                     checkpoint.scan(checkpoints, hashed=decides))
+    if main and chosen is None and looked_past:
         print(looked_past, file=sys.stderr)
     if ckpt is None:
         if skipped:
@@ -169,7 +170,7 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
                 f"no checkpoint in {checkpoint.root(checkpoints)} verifies: " + "; ".join(
                     f"{path.name}: {why}" for path, why in skipped))
         raise UserError(_why_none(run_dir, where, way_out))
-    if main and fresh:
+    if main:
         for path, why in skipped:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
                   file=sys.stderr)
@@ -184,46 +185,6 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     if not done_ok and decides and not others_part and meta["step"] >= cfg.train.steps:
         raise RunFinished(run_dir, meta["step"], cfg.train.steps)
     return ckpt
-
-
-_SCANNED: dict[Path, tuple[tuple, str | None, list[tuple[str, str]]]] = {}
-"""_scanned_once's scans in this process, by the directory scanned: its files as they were
-(_as_they_are), the name of the checkpoint chosen, and those of the newer ones skipped, why."""
-
-
-def _scanned_once(checkpoints) -> tuple[Path | None, list[tuple[Path, str]], bool]:
-    """checkpoint.scan(checkpoints), hashed, and whether it was hashed now: False where a scan
-    in this process found every file of those checkpoints as they are now (their names,
-    sizes, inodes, modified and changed times), and its answer is taken. A pass reads 81 GB
-    at llama2-7b (minutes): --resume auto's check whether the run is finished made one before
-    the run's own (until 2026-12-03), and each checkpoint skipped was said twice.
-    A file written, replaced or removed since shows as changed (a write sets its modified and
-    changed times; a rename-over, its inode; a reset of its modified time, its changed time),
-    and is hashed again. Files are listed before they are hashed, so one written while being
-    hashed shows as changed too (unless written, after it was hashed, within the tick of the
-    filesystem's clock that the listing fell in: only a file hashed in less). The run's
-    loading trusts them likewise, unhashed (load_units(verified=True)), and for longer: until
-    each unit is read."""
-    where = checkpoint.root(checkpoints)
-    now = _as_they_are(checkpoints)
-    kept = _SCANNED.get(where.resolve())
-    if kept is not None and kept[0] == now:
-        chosen, skipped = kept[1], kept[2]
-        return (where / chosen if chosen else None,
-                [(where / name, why) for name, why in skipped], False)
-    ckpt, skipped = checkpoint.scan(checkpoints)
-    _SCANNED[where.resolve()] = (now, ckpt.name if ckpt else None,
-                                 [(path.name, why) for path, why in skipped])
-    return ckpt, skipped, True
-
-
-def _as_they_are(checkpoints) -> tuple:
-    """Each file of each complete checkpoint: its directory's name and its own, its size,
-    inode, and modified and changed times (ns)."""
-    return tuple((ckpt.name, entry.name, s.st_size, s.st_ino, s.st_mtime_ns, s.st_ctime_ns)
-                 for ckpt in checkpoint.complete_dirs(checkpoints)
-                 for entry in sorted(os.scandir(ckpt), key=lambda e: e.name)
-                 for s in (entry.stat(),))
 
 
 class RunFinished(UserError):

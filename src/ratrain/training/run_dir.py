@@ -35,15 +35,17 @@ class RunDirectory:
     resume_from: Path | None
 
 
-def open_run_dir(run_dir: str | Path | None, cfg: RunConfig, resume: bool = False) -> RunDirectory:
+def open_run_dir(run_dir: str | Path | None, cfg: RunConfig, resume: bool = False,
+                 chosen: Path | None = None) -> RunDirectory:
     """The run directory `run_dir` (a fresh one under runs/ when None), once it and the
     checkpoint directory are checked (check_run_dir) and, with `resume`, the checkpoint to go on
-    from is found (resume_point). Nothing is made until every check has passed."""
+    from is found (resume_point; `chosen`: where the caller has found it already). Nothing is
+    made until every check has passed."""
     if run_dir:  # before the checks read what another run may be writing (if it is there)
         lock_run_dir(Path(run_dir), RESUME_WAY_OUT if resume else NEW_RUN_WAY_OUT)
     _take_checkpoint_dir(Path(run_dir or "runs"), cfg, made=False)
     check_run_dir(Path(run_dir) if run_dir else Path("runs"), cfg, resume)
-    ckpt = resume_point(Path(run_dir), cfg) if resume else None
+    ckpt = resume_point(Path(run_dir), cfg, chosen=chosen) if resume else None
     path = Path(run_dir) if run_dir else new_run_dir("runs", cfg.model.name)
     path.mkdir(parents=True, exist_ok=True)
     lock_run_dir(path)
