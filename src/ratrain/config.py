@@ -244,5 +244,12 @@ def write_whole(path: str | Path, text: str) -> None:
     started later may be reading them."""
     path = Path(path)
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(text)
-    os.replace(part, path)
+    try:
+        part.write_text(text)
+        os.replace(part, path)
+    except BaseException:  # a full disk, a Ctrl-C: the part was left beside the file
+        try:
+            part.unlink(missing_ok=True)
+        except OSError:
+            pass  # the write's own error is the one to tell
+        raise

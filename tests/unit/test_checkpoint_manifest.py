@@ -230,7 +230,7 @@ def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went
     """Rank 1's disk fills and it removes the shared partial directory; rank 0, still writing
     into it, then fails with "no such file" and may report first. The launcher reports the
     earliest failure, so rank 1's is dated when its write failed, before the removal."""
-    from ratrain.runtime.launch import _first_failure, record_failure
+    from ratrain.runtime.worker_errors import first_failure, record_failure
 
     _save(tmp_path, 2)
 
@@ -248,7 +248,7 @@ def test_the_rank_whose_disk_filled_is_reported_not_the_one_whose_directory_went
     reports = tmp_path / "errors"
     record_failure(reports, 0, gone.value)  # rank 0's report is written first
     record_failure(reports, 1, filled.value)
-    first = _first_failure(reports, 0, "")
+    first = first_failure(reports, 0, "")
     assert first.rank == 1 and "No space left on device" in str(first), str(first)
 
 

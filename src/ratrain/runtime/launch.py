@@ -22,7 +22,6 @@ each rank also holds the read end of a pipe whose only write end is here, and en
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -33,8 +32,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
-import traceback
 from contextlib import contextmanager
 from multiprocessing import util as mp_util
 from pathlib import Path
@@ -43,7 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ratrain.errors import Interrupted, RankFailed, RunFailure, UserError
+from ratrain.errors import Interrupted, RankFailed
+from ratrain.runtime.worker_errors import failure_of, report_failure
 
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 _LAUNCHER_PID = "RATRAIN_LAUNCHER_PID"  # forkserver_signals' (not imported: it acts on import)
@@ -74,23 +72,6 @@ def sigterm_as_ctrl_c():
     finally:
         if main:  # (None: a handler not set from Python; the default is as near as it gets)
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-def record_failure(error_dir: Path, rank: int, exc: BaseException) -> None:
-    """Leave the exception where the launcher will find it, with when it happened; whole or not
-    at all (a full disk must not leave half a report)."""
-    error_dir.mkdir(parents=True, exist_ok=True)
-    tmp = error_dir / f"rank_{rank}.json.tmp"
-    tmp.write_text(json.dumps({
-        "rank": rank,
-        "time": getattr(exc, "failed_at", None) or time.time(),  # (checkpoint's: before cleanup)
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "user_error": isinstance(exc, UserError),
-        "clear": isinstance(exc, (UserError, RunFailure)),  # its message says it all
-        "traceback": "".join(traceback.format_exception(exc)),
-    }))
-    tmp.rename(error_dir / f"rank_{rank}.json")
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -152,11 +133,7 @@ def _child(local_rank: int, world: int, port: int, threads: int, error_dir: Path
     try:
         fn(*args)
     except BaseException as e:
-        code = 1
-        try:
-            record_failure(error_dir, local_rank, e)
-        except OSError:
-            pass  # the launcher reports the exit code instead
+        code = report_failure(error_dir, local_rank, e)
     exit_without_teardown(code)
 
 
@@ -286,7 +263,7 @@ def _watch(procs, world: int, error_dir: Path, checkpoint_on_interrupt: bool) ->
     if killed:
         rank, code = killed[0]
         raise RankFailed(rank, f"process died ({signal.Signals(-code).name})")
-    raise _first_failure(error_dir, failed, f"process died (exit code {procs[failed].exitcode})")
+    raise failure_of(error_dir, failed, procs[failed].exitcode)
 
 
 def _first_to_fail(procs) -> int | None:
@@ -309,17 +286,3 @@ def _stop(procs) -> None:
             p.kill()
     for p in procs:
         p.join()
-
-
-def _first_failure(error_dir: Path, rank: int, fallback: str) -> RankFailed:
-    reports = []
-    for path in Path(error_dir).glob("rank_*.json"):
-        try:
-            reports.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            pass
-    if not reports:
-        return RankFailed(rank, fallback)
-    first = min(reports, key=lambda r: r["time"])
-    message = first["message"] if first.get("clear") else f"{first['type']}: {first['message']}"
-    return RankFailed(first["rank"], message, first["user_error"])

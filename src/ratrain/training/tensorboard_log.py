@@ -1,16 +1,30 @@
 """`--tensorboard`: each step's metrics as TensorBoard scalars under RUN_DIR/tensorboard/.
 
-Needs the `tensorboard` package (`pip install 'ratrain[tensorboard]'`); torch's SummaryWriter
-writes the event files. On resume, events past the resumed step are purged, as metrics.jsonl is
-cut back, so the curves describe one run; a run that starts afresh in a directory with events
-(`--resume auto` before any checkpoint) purges them all, as it empties metrics.jsonl.
-"""
+Needs the `tensorboard` package (`pip install 'ratrain[tensorboard]'`). On resume, events past
+the resumed step are purged, as metrics.jsonl is cut back, so the curves describe one run; a run
+that starts afresh in a directory with events (`--resume auto` before any checkpoint) purges them
+all, as it empties metrics.jsonl.
 
+The events are written here, in the step's thread, each row's whole or not at all: torch's
+SummaryWriter wrote them from a thread of its own, whose failure on a full disk printed its
+traceback and came back as a raw OSError at a later step. A failed write is a warning, and
+TensorBoard off for the rest of the run, not the run's end: the scalars are a copy of
+metrics.jsonl's rows (which the report and a resume read, and whose own failed write ends the
+run, naming the newest checkpoint), as the report is a side output whose failure is a warning.
+"""
 from __future__ import annotations
 
+import io
+import itertools
+import os
+import socket
+import sys
+import time
 from pathlib import Path
 
 from ratrain.errors import UserError
+
+_files = itertools.count()  # the event file's last name part, as tensorboard's own writer has it
 
 # metrics.jsonl key -> TensorBoard tag
 SCALARS = {
@@ -54,17 +68,68 @@ def scalars_of(row: dict) -> dict[str, float]:
 
 
 class TensorBoardLog:
+    """Appends each row's scalars to one event file of RUN_DIR/tensorboard/ (a new file each
+    time the run starts: TensorBoard reads a directory's files in order); `path` None: off."""
+
     def __init__(self, run_dir: str | Path, resume_step: int | None = None):
         check_available()
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"),
-                                    purge_step=(resume_step or 0) + 1)
+        log_dir = Path(run_dir) / "tensorboard"
+        self.path: Path | None = log_dir / "events.out.tfevents.{:010d}.{}.{}.{}".format(
+            int(time.time()), socket.gethostname(), os.getpid(), next(_files))
+        purge = (resume_step or 0) + 1  # the events of this step and after, an earlier run's
+        first = [Event(wall_time=time.time(), file_version="brain.Event:2"),
+                 Event(step=purge, file_version="brain.Event:2"),
+                 Event(step=purge, session_log=SessionLog(status=SessionLog.START))]
+        try:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self._off(e, log_dir)
+            return
+        self._append(first)
 
     def write(self, row: dict) -> None:
-        for tag, value in scalars_of(row).items():
-            self.writer.add_scalar(tag, value, row["step"])
-        self.writer.flush()
+        if self.path is None:
+            return
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        now = time.time()
+        self._append([Event(wall_time=now, step=row["step"],
+                            summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]))
+                      for tag, value in scalars_of(row).items()])
 
     def close(self) -> None:
-        self.writer.close()
+        """(Nothing is held open between rows.)"""
+
+    def _append(self, events) -> None:
+        """The events' records appended whole, or cut back to the file as it was."""
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        buffer = io.BytesIO()
+        records = RecordWriter(buffer)
+        for event in events:
+            records.write(event.SerializeToString())
+        data = buffer.getvalue()
+        try:
+            with self.path.open("ab", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                try:
+                    done = 0
+                    while done < len(data):  # a raw write may take only part of it
+                        done += f.write(data[done:])
+                except OSError:
+                    try:
+                        f.truncate(size)
+                    except OSError:
+                        pass  # a record cut short: TensorBoard reads the file up to it
+                    raise
+        except OSError as e:
+            self._off(e, self.path)
+
+    def _off(self, e: OSError, path: Path) -> None:
+        self.path = None
+        print(f"warning: could not write {path}: {e.strerror or e}; TensorBoard is off for the "
+              "rest of this run (metrics.jsonl keeps every step's metrics)",
+              file=sys.stderr, flush=True)
