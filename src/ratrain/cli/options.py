@@ -98,10 +98,7 @@ _CONFIG_OPTIONS = [
     click.option("--outer-mix", type=float, help="--sync diloco:H:F: the share of its local weights a replica keeps when a fragment's outer result arrives (one step late).  [default: 0.5]"),
     click.option("--update", type=click.Choice(["auto", "inline", "carried"]), help="Where each unit's AdamW update runs: inline (in the step's program, after its gradient is final: after the global norm when clipping) or carried (started on a host thread of its own as soon as its gradient is final, and waited in the next step right before the unit's weights are read again, so it runs beside the compute; same math). auto: carried where the state lives in a GPU's host memory (--state-home host), else inline.  [default: auto]"),
     click.option("--partition", help="Units per stage, comma-separated (embedding and head count as units); an empty string splits them evenly (a resumed run's in place). A resume at another --pp splits evenly unless given.  [default: even]"),
-    click.option("--threads", type=int, help="CPU threads per rank (default: a single process "
-                 "keeps OMP_NUM_THREADS or every core; ranks that share a machine, launched by "
-                 "ratrain or torchrun, split its cores, unless OMP_NUM_THREADS is set to more "
-                 "than 1)."),
+    click.option("--threads", type=int, help="CPU threads per rank (default: a single process keeps OMP_NUM_THREADS or every core; ranks that share a machine, launched by ratrain or torchrun, split its cores, unless OMP_NUM_THREADS is set to more than 1)."),
     click.option("--eval-every", type=int, help="Steps between validations (and one at the end); 0: only at the end.  [default: 100]"),
     click.option("--eval-batches", type=int, help="Global batches of the held-out sequences (their first) each validation runs; 0: no validation. A resume may change it.  [default: 4]"),
     click.option("--val-fraction", type=float, help="The share of the data's token stream (its end) held out for validation, in [0, 1). It sets the split, so a resume cannot change it.  [default: 0.05]"),
@@ -145,11 +142,10 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
         if cfg.train.init_from and given.is_dir() and given.resolve() == Path(
                 cfg.train.init_from).resolve():  # the Hugging Face directory it started from
             saved["model"] = opts["model"]
-        changed = [k for k in _FIXED_ON_RESUME if opts.get(k) is not None and (
-            k not in saved or not _same_flag(k, saved[k], opts[k]))]
+        changed = [k for k in _FIXED_ON_RESUME
+                   if opts.get(k) is not None and not _same_flag(k, saved[k], opts[k])]
         if changed:
-            names = ", ".join("--" + k.replace("_", "-")
-                              + (f" ({_spelled(k, saved[k])} -> {opts[k]})" if k in saved else "")
+            names = ", ".join(f"--{k.replace('_', '-')} ({_spelled(k, saved[k])} -> {opts[k]})"
                               for k in changed)
             raise UserError(f"cannot change {names} when resuming; start a new run instead")
     elif opts["config_file"]:
@@ -205,9 +201,8 @@ def _fit_micro_batch(cfg: RunConfig, opts: dict) -> None:
     """A micro-batch holds at most a replica's share of the global batch: where no
     --micro-batch-size says otherwise, `--global-batch 1` trains one sequence a step rather
     than being refused for the default micro-batch of 2."""
-    t, dp = cfg.train, cfg.parallel.dp
-    if (opts.get("micro_batch_size") is None and isinstance(t.global_batch, int)
-            and isinstance(dp, int) and dp >= 1 and t.global_batch % dp == 0
+    t, dp = cfg.train, cfg.parallel.dp  # (ints: the flags' type, and the config's fields')
+    if (opts.get("micro_batch_size") is None and dp >= 1 and t.global_batch % dp == 0
             and 1 <= t.global_batch // dp < t.micro_batch_size):
         t.micro_batch_size = t.global_batch // dp
 
@@ -262,15 +257,14 @@ def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
 
 
 def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict) -> dict:
-    """Run the plan `layout` (a plan file's contents; `plan_file` names it in refusals): its
-    layout and the settings it was made for, unless the flags say otherwise."""
-    for key, kind in (("pp", int), ("dp", int), ("rank_order", str), ("policy", str),
-                      ("shard_state", bool), ("schedule", str), ("weight_grad", str),
-                      ("grad_lifetime", str), ("shard_group", int), ("sync", str),
-                      ("micro_batch_group", int), ("host_grad_dtype", str)):
-        value = layout.get(key)
-        if opts[key] is None and isinstance(value, kind) and (kind is bool) == isinstance(value, bool):
-            setattr(cfg.parallel, key, value)  # else the plan's checks report the clash
+    """Run the plan `layout` (a plan file's contents, or a searched plan's; `plan_file` names
+    it in refusals): its layout and the settings it was made for, unless the flags say
+    otherwise. A key absent or null (an older plan; a field at its default) leaves cfg's."""
+    # (each value of its key's type: read_plan_file checked a file's, to_dict wrote a search's)
+    for key in ("pp", "dp", "rank_order", "policy", "shard_state", "schedule", "weight_grad",
+                "grad_lifetime", "shard_group", "sync", "micro_batch_group", "host_grad_dtype"):
+        if opts[key] is None and layout.get(key) is not None:
+            setattr(cfg.parallel, key, layout[key])  # else the plan's checks report the clash
     _refuse_what_the_programs_hold(layout, plan_file, opts)
     if "run" in layout:
         _use_run_settings(cfg, layout["run"], plan_file, opts)
@@ -295,12 +289,10 @@ def _refuse_what_the_programs_hold(layout: dict, plan_file: str, opts: dict) -> 
                             "leave the flag out or make a new plan")
 
 
-def _use_run_settings(cfg: RunConfig, run, plan_file: str, opts: dict) -> None:
+def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict) -> None:
     """A planner's plan carries the model and training settings it was made for: the run takes
     them; a flag that says otherwise, or a --model/--config of another model, is refused (the
     plan's memory and speed hold only for what it was made for)."""
-    if not isinstance(run, dict):
-        raise UserError(f"{plan_file}: run: expected a mapping, got {type(run).__name__}")
     try:
         made_for = RunConfig.from_dict(run)
     except UserError as e:
@@ -314,7 +306,7 @@ def _use_run_settings(cfg: RunConfig, run, plan_file: str, opts: dict) -> None:
     for section, keys in (("train", ("seq_len", "global_batch", "micro_batch_size", "dtype")),
                           ("parallel", ("state_home", "shard_state", "view_window", "partition"))):
         for key in keys:
-            if key not in run.get(section, {}):
+            if key not in run[section]:
                 continue
             want = getattr(getattr(made_for, section), key)
             flag = opts.get(key)

@@ -16,6 +16,15 @@ from ratrain.counts import counted
 from ratrain.errors import UserError
 
 
+class _NoPlan(UserError):
+    """The search's refusal (nothing fits, nothing can run, or its time limit), with what
+    `--json` prints for it: the error and the plan that came closest (_no_plan)."""
+
+    def __init__(self, message: str, json_object: dict):
+        super().__init__(message)
+        self.json_object = json_object
+
+
 class _PlanCommand(click.Command):
     """`plan`, whose --json prints an object on stdout for click's own refusals too (a flag's
     value that is not a number, an unknown flag): a script reads one either way."""
@@ -51,7 +60,8 @@ def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin
               time_limit, out, as_json, opts)
     except UserError as e:
         if as_json:  # a script reads an object either way (still exit 2, the error on stderr)
-            click.echo(json.dumps(vars(e).get("json_object") or {"error": str(e)}, indent=2))
+            said = e.json_object if isinstance(e, _NoPlan) else {"error": str(e)}
+            click.echo(json.dumps(said, indent=2))
         raise
 
 
@@ -137,8 +147,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     try:
         found = best_plans(request)
     except UserError as e:
-        if as_json:  # plan() prints it: the error's object, with the plan that came closest
-            e.json_object = _no_plan(e, request)
+        if as_json:  # its object names the plan that came closest (simulated once more)
+            raise _NoPlan(str(e), _no_plan(e, request)) from None
         raise
     best = found.best[0]
     if out:
