@@ -1,7 +1,8 @@
 """A resume that names the run's tokenizer again by another file of the same bytes (the run's own
 copy, RUN/tokenizer.json, or a copy of the original) goes on (training/resume_settings.py's
-same_setting: until 2026-12-03 it was refused as a change of data.tokenizer); another tokenizer
-is still refused."""
+same_setting: until 2026-12-03 it was refused as a change of data.tokenizer), the run's copy
+also where the original has been replaced by another tokenizer since; another tokenizer is
+still refused."""
 
 from __future__ import annotations
 
@@ -56,6 +57,26 @@ def test_resume_auto_takes_the_runs_copy_as_its_tokenizer(monkeypatch, capsys, t
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(config), "--run-dir",
                            "run", "--resume", "auto", "--tokenizer", "run/tokenizer.json",
                            "--steps", "2", *FLAGS)
+    assert code == 0, err
+    assert _steps(run) == [1, 2]
+
+
+@pytest.mark.parametrize("how", ["run", "auto"])
+def test_the_runs_copy_is_its_tokenizer_where_the_original_was_replaced(monkeypatch, capsys,
+                                                                        tmp_path, how):
+    """The refusal of a resume on the replaced original offers the copy as a way out: it was
+    refused as a change of --tokenizer (the original's path -> the copy), its bytes compared
+    with the replaced original's."""
+    run, config = _run_on_a_bpe_tokenizer(monkeypatch, capsys, tmp_path)
+    (tmp_path / "other.py").write_text("def other(a, b):\n    return [a * b for _ in range(9)]\n" * 40)
+    _bpe(monkeypatch, capsys, "other.py", "tok.json")
+    resume = (("--resume", "run") if how == "run" else
+              ("--config", str(config), "--run-dir", "run", "--resume", "auto"))
+    again = () if how == "run" else ("--tokenizer", "tok.json")  # (its config names none)
+    code, _, err = run_cli(monkeypatch, capsys, "train", *resume, *again, "--steps", "2", *FLAGS)
+    assert code == 2 and "(--tokenizer run/tokenizer.json)" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "train", *resume, "--tokenizer",
+                           "run/tokenizer.json", "--steps", "2", *FLAGS)
     assert code == 0, err
     assert _steps(run) == [1, 2]
 

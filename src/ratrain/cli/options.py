@@ -15,6 +15,7 @@ from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import parse_sync
 from ratrain.setup.plan_file import read_plan_file
 from ratrain.training.resume_settings import fixed_on_resume, same_setting
+from ratrain.training.run_tokenizer import kept_tokenizer
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
 
@@ -142,8 +143,9 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
         if cfg.train.init_from and given.is_dir() and given.resolve() == Path(
                 cfg.train.init_from).resolve():  # the Hugging Face directory it started from
             saved["model"] = opts["model"]
+        copy = kept_tokenizer(resume_dir)
         changed = [k for k in _FIXED_ON_RESUME
-                   if opts.get(k) is not None and not _same_flag(k, saved[k], opts[k])]
+                   if opts.get(k) is not None and not _same_flag(k, saved[k], opts[k], copy)]
         if changed:
             names = ", ".join(f"--{k.replace('_', '-')} ({_spelled(k, saved[k])} -> {opts[k]})"
                               for k in changed)
@@ -182,11 +184,12 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
     return cfg
 
 
-def _same_flag(key: str, saved, given) -> bool:
+def _same_flag(key: str, saved, given, run_copy: str | None) -> bool:
     """A flag repeating a resumed run's value: --data and --tokenizer by the file they name
     (data.txt and /here/data.txt are one; until 2026-11-30 the absolute spelling was refused
-    as a change, and a relative one named another file from another directory)."""
-    return same_setting((_FIELDS.get(key, ""), _RENAMED.get(key, key)), saved, given)
+    as a change, and a relative one named another file from another directory); --tokenizer
+    also by the bytes of the run's copy of it (`run_copy`)."""
+    return same_setting((_FIELDS.get(key, ""), _RENAMED.get(key, key)), saved, given, run_copy)
 
 
 def _spelled(key: str, saved) -> str:

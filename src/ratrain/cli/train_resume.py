@@ -115,12 +115,14 @@ def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None
     flags, or a --config given again with --resume RUN (`config_file`), must give the run's
     own settings but for those a resume may change (training/resume_settings.py)."""
     from ratrain.training.resume_settings import changed_settings
+    from ratrain.training.run_tokenizer import kept_tokenizer
 
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} has checkpoints but no config.yaml: not a ratrain run directory"
                         if config_file is None else
                         f"{run_dir} is not a ratrain run directory (no config.yaml)")
-    changed = changed_settings(RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict())
+    changed = changed_settings(RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict(),
+                               kept_tokenizer(run_dir))
     if not changed:
         return
     section, key, was, value = changed[0]

@@ -37,19 +37,22 @@ def fixed_on_resume(section: str, key: str) -> bool:
     return section in ("model", "data", "train") and (section, key) not in FREE_ON_RESUME
 
 
-def same_setting(field: tuple[str, str], a, b) -> bool:
+def same_setting(field: tuple[str, str], a, b, run_copy: str | None = None) -> bool:
     """Whether two values of a config field are the same setting: paths by the file they
     name (data.txt and /here/data.txt are one), relative ones from this directory; tokenizers
     by the bytes of their files, so that the run's own copy (RUN/tokenizer.json,
     run_tokenizer.py), or the original's contents elsewhere, is the run's tokenizer (until
-    2026-12-03 it was refused as another)."""
+    2026-12-03 it was refused as another). `run_copy`: that copy, the tokenizer the run
+    trained with however `a`'s file has changed since (replaced by another tokenizer, `b`
+    of the copy's bytes is the run's: until 2026-12-03 refused, as `a`'s were compared)."""
     if a == b:
         return True
     if field not in PATH_FIELDS or not isinstance(a, str) or not isinstance(b, str) or "byte" in (a, b):
         return False
     if Path(a).expanduser().resolve() == Path(b).expanduser().resolve():
         return True
-    return field == ("data", "tokenizer") and _same_bytes(tokenizer_file(a), tokenizer_file(b))
+    return field == ("data", "tokenizer") and any(
+        _same_bytes(tokenizer_file(was), tokenizer_file(b)) for was in (a, run_copy) if was)
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
@@ -59,13 +62,15 @@ def _same_bytes(a: Path, b: Path) -> bool:
         return False
 
 
-def changed_settings(saved: dict, now: dict) -> list[tuple[str, str, object, object]]:
+def changed_settings(saved: dict, now: dict, run_copy: str | None = None
+                     ) -> list[tuple[str, str, object, object]]:
     """The fixed fields two runs' config dicts (RunConfig.to_dict) set apart, in config order:
-    (section, key, saved value, value now)."""
+    (section, key, saved value, value now); `run_copy`: the saved run's copy of its tokenizer
+    (same_setting)."""
     return [(section, key, saved[section].get(key), value)
             for section in ("model", "data", "train") for key, value in now[section].items()
             if fixed_on_resume(section, key)
-            and not same_setting((section, key), saved[section].get(key), value)]
+            and not same_setting((section, key), saved[section].get(key), value, run_copy)]
 
 
 def refuse_another_runs(ckpt: Path, meta: dict, cfg: RunConfig, settings: bool = True) -> None:

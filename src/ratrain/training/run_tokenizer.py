@@ -55,5 +55,5 @@ def _refuse_another_tokenizer(run_dir: Path, source: Path | None) -> None:
     # tokenizer, here where it replaced the original: that goes back where config.yaml says)
     raise UserError(f"the tokenizer {source} is not the one {run_dir} trained with (its copy, "
                     f"{copy}, holds other bytes): its ids would mean other text; put the "
-                    f"original back (cp {copy} {source}) and resume again, or train the new "
-                    "tokenizer in a new run")
+                    f"original back (cp {copy} {source}) or resume on the copy (--tokenizer "
+                    f"{copy}), or train the new tokenizer in a new run")
