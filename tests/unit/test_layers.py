@@ -34,7 +34,7 @@ MAY_IMPORT = {
                  "setup", "host_memory", "host_cores", "cpu_features"},
     "profiling": {"errors", "byte_units", "counts", "schedule", "config", "models", "sim", "runtime", "training",
                   "host_memory", "host_cores"},
-    "report": {"errors", "counts", "byte_units", "schedule", "config", "models", "sim", "runtime", "training"},
+    "report": {"errors", "counts", "byte_units", "schedule", "config", "models", "sim", "runtime", "training", "setup"},
     "cli": {"errors", "byte_units", "counts", "schedule", "checkpoint", "config", "models", "data", "sim", "runtime",
             "setup", "planner", "training", "profiling", "report", "host_memory", "cpu_features"},
 }

@@ -46,6 +46,7 @@ def _read_json(path: Path) -> tuple[object, str | None]:
 
 
 _NUMBER, _TEXT = "a number", "text"
+_NUMBER_OR_NULL = "a number or null"
 SUMMARY_TYPES = {
     "steps": _NUMBER, "final_loss": _NUMBER, "val_loss": _NUMBER, "tokens_per_s": _NUMBER,
     "tokens_per_s_of_steps": _TEXT, "peak_memory_bytes": _NUMBER, "mfu": _NUMBER,
@@ -55,14 +56,32 @@ SUMMARY_TYPES = {
 """What the report reads of summary.json, as training/run_summary.write_summary writes it
 (null: a value it did not know); [x]: a list of x."""
 
+ROW_TYPES = {
+    "loss": _NUMBER, "val_loss": _NUMBER, "tokens_per_s": _NUMBER, "step_time_s": _NUMBER,
+    "mfu": _NUMBER, "peak_memory_bytes": _NUMBER, "loss_per_replica": [_NUMBER_OR_NULL],
+    "loss_per_island": [_NUMBER_OR_NULL], "peak_memory_bytes_per_rank": [_NUMBER_OR_NULL],
+    "ledger_peak_bytes_per_rank": [_NUMBER], "rss_growth_bytes_per_rank": [_NUMBER]}
+"""What the report reads of a metrics.jsonl row beside its step (which read_metrics checks),
+as MetricsLog writes it (null: a float that was not finite); a list's null, where the report
+reads one as no value. A wrong one was drawn as it was (a loss of "abc" as a category on the
+loss axis) or ended the report in a TypeError."""
+
+ROW_KEYS = ("loss", "tokens_per_s")
+"""The keys of every row (training/loop.py), which the curves read of each."""
+
 
 def _wrong_type(summary) -> str | None:
     """What in `summary` (summary.json's contents) is not of the type the report reads, in
     words; None if nothing is."""
     if not isinstance(summary, dict):
         return f"it holds {type(summary).__name__}, not an object"
-    for key, want in SUMMARY_TYPES.items():
-        value = summary.get(key)
+    return _wrong_value(summary, SUMMARY_TYPES)
+
+
+def _wrong_value(data: dict, types: dict) -> str | None:
+    """The first key of `types` whose value in `data` is not of its type, in words."""
+    for key, want in types.items():
+        value = data.get(key)
         if value is None:
             continue
         if isinstance(want, list):
@@ -76,7 +95,24 @@ def _wrong_type(summary) -> str | None:
     return None
 
 
+def _checked_rows(log: Path) -> list[dict]:
+    """metrics.jsonl's rows, each of the types the report reads; a MetricsDamaged naming the
+    line and the key of the first that is not, as read_metrics names a line that is not JSON."""
+    from ratrain.training.metrics import MetricsDamaged, numbered_rows
+
+    rows = numbered_rows(log)  # a line that is not a row: a MetricsDamaged, saying where
+    for n, row in rows:
+        wrong = next((f"it has no {key}" for key in ROW_KEYS if key not in row), None)
+        wrong = wrong or _wrong_value(row, ROW_TYPES)
+        if wrong:
+            raise MetricsDamaged(f"{log} is damaged: line {n}: {wrong}; correct or remove "
+                                 "that line")
+    return [row for _, row in rows]
+
+
 def _is(value, want) -> bool:
+    if want == _NUMBER_OR_NULL:
+        return value is None or _is(value, _NUMBER)
     if want == _NUMBER:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     return isinstance(value, str) if want == _TEXT else isinstance(value, want)
@@ -97,8 +133,6 @@ def runs_a_plan(cfg: RunConfig) -> bool:
 def load_run(run_dir: str | Path) -> Run:
     """The run in `run_dir`; a UserError if it is not a ratrain run directory that has taken a
     step."""
-    from ratrain.training.metrics import read_metrics
-
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise UserError(f"{run_dir} does not exist")
@@ -106,7 +140,7 @@ def load_run(run_dir: str | Path) -> Run:
         raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
     if not (run_dir / "metrics.jsonl").is_file():
         raise UserError(f"{run_dir} has no metrics.jsonl: the run has not taken a step")
-    metrics = read_metrics(run_dir / "metrics.jsonl")  # a damaged one: a UserError, saying where
+    metrics = _checked_rows(run_dir / "metrics.jsonl")  # a damaged one: a UserError, saying where
     if not metrics:
         raise UserError(f"{run_dir}/metrics.jsonl is empty: the run has not taken a step")
     summary, unreadable = _read_json(run_dir / "summary.json")
@@ -117,33 +151,58 @@ def load_run(run_dir: str | Path) -> Run:
     if not run.summary:
         run.notes.append((unreadable or "no summary.json (the run did not reach its end)")
                          + ": figures from metrics.jsonl")
-    _load_plan(run)
+    plan = _load_plan(run)
     if run.cfg.parallel.plan_file:  # the run's copy holds the file's prediction (2026-11-27 on)
-        plan = _json(run_dir / "plan.json")
-        run.plan_file = (plan if plan and "prediction" in plan else
-                         _json(Path(run.cfg.parallel.plan_file)))
-        if run.plan_file is None:
-            run.notes.append(f"the plan file {run.cfg.parallel.plan_file} is gone: no budget, "
-                             "no planner's prediction")
+        given = Path(run.cfg.parallel.plan_file)
+        run.plan_file = plan if plan and "prediction" in plan else _json(given)
+        wrong = _wrong_plan(run.plan_file, given.name) if run.plan_file is not plan else None
+        if run.plan_file is None or wrong:
+            run.plan_file = None
+            run.notes.append(f"the plan file {given} "
+                             + (f"could not be read ({wrong})" if wrong else "is gone")
+                             + ": no budget, no planner's prediction")
     run.trace, unreadable = _read_json(run_dir / "trace.json")
     if run.trace is None:
         run.notes.append("no measured step timeline: " + (unreadable or _no_trace(run)))
     return run
 
 
-def _load_plan(run: Run) -> None:
+def _load_plan(run: Run) -> dict | None:
+    """Reads RUN/plan.json into `run`; returns its contents where they have a plan's shape."""
     plan, unreadable = _read_json(run.run_dir / "plan.json")
+    wrong = _wrong_plan(plan, "plan.json") if plan is not None else None
+    if wrong:  # as a file cut short is: a hand-edited value once ended the report in a traceback
+        plan, unreadable = None, f"plan.json could not be read ({wrong})"
     if plan is not None:
         from ratrain.schedule.plan import PipelinePlan
 
         try:
             run.plan = PipelinePlan.from_dict(plan)
-            return
+            return plan
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             unreadable = f"plan.json could not be read ({type(e).__name__}: {e})"
     run.plain_engine = not unreadable and not runs_a_plan(run.cfg)
     run.no_plan = ("a single process on the plain engine (no pipeline plan)" if run.plain_engine
                    else unreadable or "plan.json is missing")
+    return plan
+
+
+def _wrong_plan(data, name: str) -> str | None:
+    """What in `data` (the contents of the plan file `name`) is not of a plan's shape
+    (setup/plan_file_shape.py), in words without the file's name, which the note says, nor
+    the advice to make a new plan, which is `train --plan`'s; None if nothing is."""
+    from ratrain.setup.plan_file_shape import REMAKE, check_plan_shape
+
+    if not isinstance(data, dict):
+        return f"it holds {type(data).__name__}, not an object"
+    try:
+        check_plan_shape(data, name)
+    except UserError as e:
+        return str(e).removeprefix(f"{name}: ").removesuffix(f"; {REMAKE}")
+    budget = data.get("prediction", {}).get("budget_bytes")
+    if not _is(budget, _NUMBER_OR_NULL):  # the memory figure's line and the table's
+        return f"its prediction.budget_bytes is {budget!r}, not a number"
+    return None
 
 
 def _no_trace(run: Run) -> str:

@@ -104,11 +104,17 @@ def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a metrics.jsonl; a last line cut short (the machine died, or its disk
     filled, while the line was written) is left out, rather than stop every later resume
     and report of the run at a JSON error."""
+    return [row for _, row in numbered_rows(path)]
+
+
+def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """read_metrics's rows, each with its line number: for a reader that checks the rows'
+    values (report/run.py), whose refusal names the line."""
     lines = [(n, line) for n, line in enumerate(Path(path).read_text().splitlines(), 1)
              if line.strip()]
-    rows = [_row(path, n, line) for n, line in lines[:-1]]
+    rows = [(n, _row(path, n, line)) for n, line in lines[:-1]]
     try:
-        rows += [_row(path, *lines[-1])] if lines else []
+        rows += [(lines[-1][0], _row(path, *lines[-1]))] if lines else []
     except MetricsDamaged:
         pass
     return rows
