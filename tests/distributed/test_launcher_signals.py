@@ -61,8 +61,8 @@ def test_a_stop_signal_stops_all_ranks_within_seconds(corpus, tmp_path, signum, 
     assert proc.returncode == 128 + signum, stderr  # as a shell says of the signal: 130, 143
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0] == (f"{said}: stopped all 2 ranks; it saved no checkpoint yet "
-                        "(--checkpoint-on-interrupt saves one at Ctrl-C)"), stderr
+    assert lines[0] == (f"{said}: stopped all 2 ranks; there is no checkpoint to resume from "
+                        "yet (--checkpoint-on-interrupt saves one at Ctrl-C)"), stderr
     server, *ranks = launched
     assert all(_gone(rank) for rank in ranks)  # the launcher waited for them
     _wait_gone([server], 5)  # it ends at its own pace, once the last of them is gone
@@ -80,8 +80,8 @@ def test_ctrl_c_names_the_newest_checkpoint_the_run_keeps(corpus, tmp_path):
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     newest = checkpoint.complete_dirs(run_dir)[-1].name
-    assert stderr.strip() == (f"interrupted: stopped all 2 ranks; the newest checkpoint it "
-                              f"completed is {newest} (continue with --resume {run_dir})")
+    assert stderr.strip() == (f"interrupted: stopped all 2 ranks; the newest complete "
+                              f"checkpoint is {newest} (continue with --resume {run_dir})")
 
 
 def test_ctrl_c_while_the_fork_server_imports_says_one_line(corpus, tmp_path):
@@ -167,7 +167,7 @@ def test_sigterm_stops_a_single_process_run_as_ctrl_c_does(corpus, tmp_path):
     os.kill(proc.pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
-    found = re.fullmatch(r"terminated \(SIGTERM\); the newest checkpoint it completed is "
+    found = re.fullmatch(r"terminated \(SIGTERM\); the newest complete checkpoint is "
                          r"(step_\d+) \(continue with --resume (\S+)\)", stderr.strip())
     assert found and found[2] == str(run_dir), stderr
     assert not list((run_dir / "checkpoints").glob("*.partial"))

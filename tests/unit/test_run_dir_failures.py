@@ -57,8 +57,8 @@ def test_a_metrics_row_that_meets_a_full_disk_ends_the_run_in_one_line(monkeypat
     log = tmp_path / "run" / "metrics.jsonl"
     assert code == 1
     assert err.strip().splitlines() == [
-        f"error: could not write {log}: {FULL}; the checkpoints are intact (the newest: "
-        "step_000002)"]
+        f"error: could not write {log}: {FULL}; the newest complete checkpoint is step_000002 "
+        f"(continue with --resume {log.parent})"]
     text = log.read_text()
     assert text.endswith("\n")  # the half row was cut off
     assert [json.loads(line)["step"] for line in text.splitlines()] == [1, 2]
@@ -79,8 +79,8 @@ def test_a_summary_that_meets_a_full_disk_is_named_and_not_left_half(monkeypatch
     summary = tmp_path / "run" / "summary.json"
     assert code == 1
     assert err.strip().splitlines() == [
-        f"error: could not write {summary}: {FULL}; the checkpoints are intact (the newest: "
-        "step_000003)"]
+        f"error: could not write {summary}: {FULL}; the newest complete checkpoint is "
+        f"step_000003 (continue with --resume {summary.parent})"]
     assert not summary.exists()  # half of one would pass for it
 
 

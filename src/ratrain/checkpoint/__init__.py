@@ -122,14 +122,25 @@ def finalize(run_dir: Path, step: int, meta: dict, files: dict[str, dict], keep:
     return final
 
 
+def what_is_kept(checkpoints, run_dir: Path | None = None) -> str:
+    """What a run that ends early can go on from, in the words its error ends with: the newest
+    complete checkpoint in `checkpoints` (and how to go on, where `run_dir` names the run), or
+    that there is none. One wording for a failed save, a failed write of the run directory and
+    a Ctrl-C or SIGTERM (until 2026-12-03 three: "the earlier ones are intact", "the
+    checkpoints are intact (the newest: ...)", "the newest checkpoint it completed is ...")."""
+    done = complete_dirs(checkpoints)
+    if not done:
+        return "there is no checkpoint to resume from"
+    return (f"the newest complete checkpoint is {done[-1].name}"
+            + (f" (continue with --resume {run_dir})" if run_dir is not None else ""))
+
+
 def _write_failed(run_dir: Path, step: int, e: OSError) -> CheckpointWriteError:
     failed_at = time.time()
     shutil.rmtree(_partial(run_dir, step), ignore_errors=True)
-    kept = [p.name for p in complete_dirs(run_dir)]
     return CheckpointWriteError(
         f"could not write checkpoint step_{step:06d} in {root(run_dir)}: "
-        f"{e.strerror or e}; the partial checkpoint was removed, "
-        + (f"the earlier ones are intact ({', '.join(kept)})" if kept else "there is no earlier one"),
+        f"{e.strerror or e}; the partial checkpoint was removed, {what_is_kept(run_dir)}",
         failed_at)
 
 

@@ -21,15 +21,14 @@ class RunDirWriteError(RunFailure):
 
 
 def write_failed(path: Path, e: OSError, checkpoints) -> RunDirWriteError:
-    """The error of a failed write of `path`, saying what the run keeps: the newest complete
-    checkpoint in `checkpoints` (the run's checkpoint directory, as checkpoint.root takes it)."""
+    """The error of a failed write of `path` (a file of the run directory), saying what the run
+    keeps: the newest complete checkpoint in `checkpoints` (the run's checkpoint directory, as
+    checkpoint.root takes it; None: none)."""
     from ratrain import checkpoint
 
-    kept = [p.name for p in checkpoint.complete_dirs(checkpoints)] if checkpoints else []
-    return RunDirWriteError(
-        f"could not write {path}: {e.strerror or e}; "
-        + (f"the checkpoints are intact (the newest: {kept[-1]})" if kept
-           else "there is no checkpoint to resume from"))
+    kept = (checkpoint.what_is_kept(checkpoints, path.parent) if checkpoints is not None
+            else "there is no checkpoint to resume from")
+    return RunDirWriteError(f"could not write {path}: {e.strerror or e}; {kept}")
 
 
 class MetricsLog:

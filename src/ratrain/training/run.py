@@ -138,14 +138,13 @@ def _say_the_resume(cfg: RunConfig, ckpt: Path | None, progress: bool) -> None:
 
 def _what_is_kept(cfg: RunConfig, checkpoints, run_dir: Path) -> str:
     """What a run stopped by Ctrl-C keeps, said after "interrupted" ("the run keeps its
-    checkpoints up to the last completed save" was said of runs that had none)."""
-    done = checkpoint.complete_dirs(checkpoints)
-    if done:
-        return (f"the newest checkpoint it completed is {done[-1].name} (continue with "
-                f"--resume {run_dir})")
-    if not cfg.train.checkpoints:
-        return "it saves no checkpoints (--no-checkpoints)"
-    return "it saved no checkpoint yet (--checkpoint-on-interrupt saves one at Ctrl-C)"
+    checkpoints up to the last completed save" was said of runs that had none), and where it
+    has none, why."""
+    kept = checkpoint.what_is_kept(checkpoints, run_dir)
+    if checkpoint.complete_dirs(checkpoints):
+        return kept
+    return kept + (" (--no-checkpoints)" if not cfg.train.checkpoints else
+                   " yet (--checkpoint-on-interrupt saves one at Ctrl-C)")
 
 
 @contextmanager
