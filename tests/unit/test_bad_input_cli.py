@@ -335,10 +335,11 @@ def test_outer_flags_count_only_where_typed(monkeypatch, capsys, tmp_path):
 
 
 def test_export_of_a_directory_that_is_no_run(monkeypatch, capsys, tmp_path):
+    """One that is not there was said to be "not a ratrain run directory" (until 2026-12-03)."""
     (tmp_path / "notarun").mkdir()
-    for where in ("notarun", "missing"):
-        _refused(monkeypatch, capsys, f"{where} is not a ratrain run directory (no config.yaml)",
-                 "export", where, "--out", "hf")
+    for where, said in (("notarun", "notarun is not a ratrain run directory (no config.yaml)"),
+                        ("missing", "missing: no such directory")):
+        _refused(monkeypatch, capsys, said, "export", where, "--out", "hf")
     assert not (tmp_path / "hf").exists()
 
 

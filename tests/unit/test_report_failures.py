@@ -43,7 +43,7 @@ def _run_dir(tmp_path: Path, rows: int = 4) -> Path:
 def test_a_run_directory_that_does_not_exist_is_said_to_not_exist(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "report", str(tmp_path / "nosuch"))
     assert code == 2
-    assert err.strip() == f"error: {tmp_path / 'nosuch'} does not exist"
+    assert err.strip() == f"error: {tmp_path / 'nosuch'}: no such directory"
 
 
 def test_a_damaged_metrics_line_is_named_with_its_file_and_line(tmp_path):

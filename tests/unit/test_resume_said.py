@@ -63,15 +63,20 @@ def test_a_resume_of_a_directory_that_is_not_there_says_so(monkeypatch, capsys, 
     assert err.strip() == f"error: --resume {tmp_path / 'nosuch'}: no such directory"
 
 
-def test_a_run_whose_config_yaml_is_gone_is_said_so(monkeypatch, capsys, run, tmp_path):
+@pytest.mark.parametrize("command", ["resume", "export", "report"])
+def test_a_run_whose_config_yaml_is_gone_is_said_so(monkeypatch, capsys, run, tmp_path, command):
+    """By every command that reads a run (export and report said "not a ratrain run
+    directory" until 2026-12-03)."""
     run_dir = _copy(run, tmp_path)
     (run_dir / "config.yaml").unlink()
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run_dir),
-                           "--steps", "3", "--no-progress")
+    args = {"resume": ("train", "--resume", str(run_dir), "--steps", "3", "--no-progress"),
+            "export": ("export", str(run_dir), "--out", str(tmp_path / "hf")),
+            "report": ("report", str(run_dir))}[command]
+    code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2
     assert err.strip() == (
         f"error: {run_dir}/config.yaml is missing: {run_dir} holds a run's checkpoints "
-        "(step_000002) and metrics.jsonl, which resumes with its settings; put config.yaml back; "
+        "(step_000002) and metrics.jsonl, which are read with its settings; put config.yaml back; "
         "its newest checkpoint's manifest holds the config it was saved with "
         f"({run_dir}/checkpoints/step_000002/manifest.json, under \"config\")"), err
     assert (run_dir / "checkpoints" / "step_000002").is_dir()  # nothing was changed

@@ -15,6 +15,7 @@ from ratrain.errors import UserError
 from ratrain.schedule.outer_sync import parse_sync
 from ratrain.setup.plan_file import read_plan_file
 from ratrain.training.resume_settings import fixed_on_resume, same_setting
+from ratrain.training.run_config import run_config
 from ratrain.training.run_tokenizer import kept_tokenizer
 from ratrain.schedule.plan import SCHEDULES
 from ratrain.schedule.weight_grads import parse_placement
@@ -132,9 +133,7 @@ def config_options(fn):
 def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
     """The run config: a resumed run's, a --config file's or the default, then the flags given."""
     if resume_dir:
-        if not (Path(resume_dir) / "config.yaml").is_file():
-            raise UserError(f"{resume_dir} is not a ratrain run directory (no config.yaml)")
-        cfg = RunConfig.load(Path(resume_dir) / "config.yaml")
+        cfg = run_config(resume_dir, f"--resume {resume_dir}")
         # a flag repeating the run's own value is no change (a job's command line, repeated)
         saved = {k: getattr(getattr(cfg, _FIELDS[k]), _RENAMED.get(k, k)) for k in _FIXED_ON_RESUME
                  if k in _FIELDS}

@@ -14,6 +14,7 @@ from ratrain.cli.format import fmt_count, table
 from ratrain.cli.group import cli
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.training.run_config import run_config
 
 
 @cli.command()
@@ -114,9 +115,7 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     from ratrain.training.run_tokenizer import kept_tokenizer
 
     check_export_dir(out)  # before the checkpoint is read and hashed (minutes at 7B)
-    if not (Path(run_dir) / "config.yaml").is_file():
-        raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
-    cfg = RunConfig.load(Path(run_dir) / "config.yaml")
+    cfg = run_config(run_dir)
     tokenizer_spec = tokenizer_spec or kept_tokenizer(run_dir)  # the file it trained with
     tok = _run_tokenizer(cfg, tokenizer_spec, f"ratrain export {run_dir} --out {out}")
     if checkpoint_dir:
@@ -192,9 +191,7 @@ def merge_parts_cmd(run_dirs: tuple[str, ...], out: str) -> None:
         raise UserError(f"{out} exists and is not empty: merge into a new directory")
     cfgs = []
     for d in run_dirs:
-        if not (Path(d) / "config.yaml").is_file():
-            raise UserError(f"{d} is not a ratrain run directory (no config.yaml)")
-        cfgs.append(RunConfig.load(Path(d) / "config.yaml"))
+        cfgs.append(run_config(d))
     roots = [checkpoints_of(Path(d), c) for d, c in zip(run_dirs, cfgs)]
     step, skipped = newest_common_step(roots)
     for why in skipped:

@@ -13,6 +13,7 @@ import click
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.training.run_config import run_config
 
 
 def auto_resume(run_dir: Path, cfg: RunConfig) -> tuple[bool, Path | None]:
@@ -117,12 +118,8 @@ def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None
     from ratrain.training.resume_settings import changed_settings
     from ratrain.training.run_tokenizer import kept_tokenizer
 
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir} has checkpoints but no config.yaml: not a ratrain run directory"
-                        if config_file is None else
-                        f"{run_dir} is not a ratrain run directory (no config.yaml)")
-    changed = changed_settings(RunConfig.load(run_dir / "config.yaml").to_dict(), cfg.to_dict(),
-                               kept_tokenizer(run_dir))
+    saved = run_config(run_dir, None if config_file is None else f"--resume {run_dir}")
+    changed = changed_settings(saved.to_dict(), cfg.to_dict(), kept_tokenizer(run_dir))
     if not changed:
         return
     section, key, was, value = changed[0]
@@ -136,38 +133,12 @@ def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None
 
 def refuse_another_run_dir(resume_dir: str, run_dir: str | None) -> None:
     """--resume RUN goes on in RUN: a --run-dir naming another directory was ignored. (The
-    first check of every --resume RUN: RUN itself is checked next, _refuse_no_run.)"""
+    first check of every --resume RUN: RUN itself is checked next, run_config.)"""
     if run_dir and Path(run_dir).resolve() != Path(resume_dir).resolve():
         raise UserError(f"--resume {resume_dir} continues the run in {resume_dir}, and --run-dir "
                         f"names another directory ({run_dir}); leave --run-dir out, or give the "
                         "same directory")
-    _refuse_no_run(Path(resume_dir))
-
-
-def _refuse_no_run(run_dir: Path) -> None:
-    """RUN that does not exist, or one whose config.yaml is gone from beside the run's
-    checkpoints or metrics: each said as what it is (both were "not a ratrain run directory"
-    until 2026-12-03). The newest checkpoint's manifest holds the config it was saved with; it
-    is named, not taken: config.yaml holds the settings of the run's last start, which may be
-    newer, and the user knows which to put back."""
-    from ratrain import checkpoint
-    from ratrain.checkpoint import manifest
-
-    if not run_dir.exists():
-        raise UserError(f"--resume {run_dir}: no such directory")
-    if (run_dir / "config.yaml").is_file():
-        return
-    held = checkpoint.complete_dirs(run_dir) if run_dir.is_dir() else []
-    what = [f"checkpoints ({held[-1].name})"] if held else []
-    if (run_dir / "metrics.jsonl").is_file():
-        what.append("metrics.jsonl")
-    if not what:
-        return  # not a run at all (build_config says so)
-    restore = ("; its newest checkpoint's manifest holds the config it was saved with "
-               f"({held[-1] / manifest.NAME}, under \"config\")") if held else ""
-    raise UserError(f"{run_dir}/config.yaml is missing: {run_dir} holds a run's "
-                    f"{' and '.join(what)}, which resumes with its settings; put config.yaml "
-                    f"back{restore}")
+    run_config(resume_dir, f"--resume {resume_dir}")
 
 
 # The config fields that name a file a run reads, by the flag that sets them.

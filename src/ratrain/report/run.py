@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
+from ratrain.training.run_config import run_config
 
 
 @dataclass
@@ -134,10 +135,7 @@ def load_run(run_dir: str | Path) -> Run:
     """The run in `run_dir`; a UserError if it is not a ratrain run directory that has taken a
     step."""
     run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise UserError(f"{run_dir} does not exist")
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir} is not a ratrain run directory (no config.yaml)")
+    cfg = run_config(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         raise UserError(f"{run_dir} has no metrics.jsonl: the run has not taken a step")
     metrics = _checked_rows(run_dir / "metrics.jsonl")  # a damaged one: a UserError, saying where
@@ -147,7 +145,7 @@ def load_run(run_dir: str | Path) -> Run:
     wrong = _wrong_type(summary) if summary is not None else None
     if wrong:  # as a file cut short is: the report's figures take its values as they are
         summary, unreadable = None, f"summary.json could not be read ({wrong})"
-    run = Run(run_dir, RunConfig.load(run_dir / "config.yaml"), metrics, summary or {})
+    run = Run(run_dir, cfg, metrics, summary or {})
     if not run.summary:
         run.notes.append((unreadable or "no summary.json (the run did not reach its end)")
                          + ": figures from metrics.jsonl")
