@@ -70,6 +70,15 @@ def test_a_metrics_row_of_a_wrong_typed_value_is_named_with_its_line_and_key(tmp
                                  "correct or remove that line")
 
 
+def test_a_metrics_row_whose_step_is_true_is_not_a_row(tmp_path):
+    """true is an int to Python: it was read as step 1."""
+    rows = [_row(s) for s in range(1, 5)]
+    rows[1]["step"] = True
+    run = _run_dir(tmp_path, rows)
+    with pytest.raises(MetricsDamaged, match=r"metrics\.jsonl is damaged: line 2 is not a row"):
+        load_run(run)
+
+
 def test_a_metrics_row_without_its_loss_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
     rows = [_row(s) for s in range(1, 5)]
     del rows[2]["loss"]

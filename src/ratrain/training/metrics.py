@@ -124,7 +124,8 @@ def _row(path, n: int, line: str) -> dict:
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise MetricsDamaged(f"{path} is damaged: line {n}: {e.msg} (column {e.colno})") from None
-    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):  # (true is an int to Python)
         raise MetricsDamaged(f"{path} is damaged: line {n} is not a row (an object with its "
                              f"step): {line[:60]}")
     return row
