@@ -253,3 +253,21 @@ def write_whole(path: str | Path, text: str) -> None:
         except OSError:
             pass  # the write's own error is the one to tell
         raise
+
+
+def append_whole(path: str | Path, data: bytes) -> None:
+    """Append `data` to `path` unbuffered, and where a write fails part way (a full disk), cut
+    the file back to its size before, then raise the OSError (if the cut fails too, the part
+    stays: its readers leave a cut last record out)."""
+    with Path(path).open("ab", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            done = 0
+            while done < len(data):  # a raw write may take only part of it
+                done += f.write(data[done:])
+        except OSError:
+            try:
+                f.truncate(size)
+            except OSError:
+                pass
+            raise

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
-from ratrain.config import write_whole
+from ratrain.config import append_whole, write_whole
 from ratrain.errors import RunFailure, UserError
 
 
@@ -61,21 +60,9 @@ class MetricsLog:
         """Appends the row whole or not at all: unbuffered, so that nothing is left to flush
         on close after a failed write, and cut back to the rows before it if the disk filled
         part way through the line."""
-        data = _line(row).encode()
         try:
-            with self.path.open("ab", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                try:
-                    done = 0
-                    while done < len(data):  # a raw write may take only part of it
-                        done += f.write(data[done:])
-                except OSError:
-                    try:
-                        f.truncate(size)
-                    except OSError:
-                        pass  # the half row stays; read_metrics leaves a cut last line out
-                    raise
-        except OSError as e:
+            append_whole(self.path, _line(row).encode())
+        except OSError as e:  # (a half row left: read_metrics leaves a cut last line out)
             raise write_failed(self.path, e, self.checkpoints) from None
 
 

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from ratrain.config import append_whole
 from ratrain.errors import UserError
 
 _files = itertools.count()  # the event file's last name part, as tensorboard's own writer has it
@@ -111,20 +112,8 @@ class TensorBoardLog:
         records = RecordWriter(buffer)
         for event in events:
             records.write(event.SerializeToString())
-        data = buffer.getvalue()
         try:
-            with self.path.open("ab", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                try:
-                    done = 0
-                    while done < len(data):  # a raw write may take only part of it
-                        done += f.write(data[done:])
-                except OSError:
-                    try:
-                        f.truncate(size)
-                    except OSError:
-                        pass  # a record cut short: TensorBoard reads the file up to it
-                    raise
+            append_whole(self.path, buffer.getvalue())
         except OSError as e:
             self._off(e, self.path)
 
