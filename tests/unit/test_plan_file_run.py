@@ -58,7 +58,8 @@ def test_a_plans_model_renamed_alone_is_refused_naming_the_field(monkeypatch, ca
 @pytest.mark.parametrize("flag, value, said", [
     ("--pp", "3", "--pp 3 differs from pp 2, which"),
     ("--dp", "2", "--dp 2 differs from dp 1, which"),
-    ("--rank-order", "dp-pp", "--rank-order dp-pp differs from rank_order pp-dp, which")])
+    ("--rank-order", "dp-pp", "--rank-order dp-pp differs from rank_order pp-dp, which"),
+    ("--partition", "2,4", "--partition 2,4 differs from 3,3, which")])  # (was: the plan's)
 def test_a_layout_flag_that_differs_from_the_plan_is_refused_by_name(monkeypatch, capsys,
                                                                      tmp_path, flag, value, said):
     """--pp 3 got "--partition 3,3 gives 2 stages' units for 3 stages", a flag not given."""

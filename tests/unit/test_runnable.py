@@ -264,7 +264,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     read_file = setup_plan_file.read_plan_file
     monkeypatch.setattr(setup_plan_file, "read_plan_file",
                         lambda *a: read.append(1) or read_file(*a))
-    monkeypatch.setattr("ratrain.cli.options.read_plan_file", setup_plan_file.read_plan_file)
+    monkeypatch.setattr("ratrain.cli.plan_taken.read_plan_file", setup_plan_file.read_plan_file)
     common = ("--config", _small_file(tmp_path), "--no-progress", "--no-trace")
     real_rank_main = train.rank_main
     monkeypatch.setattr(train, "rank_main", lambda *args, **kwargs: ranks.append(args) or False)
@@ -279,7 +279,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
                            *common)
     assert code == 0, err
     assert len(read) == 1 and not built
-    # (less the settings it was made for, which the run took from it: cli/options.use_plan)
+    # (less the settings it was made for, which the run took from it: cli/plan_taken.use_plan)
     handed = {k: v for k, v in json.loads((tmp_path / "p.json").read_text()).items()
               if k not in ("run", "model_preset")}
     assert ranks[1][-1] == handed

@@ -5,17 +5,17 @@ another kind of machine."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
-from ratrain.cli.options import use_plan_file
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
-from ratrain.setup.plan_file import refuse_what_differs
+from ratrain.setup.plan_file import read_plan_file, refuse_what_differs
 
 
 def take_plan(cfg: RunConfig, plan_file: str, opts: dict, note: bool = False) -> dict:
-    """The plan file's contents, its layout and settings taken into cfg (cli/options.use_plan)
+    """The plan file's contents, its layout and settings taken into cfg (use_plan)
     and checked against the flags before the run's own checks meet a clash; with `note`
     (train's progress), other_machine_note's line on stderr."""
     data = use_plan_file(cfg, plan_file, opts)
@@ -24,6 +24,84 @@ def take_plan(cfg: RunConfig, plan_file: str, opts: dict, note: bool = False) ->
     if said:
         click.echo(said, err=True)
     return data
+
+
+def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
+    """Run `plan_file`: its layout, unless the flags say otherwise (then the plan's checks
+    report the clash). Returns the file's contents, read here once: the setup stage
+    (setup.run_plan) makes them the plan."""
+    cfg.parallel.plan_file = str(Path(plan_file).resolve())
+    return use_plan(cfg, read_plan_file(cfg.parallel.plan_file), plan_file, opts)
+
+
+def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict) -> dict:
+    """Run the plan `layout` (a plan file's contents, or a searched plan's; `plan_file` names
+    it in refusals): its layout and the settings it was made for, unless the flags say
+    otherwise. A key absent or null (an older plan; a field at its default) leaves cfg's."""
+    # (each value of its key's type: read_plan_file checked a file's, to_dict wrote a search's)
+    for key in ("pp", "dp", "rank_order", "policy", "shard_state", "schedule", "weight_grad",
+                "grad_lifetime", "shard_group", "sync", "micro_batch_group", "host_grad_dtype"):
+        if opts[key] is None and layout.get(key) is not None:
+            setattr(cfg.parallel, key, layout[key])  # else the plan's checks report the clash
+    _refuse_what_the_programs_hold(layout, plan_file, opts)
+    if "run" in layout:
+        _use_run_settings(cfg, layout["run"], plan_file, opts)
+    return layout
+
+
+def _refuse_what_the_programs_hold(layout: dict, plan_file: str, opts: dict) -> None:
+    """Flags a plan's programs decide, which a run cannot change without another plan; once
+    they ran as the plan said while the run's config recorded the flag."""
+    du = opts.get("device_units")
+    given = {"activation": opts.get("activation") is not None,
+             "device_units": du is not None and (du != 0 or bool(layout.get("device_units"))),
+             "update": opts.get("update") not in (None, "auto", layout.get("update", "inline"))}
+    kept = ", ".join(map(str, layout.get("device_units") or []))
+    what = {"activation": "chooses the activations unit by unit",
+            "device_units": (f"keeps units {kept}" if kept else "keeps no unit's") +
+                            " state on the device",
+            "update": f"updates {layout.get('update', 'inline')}"}
+    for key, is_given in given.items():
+        if is_given:
+            raise UserError(f"--{key.replace('_', '-')} is the plan's: {plan_file} {what[key]}; "
+                            "leave the flag out or make a new plan")
+
+
+def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict) -> None:
+    """A planner's plan carries the model and training settings it was made for: the run takes
+    them; a flag that says otherwise, or a --model/--config of another model, is refused (the
+    plan's memory and speed hold only for what it was made for)."""
+    try:
+        made_for = RunConfig.from_dict(run)
+    except UserError as e:
+        raise UserError(f"{plan_file}: run.{e}") from None
+    given_model = opts["model"] or opts["config_file"]
+    if given_model and cfg.model != made_for.model:
+        raise UserError(f"{plan_file} was made for model {made_for.model.name} "
+                        f"({made_for.model.n_layers} layers, dim {made_for.model.dim}); this run "
+                        f"has {cfg.model.name} ({cfg.model.n_layers} layers, dim {cfg.model.dim})")
+    cfg.model = made_for.model
+    for section, keys in (("train", ("seq_len", "global_batch", "micro_batch_size", "dtype")),
+                          ("parallel", ("state_home", "shard_state", "view_window", "partition"))):
+        for key in keys:
+            if key not in run[section]:
+                continue
+            want = getattr(getattr(made_for, section), key)
+            flag = opts.get(key)
+            if key == "partition" and flag is not None:  # (until 2026-12-03 the plan's, unsaid)
+                flag, want = cfg.parallel.partition, want or None  # as build_config read it
+            if flag is not None and flag != want:
+                raise UserError(f"--{key.replace('_', '-')} {_as_flag(key, flag)} differs from "
+                                f"{_as_flag(key, want)}, which {plan_file} was made for; leave "
+                                "the flag out or make a new plan")
+            setattr(getattr(cfg, section), key, want)
+
+
+def _as_flag(key: str, value) -> str:
+    """`value` of `key` as its flag spells it (a partition's counts comma-separated)."""
+    if key == "partition":
+        return ",".join(map(str, value)) if value else "an even split"
+    return str(value)
 
 
 def other_machine_note(plan_data: dict, plan_file: str, cfg: RunConfig) -> str | None:

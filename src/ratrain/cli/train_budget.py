@@ -16,7 +16,7 @@ def searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices:
     """The fastest plan that fits `memory_budget` per device (`ratrain plan`'s search) on
     --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
     a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
-    from ratrain.cli.options import use_plan
+    from ratrain.cli.plan_taken import use_plan
     from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, search_request,
                                          with_host_budget, with_this_machines_host,
                                          with_this_machines_memory)

@@ -44,7 +44,7 @@ than one way: load_plan's check compares them once resolved."""
 
 
 def refuse_what_differs(cfg: RunConfig, data: dict, plan_file: str, opts: dict) -> None:
-    """After cli/options.use_plan: a layout flag that differs from the plan, and a model other
+    """After cli/plan_taken.use_plan: a layout flag that differs from the plan, and a model other
     than the preset it was made for, each refused naming what differs, before the run's checks
     meet them (read_plan_file refused a plan whose own keys disagree)."""
     for key in LAYOUT_FLAGS:
