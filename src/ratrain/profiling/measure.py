@@ -230,6 +230,18 @@ def _description(cfg: RunConfig, model: str, ranks: int, device_name: str) -> st
             f"tokens, {t.dtype}, {counted(ranks, 'concurrent rank')} of 1 thread.")
 
 
+def _second_entry(cfg: RunConfig) -> str:
+    """What `measured` holds beside the profiled shape (smaller_config)."""
+    if smaller_config(cfg) is not None:
+        return ("A second entry: the same process's forwards and backwards on a micro-batch of "
+                "about a quarter of the tokens (sim/shape_scale.py).")
+    tokens = cfg.train.seq_len * cfg.train.micro_batch_size
+    return (f"No second entry: a quarter of the micro-batch's {counted(tokens, 'token')} is under "
+            f"the {MIN_SMALLER_TOKENS} a second shape needs, so other micro-batch shapes are "
+            f"priced at this one's rates (sim/shape_scale.py); profile a larger micro-batch "
+            f"for one.")
+
+
 def _notes(cfg: RunConfig, ranks: int, device_type: str,
            counts: Counts = Counts()) -> dict[str, str]:
     dtype, blocks = cfg.train.dtype, counts.alone_blocks
@@ -246,9 +258,8 @@ def _notes(cfg: RunConfig, ranks: int, device_type: str,
                      f"{N_MICRO} micro-batches; per kind the median of its actions; the halves "
                      f"of a split backward (BI, BW) from the same under the zbh1 schedule, "
                      f"scaled by the block's forward in the first run over its forward in the "
-                     f"zbh1 run (the machine's drift between the two). A second entry: "
-                     f"the same process's forwards and backwards on a micro-batch of about a "
-                     f"quarter of the tokens (sim/shape_scale.py). The block's forward "
+                     f"zbh1 run (the machine's drift between the two). {_second_entry(cfg)} "
+                     f"The block's forward "
                      f"without grad: from a pipeline of the {counted(ranks, 'measuring rank')} "
                      f"(one block each, recomputing), divided by 1 + device.contention"),
         "device.contention": (f"the same traced steps of a pipeline of the "

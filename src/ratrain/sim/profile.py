@@ -244,6 +244,8 @@ def _value(kind, value: Any, path: str, where: str):
             return [_value(item, v, f"{path}[{i}]", where) for i, v in enumerate(value)]
         if not isinstance(value, dict):
             raise UserError(f"{where}: {path}: expected a mapping, got {shown(value)}")
+        if not value and path.split(".")[-1] in _NOT_EMPTY:
+            raise UserError(f"{where}: {path}: {_NOT_EMPTY[path.split('.')[-1]]}")
         return {str(k): _value(item, v, _join(path, str(k)), where) for k, v in value.items()}
     if kind in _OPTIONAL:
         return None if value is None else _value(_OPTIONAL[kind], value, path, where)
@@ -261,7 +263,8 @@ def _value(kind, value: Any, path: str, where: str):
         value = number(value, whole=kind is int)
     except ValueError as e:
         raise UserError(f"{where}: {path}: {e}") from None
-    if value < 0 or (value == 0 and path.split(".")[-1] in _POSITIVE):
+    if value < 0 or (value == 0 and (path.split(".")[-1] in _POSITIVE
+                                     or ".".join(path.split(".")[-2:]) in _POSITIVE_HALVES)):
         raise UserError(f"{where}: {path}: must be {'positive' if value == 0 else '>= 0'}, got {value!r}")
     most = _AT_MOST.get(path.split(".")[-1])
     if most is not None and value > most:
@@ -271,7 +274,14 @@ def _value(kind, value: Any, path: str, where: str):
 
 _POSITIVE = {"bandwidth", "peak_flops", "efficiency", "attention_efficiency", "memory_bytes",
              "memory_bandwidth", "host_memory_bandwidth", "devices_per_node", "cores", "seq_len",
-             "micro_batch_size", "count", "vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_dim"}
+             "micro_batch_size", "count", "vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_dim",
+             "forward_s", "backward_s", "block_forward_no_grad_s"}
+# Not the embedding's BI (its input is token ids), nor a chunked head's BW (its BI runs the
+# whole backward): sim/unit_costs.split_backward_s prices both at 0.
+_POSITIVE_HALVES = {"block.backward_input_s", "block.backward_weight_s", "head.backward_input_s",
+                    "embedding.backward_weight_s"}
+_NOT_EMPTY = {"compute": "empty: give at least one dtype's rate (float32: {peak_flops: ..., "
+                         "efficiency: ...}), or measure one with `ratrain profile`"}
 # A thread adds at most a thread's speed. A compute efficiency is of a measured matmul's peak,
 # which the units' own products beat on a busy CPU (by up to 12% in profiles of the 2-core VM:
 # 1.12); twice it says the peak is wrong. (Contention and process_overhead_per_byte are a
