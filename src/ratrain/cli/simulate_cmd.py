@@ -32,7 +32,13 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     cfg = build_config(opts)
     plan_data = take_plan(cfg, plan_file, opts) if plan_file else None
     refuse_idle_outer_flags(cfg, opts)
-    hw = load_profile(profile_spec or _plans_profile(plan_data, plan_file, as_json))
+    from ratrain.cli.plan_search import with_node_memory
+
+    loaded = load_profile(profile_spec or _plans_profile(plan_data, plan_file, as_json))
+    # a CPU node's memory is its ranks' to share, as the search shared it
+    hw = with_node_memory(loaded, cfg.parallel.pp * cfg.parallel.dp)
+    if hw is not loaded and not as_json:
+        click.echo(f"a device's memory: {hw.notes['device.memory_bytes']}")
     hw.rate(cfg.train.dtype)  # a dtype the profile cannot compute is the user's to fix
     busy = other_work_line(hw)
     if busy and not as_json:

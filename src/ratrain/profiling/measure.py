@@ -198,13 +198,18 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
                           alone["process_growth"] - alone["ledger_growth"] - working)])
     intra = links_of(links)
     tier = host_tier(per_rank, alone, notes) if on_cuda else {}
+    node_memory = None
     if on_cuda:
         memory = torch.cuda.get_device_properties(0).total_memory
         name, cores, per_node = torch.cuda.get_device_name(0), None, torch.cuda.device_count()
     else:
-        memory = _ram_bytes() / ranks
+        memory, node_memory = _ram_bytes() / ranks, float(_ram_bytes())
         notes["device.memory_bytes"] = (f"the machine's RAM ({decimal_bytes(_ram_bytes())}) / "
                                         f"{ranks} rank{'s' if ranks != 1 else ''}")
+        # a search or simulation of other rank counts splits the RAM, not this rank's share
+        notes["device.node_memory_bytes"] = (
+            "the machine's RAM, which its ranks share: a search or simulation of N ranks holds "
+            "each to it / min(N, devices_per_node), or device.memory_bytes where less")
         name, cores, per_node = _cpu_name(), usable_cores(), 64
         notes["devices_per_node"] = "all local ranks are one node: loopback"
     if cores:
@@ -212,7 +217,7 @@ def _build_profile(cfg: RunConfig, smaller: RunConfig | None, model: str, ranks:
             "the process alone: its block's forward and backward on one thread and on every "
             "core; what each thread beyond the first added, as a fraction of one thread's speed")
     device = Device(name=name, memory_bytes=float(memory), compute=compute,
-                    memory_bandwidth=bandwidth, cores=cores, **tier,
+                    memory_bandwidth=bandwidth, cores=cores, node_memory_bytes=node_memory, **tier,
                     action_overhead_s=overhead, process_overhead_bytes=fixed,
                     process_overhead_per_byte=per_byte, contention=contention,
                     thread_efficiency=thread_efficiency_of(alone, cores or 1))

@@ -72,6 +72,8 @@ class Device:
     its share of its node's; None: not limited (or no host tier)."""
     cores: int | None = None
     """CPU only: cores the ranks of one node share (None: every rank has a device of its own)."""
+    node_memory_bytes: float | None = None
+    """CPU only: memory one node's devices share (split: cli/plan_search.py); None: unknown."""
     action_overhead_s: float = 0.0
     """The executor's own time per action (Python, bookkeeping)."""
     process_overhead_bytes: float = 0.0
@@ -275,7 +277,7 @@ def _value(kind, value: Any, path: str, where: str):
 _POSITIVE = {"bandwidth", "peak_flops", "efficiency", "attention_efficiency", "memory_bytes",
              "memory_bandwidth", "host_memory_bandwidth", "devices_per_node", "cores", "seq_len",
              "micro_batch_size", "count", "vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_dim",
-             "forward_s", "backward_s", "block_forward_no_grad_s"}
+             "forward_s", "backward_s", "block_forward_no_grad_s", "node_memory_bytes"}
 # Not the embedding's BI (its input is token ids), nor a chunked head's BW (its BI runs the
 # whole backward): sim/unit_costs.split_backward_s prices both at 0.
 _POSITIVE_HALVES = {"block.backward_input_s", "block.backward_weight_s", "head.backward_input_s",
@@ -303,14 +305,12 @@ _TYPES = {
                     "block_forward_no_grad_s": "optional-float", "model_shape": "optional-model"},
     ModelShape: {"vocab_size": int, "dim": int, "n_heads": int, "n_kv_heads": int, "ffn_dim": int,
                  "position": str, "qkv_bias": bool, "tie_embeddings": bool, "norm_head": bool},
-    Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate),
-             "memory_bandwidth": float, "host_memory_bandwidth": "optional-float",
-             "host_link": "optional-link",
-             "host_memory_bytes": "optional-float", "host_collectives": bool,
-             "cores": "optional-int",
-             "action_overhead_s": float, "process_overhead_bytes": float,
-             "process_overhead_per_byte": float, "contention": float,
-             "thread_efficiency": "optional-float"},
+    Device: {"name": str, "memory_bytes": float, "compute": (dict, ComputeRate), "cores":
+             "optional-int", "memory_bandwidth": float, "host_memory_bandwidth": "optional-float",
+             "host_link": "optional-link", "host_memory_bytes": "optional-float", "contention":
+             float, "host_collectives": bool, "node_memory_bytes": "optional-float",
+             "action_overhead_s": float, "thread_efficiency": "optional-float",
+             "process_overhead_bytes": float, "process_overhead_per_byte": float},
     DeviceGroup: {"name": str, "count": int, "device": Device},
     HardwareProfile: {"name": str, "description": str, "device": Device, "devices_per_node": int,
                       "intra_node": LinkClass, "inter_node": LinkClass,
