@@ -10,6 +10,7 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
+from ratrain.cli.out_path import refuse_unwritable
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
 from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
 from ratrain.counts import counted
@@ -70,9 +71,8 @@ def _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margi
     refuse_no_devices(devices)
     cfg = build_config(opts)
     refuse_idle_outer_flags(cfg, opts)
-    if out and Path(out).is_dir():  # refused before a search's seconds are spent
-        raise UserError(f"--out {out} is a directory: give the plan's file name, e.g. "
-                        f"{Path(out) / 'plan.json'}")
+    if out:  # refused before a search's seconds are spent (the options' files go beside it)
+        refuse_unwritable(out, "the plan", "plan.json", make_parents=False)
     if profile_spec or devices is not None or memory_budget or host_memory_budget:
         _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                 memory_margin, top, time_limit, out, as_json)

@@ -4,6 +4,7 @@ another kind of machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -14,11 +15,14 @@ from ratrain.errors import UserError
 from ratrain.setup.plan_file import read_plan_file, refuse_what_differs
 
 
-def take_plan(cfg: RunConfig, plan_file: str, opts: dict, note: bool = False) -> dict:
-    """The plan file's contents, its layout and settings taken into cfg (use_plan)
-    and checked against the flags before the run's own checks meet a clash; with `note`
-    (train's progress), other_machine_note's line on stderr."""
-    data = use_plan_file(cfg, plan_file, opts)
+def take_plan(cfg: RunConfig, plan_file: str, opts: dict, note: bool = False,
+              run: str = "simulated") -> dict:
+    """The plan file's contents, its layout and settings taken into cfg (use_plan; `run`:
+    how it is run, _use_its_weights) and checked against the flags before the run's own
+    checks meet a clash; with `note` (train's progress), other_machine_note's line on stderr.
+    The file is read here once: the setup stage (setup.run_plan) makes its contents the plan."""
+    cfg.parallel.plan_file = str(Path(plan_file).resolve())
+    data = use_plan(cfg, read_plan_file(cfg.parallel.plan_file), plan_file, opts, run)
     refuse_what_differs(cfg, data, plan_file, opts)
     said = note and other_machine_note(data, plan_file, cfg)
     if said:
@@ -26,15 +30,8 @@ def take_plan(cfg: RunConfig, plan_file: str, opts: dict, note: bool = False) ->
     return data
 
 
-def use_plan_file(cfg: RunConfig, plan_file: str, opts: dict) -> dict:
-    """Run `plan_file`: its layout, unless the flags say otherwise (then the plan's checks
-    report the clash). Returns the file's contents, read here once: the setup stage
-    (setup.run_plan) makes them the plan."""
-    cfg.parallel.plan_file = str(Path(plan_file).resolve())
-    return use_plan(cfg, read_plan_file(cfg.parallel.plan_file), plan_file, opts)
-
-
-def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict) -> dict:
+def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict,
+             run: str = "new") -> dict:
     """Run the plan `layout` (a plan file's contents, or a searched plan's; `plan_file` names
     it in refusals): its layout and the settings it was made for, unless the flags say
     otherwise. A key absent or null (an older plan; a field at its default) leaves cfg's."""
@@ -45,7 +42,7 @@ def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict) -> dict:
             setattr(cfg.parallel, key, layout[key])  # else the plan's checks report the clash
     _refuse_what_the_programs_hold(layout, plan_file, opts)
     if "run" in layout:
-        _use_run_settings(cfg, layout["run"], plan_file, opts)
+        _use_run_settings(cfg, layout["run"], plan_file, opts, run)
     return layout
 
 
@@ -67,7 +64,8 @@ def _refuse_what_the_programs_hold(layout: dict, plan_file: str, opts: dict) -> 
                             "leave the flag out or make a new plan")
 
 
-def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict) -> None:
+def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict,
+                      taken_by: str) -> None:
     """A planner's plan carries the model and training settings it was made for: the run takes
     them; a flag that says otherwise, or a --model/--config of another model, is refused (the
     plan's memory and speed hold only for what it was made for)."""
@@ -76,11 +74,13 @@ def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict) -> 
     except UserError as e:
         raise UserError(f"{plan_file}: run.{e}") from None
     given_model = opts["model"] or opts["config_file"]
-    if given_model and cfg.model != made_for.model:
+    if given_model and _model_of(cfg, made_for, opts) != made_for.model:
         raise UserError(f"{plan_file} was made for model {made_for.model.name} "
                         f"({made_for.model.n_layers} layers, dim {made_for.model.dim}); this run "
                         f"has {cfg.model.name} ({cfg.model.n_layers} layers, dim {cfg.model.dim})")
     cfg.model = made_for.model
+    _use_its_weights(cfg, made_for.train.init_from if "init_from" in run["train"] else None,
+                     plan_file, opts, taken_by)
     for section, keys in (("train", ("seq_len", "global_batch", "micro_batch_size", "dtype")),
                           ("parallel", ("state_home", "shard_state", "view_window", "partition"))):
         for key in keys:
@@ -95,6 +95,32 @@ def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict) -> 
                                 f"{_as_flag(key, want)}, which {plan_file} was made for; leave "
                                 "the flag out or make a new plan")
             setattr(getattr(cfg, section), key, want)
+
+
+def _model_of(cfg: RunConfig, made_for: RunConfig, opts: dict):
+    """The run's model as compared with the plan's: a --model DIR beside a plan made for a
+    directory's weights by its fields alone (its name is the directory's, and a moved or
+    renamed copy is the way out where the plan's directory is gone)."""
+    if made_for.train.init_from and opts["model"] and Path(opts["model"]).is_dir():
+        return dataclasses.replace(cfg.model, name=made_for.model.name)
+    return cfg.model
+
+
+def _use_its_weights(cfg: RunConfig, init_from: str | None, plan_file: str, opts: dict,
+                     run: str) -> None:
+    """The weights a plan made for a Hugging Face directory starts from (run.train.init_from):
+    until 2026-12-03 a plan carried none, and `train --plan` trained that model from random
+    weights. A --model or --config beside the plan gives its own (its model checked above), a
+    `run` "resumed" keeps where it started (its weights are its checkpoint's); a directory
+    gone is refused where a "new" run reads it (a "simulated" one reads none)."""
+    if (init_from is None or opts["model"] or (opts["config_file"] and cfg.train.init_from)
+            or run == "resumed"):
+        return
+    cfg.train.init_from = init_from
+    if run == "new" and not Path(init_from).is_dir():
+        raise UserError(f"{plan_file} starts from the weights in {init_from}, which is not a "
+                        "directory (moved or deleted?): put it back there, or give --model DIR "
+                        "where it is now")
 
 
 def _as_flag(key: str, value) -> str:

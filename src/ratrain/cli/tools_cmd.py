@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -12,6 +11,7 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import fmt_count, table
 from ratrain.cli.group import cli
+from ratrain.cli.out_path import refuse_unwritable
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.training.run_config import run_config
@@ -225,7 +225,8 @@ def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json, repeat
     from ratrain.profiling.measure import default_out, measure
 
     path = Path(out) if out else default_out()
-    _refuse_unwritable(path)
+    # refused before the minute of measuring: an existing directory failed only once measured
+    refuse_unwritable(path, "the profile", "profile.yaml", make_parents=True)
     measured = measure(model, seq_len, micro_batch_size, dtype, ranks, repeats,
                        progress=lambda line: click.echo(line, err=True))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,24 +240,3 @@ def profile(model, seq_len, micro_batch_size, dtype, ranks, out, as_json, repeat
         if note in measured.notes:
             click.echo(f"{note.replace('_', ' ')}: {measured.notes[note]}")
     click.echo(f"wrote {path}")
-
-
-def _refuse_unwritable(path: Path) -> None:
-    """Refuse an --out the profile cannot be written to before the minute of measuring: an
-    existing directory there failed only once measured, and the measurement was lost."""
-    if path.is_dir():
-        raise UserError(f"--out {path} is a directory: give the profile's file name, e.g. "
-                        f"{path / 'profile.yaml'}")
-    # the nearest folder that exists: the rest of the parents are made when it is written
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise UserError(f"--out {path}: {folder} is not a directory")
-    try:  # a trial write, which leaves nothing behind (root passes os.access on /proc)
-        if path.exists():
-            path.open("a").close()
-        else:
-            tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise UserError(f"--out {path}: cannot write there ({e.strerror})") from None

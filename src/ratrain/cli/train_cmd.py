@@ -93,7 +93,8 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
     else:
         cfg = build_config(opts)
         absolute_paths(cfg)
-    plan_data = take_plan(cfg, plan_file, opts, note=progress) if plan_file else None
+    plan_data = take_plan(cfg, plan_file, opts, note=progress,
+                          run="resumed" if resume_dir else "new") if plan_file else None
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
     if memory_budget is not None:

@@ -4,6 +4,7 @@ simulator predicts for it; and the search's summary for `--json`."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ratrain.config import RunConfig
 from ratrain.planner.candidate import Candidate
@@ -15,13 +16,16 @@ def run_settings(plan, cfg: RunConfig, micro_batch_size: int | None = None) -> d
     train --plan` takes them where no flag says otherwise. A searched plan's micro-batch size
     is its layout's (`micro_batch_size`); a plan the flags describe (`ratrain plan --out`
     without a search) has the config's: until 2026-12-03 that file had no settings, and `train
-    --plan` trained the preset tiny, refusing its n_micro without naming a flag."""
+    --plan` trained the preset tiny, refusing its n_micro without naming a flag. init_from: the
+    Hugging Face directory whose weights the run starts from, absolute (None: random weights);
+    until 2026-12-03 the plan had none, and `train --plan` trained its model from random ones."""
+    init_from = cfg.train.init_from and str(Path(cfg.train.init_from).resolve())
     return {
         "model": dataclasses.asdict(cfg.model),
         "train": {"seq_len": cfg.train.seq_len, "global_batch": cfg.train.global_batch,
                   "micro_batch_size": (cfg.train.micro_batch_size if micro_batch_size is None
                                        else micro_batch_size),
-                  "dtype": cfg.train.dtype},
+                  "dtype": cfg.train.dtype, "init_from": init_from or None},
         "parallel": {"pp": plan.pp, "dp": plan.dp, "policy": plan.policy,
                      "rank_order": plan.rank_order, "state_home": plan.state_home,
                      "view_window": plan.view_window or 0, "shard_state": plan.shard_state,
