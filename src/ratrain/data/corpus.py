@@ -59,6 +59,9 @@ def text_files(path: str | Path) -> list[Path]:
         raise UserError(f"data path not found: {path}")
     if path.is_file():
         return [path]
+    if not path.is_dir():  # a pipe (--data <(...)) or a device was "a directory of no text"
+        raise UserError(f"data path {path} is neither a file nor a directory (a pipe or a "
+                        "device): write the data to a file and pass that")
     files = _sorted_under(
         path,
         _walk(path, lambda name: Path(name).suffix.lower() in TEXT_SUFFIXES and name[0] != "."),
@@ -81,6 +84,17 @@ def corpus_files(path: str | Path | None) -> tuple[Path, list[Path]]:
     files = text_files(path)
     root = Path(path).expanduser()
     return (root if root.is_dir() else root.parent), files
+
+
+def token_files_in(path: str | Path | None) -> list[Path]:
+    """The pre-tokenized streams (`*.bin`) in a data directory, which text_files skips: a run on
+    nanoGPT's layout (prepare.py, readme.md, train.bin, val.bin) trained on its script and
+    readme without a word."""
+    path = Path(path).expanduser() if path is not None else None
+    if path is None or not path.is_dir():
+        return []
+    found = _walk(path, lambda name: name.lower().endswith(".bin") and name[0] != ".")
+    return _sorted_under(path, found)
 
 
 CHUNK_CHARS = 1 << 20
@@ -123,14 +137,17 @@ def undecodable_warning(path: Path, fraction: float) -> str:
             ".bin), and a run on it learns noise")
 
 
-def keep_findings(found: Path, undecodable: list[tuple[Path, float]], root: Path) -> None:
+def keep_findings(found: Path, undecodable: list[tuple[Path, float]], root: Path,
+                  tokens: int | None = None) -> None:
     """documents()' findings (`undecodable`) of a cached stream's files, kept beside it in
-    `found`: [path relative to `root`, fraction] each, [] where no file warned (until
-    2026-12-03 no file then, which a stream cached before findings were kept has too)."""
+    `found` with the stream's length: {"tokens": N, "undecodable": [[path relative to `root`,
+    fraction], ...]}, by which a truncated stream is told (read_findings). Until 2026-12-03 the
+    list alone ([] where no file warned), and before that no file, which is read as such."""
+    kept = _relative(undecodable, root)
     fd, tmp = tempfile.mkstemp(dir=found.parent, prefix=".tmp-", suffix=".part")
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump(_relative(undecodable, root), out)
+            json.dump(kept if tokens is None else {"tokens": tokens, "undecodable": kept}, out)
         os.chmod(tmp, 0o644)
         os.replace(tmp, found)
     except BaseException:
@@ -138,17 +155,62 @@ def keep_findings(found: Path, undecodable: list[tuple[Path, float]], root: Path
         raise
 
 
-def kept_findings(found: Path) -> list | None:
-    """keep_findings' list; None where a cached stream has none."""
+def read_findings(found: Path) -> tuple[int | None, list[tuple[str, float]]] | None:
+    """keep_findings' (stream length, findings): the length None in a list kept before
+    2026-12-03; None where no file is kept. A ValueError where the file is not keep_findings'
+    (a damaged cache entry): its findings were json.loads' traceback, or unpacked as pairs."""
     try:
-        return json.loads(found.read_text())
+        kept = json.loads(found.read_bytes())
     except FileNotFoundError:
         return None
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+        raise ValueError("not JSON") from None
+    tokens = None
+    if isinstance(kept, dict):
+        tokens, kept = kept.get("tokens"), kept.get("undecodable")
+        if type(tokens) is not int or tokens <= 0:
+            raise ValueError("no token count")
+    if not isinstance(kept, list) or not all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+            and type(e[1]) in (int, float) for e in kept):
+        raise ValueError("not a list of [file, fraction]")
+    return tokens, [(name, float(fraction)) for name, fraction in kept]
 
 
-def find_again(files: list[Path], root: Path, found: Path, progress: bool) -> list:
+def stream_damage(path: Path, found: Path, itemsize: int) -> str | None:
+    """What is wrong with a cached stream of `itemsize`-byte ids (`found`: its findings and
+    length, read_findings), as "FILE is damaged (why)", or None: a truncated stream was mapped
+    and trained on without a word, an empty or odd-sized one or a damaged `found` was a
+    traceback."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:  # removed meanwhile by a run that found it damaged
+        return f"{path} is gone"
+    if size == 0 or size % itemsize:
+        return f"{path} is damaged ({size:,} bytes, not a whole number of {itemsize}-byte ids)"
+    try:
+        kept = read_findings(found)
+    except ValueError as e:
+        return f"{found} is damaged ({e})"
+    tokens = kept and kept[0]  # None: a stream kept before its length was (2026-12-03)
+    if tokens is not None and tokens != size // itemsize:
+        return f"{path} is damaged ({size // itemsize:,} tokens, {found.name} records {tokens:,})"
+    return None
+
+
+def kept_findings(found: Path) -> list | None:
+    """keep_findings' list; None where a cached stream has none, or none that reads."""
+    try:
+        kept = read_findings(found)
+    except ValueError:  # found again, and kept whole
+        return None
+    return None if kept is None else kept[1]
+
+
+def find_again(files: list[Path], root: Path, found: Path, progress: bool,
+               tokens: int | None = None) -> list:
     """The findings of a cached stream that has none, its files (the ones its cache key's stat
-    names) read again, and kept. Read, not tokenized nor the stream rebuilt: on the standard
+    names) read again, and kept (with its length, `tokens`). Read, not tokenized nor the stream rebuilt: on the standard
     library (31.5 MB, 2 cores, 2026-12-03) the read took 0.1 s, an 8,000-token BPE 42 s."""
     from tqdm import tqdm
 
@@ -160,7 +222,7 @@ def find_again(files: list[Path], root: Path, found: Path, progress: bool) -> li
                 pass
             bar.update(f.stat().st_size)
     try:
-        keep_findings(found, undecodable, root)
+        keep_findings(found, undecodable, root, tokens)
     except OSError:  # a cache this user may read, not write (a shared one): found again next run
         pass
     return _relative(undecodable, root)

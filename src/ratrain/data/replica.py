@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 
 from ratrain.config import RunConfig
-from ratrain.data.corpus import stdlib_root
+from pathlib import Path
+
+from ratrain.data.corpus import stdlib_root, token_files_in
 from ratrain.data.loader import MicroBatchLoader, eval_batches, eval_sequences
 from ratrain.data.tokenizer import (check_fits, load_tokenizer, no_eos_note, post_processor_note,
                                     unused_vocab_note)
-from ratrain.data.tokens import (check_token_ids, is_token_file, load_tokens, read_corpus,
-                                 split_train_val)
+from ratrain.data.tokens import (cache_root, check_token_ids, is_token_file, load_tokens,
+                                 read_corpus, split_train_val)
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False,
@@ -59,7 +61,8 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     if first and not pretokenized:  # a token file's ids are its own, whatever the tokenizer
         files = corpus.files
         joined = len(files) > 1 or any(f.suffix.lower() == ".jsonl" for f in files)
-        say += [joined and no_eos_note(tokenizer), post_processor_note(tokenizer),
+        say += [skipped_bin_note(cfg, len(files)), joined and no_eos_note(tokenizer),
+                post_processor_note(tokenizer),
                 progress and unused_vocab_note(tokenizer, cfg.model.vocab_size)]
     if first:
         say.append(eval_cap_note(cfg, split_train_val(corpus.tokens, cfg.data.val_fraction)[1]))
@@ -68,6 +71,23 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     for line in say:
         if line:
             print(line, file=sys.stderr, flush=True)
+
+
+def skipped_bin_note(cfg: RunConfig, text_files: int) -> str | None:
+    """Where a data directory holds pre-tokenized streams (.bin), which a run on it skips, the
+    line that says so and how to train on one: a run on nanoGPT's layout (prepare.py,
+    readme.md, train.bin, val.bin) trained on its script and readme without a word until
+    2026-12-03. A token cache inside the directory is no stream of the user's."""
+    cache = cache_root(cfg.data).resolve()
+    skipped = [f for f in token_files_in(cfg.data.path) if not f.resolve().is_relative_to(cache)]
+    if not skipped:
+        return None
+    root = Path(cfg.data.path).expanduser()
+    names = ", ".join(f.relative_to(root).as_posix() for f in skipped[:3])
+    more = f" and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
+    return (f"note: data directory {root} holds pre-tokenized {names}{more}, which a run on the "
+            f"directory skips (it reads its {_count(text_files, 'text file')}); a pre-tokenized "
+            f"stream is passed as one .bin file: --data {skipped[0]}")
 
 
 def eval_cap_note(cfg: RunConfig, val_tokens) -> str | None:

@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from tqdm import tqdm
 
 from ratrain.config import DataConfig
 from ratrain.data.corpus import (corpus_files, documents, find_again, keep_findings,
-                                 kept_findings, undecodable_warning)
+                                 kept_findings, stream_damage, undecodable_warning)
 from ratrain.data.tokenizer import Tokenizer
 from ratrain.errors import UserError
 
@@ -84,7 +85,8 @@ class Corpus:
         found once (corpus.find_again) here, where they are said, not by every rank's loader."""
         kept = kept_findings(self.findings) if self.findings else []
         if kept is None:  # ([]: none of its files warned)
-            kept = find_again(self.files, self.root, self.findings, self.progress)
+            kept = find_again(self.files, self.root, self.findings, self.progress,
+                              len(self.tokens))
         return [undecodable_warning(self.root / name, fraction) for name, fraction in kept]
 
 
@@ -111,9 +113,14 @@ def read_corpus(data_cfg: DataConfig, tokenizer: Tokenizer, progress: bool = Tru
     key = _cache_key(tokenizer, root, files)
     path = cache_root(data_cfg) / "tokens" / (key + suffix)
     found = path.parent / (key + _FINDINGS_SUFFIX)
+    if tokenize and path.exists() and (damage := stream_damage(path, found, dtype.itemsize)):
+        print(f"warning: the token cache entry {damage}: tokenizing the data again",
+              file=sys.stderr, flush=True)
+        with _cache_writes(path.parent):
+            path.unlink(missing_ok=True)
     if not path.exists() and tokenize:
         _tokenize_to(path, files, tokenizer, dtype, progress, found, root)
-    _wait_for(path)
+    _wait_for(path, ready=lambda: not stream_damage(path, found, dtype.itemsize))
     return Corpus(np.memmap(path, dtype=dtype, mode="r"), files, found, root, progress)
 
 
@@ -210,15 +217,32 @@ def _cache_key(tokenizer: Tokenizer, root: Path, files: list[Path]) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
+@contextmanager
+def _cache_writes(directory: Path):
+    """A write into the token cache that fails as one line naming the cache, not as the OS
+    error of its temporary file. No tokens kept in memory instead: the other ranks of the run
+    map the cached file (and under torchrun wait for it), and each would hold the corpus."""
+    try:
+        yield
+    except OSError as e:
+        why = next((f"{p} is not a directory" for p in (directory, *directory.parents)
+                    if p.exists() and not p.is_dir()), e.strerror or str(e))
+        raise UserError(f"cannot write the token cache {directory} ({why}): set RATRAIN_CACHE "
+                        "(or data.cache_dir in a --config file) to a writable directory"
+                        ) from None
+
+
 def _tokenize_to(path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.dtype,
                  progress: bool, found: Path, root: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_parts(path.parent)
+    with _cache_writes(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_parts(path.parent)
+        # The temporary file sits next to the target so the final rename stays on one
+        # filesystem.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     eos = np.array([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=dtype)
-    n_text = 0  # tokens of text: empty documents add their end-of-document ids only
+    n_text = n_all = 0  # tokens of text, and all: empty documents add their end-of-document ids
     undecodable: list[tuple[Path, float]] = []
-    # The temporary file sits next to the target so the final rename stays on one filesystem.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
         sizes = [f.stat().st_size for f in files]
         with os.fdopen(fd, "wb") as out, tqdm(
@@ -227,19 +251,23 @@ def _tokenize_to(path: Path, files: list[Path], tokenizer: Tokenizer, dtype: np.
         ) as bar:
             for batch in _batches(files, sizes, bar, undecodable):
                 for ids, (_, ends) in zip(tokenizer.encode_batch([t for t, _ in batch]), batch):
-                    out.write(ids.astype(dtype, copy=False).tobytes())
-                    if ends:
-                        out.write(eos.tobytes())
+                    with _cache_writes(path.parent):
+                        out.write(ids.astype(dtype, copy=False).tobytes())
+                        if ends:
+                            out.write(eos.tobytes())
                     n_text += len(ids)
-            out.flush()
-            os.fsync(out.fileno())
+                    n_all += len(ids) + (len(eos) if ends else 0)
+            with _cache_writes(path.parent):
+                out.flush()
+                os.fsync(out.fileno())
         if n_text == 0:
             what = str(files[0]) if len(files) == 1 else f"the corpus ({len(files)} files)"
             raise UserError(f"{what} holds no text to train on")
-        # before the stream appears: a run that finds the stream finds its findings
-        keep_findings(found, undecodable, root)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is fine to share
-        os.replace(tmp, path)
+        with _cache_writes(path.parent):
+            # before the stream appears: a run that finds the stream finds its findings
+            keep_findings(found, undecodable, root, n_all)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is fine to share
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -256,14 +284,15 @@ def _remove_stale_parts(directory: Path) -> None:
             pass
 
 
-def _wait_for(path: Path, every_s: float = 2.0) -> None:
-    """Until `path` exists (at once where it does). A tokenizing rank that fails ends the run
-    (its launcher stops the others), so there is no time limit: a corpus may take hours."""
-    if path.exists():
+def _wait_for(path: Path, every_s: float = 2.0, ready=lambda: True) -> None:
+    """Until `path` exists and is `ready()` (a damaged one: until the tokenizing rank has
+    replaced it), at once where it is. A tokenizing rank that fails ends the run (its launcher
+    stops the others), so there is no time limit: a corpus may take hours."""
+    if path.exists() and ready():
         return
     print(f"waiting for this node's first rank to tokenize the corpus into {path}",
           file=sys.stderr, flush=True)
-    while not path.exists():
+    while not (path.exists() and ready()):
         time.sleep(every_s)
 
 
