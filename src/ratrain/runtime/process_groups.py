@@ -10,7 +10,12 @@ import torch
 import torch.distributed as dist
 
 from ratrain.errors import UserError
+from ratrain.runtime import timed_comm
 from ratrain.schedule.grid import RankGrid
+
+_joined_timeout_s = 300.0
+"""The --comm-timeout the world was joined with (join_world), for the start's meetings whose
+callers do not carry it (stop_together, training/agreed_plan.py)."""
 
 
 @dataclass
@@ -124,6 +129,7 @@ def join_world(backend: str = "auto", timeout_s: float = 300.0,
 
     Under torchrun the ranks first tell each other whether one failed before joining (`failed`:
     its message, from a rank that joins only to say it; stop_together)."""
+    global _joined_timeout_s
     backend = pick_backend(backend)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -137,9 +143,16 @@ def join_world(backend: str = "auto", timeout_s: float = 300.0,
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s),
-                                store=_restart_store(world, timeout_s))
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=timeout_s),
+                                    store=_restart_store(world, timeout_s))
+        except RuntimeError as e:  # (DistStoreError: "wait timeout after 2000ms, keys: ...")
+            if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
+                raise
+            raise timed_comm.CommFailure(timed_comm.late(
+                e, timeout_s, "start of training", "joining the world", "a rank")) from None
+        _joined_timeout_s = timeout_s
         if "TORCHELASTIC_RUN_ID" in os.environ:
             stop_together(failed)
     return backend, device
@@ -156,13 +169,21 @@ def stop_together(failed: str | None) -> None:
     --comm-timeout (300 s) for it, saying nothing. Collective; each rank takes part twice,
     when it joins the world and right before training (training/run.py), or once, with its
     message, where it failed: at the first where it had not joined yet, else at the second."""
-    said = [None] * dist.get_world_size()
-    dist.all_gather_object(said, failed)  # (NCCL: on the device join_world set)
+    said = gathered_at_start(failed, "the ranks' word on their checks")
     first = next(((r, m) for r, m in enumerate(said) if m), None)
     if first and first[0] != dist.get_rank():
         raise StoppedWithAnother(f"rank {first[0]} stopped before training: {first[1]}")
     if failed:
         raise UserError(failed)
+
+
+def gathered_at_start(value, action: str) -> list:
+    """Every rank's `value` (picklable), in rank order, waited for --comm-timeout (the world's,
+    join_world's): a peer still preparing (tokenizing its data) is told as late, in one line,
+    not by gloo's traceback. Collective; NCCL's on the device join_world set."""
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    return timed_comm.gather_at_start(value, _joined_timeout_s, action, device)
 
 
 def init_groups(grid: RankGrid, backend: str = "auto", timeout_s: float = 300.0,

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import sys
 
-import torch.distributed as dist
-
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
-from ratrain.runtime.process_groups import join_world
+from ratrain.runtime.process_groups import gathered_at_start, join_world
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup import check_memory_fits
 from ratrain.training.prepare import plan_here, this_machine
@@ -31,7 +29,7 @@ def agreed(cfg: RunConfig, plan: PipelinePlan, rank: int) -> PipelinePlan:
     calls it. A choice some node cannot hold is refused on every rank, with that node's
     reason, so that none is left waiting."""
     mine = tuple(getattr(cfg.parallel, k) for k in CHOSEN)
-    chosen = _gathered(mine)
+    chosen = gathered_at_start(mine, "the schedule's agreement")
     if all(c == chosen[0] for c in chosen):
         return plan
     refusal = None
@@ -44,7 +42,8 @@ def agreed(cfg: RunConfig, plan: PipelinePlan, rank: int) -> PipelinePlan:
         except UserError as e:
             refusal = str(e)
     others = ", ".join(f"rank {r}: {_label(c)}" for r, c in enumerate(chosen) if c != chosen[0])
-    refused = [(r, why) for r, why in enumerate(_gathered(refusal)) if why]
+    refusals = gathered_at_start(refusal, "the schedule's agreement")
+    refused = [(r, why) for r, why in enumerate(refusals) if why]
     if refused:
         r, why = refused[0]
         raise UserError(f"the ranks chose different schedules on their nodes (rank 0: "
@@ -61,7 +60,7 @@ def agreed_checkpoint(resume_from: str | None, rank: int) -> tuple[str | None, b
     """Rank 0's checkpoint to resume from (the newest that verifies: it hashed every file),
     and whether this rank's loading may skip the hashing of its own units' files (rank 0's
     only). Collective: every rank of the world calls it."""
-    chosen = _gathered(resume_from)[0]
+    chosen = gathered_at_start(resume_from, "the checkpoint's agreement")[0]
     return chosen, rank == 0
 
 
@@ -71,13 +70,7 @@ def rank_0s(value, cfg: RunConfig):
     before the run (cli/train_resume.py: whether a run is finished, by its hash of the
     checkpoint): a rank that chose for itself and ended left the others waiting."""
     join_world(cfg.parallel.backend, cfg.parallel.comm_timeout_s)
-    return _gathered(value)[0]
-
-
-def _gathered(value) -> list:
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, value)
-    return everyone
+    return gathered_at_start(value, "rank 0's word on the checkpoint")[0]
 
 
 def _label(choice: tuple) -> str:
