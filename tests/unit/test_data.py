@@ -128,6 +128,16 @@ def test_check_fits():
         check_fits(ByteTokenizer(), 256)
 
 
+def test_a_tokenizer_too_large_for_weights_offers_only_a_smaller_tokenizer():
+    """A model from a Hugging Face directory has its weights' vocabulary: the refusal offered a
+    larger model.vocab_size in a --config, which the directory's config.json replaces."""
+    with pytest.raises(UserError) as refused:
+        check_fits(ByteTokenizer(), 256, "/w/hf")
+    assert str(refused.value) == ("tokenizer 'byte' has 257 tokens but the model's vocabulary "
+                                  "is 256, fixed by the weights in /w/hf: use a tokenizer of at "
+                                  "most 256 tokens")
+
+
 # token streams ----------------------------------------------------------------------------
 
 

@@ -51,7 +51,7 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     and a model vocabulary far beyond the tokenizer's (a cost, nothing the run does otherwise:
     said with the start's other notes, not under --no-progress)."""
     tokenizer = load_tokenizer(cfg.data.tokenizer)
-    check_fits(tokenizer, cfg.model.vocab_size)
+    check_fits(tokenizer, cfg.model.vocab_size, cfg.train.init_from)
     pretokenized = is_token_file(cfg.data.path)
     if pretokenized and first:
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size,

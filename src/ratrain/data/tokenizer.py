@@ -202,12 +202,21 @@ def train_bpe(files: Iterable[str | Path], vocab_size: int, out_path: str | Path
     return HFTokenizer(out_path)
 
 
-def check_fits(tokenizer: Tokenizer, model_vocab_size: int) -> None:
-    """Refuse a tokenizer that can produce ids beyond the model's embedding table."""
+def check_fits(tokenizer: Tokenizer, model_vocab_size: int,
+               weights_from: str | None = None) -> None:
+    """Refuse a tokenizer that can produce ids beyond the model's embedding table. Where the
+    model starts from the weights in `weights_from` (a Hugging Face directory), their table
+    fixes the vocabulary: only a smaller tokenizer fits (a larger model.vocab_size in a
+    --config, offered until 2026-12-03, is replaced by the directory's config.json)."""
     if tokenizer.vocab_size > model_vocab_size:
         # the smallest byte-level BPE is 256 bytes and its end-of-document token
         train_one = (f" (`ratrain tokenizer --vocab-size {model_vocab_size}` trains one)"
                      if model_vocab_size > 256 else "")
+        if weights_from:
+            raise UserError(
+                f"tokenizer '{tokenizer}' has {tokenizer.vocab_size} tokens but the model's "
+                f"vocabulary is {model_vocab_size}, fixed by the weights in {weights_from}: use "
+                f"a tokenizer of at most {model_vocab_size} tokens{train_one}")
         raise UserError(
             f"tokenizer '{tokenizer}' has {tokenizer.vocab_size} tokens but the model's "
             f"vocabulary is {model_vocab_size}; use a model with vocab_size >= "
