@@ -33,3 +33,24 @@ def refuse_unwritable(out: str | Path, what: str, example: str, make_parents: bo
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {what} there "
                         f"({e.strerror or type(e).__name__})") from None
+
+
+def refuse_unwritable_dir(out: str | Path, what: str) -> None:
+    """Refuse an --out directory that `what` ("the export") cannot be written into: a file, a
+    parent that is a file, one without permission (the nearest folder that exists is tried:
+    the rest are made). `export` and `merge-parts` found these only once written, after
+    hashing the whole checkpoint (minutes at 7B), until 2026-12-03; merge-parts named its
+    internal step_N.partial. The refusals name `out` as given."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {out} is a file: give a directory for {what}")
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"--out {out}: {folder} is not a directory")
+    try:  # a trial write, which leaves nothing behind (root passes os.access on /proc)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write {what} there "
+                        f"({e.strerror or type(e).__name__})") from None

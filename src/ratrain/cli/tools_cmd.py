@@ -11,7 +11,7 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import fmt_count, table
 from ratrain.cli.group import cli
-from ratrain.cli.out_path import refuse_unwritable
+from ratrain.cli.out_path import refuse_unwritable, refuse_unwritable_dir
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.training.run_config import run_config
@@ -60,6 +60,9 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
         # A corpus file named as --out by mistake would be lost, replaced by the tokenizer
         raise UserError(f"--out {out_path} is an existing file that is not a tokenizer.json; "
                         "refusing to overwrite it (give a new path or a directory)")
+    # before training (23 s on the stdlib): a folder that cannot be written to failed only at
+    # the save, with a traceback, and a file as its parent said "File exists"
+    refuse_unwritable(out_path, "the tokenizer", "tokenizer.json", make_parents=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tok = train_bpe(files, vocab_size, out_path)
     click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} "
@@ -108,21 +111,24 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     import torch
 
     from ratrain import checkpoint
+    from ratrain.checkpoint import manifest
     from ratrain.checkpoint.store import outer_weights
     from ratrain.models.hf import check_export_dir, save_hf
+    from ratrain.models.hf_files import refuse_other_files
     from ratrain.models.llama import build_units
     from ratrain.training.run_dir import resume_point
     from ratrain.training.run_tokenizer import kept_tokenizer
 
-    check_export_dir(out)  # before the checkpoint is read and hashed (minutes at 7B)
+    refuse_unwritable_dir(out, "the export")  # before the checkpoint is read and hashed
+    check_export_dir(out)  # (minutes at 7B)
     cfg = run_config(run_dir)
     tokenizer_spec = tokenizer_spec or kept_tokenizer(run_dir)  # the file it trained with
     tok = _run_tokenizer(cfg, tokenizer_spec, f"ratrain export {run_dir} --out {out}")
     if checkpoint_dir:
         cfg.train.checkpoint_dir = checkpoint_dir
     _refuse_run_dir_out(Path(run_dir), cfg, Path(out))
-    ckpt = resume_point(Path(run_dir), cfg, done_ok=True, way_out=f"export with `ratrain export "
-                        f"{run_dir} --out {out} --checkpoint-dir DIR`")
+    # torch_dtype is the checkpoint's, known once read: compared exactly just before writing
+    refuse_other_files(Path(out), _written(cfg, tok, torch.float32), loose=("torch_dtype",))
     diloco = cfg.parallel.diloco
     if replica is not None and not (diloco and 0 <= replica < cfg.parallel.dp):
         raise UserError(f"--replica {replica}: {run_dir} has " + (
@@ -130,24 +136,80 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
             "one set of weights (only --sync diloco's replicas keep their own)"))
     with torch.device("meta"):  # shapes only: every weight comes from the checkpoint (a 7B
         units = build_units(cfg.model, cfg.train.seed)  # model's init took ~40 s for nothing)
-    states = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"),
-                                   cfg.parallel.files_of(replica or 0), optimizer=False,
-                                   verified=True)
     outer = diloco and replica is None
-    for u, state in states.items():
-        with_outer = outer and state["outer"] is not None
-        units[u].load_state_dict(outer_weights(units[u], state) if with_outer else state["weights"],
-                                 assign=True)
+    for tries_left in reversed(range(3)):
+        ckpt = resume_point(Path(run_dir), cfg, done_ok=True, way_out=f"export with `ratrain "
+                            f"export {run_dir} --out {out} --checkpoint-dir DIR`")
+        try:
+            meta = checkpoint.load_meta(ckpt)  # read now: the run may remove it once loaded
+            states = checkpoint.load_units(ckpt, range(cfg.model.n_units), torch.device("cpu"),
+                                           cfg.parallel.files_of(replica or 0), optimizer=False,
+                                           verified=True)
+            for u, state in states.items():
+                with_outer = outer and state["outer"] is not None
+                units[u].load_state_dict(outer_weights(units[u], state) if with_outer
+                                         else state["weights"], assign=True)
+            break
+        except (checkpoint.CheckpointDamaged, FileNotFoundError):
+            # verified a moment ago, now short of files: a run training in this directory
+            # removed it (keep-K), which until 2026-12-03 was said as a save that did not finish
+            if manifest.problem(ckpt, hashed=False) is None:
+                raise
+            if not tries_left:
+                raise UserError(f"checkpoint {ckpt} was removed while being read (a run training "
+                                f"in {run_dir} rotates its checkpoints): export again, or once "
+                                "the run has stopped") from None
+    refuse_other_files(Path(out), _written(cfg, tok, next(units[0].parameters()).dtype))
     save_hf(units, cfg.model, out, tok.token_ids if tok else None)
     if tok:
         tok.write(Path(out), cfg.model.max_seq_len)
-    what = (" (the outer parameters: the replicas' last outer sync; --replica R exports a "
-            "replica's own weights)" if outer else f" (replica {replica}'s own weights)"
-            if replica is not None else "")
+    what = (_outer_said(cfg.parallel.sync, meta) if outer else
+            f" (replica {replica}'s own weights)" if replica is not None else "")
     click.echo(f"exported {ckpt.name} of {run_dir} to {out}{what}")
     click.echo(f"tokenizer: {tok}" if tok else f"tokenizer: none written: {run_dir} trained on "
                f"pre-tokenized ids ({cfg.data.path}), whose tokenizer ratrain does not know; "
                "--tokenizer FILE writes it")
+
+
+def _written(cfg: RunConfig, tok, dtype) -> dict[str, bytes]:
+    """The bytes of each file an export writes beside the weights (its config.json with
+    `dtype`, the tokenizer's files), written to a scratch directory to be compared."""
+    import tempfile
+
+    from ratrain.models.hf import hf_config
+    from ratrain.models.hf_files import write_config
+
+    with tempfile.TemporaryDirectory() as scratch:
+        where = Path(scratch)
+        write_config(where, hf_config(cfg.model, dtype),
+                     tok.token_ids if tok else {})
+        if tok:
+            tok.write(where, cfg.model.max_seq_len)
+        return {f.name: f.read_bytes() for f in where.iterdir()}
+
+
+def _outer_said(sync: str, meta: dict) -> str:
+    """What a --sync diloco export's outer parameters at checkpoint `meta` are. Before a unit's
+    first outer sync they are the starting weights, which until 2026-12-03 an export before
+    step H wrote as "the replicas' last outer sync"."""
+    from ratrain.schedule.outer_sync import parse_sync
+
+    outer, step = parse_sync(sync), meta["step"]
+    # DiLoCo syncs in inner step H-1 (0-based); streaming fragment f in step offset(f) + H
+    firsts = [outer.offset(f) + outer.every + outer.streaming for f in range(outer.fragments or 1)]
+    # a run's last step syncs every unit (outer_sync.final_sync_due)
+    last = step >= meta.get("config", {}).get("train", {}).get("steps", step + 1)
+    synced = len(firsts) if last else sum(step >= first for first in firsts)
+    if synced == 0:
+        return (f" (the outer parameters: no outer sync yet at step {step}, the first is at step "
+                f"{min(firsts)}: these are the starting weights; --replica R exports a "
+                "replica's trained weights)")
+    if synced < len(firsts):
+        return (f" (the outer parameters: {synced} of {len(firsts)} fragments have had an outer "
+                "sync, the rest's units hold the starting weights; --replica R exports a "
+                "replica's trained weights)")
+    return (" (the outer parameters: the replicas' last outer sync; --replica R exports a "
+            "replica's own weights)")
 
 
 def _run_tokenizer(cfg: RunConfig, given: str | None, again: str):
@@ -187,6 +249,7 @@ def merge_parts_cmd(run_dirs: tuple[str, ...], out: str) -> None:
     from ratrain.training.run_dir import checkpoints_of
 
     out_dir = Path(out)
+    refuse_unwritable_dir(out, "the merged run")  # before every part is hashed
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out} exists and is not empty: merge into a new directory")
     cfgs = []

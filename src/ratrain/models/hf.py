@@ -252,7 +252,9 @@ def _export_arch(cfg: ModelConfig) -> str:
     return QWEN2 if cfg.qkv_bias else LLAMA
 
 
-def _hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict:
+def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    """The config.json an export of `cfg`'s weights in `dtype` writes."""
+    arch = _export_arch(cfg)
     d = {
         "architectures": [arch],
         "model_type": {v: k for k, v in _ARCH_OF_MODEL_TYPE.items()}[arch],
@@ -316,5 +318,5 @@ def save_hf(model_or_units: nn.Module | Iterable[nn.Module], cfg: ModelConfig,
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     dtype = tensors["model.embed_tokens.weight"].dtype
-    write_config(out, _hf_config(cfg, arch, dtype), token_ids or {})
+    write_config(out, hf_config(cfg, dtype), token_ids or {})
     return out

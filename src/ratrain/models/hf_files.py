@@ -190,3 +190,33 @@ def write_config(out: Path, config: dict, token_ids: dict[str, int | None]) -> N
     (out / "config.json").write_text(json.dumps({**config, **token_ids}, indent=2) + "\n")
     if token_ids:
         (out / "generation_config.json").write_text(json.dumps(token_ids, indent=2) + "\n")
+
+
+DESCRIBING = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def refuse_other_files(out: Path, written: dict[str, bytes], loose: tuple[str, ...] = ()) -> None:
+    """Refuse an `out` that holds a file of DESCRIBING other than the one an export writes
+    (`written`: name -> its bytes): until 2026-12-03 another model's config.json or
+    tokenizer.json there was replaced without a word. The same file (--tokenizer
+    OUT/tokenizer.json) is fine. `loose`: config.json's keys not known yet (torch_dtype,
+    before the checkpoint is read), left out of its comparison."""
+    for name in DESCRIBING:
+        there = out / name
+        # one it does not write (no tokenizer known) is left as it is: the user's own
+        if not there.is_file() or name not in written:
+            continue
+        if not _same(there.read_bytes(), written[name], loose if name == "config.json" else ()):
+            raise UserError(f"{there} already exists and is not the {name} this export writes "
+                            f"(another model's?): export into a new directory, or remove it")
+
+
+def _same(found: bytes, wanted: bytes, loose: tuple[str, ...]) -> bool:
+    if not loose:
+        return found == wanted
+    try:
+        a, b = json.loads(found), json.loads(wanted)
+    except ValueError:  # UnicodeDecodeError is a ValueError
+        return False
+    return (isinstance(a, dict) and {k: v for k, v in a.items() if k not in loose}
+            == {k: v for k, v in b.items() if k not in loose})

@@ -160,8 +160,23 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     if checkpoint.root(checkpoints) != checkpoint.root(run_dir):
         refuse_another_runs_checkpoints(run_dir, checkpoint.root(checkpoints))
     decides = not under_torchrun() or main
-    ckpt, skipped = ((chosen, []) if chosen is not None else
-                     checkpoint.scan(checkpoints, hashed=decides))
+    for scans_left in reversed(range(3)):  # a few: each scan hashes the whole checkpoint
+        ckpt, skipped = ((chosen, []) if chosen is not None else
+                         checkpoint.scan(checkpoints, hashed=decides))
+        try:
+            meta = None if ckpt is None else checkpoint.load_meta(ckpt)
+        except checkpoint.CheckpointDamaged:
+            if chosen is not None:
+                raise
+        else:  # none found, for the newer ones skipped were removed while hashed: scan again
+            if ckpt is not None or chosen is not None or all(p.exists() for p, _ in skipped):
+                break
+        # the scan verified it, so it changed since: a run training in this directory whose
+        # keep-K removed it (an export beside the run blamed the save until 2026-12-03)
+        if not scans_left:
+            raise UserError(f"checkpoint {ckpt or skipped[0][0]} was removed while being read "
+                            f"(a run training in {run_dir} rotates its checkpoints): try again, "
+                            "or once the run has stopped") from None
     if main and chosen is None and looked_past:
         print(looked_past, file=sys.stderr)
     if ckpt is None:
@@ -174,7 +189,6 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
         for path, why in skipped:
             print(f"skipping checkpoint {path.name}: {why}; the newest that verifies is {ckpt.name}",
                   file=sys.stderr)
-    meta = checkpoint.load_meta(ckpt)
     # settings: of a checkpoint elsewhere only (a --checkpoint-dir that holds another run's);
     # the run's own may resume with others through the Python API (lr 1e-30 in tests)
     elsewhere = own is not None and checkpoint.root(checkpoints) != checkpoint.root(own)
