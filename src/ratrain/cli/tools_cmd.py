@@ -195,8 +195,7 @@ def _outer_said(sync: str, meta: dict) -> str:
     from ratrain.schedule.outer_sync import parse_sync
 
     outer, step = parse_sync(sync), meta["step"]
-    # DiLoCo syncs in inner step H-1 (0-based); streaming fragment f in step offset(f) + H
-    firsts = [outer.offset(f) + outer.every + outer.streaming for f in range(outer.fragments or 1)]
+    firsts = [outer.first_synced_after(f) for f in range(outer.fragments or 1)]
     # a run's last step syncs every unit (outer_sync.final_sync_due)
     last = step >= meta.get("config", {}).get("train", {}).get("steps", step + 1)
     synced = len(firsts) if last else sum(step >= first for first in firsts)

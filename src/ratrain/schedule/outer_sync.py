@@ -105,6 +105,12 @@ class OuterSync:
                 return f
         return None
 
+    def first_synced_after(self, fragment: int) -> int:
+        """The inner steps after which fragment `fragment`'s outer parameters first change
+        (a checkpoint at that step or later holds an outer sync of it): H under DiLoCo;
+        streaming syncs a fragment in the step after its delta is taken, so one more."""
+        return self.offset(fragment) + self.every + (1 if self.streaming else 0)
+
     def final_sync_due(self, step: int, steps: int | None) -> bool:
         """Whether `step` (0-based) is the last of a run of `steps` and ends it with local steps
         the outer parameters do not hold: not a DiLoCo sync step (kH), or under streaming,
