@@ -121,6 +121,22 @@ def test_tokenizer_command_trains_bpe(monkeypatch, capsys, tmp_path):
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
 
+def test_tokenizer_of_an_empty_corpus_is_refused_and_a_short_one_says_so(monkeypatch, capsys,
+                                                                          tmp_path):
+    """An empty corpus wrote the 257 bytes' tokenizer, and a small one fewer tokens than asked,
+    both said only by the count."""
+    (tmp_path / "empty.txt").write_text("")
+    code, _, err = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(tmp_path / "empty.txt"),
+                           "--out", str(tmp_path / "e.json"))
+    assert code == 2 and "it is empty: there is no text to train a tokenizer on" in err, err
+    assert not (tmp_path / "e.json").exists()
+    (tmp_path / "few.txt").write_text("ab ab ab ab\n" * 50)
+    code, out, err = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(tmp_path / "few.txt"),
+                             "--vocab-size", "400", "--out", str(tmp_path / "f.json"))
+    assert code == 0, err
+    assert "the corpus gave no more merges than that, of the 400 asked)" in out, out
+
+
 @pytest.mark.parametrize("out,written", [
     ("tok.v1/", "tok.v1/tokenizer.json"),  # was a file tok.v1: Path drops the slash
     ("made.v2", "made.v2/tokenizer.json"),  # an existing directory

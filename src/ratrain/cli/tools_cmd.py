@@ -52,6 +52,9 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
     from ratrain.data.tokenizer import train_bpe
 
     files = stdlib_files() if data is None else text_files(data)  # "" is refused, not the stdlib
+    if all(f.stat().st_size == 0 for f in files):  # (wrote the 257 bytes' tokenizer, unsaid)
+        raise UserError(f"--data {data}: {'its files are' if len(files) > 1 else 'it is'} "
+                        "empty: there is no text to train a tokenizer on")
     out_path = Path(out)
     # the trailing slash first: Path drops it, after which tok.v1/ had a suffix and was a file
     if out.endswith(("/", os.sep)) or out_path.is_dir() or not out_path.suffix:
@@ -65,8 +68,10 @@ def tokenizer(data: str | None, vocab_size: int, out: str) -> None:
     refuse_unwritable(out_path, "the tokenizer", "tokenizer.json", make_parents=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tok = train_bpe(files, vocab_size, out_path)
-    click.echo(f"wrote {out_path} ({tok.vocab_size} tokens, trained on {len(files)} "
-               f"file{'' if len(files) == 1 else 's'})")
+    short = (f"; the corpus gave no more merges than that, of the {vocab_size:,} asked"
+             if tok.vocab_size < vocab_size else "")
+    click.echo(f"wrote {out_path} ({tok.vocab_size:,} tokens, trained on {len(files)} "
+               f"file{'' if len(files) == 1 else 's'}{short})")
 
 
 def _is_tokenizer_json(path: Path) -> bool:
