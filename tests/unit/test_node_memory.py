@@ -21,7 +21,7 @@ NODE = 30e9
 def _cpu_profile(tmp_path, node_memory: float | None = NODE, **device):
     """cpu-local as `ratrain profile --ranks 1` writes one: each device the node's memory."""
     data = load_profile("cpu-local").to_dict()
-    data["device"].update(memory_bytes=NODE, **device)
+    data["device"].update({"memory_bytes": NODE, **device})
     if node_memory is not None:
         data["device"]["node_memory_bytes"] = node_memory
     path = tmp_path / "measured.yaml"
@@ -89,3 +89,51 @@ def test_simulate_holds_each_rank_to_its_share_of_the_node(monkeypatch, capsys, 
     assert "a device's memory: the node's memory (30.00 GB, device.node_memory_bytes) shared " \
            "by the 2 devices on it" in stdout
     assert "fits 15.00 GB" in stdout
+
+
+def test_the_plan_table_says_the_devices_share_of_the_node(monkeypatch, capsys, tmp_path):
+    """As simulate says it: the budget above the table was half the profile's memory, unsaid."""
+    spec = str(_cpu_profile(tmp_path))
+    for devices, said in [(1, False), (2, True)]:
+        code, stdout, stderr = run_cli(monkeypatch, capsys, "plan", "--model", "tiny",
+                                       "--profile", spec, "--devices", str(devices), "--top", "1")
+        assert code == 0, stderr
+        line = ("a device's memory: the node's memory (30.00 GB, device.node_memory_bytes) "
+                "shared by the 2 devices on it")
+        assert (line in stdout) is said, stdout
+        assert "--profile plans for another machine" not in stdout
+
+
+SMALL_NODE = 60e6
+"""tiny's node where 1 device overfills and 2 would fit with the whole node each, not with
+half of it."""
+
+
+def _small_request(tmp_path, node_memory: float | None = SMALL_NODE):
+    from ratrain.models.presets import get_preset
+    from ratrain.planner.layouts import PlanRequest
+
+    hw = load_profile(_cpu_profile(tmp_path, node_memory, memory_bytes=SMALL_NODE))
+    return PlanRequest(model=get_preset("tiny"), profile=hw, devices=1, global_batch=8,
+                       seq_len=256)
+
+
+def test_more_devices_are_hinted_at_by_their_share_of_the_node(tmp_path):
+    from ratrain.planner.what_fits import fits_with
+
+    assert not fits_with(_small_request(tmp_path), devices=1)
+    assert fits_with(_small_request(tmp_path, None), devices=2)  # each the whole node: fits
+    assert not fits_with(_small_request(tmp_path), devices=2)  # each half of it: does not
+
+
+def test_the_accounts_devices_hint_holds_what_the_search_of_them_finds(
+        monkeypatch, capsys, tmp_path):
+    """It said "2 devices would fit" on one node, and --devices 2 then found nothing."""
+    spec = str(_cpu_profile(tmp_path, SMALL_NODE, memory_bytes=SMALL_NODE))
+    args = ("plan", "--model", "tiny", "--profile", spec, "--top", "1", "--devices")
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "1")
+    assert code != 0 and "no plan fits" in stderr, stdout
+    assert "devices would fit" not in stderr
+    assert "overfill (each holds 7.50 MB, its share of the node's memory)" in stderr
+    code, stdout, stderr = run_cli(monkeypatch, capsys, *args, "2")
+    assert code != 0 and "no plan fits 30.00 MB per device" in stderr, stdout

@@ -193,9 +193,9 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     click.echo(_heading(found))
     if other_work_line(hw):
         click.echo(other_work_line(hw))
-    if memory_here:
-        click.echo(f"a device's memory: {hw.notes['device.memory_bytes']} (--profile plans for "
-                   f"another machine)")
+    if memory_here or request.profile is not hw:  # not hw: a node's memory shared (simulate's)
+        click.echo(f"a device's memory: {request.profile.notes['device.memory_bytes']}"
+                   + (" (--profile plans for another machine)" if memory_here else ""))
     click.echo(table(_rows(found), ["#", "tokens/s", "step", "bubble", "schedule", "pp x dp",
                                     "micro-batches", "ranks", "state / views", "units per stage",
                                     f"peak / {decimal_bytes(request.budget_bytes)}", "activations"]))

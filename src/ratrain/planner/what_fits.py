@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ratrain.byte_units import decimal_bytes
 from ratrain.planner.layouts import Layout, PlanRequest, layouts, lifecycles
+from ratrain.planner.node_memory import with_node_memory
 from ratrain.planner.partition import fits
 from ratrain.planner.unit_tables import UnitTables
 
@@ -26,8 +28,13 @@ def smallest_layouts(request: PlanRequest) -> list[Layout]:
 
 
 def fits_with(request: PlanRequest, **change) -> bool:
-    """Whether some plan fits by the estimate once `change` is made to the request."""
+    """Whether some plan fits by the estimate once `change` is made to the request; more
+    devices on a node share its memory (with_node_memory: 2 devices were each given the whole
+    node, "2 devices would fit", and the 2-device search then refused)."""
     changed = dataclasses.replace(request, **change)
+    if "devices" in change:
+        changed = dataclasses.replace(changed, profile=with_node_memory(changed.profile,
+                                                                        changed.devices))
     tables = UnitTables(changed)
     # the deepest pipelines and sharded state first: the likeliest to fit
     for layout in sorted(smallest_layouts(changed),
@@ -95,14 +102,25 @@ def _no_more_devices(request: PlanRequest, shards: bool) -> str:
                     f"layout uses more than {most} device{'s' if most > 1 else ''} (a stage "
                     f"needs a micro-batch of its own, a replica a sequence)")
         return (f"more devices alone would not fit it: even the {most}{pin} that a layout of "
-                f"global batch {r.global_batch} can use at most overfill")
+                f"global batch {r.global_batch} can use at most overfill{_node_share(r, most)}")
     if r.devices >= most:
         return "more devices would not help: every stage already holds one unit"
     if r.devices >= n_units:
         return ("more devices would not help: every stage already holds one unit, and sharding "
                 f"the state over more replicas (up to {most} devices) does not fit either")
     return ("more devices alone would not fit it: even one unit per stage overfills"
-            + (", with its state sharded" if shards else ""))
+            + (", with its state sharded" if shards else "") + _node_share(r, most))
+
+
+def _node_share(request: PlanRequest, devices: int) -> str:
+    """Where `devices` share a node's memory, a phrase that says each one's share: the account
+    of one device that fits 2 stages' worth otherwise reads as wrong."""
+    shared = with_node_memory(request.profile, devices)
+    if shared is request.profile or (request.budget is not None
+                                     and request.budget <= shared.device.memory_bytes):
+        return ""  # (a budget asked for below the share is what holds them)
+    held = decimal_bytes(shared.device.memory_bytes)
+    return f" (each holds {held}, its share of the node's memory)"
 
 
 PINS = (("pipeline_degrees", "--pp"), ("micro_batch_sizes", "--micro-batch-size"),

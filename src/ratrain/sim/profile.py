@@ -73,7 +73,7 @@ class Device:
     cores: int | None = None
     """CPU only: cores the ranks of one node share (None: every rank has a device of its own)."""
     node_memory_bytes: float | None = None
-    """CPU only: memory one node's devices share (split: cli/plan_search.py); None: unknown."""
+    """CPU only: memory one node's devices share (split: planner/node_memory.py); None: unknown."""
     action_overhead_s: float = 0.0
     """The executor's own time per action (Python, bookkeeping)."""
     process_overhead_bytes: float = 0.0
