@@ -63,7 +63,7 @@ def test_the_tokenizer_command_says_one_file_not_one_files(tmp_path, monkeypatch
     (tmp_path / "a.txt").write_text("some words to learn merges from\n" * 40)
     code, out, _ = run_cli(monkeypatch, capsys, "tokenizer", "--data", str(tmp_path / "a.txt"),
                            "--vocab-size", "300", "--out", str(tmp_path / "t/"))
-    assert code == 0 and "trained on 1 file)" in out
+    assert code == 0 and "trained on 1 file;" in out and "trained on 1 files" not in out
 
 
 @pytest.mark.parametrize("content, what", [

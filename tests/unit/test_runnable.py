@@ -244,7 +244,7 @@ def test_prepare_checks_the_plan_a_file_holds_not_only_the_flags(monkeypatch, ca
                    "--state-home", "host", "--out", "p.json")[0] == 0
     cfg = _small(tmp_path)
     cfg.parallel.dp, cfg.parallel.plan_file = 2, str(tmp_path / "p.json")
-    assert prepare.prepare(cfg, progress=False).state_home == "host"  # on this CPU it runs
+    assert prepare.prepare(cfg, progress=False)[0].state_home == "host"  # on this CPU it runs
     monkeypatch.setattr(prepare, "this_machine", lambda cfg: Machine(host_is_separate=True))
     with pytest.raises(UserError, match="which NCCL cannot do"):
         prepare.prepare(cfg, progress=False)
@@ -271,7 +271,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     code, _, err = run_cli(monkeypatch, capsys, "train", "--activation", "recompute",
                            "--run-dir", "a", *common)
     assert code == 0, err
-    assert len(built) == 1 and ranks[0][-1] == json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert len(built) == 1 and ranks[0][5] == json.loads((tmp_path / "a" / "plan.json").read_text())
     assert run_cli(monkeypatch, capsys, "plan", "--config", _small_file(tmp_path), "--activation",
                    "recompute", "--out", "p.json")[0] == 0
     built.clear()
@@ -282,7 +282,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     # (less the settings it was made for, which the run took from it: cli/plan_taken.use_plan)
     handed = {k: v for k, v in json.loads((tmp_path / "p.json").read_text()).items()
               if k not in ("run", "model_preset")}
-    assert ranks[1][-1] == handed
+    assert ranks[1][5] == handed  # (plan_dict: rank_main's sixth)
     # a rank handed the plan makes none of its own: its engine gets the one handed to it
     class Handed(Exception):
         pass
@@ -294,7 +294,7 @@ def test_a_plan_is_built_once_and_a_plan_file_read_once(monkeypatch, capsys, tmp
     monkeypatch.setattr(train, "PipelineEngine", engine)
     with pytest.raises(Handed) as handed:
         real_rank_main(*ranks[1])
-    assert handed.value.args[0].to_dict() == ranks[1][-1]
+    assert handed.value.args[0].to_dict() == ranks[1][5]
 
 
 @pytest.mark.parametrize("pp, threads_per_rank, expected",

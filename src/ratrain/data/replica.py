@@ -4,31 +4,41 @@ the checks of the data that can be the user's mistake, made once before any proc
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import numpy as np
 
 from ratrain.config import RunConfig
-from pathlib import Path
 
 from ratrain.data.corpus import stdlib_root, token_files_in
 from ratrain.data.loader import MicroBatchLoader, eval_batches, eval_sequences
 from ratrain.data.tokenizer import (check_fits, load_tokenizer, no_eos_note, post_processor_note,
                                     unused_vocab_note)
-from ratrain.data.tokens import (cache_root, check_token_ids, is_token_file, load_tokens,
-                                 read_corpus, split_train_val)
+from ratrain.data.tokens import (Corpus, cache_root, check_token_ids, is_token_file,
+                                 load_tokens, read_corpus, split_train_val)
+from ratrain.errors import UserError
+
+Stream = tuple[str, int]
+"""A token stream check_data checked: its file (the cache entry, or the .bin data file) and
+its tokens, which every rank then maps (make_data's `stream`). Each rank keyed the files again
+until 2026-12-03, and a file written to while the run started gave stage 0 its inputs and the
+last stage its targets from different streams."""
 
 
 def make_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool = False,
-              tokenize: bool = True):
+              tokenize: bool = True, stream: Stream | None = None):
     """This replica's training loader and validation micro-batches (`tokenize`: as
-    load_tokens takes it)."""
-    return _replica_data(cfg, tokenizer, dp, replica, progress, tokenize)[:2]
+    load_tokens takes it), of `stream` where given (check_data's), else of cfg's data."""
+    return _replica_data(cfg, tokenizer, dp, replica, progress, tokenize, stream)[:2]
 
 
 def _replica_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bool,
-                  tokenize: bool):
+                  tokenize: bool, stream: Stream | None = None):
     """make_data's (loader, validation batches), and the corpus (read_corpus's) they are cut
     from."""
     t = cfg.train
-    corpus = read_corpus(cfg.data, tokenizer, progress=progress, tokenize=tokenize)
+    corpus = (mapped(stream) if stream else
+              read_corpus(cfg.data, tokenizer, progress=progress, tokenize=tokenize))
     train_tokens, val_tokens = split_train_val(corpus.tokens, cfg.data.val_fraction)
     loader = MicroBatchLoader(train_tokens, t.seq_len, t.global_batch, t.micro_batch_size,
                               dp_size=dp, dp_rank=replica, seed=t.seed)
@@ -39,11 +49,12 @@ def _replica_data(cfg: RunConfig, tokenizer, dp: int, replica: int, progress: bo
 
 
 def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
-               first: bool = True) -> None:
+               first: bool = True) -> Stream | None:
     """The tokenizer against the model, a pre-tokenized file's ids against the vocabulary, and
     enough tokens for a step (a UserError each). Tokenizes the data once (cached), so that the
-    ranks only memory-map the cached file. Under torchrun, where every rank checks:
-    `first_here`, this node's first rank, tokenizes (the others wait for its file), and
+    ranks only memory-map the stream checked, which it returns. Under torchrun, where every
+    rank checks: `first_here`, this node's first rank, alone reads the data (the others
+    take its stream once the world is joined: agreed_plan.agreed_stream), and
     `first`, the run's first, alone reads a pre-tokenized file whole for its largest id (64
     ranks read a 100 GB file 64 times), warns of the data (files mostly undecodable, whether
     tokenized now or cached), notes what the tokenizer changes about it and a validation set
@@ -56,7 +67,10 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     if pretokenized and first:
         check_token_ids(load_tokens(cfg.data, tokenizer), cfg.model.vocab_size,
                         str(cfg.data.path))
-    loader, _, corpus = _replica_data(cfg, tokenizer, cfg.parallel.dp, 0, progress, first_here)
+    if not first_here:  # it maps its node's first rank's stream (agreed_plan.agreed_stream): the
+        return None  # files keyed here, changed meanwhile, named an entry that rank never writes
+    loader, _, corpus = _replica_data(cfg, tokenizer, cfg.parallel.dp, 0, progress, True)
+    checked = (str(Path(corpus.tokens.filename)), len(corpus.tokens))
     say = [*corpus.warnings] if first else []
     if first and not pretokenized:  # a token file's ids are its own, whatever the tokenizer
         files = corpus.files
@@ -71,6 +85,19 @@ def check_data(cfg: RunConfig, progress: bool = False, first_here: bool = True,
     for line in say:
         if line:
             print(line, file=sys.stderr, flush=True)
+    return checked
+
+
+def mapped(stream: Stream) -> Corpus:
+    """A handed stream, memory-mapped: its first `tokens` (a .bin data file may have grown)."""
+    path, tokens = stream
+    dtype = np.dtype("<u4" if path.lower().endswith(".u32.bin") else "<u2")
+    try:
+        return Corpus(np.memmap(path, dtype=dtype, mode="r", shape=(tokens,)), [Path(path)])
+    except (OSError, ValueError):
+        raise UserError(f"the data changed while the run started: {path} no longer holds the "
+                        f"{tokens:,} tokens checked; rerun once --data is no longer being "
+                        "written") from None
 
 
 def skipped_bin_note(cfg: RunConfig, text_files: int) -> str | None:

@@ -10,9 +10,12 @@ its word on whether a run is finished (rank_0s)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ratrain.config import RunConfig
+from ratrain.data.replica import Stream, mapped
+from ratrain.data.tokens import stream_fingerprint
 from ratrain.errors import UserError
 from ratrain.runtime.process_groups import gathered_at_start, join_world
 from ratrain.schedule.plan import PipelinePlan
@@ -62,6 +65,30 @@ def agreed_checkpoint(resume_from: str | None, rank: int) -> tuple[str | None, b
     only). Collective: every rank of the world calls it."""
     chosen = gathered_at_start(resume_from, "the checkpoint's agreement")[0]
     return chosen, rank == 0
+
+
+def agreed_stream(cfg: RunConfig, rank: int, mine: Stream | None) -> Stream | None:
+    """The stream this rank reads: its node's first rank's, the one that rank checked (`mine`
+    there; the others, which keyed the files again, waited for an entry never written where
+    they changed); refused, on every rank, where the nodes' first ranks read different
+    streams. Collective: every rank of the world calls it. A fingerprint of the content, not
+    the cache key, which differs between nodes' own copies of a corpus (their inodes, their
+    ctimes)."""
+    fingerprint = mine and (mine[1], stream_fingerprint(mapped(mine).tokens))
+    streams = gathered_at_start((mine, fingerprint), "the data's agreement")
+    first_here = rank - int(os.environ.get("LOCAL_RANK", 0))
+    if streams[first_here][0] is None:  # checked by no one (rank_main called on its own)
+        return None
+    seen = sorted({f for _, f in streams if f})
+    if len(seen) > 1:
+        counts = sorted({n for n, _ in seen})
+        sizes = (f"{counts[0]:,} tokens each, of different content" if len(counts) == 1 else
+                 " and ".join(f"{n:,}" for n in counts) + " tokens")
+        raise UserError(f"the data changed while the run started: the nodes read streams of "
+                        f"{sizes} from --data {cfg.data.path}; "
+                        "rerun once it is no longer being written (a corpus being written, "
+                        "an rsync)")
+    return tuple(streams[first_here][0])
 
 
 def rank_0s(value, cfg: RunConfig):

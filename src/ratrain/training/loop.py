@@ -13,7 +13,7 @@ from tqdm import tqdm
 from ratrain import checkpoint
 from ratrain.checkpoint import rng, saving
 from ratrain.config import RunConfig
-from ratrain.data.replica import make_data
+from ratrain.data.replica import Stream, make_data
 from ratrain.data.tokenizer import load_tokenizer
 from ratrain.errors import UserError
 from ratrain.runtime import timed_comm
@@ -42,8 +42,10 @@ class Loop:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, engine, groups, tracer, rank: int,
                  progress: bool, plan: PipelinePlan | None = None,
-                 share: DirectoryShare | None = None):
-        """`share`: the ranks that see this rank's checkpoint directory (None: every rank)."""
+                 share: DirectoryShare | None = None, stream: Stream | None = None):
+        """`share`: the ranks that see this rank's checkpoint directory (None: every rank);
+        `stream`: the token stream the run's start checked (data.check_data), which every rank
+        reads (None: its own read of cfg's data)."""
         self.cfg, self.run_dir, self.engine, self.plan = cfg, run_dir, engine, plan
         self.groups, self.tracer, self.rank = groups, tracer, rank
         self.is_main = rank == 0
@@ -51,7 +53,8 @@ class Loop:
         self.publishes = rank == self.share.publisher  # this directory's checkpoints
         self.progress = progress and self.is_main
         dp, self.replica = (groups.grid.dp, groups.replica) if groups else (1, 0)
-        self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp, self.replica)
+        self.loader, self.val = make_data(cfg, load_tokenizer(cfg.data.tokenizer), dp,
+                                          self.replica, stream=stream)
         self.where = checkpoints_of(run_dir, cfg)
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
         self._said_stop = self._said_short = False  # (each said once a run)

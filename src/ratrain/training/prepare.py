@@ -9,7 +9,7 @@ import sys
 import torch
 
 from ratrain.config import RunConfig
-from ratrain.data.replica import check_data
+from ratrain.data.replica import Stream, check_data
 from ratrain.cpu_features import bf16_matmul_flag
 from ratrain.host_cores import usable_cores
 from ratrain.host_memory import available_host_bytes
@@ -100,11 +100,12 @@ def is_distributed(cfg: RunConfig) -> bool:
     return cfg.parallel.pp * cfg.parallel.dp > 1 or under_torchrun()
 
 
-def prepare(cfg: RunConfig, progress: bool = True,
-            plan_data: dict | None = None) -> PipelinePlan | None:
+def prepare(cfg: RunConfig, progress: bool = True, plan_data: dict | None = None
+            ) -> tuple[PipelinePlan | None, Stream | None]:
     """Everything that can fail because of the user's input: the setup stage's checked plan
     (returned; None for a single process that the plain engine runs), its fit to this
-    machine's memory (setup/memory_fit.py), then the data (data.check_data)."""
+    machine's memory (setup/memory_fit.py), then the data (data.check_data: the stream it
+    checked, returned, which the ranks read; None on a torchrun node's other ranks)."""
     machine = this_machine(cfg)
     plan = plan_here(cfg, plan_data, progress, machine)
     check_memory_fits(cfg, plan, machine)
@@ -117,9 +118,9 @@ def prepare(cfg: RunConfig, progress: bool = True,
         print(f"--threads {asked} x {ranks} rank(s) here on {cores} cores: the threads "
               f"outnumber the cores and wait on each other (slower steps); leave --threads out "
               f"to split the cores among the ranks", file=sys.stderr, flush=True)
-    check_data(cfg, progress and first, first_here=int(os.environ.get("LOCAL_RANK", 0)) == 0,
-               first=first)
-    return plan if keep else None
+    stream = check_data(cfg, progress and first,
+                        first_here=int(os.environ.get("LOCAL_RANK", 0)) == 0, first=first)
+    return (plan if keep else None), stream
 
 
 def meetings_note(cfg: RunConfig, done: int = 0) -> str | None:

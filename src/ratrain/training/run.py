@@ -25,6 +25,7 @@ from ratrain import checkpoint
 from ratrain.config import RunConfig, write_whole
 from ratrain.runtime import timed_comm
 from ratrain.runtime.engine import LocalEngine, PipelineEngine, needs_executor
+from ratrain.data.replica import Stream
 from ratrain.errors import Interrupted
 from ratrain.models.hf_start import check_init_from, overridden_fields, weights_line
 from ratrain.models.params import count_params
@@ -37,7 +38,7 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
-from ratrain.training.agreed_plan import agreed, agreed_checkpoint
+from ratrain.training.agreed_plan import agreed, agreed_checkpoint, agreed_stream
 from ratrain.training.disk_room import check_room_together
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, meetings_note, plan_here, prepare,
@@ -60,7 +61,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     The plan is built (or read) here once and handed to the ranks. Under torchrun this runs on
     every rank (each builds the plan itself) and only rank 0 returns the summary (others: {}).
     Raises Interrupted when Ctrl-C stopped the run."""
-    plan = prepare(cfg, progress, plan_data)
+    plan, stream = prepare(cfg, progress, plan_data)
     _say_the_weights(cfg, resume, progress)
     plan_dict = plan.to_dict() if plan else None
     opened = open_run_dir(run_dir, cfg, resume, resume_from)
@@ -81,7 +82,7 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         (run_dir / "trace.json").unlink(missing_ok=True)  # nor its trace (this part may have none)
         # a plan file's whole (what it was made for, its prediction), where it has one
         _write_run_files(run_dir, cfg, plan_data if plan_data is not None else plan_dict)
-    args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict)
+    args = (cfg, str(run_dir), str(ckpt) if ckpt else None, progress, trace, plan_dict, stream)
     in_this_process = under_torchrun() or world == 1
     try:
         if in_this_process:  # (a torchrun worker's SIGTERM is its agent's: sigterm_as_ctrl_c)
@@ -162,7 +163,8 @@ def _computing_on(threads: int | None):
 
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
-              trace: bool, plan_dict: dict | None = None, agree: bool = False) -> bool:
+              trace: bool, plan_dict: dict | None = None, stream: Stream | None = None,
+              agree: bool = False) -> bool:
     """One rank's run, from the checkpoint `resume_from` if given (verified by the caller:
     run_dir.resume_point; its files are not hashed again here, except on torchrun's ranks
     other than 0, which take rank 0's and hash their own units'); returns whether Ctrl-C
@@ -195,6 +197,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         if agree:
             plan, share, resume_from, verified = _agree_across_nodes(cfg, plan, groups, run_dir,
                                                                      rank, resume_from)
+            stream = agreed_stream(cfg, rank, stream)  # its node's first rank's
         tracer = Tracer() if trace else None
         engine = PipelineEngine(_built_from(cfg, resume_from), plan, groups, tracer)
         if share and share.node_local:  # rank 0's choice, where every node's directory has it
@@ -219,7 +222,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
     try:
         # A failure propagates without destroy_process_group: that is collective and would wait
         # on ranks that may be stuck or gone. The launcher (ours or torchrun) takes them down.
-        loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan, share)
+        loop = Loop(cfg, run_dir, engine, groups, tracer, rank, progress, plan, share, stream)
         stopped = loop.run(Path(resume_from) if resume_from else None, verified)
     finally:
         for signum, handler in previous.items():  # (None: not set from Python)
