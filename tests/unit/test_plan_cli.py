@@ -229,7 +229,7 @@ def test_a_shorter_gradient_lifetime_in_the_table_the_plan_file_and_the_run(monk
                               str(data), "--steps", "1", "--no-progress", "--no-trace",
                               "--run-dir", str(tmp_path / "run"))
     assert code == 0, stderr
-    world, _, (_, _, _, _, _, ranks_plan) = launched[0]
+    world, _, (_, _, _, _, _, ranks_plan, _) = launched[0]  # (the last: the stream)
     assert world == 2 and ranks_plan["grad_lifetime"] == lifetime
     assert ranks_plan["programs"] == plan["programs"]
     assert f"grad_lifetime: {lifetime}" in (tmp_path / "run" / "config.yaml").read_text()
