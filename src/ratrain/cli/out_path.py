@@ -19,20 +19,9 @@ def refuse_unwritable(out: str | Path, what: str, example: str, make_parents: bo
     if path.is_dir():
         raise UserError(f"--out {out} is a directory: give {what}'s file name, e.g. "
                         f"{path / example}")
-    folder = path.parent
-    if make_parents:  # the nearest folder that exists: the rest are made when it is written
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir():
-            raise UserError(f"--out {out}: {folder} is not a directory")
-    try:  # a trial write, which leaves nothing behind (root passes os.access on /proc)
-        if path.exists():
-            path.open("a").close()
-        else:
-            tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot write {what} there "
-                        f"({e.strerror or type(e).__name__})") from None
+    # make_parents: the nearest folder that exists (the rest are made when it is written)
+    folder = _nearest_folder(out, path.parent) if make_parents else path.parent
+    _trial_write(out, what, path if path.exists() else None, folder)
 
 
 def refuse_unwritable_dir(out: str | Path, what: str) -> None:
@@ -44,13 +33,27 @@ def refuse_unwritable_dir(out: str | Path, what: str) -> None:
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {out} is a file: give a directory for {what}")
-    folder = path
+    _trial_write(out, what, None, _nearest_folder(out, path))
+
+
+def _nearest_folder(out: str | Path, folder: Path) -> Path:
+    """`folder`, or the nearest above it that exists; a UserError where that is not a
+    directory."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
         raise UserError(f"--out {out}: {folder} is not a directory")
-    try:  # a trial write, which leaves nothing behind (root passes os.access on /proc)
-        tempfile.TemporaryFile(dir=folder).close()
+    return folder
+
+
+def _trial_write(out: str | Path, what: str, existing: Path | None, folder: Path) -> None:
+    """Open `existing` to append, or make a temporary file in `folder`: a trial write, which
+    leaves nothing behind (root passes os.access on /proc)."""
+    try:
+        if existing is not None:
+            existing.open("a").close()
+        else:
+            tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {what} there "
                         f"({e.strerror or type(e).__name__})") from None
