@@ -1,8 +1,8 @@
 """`ratrain report` of what it cannot read or write: a run directory that does not exist, a
-metrics.jsonl damaged part way (named with its line), a summary.json of wrong-typed values
-(read as one cut short: figures from metrics.jsonl), and a disk that fills while the report is
-written (one line, exit 2, as a read-only one). The run directory is written here, as
-`ratrain train` writes it, without training."""
+metrics.jsonl damaged part way or in its only line (named with its line), a summary.json of
+wrong-typed values (read as one cut short: figures from metrics.jsonl), and a disk that fills
+while the report is written (one line, exit 2, as a read-only one). The run directory is
+written here, as `ratrain train` writes it, without training."""
 
 from __future__ import annotations
 
@@ -55,6 +55,23 @@ def test_a_damaged_metrics_line_is_named_with_its_file_and_line(tmp_path):
     with pytest.raises(UserError) as raised:
         load_run(run)
     assert str(raised.value) == f"{log} is damaged: line 3: Expecting value (column 1)"
+
+
+@pytest.mark.parametrize("damaged, said", [("hello", "Expecting value (column 1)"),
+                                           ('{"step": 1, "loss": 5.',
+                                            "Expecting ',' delimiter (column 22)")])
+def test_a_damaged_last_metrics_line_is_left_out_after_rows_and_named_when_alone(
+        monkeypatch, capsys, tmp_path, damaged, said):
+    """numbered_rows leaves a damaged last line out as a write cut short: the report called a
+    file of only that line empty, "the run has not taken a step"."""
+    run = _run_dir(tmp_path)
+    log = run / "metrics.jsonl"
+    log.write_text(log.read_text() + damaged + "\n")
+    assert [row["step"] for row in load_run(run).metrics] == [1, 2, 3, 4]
+    log.write_text(damaged + "\n")
+    code, _, err = run_cli(monkeypatch, capsys, "report", str(run))
+    assert code == 2
+    assert err.strip() == f"error: {log} is damaged: line 1: {said}"
 
 
 @pytest.mark.parametrize("key, value", [("peak_memory_bytes", "x"), ("tokens_per_s", [1]),

@@ -101,7 +101,9 @@ def _checked_rows(log: Path) -> list[dict]:
     line and the key of the first that is not, as read_metrics names a line that is not JSON."""
     from ratrain.training.metrics import MetricsDamaged, numbered_rows
 
-    rows = numbered_rows(log)  # a line that is not a row: a MetricsDamaged, saying where
+    # a line that is not a row: a MetricsDamaged, saying where (a last one cut short after
+    # rows is left out)
+    rows = numbered_rows(log, lone_line_damaged=True)
     for n, row in rows:
         wrong = next((f"it has no {key}" for key in ROW_KEYS if key not in row), None)
         wrong = wrong or _wrong_value(row, ROW_TYPES)

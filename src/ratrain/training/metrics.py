@@ -93,16 +93,20 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [row for _, row in numbered_rows(path)]
 
 
-def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
+def numbered_rows(path: str | Path, lone_line_damaged: bool = False) -> list[tuple[int, dict]]:
     """read_metrics's rows, each with its line number: for a reader that checks the rows'
-    values (report/run.py), whose refusal names the line."""
+    values (report/run.py), whose refusal names the line. `lone_line_damaged`: a file whose
+    only line is not a row is a MetricsDamaged, not one cut short: the report, which has no
+    step to show of it, called a file of one line of junk empty. (Not for a resume, whose
+    first row's write may have been cut short.)"""
     lines = [(n, line) for n, line in enumerate(Path(path).read_text().splitlines(), 1)
              if line.strip()]
     rows = [(n, _row(path, n, line)) for n, line in lines[:-1]]
     try:
         rows += [(lines[-1][0], _row(path, *lines[-1]))] if lines else []
     except MetricsDamaged:
-        pass
+        if lone_line_damaged and not rows:
+            raise
     return rows
 
 
