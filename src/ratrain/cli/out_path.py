@@ -1,8 +1,10 @@
 """An --out path checked before the work whose result it takes (`profile`'s minute of
-measuring, `plan`'s search), so that a path it cannot be written to loses none of it."""
+measuring, `plan`'s search), so that a path it cannot be written to loses none of it; and
+`plan --out`'s option files beside it."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -57,3 +59,52 @@ def _trial_write(out: str | Path, what: str, existing: Path | None, folder: Path
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {what} there "
                         f"({e.strerror or type(e).__name__})") from None
+
+
+PLAN_OPTIONS = (".diloco.json", ".bf16grad.json")
+"""What `plan --out FILE` writes beside FILE where the search offers it: the low-communication
+option and the bf16-gradient one (FILE.diloco.json, FILE.bf16grad.json)."""
+
+
+def plan_option_files(out: str | Path) -> list[Path]:
+    """The option files `plan --out` writes beside `out` (PLAN_OPTIONS' order)."""
+    return [Path(out).with_suffix(suffix) for suffix in PLAN_OPTIONS]
+
+
+def refuse_overwriting(out: str | Path, profile_spec: str | None) -> None:
+    """Refuse a `plan --out` (or an option file beside it) that is the --profile file, or an
+    existing file that is not a plan (a JSON object with a plan's keys: an older plan, even one
+    damaged by hand, is `plan`'s to remake). Until 2026-12-04 it overwrote either: a measured
+    profile, which a GPU's machine may be needed to remake, became a plan."""
+    from ratrain.setup.plan_file_shape import REQUIRED
+
+    profile = Path(profile_spec).resolve() if profile_spec and Path(profile_spec).is_file() \
+        else None
+    for path in [Path(out), *plan_option_files(out)]:
+        named = f"--out {out}" if path == Path(out) else f"--out {out}'s option file {path}"
+        if profile is not None and path.resolve() == profile:
+            raise UserError(f"{named} is the --profile file: give the plan another name")
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):  # not text, not JSON
+            data = None
+        if not (isinstance(data, dict) and all(key in data for key in REQUIRED)):
+            raise UserError(f"{named} exists and is not a ratrain plan, which it would "
+                            "overwrite: move it, or give another --out")
+
+
+def remove_stale_options(out: str | Path, written: list) -> str | None:
+    """Remove the option files beside `out` that this `plan --out` did not write (`written`):
+    an earlier search's, which `train --plan` would have trained as this one's option; the line
+    that says so, else None. refuse_overwriting checked they are plans."""
+    gone = [path for path in plan_option_files(out) if path not in written and path.is_file()]
+    for path in gone:
+        try:
+            path.unlink()
+        except OSError as e:
+            raise UserError(f"cannot remove {path}, an earlier search's option for --out "
+                            f"{out} ({e.strerror or type(e).__name__})") from None
+    return (f"removed {', '.join(map(str, gone))}: an earlier search's option for --out {out}, "
+            "which this one does not offer") if gone else None

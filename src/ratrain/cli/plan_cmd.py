@@ -10,7 +10,8 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
-from ratrain.cli.out_path import refuse_unwritable
+from ratrain.cli.out_path import (plan_option_files, refuse_overwriting, refuse_unwritable,
+                                  remove_stale_options)
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
 from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
 from ratrain.counts import counted
@@ -73,6 +74,7 @@ def _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margi
     refuse_idle_outer_flags(cfg, opts)
     if out:  # refused before a search's seconds are spent (the options' files go beside it)
         refuse_unwritable(out, "the plan", "plan.json", make_parents=False)
+        refuse_overwriting(out, profile_spec)
     if profile_spec or devices is not None or memory_budget or host_memory_budget:
         _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                 memory_margin, top, time_limit, out, as_json)
@@ -90,6 +92,9 @@ def _show(cfg, out, as_json) -> None:
     if out:  # with the run it is for, as a searched plan's file: `train --plan` runs it as is
         _write(out, {**pipeline_plan.to_dict(), "run": run_settings(pipeline_plan, cfg),
                      **made_from_preset(cfg)})
+        removed = remove_stale_options(out, [])  # (no search: no option)
+        if removed:
+            click.echo(removed, err=as_json)
     if as_json:
         click.echo(json.dumps(pipeline_plan.to_dict(), indent=2))
         return
@@ -126,8 +131,9 @@ def _show(cfg, out, as_json) -> None:
 
 def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget, margin, top,
             time_limit, out, as_json) -> None:
-    from ratrain.cli.plan_search import (best_plans, search_request, unbounded_host_note,
-                                         with_host_budget, with_this_machines_memory)
+    from ratrain.cli.plan_search import (best_plans, profile_file_of, search_request,
+                                         unbounded_host_note, with_host_budget,
+                                         with_this_machines_memory)
     from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.planner import host_grad_option, low_comm, plan_file
     from ratrain.setup import Machine
@@ -150,25 +156,23 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
         if as_json:  # its object names the plan that came closest (simulated once more)
             raise _NoPlan(str(e), _no_plan(e, request)) from None
         raise
-    best = found.best[0]
+    best, made_on = found.best[0], profile_file_of(profile_spec)
     if out:
-        written = plan_file.to_dict(best, cfg, request)
-        if profile_spec and Path(profile_spec).is_file():  # `simulate --plan` finds it there
-            written["prediction"]["profile_file"] = str(Path(profile_spec).resolve())
-        _write(out, written)
+        _write(out, plan_file.to_dict(best, cfg, request, made_on))
     # what the profile's figures that did not repeat do to the best plan's prediction
     edges = step_time_range(hw, lambda profile: simulate(
         best.plan, cfg.model, profile, micro_batch_size=best.layout.micro_batch_size,
         seq_len=t.seq_len, dtype=t.dtype,
         threads_per_rank=request.threads_of(best.layout)).step_time)
     offer = low_comm.offer(found)  # a link too slow for per-step sync: what --sync diloco buys
-    offered = Path(out).with_suffix(".diloco.json") if out else None
+    offered, bf16_path = plan_option_files(out) if out else (None, None)
     if offered and offer:
-        _write(offered, low_comm.plan_file_of(offer, cfg, request))
+        _write(offered, low_comm.plan_file_of(offer, cfg, request, made_on))
     low_grad = host_grad_option.offer(found)  # a bounded host tier: what bf16 gradients buy
-    low_grad_file = Path(out).with_suffix(".bf16grad.json") if out and low_grad else None
+    low_grad_file = bf16_path if low_grad else None
     if low_grad_file:
-        _write(low_grad_file, plan_file.to_dict(low_grad, cfg, request))
+        _write(low_grad_file, plan_file.to_dict(low_grad, cfg, request, made_on))
+    removed = out and remove_stale_options(out, [offered if offer else None, low_grad_file])
     note = unbounded_host_note(request, [("plan 1", best)]
                                + ([("the option", offer.candidate)] if offer else []))
     if as_json:
@@ -189,6 +193,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                 summary["low_communication"]["plan_file"] = str(offered)
         summary["profile_other_work"] = other_work_line(hw)
         click.echo(json.dumps(summary, indent=2))
+        if removed:  # (stdout is the object's)
+            click.echo(removed, err=True)
         return
     click.echo(_heading(found))
     if other_work_line(hw):
@@ -215,6 +221,8 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
     if low_grad_file:
         click.echo(f"wrote {low_grad_file}: the bf16-gradient option (it rounds the gradients): "
                    f"`ratrain train --plan {low_grad_file}`")
+    if removed:
+        click.echo(removed)
 
 
 def _write(path, data: dict) -> None:

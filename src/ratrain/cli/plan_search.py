@@ -31,6 +31,17 @@ def refuse_no_devices(devices: int | None) -> None:
         raise UserError(f"--devices must be at least 1, got {devices}")
 
 
+def profile_file_of(profile_spec: str | None) -> str | None:
+    """The --profile's YAML file, resolved, as every plan file searched on it records it
+    (prediction.profile_file); None for a preset or this machine's (they load by name). Until
+    2026-12-04 only `plan --out`'s main file had it: its option files and `train
+    --memory-budget`'s RUN/plan.json named a measured profile that `simulate --plan` refused."""
+    from pathlib import Path
+
+    return str(Path(profile_spec).resolve()) if profile_spec and Path(profile_spec).is_file() \
+        else None
+
+
 def with_this_machines_memory(hw, devices: int | None):
     """The CPU profile `hw` with a device's memory what this machine has available now, shared
     by the `devices` searched (search_request's default on a CPU: 2), where no --profile was

@@ -82,19 +82,27 @@ def _use_run_settings(cfg: RunConfig, run: dict, plan_file: str, opts: dict,
     _use_its_weights(cfg, made_for.train.init_from if "init_from" in run["train"] else None,
                      plan_file, opts, taken_by)
     for section, keys in (("train", ("seq_len", "global_batch", "micro_batch_size", "dtype")),
-                          ("parallel", ("state_home", "shard_state", "view_window", "partition"))):
+                          ("parallel", ("state_home", "shard_state", "view_window", "partition",
+                                        "threads_per_rank"))):
         for key in keys:
             if key not in run[section]:
                 continue
             want = getattr(getattr(made_for, section), key)
-            flag = opts.get(key)
+            name = _FLAG_OF.get(key, key)
+            flag = opts.get(name)
             if key == "partition" and flag is not None:  # (until 2026-12-03 the plan's, unsaid)
                 flag, want = cfg.parallel.partition, want or None  # as build_config read it
             if flag is not None and flag != want:
-                raise UserError(f"--{key.replace('_', '-')} {_as_flag(key, flag)} differs from "
+                raise UserError(f"--{name.replace('_', '-')} {_as_flag(key, flag)} differs from "
                                 f"{_as_flag(key, want)}, which {plan_file} was made for; leave "
                                 "the flag out or make a new plan")
             setattr(getattr(cfg, section), key, want)
+
+
+_FLAG_OF = {"threads_per_rank": "threads"}
+"""A run setting whose flag is named otherwise (run.parallel.threads_per_rank: --threads, which
+`plan` writes where given; until 2026-12-04 `train`/`simulate --plan` ran the default threads,
+the plan's prediction unreproduced)."""
 
 
 def _model_of(cfg: RunConfig, made_for: RunConfig, opts: dict):

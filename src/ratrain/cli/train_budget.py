@@ -17,9 +17,9 @@ def searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices:
     --profile or this machine's preset, for at most --devices (default: the GPUs here, or on
     a CPU the profile's), said on stderr and taken into cfg as a plan file's would be."""
     from ratrain.cli.plan_taken import use_plan
-    from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, search_request,
-                                         with_host_budget, with_this_machines_host,
-                                         with_this_machines_memory)
+    from ratrain.cli.plan_search import (MARGIN, TIME_LIMIT_S, best_plans, profile_file_of,
+                                         search_request, with_host_budget,
+                                         with_this_machines_host, with_this_machines_memory)
     from ratrain.planner import host_grad_option, plan_file
     from ratrain.cpu_features import bf16_matmul_flag
     from ratrain.runtime.process_groups import pick_backend
@@ -52,7 +52,7 @@ def searched_plan(cfg: RunConfig, opts: dict, profile_spec: str | None, devices:
                    "itself: no plan can hold a rank's process to the budget", err=True)
     found = best_plans(request)
     best = found.best[0]
-    data = plan_file.to_dict(best, cfg, request)
+    data = plan_file.to_dict(best, cfg, request, profile_file_of(profile_spec))
     use_plan(cfg, data, "the searched plan", opts)
     cfg.parallel.plan_file = SEARCHED_PLAN
     L = best.layout

@@ -102,13 +102,15 @@ def describe(o: Offer) -> str:
             + low_comm.advice(o.low, round(tokens)))
 
 
-def plan_file_of(o: Offer, cfg, request) -> dict:
+def plan_file_of(o: Offer, cfg, request, profile_file: str | None = None) -> dict:
     """What `ratrain plan --out FILE` writes beside FILE for the option (FILE's .diloco.json):
-    its plan with the outer sync of the best period, and the settings and prediction it is for;
-    `ratrain train --plan` runs it as it runs any plan file."""
+    its plan with the outer sync of the best period, and the settings and prediction it is for
+    (`profile_file`: plan_file.prediction's); `ratrain train --plan` runs it as it runs any
+    plan file."""
     best = o.low.best
     data = plan_file.to_dict(dataclasses.replace(
-        o.candidate, plan=low_comm.diloco_plan(o.candidate.plan, best.sync)), cfg, request)
+        o.candidate, plan=low_comm.diloco_plan(o.candidate.plan, best.sync)), cfg, request,
+        profile_file)
     data["run"]["parallel"]["sync"] = best.sync
     tokens = o.candidate.result.tokens_per_s * o.candidate.step_time
     data["prediction"].update(step_time_s=best.mean_step_s, tokens_per_s=tokens / best.mean_step_s,

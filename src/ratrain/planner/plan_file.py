@@ -32,7 +32,11 @@ def run_settings(plan, cfg: RunConfig, micro_batch_size: int | None = None) -> d
                      "grad_lifetime": plan.grad_lifetime, "shard_group": plan.shard_group,
                      "schedule": plan.schedule, "weight_grad": plan.weight_grad,
                      "micro_batch_group": plan.micro_batch_group,
-                     "partition": [len(units) for units in plan.stage_units]},
+                     "partition": [len(units) for units in plan.stage_units],
+                     # --threads, where given: what the prediction ran on (until 2026-12-04
+                     # `simulate`/`train --plan` ran the default threads, its speed unreproduced)
+                     **({"threads_per_rank": cfg.parallel.threads_per_rank}
+                        if cfg.parallel.threads_per_rank is not None else {})},
     }
 
 
@@ -47,9 +51,15 @@ def made_from_preset(cfg: RunConfig) -> dict:
     return {"model_preset": cfg.model.name} if preset == cfg.model else {}
 
 
-def prediction(candidate: Candidate, request) -> dict:
+def prediction(candidate: Candidate, request, profile_file: str | None = None) -> dict:
+    """What the simulator predicts for the candidate on the request's profile. `profile_file`:
+    the profile's YAML, resolved (None: a preset, which loads by name), which `simulate
+    --plan`, `report` and `train --plan`'s note load the profile from (a measured profile's
+    name is no preset's)."""
     r = candidate.result
-    return {"profile": request.profile.name, "step_time_s": r.step_time,
+    return {"profile": request.profile.name,
+            **({"profile_file": profile_file} if profile_file else {}),
+            "step_time_s": r.step_time,
             "tokens_per_s": r.tokens_per_s, "bubble": r.bubble,
             "threads_per_rank": request.threads_of(candidate.layout),
             "budget_bytes": request.budget_bytes, "margin": request.margin,
@@ -62,12 +72,14 @@ def prediction(candidate: Candidate, request) -> dict:
             "stage_choices": candidate.choices(request.model.n_layers + 2)}
 
 
-def to_dict(candidate: Candidate, cfg: RunConfig, request=None) -> dict:
+def to_dict(candidate: Candidate, cfg: RunConfig, request=None,
+            profile_file: str | None = None) -> dict:
+    """A searched plan's file (`profile_file`: prediction's)."""
     plan = candidate.plan.to_dict()
     plan["run"] = run_settings(candidate.plan, cfg, candidate.layout.micro_batch_size)
     plan.update(made_from_preset(cfg))
     if request is not None:
-        plan["prediction"] = prediction(candidate, request)
+        plan["prediction"] = prediction(candidate, request, profile_file)
     return plan
 
 

@@ -95,6 +95,10 @@ RUN_KEYS = {"model": {"name": TEXT, "vocab_size": POSITIVE, "dim": POSITIVE,
             "parallel": {"pp": POSITIVE, "dp": POSITIVE, "partition": LIST}}
 """The keys of "run" that every `ratrain plan --out` has written, and that `train --plan` takes
 (one missing was a default taken in silence: the model "custom", refused as not the preset)."""
+RUN_OPTIONAL = {"parallel": {"threads_per_rank": (_or_none(_positive),
+                                                 "null or a positive integer")}}
+"""The keys of "run" that `ratrain plan --out` writes only where given (--threads), checked
+where present (a 0 was refused as the flag's, the file unnamed)."""
 
 
 def _shown(value: Any) -> str:
@@ -131,6 +135,8 @@ def check_plan_shape(data: dict, where: str) -> None:
         for section, keys in RUN_KEYS.items():
             _check_keys(where, run, "run.", {section: OBJECT})
             _check_keys(where, run[section], f"run.{section}.", keys)
+            _check_keys(where, run[section], f"run.{section}.", RUN_OPTIONAL.get(section, {}),
+                        required=())
     _check_agreement(data, where)
 
 
