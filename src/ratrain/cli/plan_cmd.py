@@ -10,6 +10,7 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
+from ratrain.cli.json_command import JsonCommand
 from ratrain.cli.out_path import (plan_option_files, refuse_overwriting, refuse_unwritable,
                                   remove_stale_options)
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
@@ -20,28 +21,15 @@ from ratrain.errors import UserError
 
 class _NoPlan(UserError):
     """The search's refusal (nothing fits, nothing can run, or its time limit), with what
-    `--json` prints for it: the error and the plan that came closest (_no_plan)."""
+    `--json` prints for it (json_command.refusal_object): the error and the plan that came
+    closest (_no_plan)."""
 
     def __init__(self, message: str, json_object: dict):
         super().__init__(message)
         self.json_object = json_object
 
 
-class _PlanCommand(click.Command):
-    """`plan`, whose --json prints an object on stdout for click's own refusals too (a flag's
-    value that is not a number, an unknown flag): a script reads one either way."""
-
-    def parse_args(self, ctx, args):
-        given = list(args)  # (click's parser takes them from the list it is given)
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as e:
-            if "--json" in given:
-                click.echo(json.dumps({"error": e.format_message()}, indent=2))
-            raise
-
-
-@cli.command(cls=_PlanCommand)
+@cli.command(cls=JsonCommand)
 @config_options
 @click.option("--profile", "profile_spec", help="Search for the fastest plan on this hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: cpu-local with a device's memory this machine's available memory shared by the devices searched, and bfloat16 at float32's rate where this CPU has bf16 matrix instructions (amx_bf16, avx512_bf16)]")
 @click.option("--devices", type=int, help="Search over at most this many devices (pp x dp).  [default: a profile's device groups; else 2 on a CPU profile, 8 otherwise]")
@@ -57,14 +45,8 @@ def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin
     """Search for the fastest plan that fits a memory budget (--profile, --devices,
     --memory-budget), or show the per-stage programs of the layout the flags describe (step x
     stage table; every replica runs its stage's)."""
-    try:
-        _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top,
-              time_limit, out, as_json, opts)
-    except UserError as e:
-        if as_json:  # a script reads an object either way (still exit 2, the error on stderr)
-            said = e.json_object if isinstance(e, _NoPlan) else {"error": str(e)}
-            click.echo(json.dumps(said, indent=2))
-        raise
+    _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top,
+          time_limit, out, as_json, opts)
 
 
 def _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top,

@@ -7,9 +7,10 @@ import json
 import click
 
 from ratrain.cli.group import cli
+from ratrain.cli.json_command import JsonCommand
 
 
-@cli.command()
+@cli.command(cls=JsonCommand)
 @click.argument("run_dir", type=click.Path())
 @click.option("--profile", "profile_spec", help="Hardware profile to simulate the run's plan on, for the simulated step beside the measured one: a preset (cpu-local, mt3000, ...) or a YAML file from `ratrain profile`.  [default: the run's --profile, else the one its --plan was made with]")
 @click.option("--out", "out_dir", type=click.Path(), help="Directory for the page and its pictures.  [default: RUN_DIR/report]")

@@ -9,12 +9,13 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
+from ratrain.cli.json_command import JsonCommand
 from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
 from ratrain.cli.plan_taken import take_plan
 from ratrain.errors import UserError
 
 
-@cli.command()
+@cli.command(cls=JsonCommand)
 @config_options
 @click.option("--plan", "plan_file", type=click.Path(), help="Simulate this plan (JSON from `ratrain plan --out`) instead of the one the flags describe.")
 @click.option("--profile", "profile_spec", help="Hardware profile: a preset (mt3000, a100-40g-10gbe, h100-80g-ib, cpu-local) or a YAML file from `ratrain profile`.  [default: with --plan, the profile the plan was made on; else cpu-local]")
