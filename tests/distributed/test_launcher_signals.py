@@ -16,6 +16,7 @@ import pytest
 
 from ratrain import checkpoint
 from ratrain.checkpoint import manifest
+from ratrain.checkpoint.saving import SLOW_WRITES_ENV
 
 from .test_failure import (_children, _gone, _rank_pids, endless_config, losses, start,
                            wait_for_steps)
@@ -154,6 +155,36 @@ def test_sigterm_to_a_single_process_run_saves_and_says_sigterm(corpus, tmp_path
                          r"\(continue with --resume \S+\)", stderr.strip())
     assert found, stderr
     assert manifest.problem(checkpoint.checkpoint_dir(run_dir, int(found[1]))) is None
+
+
+@pytest.mark.parametrize("first, code, said", [
+    (signal.SIGINT, 130, "interrupted"),
+    (signal.SIGTERM, 143, "terminated (SIGTERM)"),  # the first says why
+])
+def test_a_second_signal_stops_a_single_process_run_at_once(corpus, tmp_path, monkeypatch, first,
+                                                            code, said):
+    """With --checkpoint-on-interrupt: the second Ctrl-C was taken as the first again, and the
+    run finished its step and its save (minutes, for a large model) before it stopped."""
+    # the save after the first signal takes 12 s (2 s after each of the model's 6 units), and
+    # stops between two units when dropped
+    monkeypatch.setenv(SLOW_WRITES_ENV, "2")
+    run_dir = tmp_path / "run"
+    proc = start(endless_config(corpus, tmp_path, checkpoint_every=0), run_dir, "--pp", "1",
+                 "--dp", "1", "--checkpoint-on-interrupt")
+    wait_for_steps(proc, run_dir, 2)
+    os.kill(proc.pid, first)
+    time.sleep(1)
+    os.kill(proc.pid, signal.SIGINT)
+    sent = time.time()
+    try:
+        _, stderr = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the second signal did not stop the run")
+    assert time.time() - sent < 6
+    assert proc.returncode == code, stderr
+    assert stderr.strip().startswith(f"{said}; "), stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert not checkpoint.complete_dirs(run_dir)
 
 
 def test_sigterm_stops_a_single_process_run_as_ctrl_c_does(corpus, tmp_path):

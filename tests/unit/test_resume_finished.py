@@ -64,3 +64,35 @@ def test_an_explicit_resume_of_a_finished_run_says_the_same_line_and_exits_0(mon
     lines = err.strip().splitlines()
     assert code == 0 and len(lines) == 1 and lines[0].endswith(FINISHED), err
     assert _steps(tmp_path / "run") == [1, 2]
+
+
+def test_a_run_finished_past_its_newest_checkpoint_is_finished_too(monkeypatch, capsys,
+                                                                   tmp_path):
+    """Its summary.json says so (a run that saves at its end only with --checkpoint-on-interrupt's
+    save before it): until 2026-12-04 each rerun resumed from the checkpoint and trained the
+    rest again, rewriting metrics.jsonl and summary.json."""
+    command = (*_finished_run(monkeypatch, capsys, tmp_path), "--steps", "4", "--no-checkpoints")
+    code, err = _train(monkeypatch, capsys, *command)  # from step_000002 on, saving none
+    assert code == 0, err
+    summary = (tmp_path / "run" / "summary.json").read_bytes()
+    finished = FINISHED.replace("2", "4")
+    code, err = _train(monkeypatch, capsys, *command)
+    assert code == 0 and err.strip().splitlines() == [f"--resume auto: {finished}"], err
+    code, err = _train(monkeypatch, capsys, "--resume", "run", "--threads", "1")
+    assert code == 0 and err.strip().splitlines()[-1] == finished, err
+    assert _steps(tmp_path / "run") == [1, 2, 3, 4]
+    assert (tmp_path / "run" / "summary.json").read_bytes() == summary
+    # one whose metrics.jsonl is removed (the refusals' way to start over) trains on
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    code, err = _train(monkeypatch, capsys, *command)
+    assert code == 0 and "finished" not in err, err
+    assert _steps(tmp_path / "run") == [3, 4]  # (from step_000002)
+
+
+def test_a_finished_run_without_checkpoints_is_not_started_over(monkeypatch, capsys, tmp_path):
+    command = ("--config", str(small_config(tmp_path)), "--run-dir", "run", "--resume", "auto",
+               "--threads", "1", "--no-checkpoints")
+    assert _train(monkeypatch, capsys, *command)[0] == 0
+    code, err = _train(monkeypatch, capsys, *command)
+    assert code == 0 and err.strip().splitlines() == [f"--resume auto: {FINISHED}"], err
+    assert _steps(tmp_path / "run") == [1, 2]

@@ -33,7 +33,7 @@ from ratrain.host_memory import available_host_bytes
 
 SLOW_WRITES_ENV = "RATRAIN_TEST_ONLY_SLOW_CHECKPOINT_WRITES_S"
 """Test only: seconds the writer sleeps after each unit's files, so that a test can kill a run
-while a save is in flight."""
+while a save is in flight (a cancel ends the sleep: the hook slows the save, not its abandon)."""
 
 HOST_RESERVE_BYTES = 2 << 30
 """Host memory a snapshot leaves free (for the rest of the process and the page cache)."""
@@ -94,7 +94,7 @@ def write_part(run_dir, step: int, rank: int, taken: Taken, rng_state: dict,
     for unit, state in taken.copied:
         if cancelled is not None and cancelled.is_set():
             return
-        files.update(_write(run_dir, step, unit, state, taken))
+        files.update(_write(run_dir, step, unit, state, taken, cancelled))
     partial = _partial(run_dir, step)
     try:
         partial.mkdir(parents=True, exist_ok=True)
@@ -212,12 +212,31 @@ class Saver:
             self.times[-1]["waited_s"] = time.perf_counter() - t0
         self._raise()
 
+    def stop(self, say, let_finish: bool, quiet_s: float = 1.0) -> int | None:
+        """After a stop request (Ctrl-C, SIGTERM: no failure), the save in flight: with
+        `let_finish` it is waited for, since its state is taken and only its files are left to
+        write (a run stopped in its end-of-run save lost every step until 2026-12-04), and
+        `say(step)` where that takes longer than `quiet_s`; a second request (the
+        KeyboardInterrupt it raises in the wait), or no `let_finish`, drops it (abandon).
+        Returns the step of the save dropped, or None; raises the save's own failure."""
+        step = self.times[-1]["step"] if self.in_flight() else None
+        if step is not None and let_finish:
+            try:
+                if not self._ended.wait(quiet_s):
+                    say(step)
+                self.wait()
+                return None
+            except KeyboardInterrupt:
+                pass
+        self.abandon()
+        return step
+
     def abandon(self) -> None:
-        """After the run failed or was stopped: cancel the save in flight and wait until it has
-        stopped (between units, unpublished, or published whole); its own failure is dropped,
-        the run's is said. A save still writing as the caller removed the partial directory
-        published an empty step_N (seen on Ctrl-C, 2026-12-03), and one still in torch at the
-        interpreter's exit aborted it (exit 134)."""
+        """After the run failed (or a second stop request came): cancel the save in flight and
+        wait until it has stopped (between units, unpublished, or published whole); its own
+        failure is dropped, the run's is said. A save still writing as the caller removed the
+        partial directory published an empty step_N (seen on Ctrl-C, 2026-12-03), and one still
+        in torch at the interpreter's exit aborted it (exit 134)."""
         self.cancelled.set()
         if self._ended is not None:
             self._ended.wait()
@@ -230,11 +249,12 @@ class Saver:
             raise error
 
 
-def _write(run_dir, step: int, unit: int, state: dict, taken: Taken) -> dict[str, dict]:
+def _write(run_dir, step: int, unit: int, state: dict, taken: Taken,
+           cancelled: threading.Event | None = None) -> dict[str, dict]:
     files = save_units(run_dir, step, [(unit, state)], taken.replica, taken.outer)
     slow = float(os.environ.get(SLOW_WRITES_ENV, 0) or 0)
     if slow > 0:
-        time.sleep(slow)
+        (cancelled or threading.Event()).wait(slow)
     return files
 
 

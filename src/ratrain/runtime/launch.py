@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ratrain.errors import Interrupted, RankFailed
+from ratrain.runtime.torchrun_env import under_torchrun
 from ratrain.runtime.worker_errors import failure_of, report_failure
 
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
@@ -81,18 +82,27 @@ sends SIGTERM to every process of the job step, torchrun's agent passes it to it
 
 def ask_to_stop_on_signals() -> None:
     """From now on SIGINT and SIGTERM ask this process to stop after the current step
-    (stop_requested)."""
-    global _stop_signal
+    (stop_requested); in a process of its own, a second one stops it at once."""
+    global _stop_signal, _alone
     if signal.getsignal(signal.SIGINT) is not _request_stop:  # a request already made stands
         _stop_signal = None
+    # A rank gets each stop twice: a terminal or SLURM signals every process, and our launcher
+    # or torchrun's agent passes it on. So a rank's second signal is no second Ctrl-C, and the
+    # launcher (or the agent) decides when to stop it at once.
+    _alone = not under_torchrun()
     for signum in STOP_SIGNALS:
         signal.signal(signum, _request_stop)
+
+
+_alone = True  # this process is no rank: nobody else would act on a second signal
 
 
 def _request_stop(signum, frame) -> None:
     global _stop_signal
     if _stop_signal is None:  # the first says why: a Ctrl-C after SIGTERM is still SIGTERM's
         _stop_signal = signum
+    elif _alone:  # as the launcher stops its ranks at a second one (_watch)
+        raise _Terminated() if _stop_signal == signal.SIGTERM else KeyboardInterrupt()
 
 
 def stop_requested() -> bool:

@@ -4,6 +4,8 @@ trace and summary."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,26 +17,23 @@ from ratrain.checkpoint import rng, saving
 from ratrain.config import RunConfig
 from ratrain.data.replica import Stream, make_data
 from ratrain.data.tokenizer import load_tokenizer
-from ratrain.errors import UserError
+from ratrain.errors import Interrupted
 from ratrain.runtime import timed_comm
-from ratrain.runtime.launch import stop_requested
+from ratrain.runtime.launch import stop_signal, stopped_how
 from ratrain.runtime.optim import lr_at
 from ratrain.runtime.process_memory import RssGrowth
 from ratrain.runtime.trace import write_chrome_trace
 from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.plan import PipelinePlan
+from ratrain.training.diverged import diverged as diverged_at
 from ratrain.training.metrics import MetricsLog, StepExtras, write_failed
 from ratrain.training.resuming import OuterAsWeights, resumed_state, say_what_changed
 from ratrain.training.run_dir import checkpoints_of
 from ratrain.training.run_summary import write_summary
 from ratrain.training.shared_dir import DirectoryShare
-from ratrain.training.step_meetings import StepFigures, StepMeetings, meeting_steps
+from ratrain.training.step_meetings import StepFigures, StepMeetings, agreed_stop, meeting_steps
 from ratrain.training.step_rows import StepRows
 from ratrain.training.whole_run import RunPeaks, Throughput
-
-
-class TrainingDiverged(UserError):
-    """The loss stopped being a finite number; the run ends with the last good checkpoint kept."""
 
 
 class Loop:
@@ -58,6 +57,7 @@ class Loop:
         self.where = checkpoints_of(run_dir, cfg)
         self.saver = saving.Saver(background=cfg.train.checkpoint_async)
         self._said_stop = self._said_short = False  # (each said once a run)
+        self._taking: int | None = None  # the step whose state is being taken for its save
         self.bar: tqdm | None = None
 
     def _barrier(self, when: str, action: str) -> None:
@@ -70,12 +70,15 @@ class Loop:
         return timed_comm.all_gather_object(obj, self.cfg.parallel.comm_timeout_s, when, action,
                                             self.groups.device)
 
-    def run(self, ckpt: Path | None, verified: bool = True) -> bool:
+    def run(self, ckpt: Path | None, verified: bool = True) -> int | None:
         """Train to the configured step, from `ckpt` if given (`verified`: its files hashed
-        already, else this rank hashes those it reads); returns whether Ctrl-C stopped the run
-        early (after a checkpoint)."""
+        already, else this rank hashes those it reads); returns the signal that stopped the run
+        early (after a checkpoint), the same on every rank (step_meetings.agreed_stop), or None."""
         try:
             return self._run(ckpt, verified)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (launch._Terminated): no failure
+            self._stop_saving(getattr(e, "signum", signal.SIGINT))
+            raise
         except BaseException:
             self.saver.abandon()  # a save in flight stops between units, unpublished
             raise
@@ -83,7 +86,7 @@ class Loop:
             if self.bar is not None:
                 self.bar.close()
 
-    def _run(self, ckpt: Path | None, verified: bool) -> bool:
+    def _run(self, ckpt: Path | None, verified: bool) -> int | None:
         t = self.cfg.train
         meta = self._resume(ckpt, verified) if ckpt else None
         start = self.loader.step
@@ -133,7 +136,7 @@ class Loop:
                     mine[step]["memory_peaks_from_step"] = step + 1
             met = meetings.add(step, StepFigures(
                 result.loss, self.engine.peak_memory_bytes(), self.engine.ledger_peak_bytes(),
-                rss.peak(), stop_requested(), scale.scale if scale else None,
+                rss.peak(), stop_signal(), scale.scale if scale else None,
                 result.skipped if scale else None))
             self.saver.check()  # a save that failed ends the run now
             if not met:
@@ -153,7 +156,7 @@ class Loop:
                     self.extras.step(r)
                     log.write(r)
             if diverged:
-                self._diverged(diverged)
+                diverged_at(diverged, self.cfg, self.saver, self.where, self.publishes)
             row = rows[-1]
             # refresh=False: drawn at tqdm's own pace, not every step (500k steps made 42 MB
             # of one log line); --sync diloco: the loss of the step the replicas last met at
@@ -162,43 +165,48 @@ class Loop:
                             refresh=False)
             bar.update(1)  # after the postfix: a redraw here shows this step's loss, not the last's
             # every rank sees the same: all stop
-            stop = any(f.stop for _, figures in met for f in figures) and step + 1 < t.steps
+            stop = agreed_stop(met) if step + 1 < t.steps else None
             if stop or t.saves_after(step + 1):
                 self._checkpoint(step + 1)
             if stop:
                 meetings.finish()
                 bar.close()
                 self.saver.wait()
-                return True
+                return stop
         meetings.finish()
         bar.close()
         self.engine.finish_updates()  # the last step's carried updates: waited by no next step
         self.saver.wait()  # the end of the run: its checkpoint published before the summary
         self._finish(row, throughput)
-        return False
+        return None
+
+    def _stop_saving(self, signum: int) -> None:
+        """A stop request raised in this thread: the save in flight is let finish (Saver.stop),
+        said by rank 0 where it takes a while; with --checkpoint-on-interrupt the loop took the
+        first request, so this is the second, which drops it at once. A save dropped, or cut
+        short as this thread took its state, is said as the run stops."""
+        cut, self._taking = self._taking, None
+        flying = self.saver.times[-1]["step"] if self.saver.in_flight() else None
+        dropped = self.saver.stop(lambda step: self.is_main and tqdm.write(
+            f"waiting for the save of step_{step:06d} to finish (Ctrl-C again to drop it)",
+            file=sys.stderr), let_finish=not self.cfg.train.checkpoint_on_interrupt)
+        if dropped is None and cut != flying:  # (the save let finish may be the one it took)
+            dropped = cut
+        if dropped is not None:
+            raise Interrupted(f"{stopped_how(signum)}; the save of step_{dropped:06d} in flight "
+                              "was dropped", signum=signum) from None
 
     def _say_stop_waits(self, step: int, meetings: StepMeetings) -> None:
-        """Ctrl-C between the replicas' meetings: say when they will stop (rank 0, once)."""
-        if not (self.is_main and stop_requested()) or self._said_stop:
+        """Ctrl-C between the replicas' meetings: say when they will stop (once). Said by the
+        first rank of each node asked: the replicas send nothing between meetings, so rank 0
+        learns of a request made on another node (torchrun) only at the meeting, as it stops."""
+        if not stop_signal() or self._said_stop or int(os.environ.get("LOCAL_RANK", 0)):
             return
         self._said_stop = True
         meeting = next(s for s in range(step + 1, self.cfg.train.steps) if meetings.meets(s))
         tqdm.write(f"stopping after step {meeting + 1}, where the replicas next meet (--sync "
                    "diloco: they do not talk between outer syncs); Ctrl-C again stops them at "
                    "once", file=sys.stderr)
-
-    def _diverged(self, row: dict) -> None:
-        self.saver.wait()  # a save in flight is of a good step: it counts, on every rank
-        if self.saver.times and not self.publishes:
-            saving.wait_published(self.where, self.saver.times[-1]["step"],
-                                  self.cfg.parallel.comm_timeout_s)
-        newest = checkpoint.complete_dirs(self.where)
-        kept = f"the last good checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
-        fix = "lower the learning rate"
-        if self.cfg.train.dtype == "float16":  # loss scaling guards the gradients, not this
-            fix += (" or train in bfloat16 (--dtype bfloat16: float16's activations overflow "
-                    "past 65504, bfloat16 has float32's range)")
-        raise TrainingDiverged(f"loss is {row['loss']} at step {row['step']}; {kept}; {fix}")
 
     def _same_layout(self, meta: dict) -> bool:
         """Whether the checkpoint's ranks had this run's ranks' jobs (pp, dp and rank order)."""
@@ -234,6 +242,7 @@ class Loop:
         checkpoint/saving.py), written and (main rank) published by the saver, in the
         background unless --checkpoint-sync. The previous save is waited for first."""
         self.saver.wait()
+        self._taking = step  # until the writer has it (or, --checkpoint-sync, has written it)
         t0 = time.perf_counter()
         # --sync diloco: each island's (replica's) local state is its own, and its first replica
         # in the directory saves it; else the directory's first replica of the stage saves the
@@ -273,6 +282,7 @@ class Loop:
                                cancelled)
 
         self.saver.submit(step, time.perf_counter() - t0, job)
+        self._taking = None
 
     @property
     def grid(self) -> RankGrid:

@@ -47,11 +47,14 @@ def _saved_train(run_dir: Path) -> TrainConfig | None:
 
 
 def _gone(run_dir: Path, saved: TrainConfig, way_out: str) -> str | None:
+    """Two save points passed, as checkpoints_lost asks: at one, a stop may have come before
+    the save made the directory (as its state was taken), and until 2026-12-04 such a run
+    could never be resumed, nor started over by --resume auto."""
     where = checkpoint.root(checkpoints_of(run_dir, RunConfig(train=saved)))
     if where.exists() or not saved.checkpoints:
         return None
-    reached = _reached(run_dir)
-    if reached < min(saved.checkpoint_every or saved.steps, saved.steps):
+    reached, saves = _save_points(run_dir, saved)
+    if len(saves) < 2:
         return None
     named = " (config.yaml's train.checkpoint_dir)" if saved.checkpoint_dir else ""
     return (f"the run's checkpoint directory {where}{named} does not exist (moved or deleted?), "
@@ -72,11 +75,7 @@ def checkpoints_lost(run_dir: Path, start_over: str = START_OVER) -> str | None:
     if saved is None or not saved.checkpoints:
         return None
     own = checkpoints_of(run_dir, RunConfig(train=saved))
-    reached = _reached(run_dir)
-    every = saved.checkpoint_every or saved.steps
-    saves = [*range(every, min(reached, saved.steps) + 1, every)]
-    if reached >= saved.steps and saved.steps not in saves:
-        saves.append(saved.steps)
+    reached, saves = _save_points(run_dir, saved)
     if len(saves) < 2 or checkpoint.complete_dirs(own):
         return None
     return (f"no checkpoint in {checkpoint.root(own)}, though {run_dir}/metrics.jsonl shows the "
@@ -86,10 +85,55 @@ def checkpoints_lost(run_dir: Path, start_over: str = START_OVER) -> str | None:
             f"run over, {start_over.format(run_dir=run_dir)}")
 
 
+def _save_points(run_dir: Path, saved: TrainConfig) -> tuple[int, list[int]]:
+    """The last step the run's metrics.jsonl records (0: none), and the save points up to it
+    (its end's, where it got there)."""
+    reached = _reached(run_dir)
+    every = saved.checkpoint_every or saved.steps
+    saves = [*range(every, min(reached, saved.steps) + 1, every)]
+    if reached >= saved.steps and saved.steps not in saves:
+        saves.append(saved.steps)
+    return reached, saves
+
+
 def _reached(run_dir: Path) -> int:
     """The last step the run's metrics.jsonl records (0: none)."""
     log = run_dir / "metrics.jsonl"
     return max((r["step"] for r in read_metrics(log)), default=0) if log.is_file() else 0
+
+
+def _summed(run_dir: Path) -> int:
+    """The step the run's summary.json records (0: none)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("steps") or 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def summed_up_at(run_dir: Path) -> int | None:
+    """The step at which the run's last part reached its end: its summary.json's, written only
+    there (and removed as a part starts), where its metrics.jsonl ends at that step too; None
+    otherwise."""
+    summed = _summed(run_dir)
+    return summed if summed and _reached(run_dir) == summed else None
+
+
+def finished_at(run_dir: Path, *checkpoints) -> int | None:
+    """The step the run's last part trained to its end, saving no checkpoint there
+    (--no-checkpoints; its newest may be --checkpoint-on-interrupt's): its summary.json's,
+    written only at the end (and removed as a part starts), where its metrics.jsonl ends at
+    that step too (removed: the run is to start over, START_OVER). None otherwise: where the
+    part saved checkpoints (its end's missing or damaged is trained again from an older one,
+    as a node's lost part is), and where `checkpoints` (where the run's are; None: nowhere)
+    hold one of that step or later, verified or not (the checkpoints decide: resume_point).
+    By the checkpoints alone --resume auto took such a finished run for one to go on, and
+    trained it again (until 2026-12-04)."""
+    summed, saved = summed_up_at(run_dir), _saved_train(run_dir)
+    if summed is None or saved is None or saved.checkpoints:
+        return None
+    ends = [checkpoint.step_of(c) for where in checkpoints if where is not None
+            for c in checkpoint.complete_dirs(where)]
+    return None if any(step >= summed for step in ends) else summed
 
 
 def _why_none(run_dir: Path, where: Path, way_out: str) -> str:
@@ -110,17 +154,21 @@ def _why_none(run_dir: Path, where: Path, way_out: str) -> str:
 
 
 def _none_saved(run_dir: Path, saved: TrainConfig, own: Path) -> str:
-    """No checkpoint in `own`, and no metrics.jsonl says a save point was reached (its
-    summary.json may: a metrics.jsonl removed)."""
+    """No checkpoint in `own`, and no metrics.jsonl says two save points were passed (its
+    summary.json may say the run's end save was made: a metrics.jsonl removed). One passed is
+    no save made: a stop may have dropped it (until 2026-12-04 said "had not reached one")."""
     every = saved.checkpoint_every
     when = ("every step and " if every == 1 else f"every {every} steps and " if every else "")
-    try:
-        summed = json.loads((run_dir / "summary.json").read_text()).get("steps") or 0
-    except (OSError, ValueError, AttributeError):
-        summed = 0
-    if summed < min(every or saved.steps, saved.steps):
-        return (f"no checkpoint in {own}: the run saves one {when}at its end, and had not "
-                "reached one")
+    summed = _summed(run_dir)
+    first = min(every or saved.steps, saved.steps)
+    if summed < first:
+        reached, saves = _save_points(run_dir, saved)
+        if not saves:
+            return (f"no checkpoint in {own}: the run saves one {when}at its end, and had not "
+                    "reached one")
+        return (f"no checkpoint in {own}: the run saves one {when}at its end, and its first "
+                f"save (step {saves[0]}) was not made before it stopped at step {reached}; "
+                f"--resume auto --run-dir {run_dir} starts it over")
     return (f"no checkpoint in {own}, though {run_dir}/summary.json shows the run reached step "
             f"{summed} (it saves one {when}at its end): its checkpoints were moved or deleted. "
             f"Pass --checkpoint-dir DIR where they are now, or start a new run")
@@ -130,9 +178,10 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
                  way_out: str = RESUME_AGAIN, chosen: Path | None = None) -> Path:
     """The newest checkpoint of `run_dir` that verifies, saying on stderr which newer ones it
     skips and why; a UserError if there is none, if it is of another model or run, or (unless
-    `done_ok`) RunFinished if the run already reached cfg.train.steps. A cfg.train.checkpoint_dir that
-    holds none (a new one for the resumed run's checkpoints) is looked past, to where the
-    run's config.yaml says its checkpoints are. `way_out`: how a moved directory is named.
+    `done_ok`) RunFinished if the run already reached cfg.train.steps (its checkpoint's step,
+    or its summary.json's: finished_at). A cfg.train.checkpoint_dir that holds none (a new one
+    for the resumed run's checkpoints) is looked past, to where the run's config.yaml says its
+    checkpoints are. `way_out`: how a moved directory is named.
 
     Under torchrun only rank 0 hashes the whole checkpoint (81 GB at llama2-7b: each of a
     node's 8 ranks read it all before); the others take the newest whose files are there at
@@ -151,6 +200,10 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
     where = checkpoint.root(checkpoints)
     own = own_checkpoints(run_dir)
     main = int(os.environ.get("RANK", 0)) == 0
+    decides = not under_torchrun() or main
+    done = finished_at(run_dir, checkpoints, own)  # (its newest checkpoint older, or none)
+    if not done_ok and decides and done is not None and done >= cfg.train.steps:
+        raise RunFinished(run_dir, done, cfg.train.steps)
     looked_past = None
     if own is not None and checkpoint.root(own) != where and not checkpoint.complete_dirs(
             checkpoints) and checkpoint.complete_dirs(own):
@@ -159,7 +212,6 @@ def resume_point(run_dir: Path, cfg: RunConfig, done_ok: bool = False,
         checkpoints = own
     if checkpoint.root(checkpoints) != checkpoint.root(run_dir):
         refuse_another_runs_checkpoints(run_dir, checkpoint.root(checkpoints))
-    decides = not under_torchrun() or main
     for scans_left in reversed(range(3)):  # a few: each scan hashes the whole checkpoint
         ckpt, skipped = ((chosen, []) if chosen is not None else
                          checkpoint.scan(checkpoints, hashed=decides))

@@ -1,5 +1,5 @@
 """When a run's ranks agree on a step's figures: its loss over every replica, each rank's memory
-peaks, whether Ctrl-C asked to stop.
+peaks, which signal asked to stop (Ctrl-C, SIGTERM) if any did.
 
 A synchronous run agrees after every step: its gradients cross the replicas every step anyway,
 and one all-gather more costs a round trip. Under --sync diloco the replicas' steps wait on
@@ -46,7 +46,7 @@ class StepFigures:
     peak_memory: int
     ledger_peak: int | None  # None: no ledger on this rank
     rss_growth: int | None  # None: not measured
-    stop: bool  # Ctrl-C asked this rank to stop
+    stop: int | None  # the signal that asked this rank to stop (SIGINT, SIGTERM), or None
     # float16: its replica's scale after the step and whether the step was skipped; None
     # otherwise (under --sync diloco each replica's own: its overflows are its own)
     loss_scale: float | None = None
@@ -56,14 +56,22 @@ class StepFigures:
         counts = (self.peak_memory, self.ledger_peak, self.rss_growth)
         scaled = ([-1.0, -1.0] if self.loss_scale is None
                   else [float(self.loss_scale), float(bool(self.skipped))])
-        return ([self.loss, float(self.stop)] + [-1.0 if v is None else float(v) for v in counts]
+        return ([self.loss, float(self.stop or 0)] + [-1.0 if v is None else float(v) for v in counts]
                 + scaled)
 
     @classmethod
     def decode(cls, row: list[float]) -> StepFigures:
         counts = [None if v == -1 else int(v) for v in row[2:5]]
         scale, skipped = (None, None) if row[5] == -1 else (row[5], bool(row[6]))
-        return cls(row[0], counts[0], counts[1], counts[2], bool(row[1]), scale, skipped)
+        return cls(row[0], counts[0], counts[1], counts[2], int(row[1]) or None, scale, skipped)
+
+
+def agreed_stop(met: list[tuple[int, list[StepFigures]]]) -> int | None:
+    """The signal that stops the run at a meeting (StepMeetings.add's list), the same on every
+    rank, which all see every rank's figures: the first asked for, in step and then rank order.
+    A rank that was told of the stop only so has no signal of its own, and stops as the one
+    asked does (until 2026-12-04, under torchrun, it ended silently with exit 0)."""
+    return next((f.stop for _, figures in met for f in figures if f.stop), None)
 
 
 MEETS_AT_LEAST_EVERY = 100
