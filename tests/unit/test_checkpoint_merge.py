@@ -73,3 +73,44 @@ def test_a_damaged_newest_step_in_one_part_is_skipped_and_said(tmp_path, monkeyp
     assert "the newest step every part holds that verifies is step_000002" in err
     assert "merged step_000002" in out
     assert [p.name for p in checkpoint.complete_dirs(tmp_path / "out")] == ["step_000002"]
+
+
+@pytest.mark.parametrize("b_steps", [(2, 4), (2,)])
+def test_rank_0s_run_files_come_along_and_summary_json_only_of_the_runs_end(
+        tmp_path, monkeypatch, capsys, b_steps):
+    """The run's tokenizer copy (export's and a resume's where the original moved), and where
+    the merged step is the run's end, its summary.json (naming the merged run) and trace.json:
+    until 2026-12-04 left out, `ratrain report` said the finished run did not reach its end."""
+    import json
+
+    from .cli_runner import run_cli
+
+    runs = {}
+    for node, ranks, steps in (("a", [0], (2, 4)), ("b", [1], b_steps)):
+        run = runs[node] = tmp_path / node
+        run.mkdir()
+        RunConfig(model=get_preset("tiny")).save(run / "config.yaml")
+        for step in steps:
+            _part(run, step, ranks, 1.0)
+    a = runs["a"]  # rank 0 alone writes these
+    (a / "tokenizer.json").write_text('{"model": {}}')
+    (a / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n"
+                                             for s in (1, 2, 3, 4)))
+    (a / "summary.json").write_text(json.dumps({"run_dir": str(a), "steps": 4, "final_loss": 1.0}))
+    (a / "trace.json").write_text('{"traceEvents": []}')
+    out = tmp_path / "out"
+    code, said, err = run_cli(monkeypatch, capsys, "merge-parts", str(a), str(runs["b"]),
+                              "--out", str(out))
+    assert code == 0, err
+    for name in ("tokenizer.json", "metrics.jsonl"):
+        assert (out / name).read_bytes() == (a / name).read_bytes()
+    if len(b_steps) == 2:
+        assert "merged step_000004" in said and err == ""
+        assert json.loads((out / "summary.json").read_text()) == {
+            "run_dir": str(out.absolute()), "steps": 4, "final_loss": 1.0}
+        assert (out / "trace.json").read_bytes() == (a / "trace.json").read_bytes()
+    else:  # step 2 resumes to train 3-4 again: the end's figures would not be of it
+        assert "merged step_000002" in said
+        assert err == (f"note: step_000002 is not the run's end (step 4, which not every part "
+                       f"holds): summary.json and trace.json, of the end, are left out of {out}\n")
+        assert not (out / "summary.json").exists() and not (out / "trace.json").exists()

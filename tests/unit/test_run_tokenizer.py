@@ -63,3 +63,17 @@ def test_a_resume_goes_on_once_the_original_is_back(monkeypatch, capsys, tmp_pat
     _cli(monkeypatch, capsys, "train", "--resume", "run", "--steps", "2", *FLAGS)
     assert (run / "checkpoints" / "step_000002").is_dir()
     assert (run / "tokenizer.json").read_bytes() == original
+
+
+def test_a_resume_after_the_original_moved_goes_on_on_the_runs_copy(monkeypatch, capsys, tmp_path):
+    """Until 2026-12-04: "tokenizer not found", with no word of the copy export takes."""
+    run, original = _run_on_a_replaced_tokenizer(monkeypatch, capsys, tmp_path)
+    (tmp_path / "tok.json").unlink()
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", "run", "--steps", "2", *FLAGS)
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "run's copy" in line]
+    assert said == [f"note: the tokenizer {tmp_path / 'tok.json'} that run/config.yaml names is "
+                    f"gone: resuming on the run's copy of it, {run / 'tokenizer.json'}"], err
+    assert (run / "checkpoints" / "step_000002").is_dir()
+    saved = yaml.safe_load((run / "config.yaml").read_text())["data"]["tokenizer"]
+    assert saved == str(run / "tokenizer.json") and (run / "tokenizer.json").read_bytes() == original

@@ -11,13 +11,14 @@ import click
 from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import fmt_count, table
 from ratrain.cli.group import cli
+from ratrain.cli.json_command import JsonCommand
 from ratrain.cli.out_path import refuse_unwritable, refuse_unwritable_dir
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 from ratrain.training.run_config import run_config
 
 
-@cli.command()
+@cli.command(cls=JsonCommand)
 @click.option("--dtype", "compute_dtype", default="bfloat16", show_default=True,
               type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the weights column.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
@@ -240,16 +241,15 @@ def _run_tokenizer(cfg: RunConfig, given: str | None, again: str):
 
 @cli.command("merge-parts")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
-@click.option("--out", type=click.Path(), required=True, help="A new run directory: the merged checkpoint, with the config.yaml, plan.json and metrics.jsonl of rank 0's node.")
+@click.option("--out", type=click.Path(), required=True, help="A new run directory: the merged checkpoint, with the config.yaml, plan.json, metrics.jsonl and tokenizer.json (the run's copy) of rank 0's node, and its summary.json and trace.json where the merged step is the run's end.")
 def merge_parts_cmd(run_dirs: tuple[str, ...], out: str) -> None:
     """Merge the checkpoint parts of a run whose nodes kept their own (a checkpoint directory
     not shared by the nodes: each node's run directory, brought to one filesystem) into one
     run directory: the newest step every part holds, which any layout resumes and `export`
-    reads."""
-    import shutil
-
+    reads, with rank 0's node's run files (training/merged_run.copy_run_files)."""
     from ratrain import checkpoint
     from ratrain.checkpoint.merge import merge_parts, newest_common_step
+    from ratrain.training.merged_run import copy_run_files
     from ratrain.training.run_dir import checkpoints_of
 
     out_dir = Path(out)
@@ -267,16 +267,16 @@ def merge_parts_cmd(run_dirs: tuple[str, ...], out: str) -> None:
     parts = [checkpoint.checkpoint_dir(r, step) for r in roots]
     merged = merge_parts(parts, out_dir, step, verified=True)
     main = next(i for i, p in enumerate(parts) if 0 in checkpoint.load_meta(p)["ranks"])
-    for name in ("plan.json", "metrics.jsonl"):
-        if (Path(run_dirs[main]) / name).is_file():
-            shutil.copy2(Path(run_dirs[main]) / name, out_dir / name)
+    left_out = copy_run_files(Path(run_dirs[main]), out_dir, step)
+    if left_out:
+        click.echo(f"note: {left_out}", err=True)
     cfgs[main].train.checkpoint_dir = None  # the merged checkpoint is in OUT/checkpoints
     cfgs[main].save(out_dir / "config.yaml")
     click.echo(f"merged step_{step:06d} of {len(parts)} parts into {merged} (resume with "
                f"--resume {out}, with any --pp and --dp; or export it)")
 
 
-@cli.command()
+@cli.command(cls=JsonCommand)
 @click.option("--model", default="tiny", show_default=True, help="Model preset whose units are timed (embedding, one decoder block, head).")
 @click.option("--seq-len", type=int, default=256, show_default=True)
 @click.option("--micro-batch-size", type=int, default=2, show_default=True)

@@ -25,7 +25,8 @@ def auto_resume(run_dir: Path, cfg: RunConfig) -> tuple[bool, Path | None]:
     metrics). Where its checkpoints are gone (moved, or their directory emptied), a UserError
     rather than a new run over its files; a start from step 0 is said (until 2026-12-02 it was
     silent). A --checkpoint-dir of another run's checkpoints is refused. A run that has
-    trained all its steps ends the command, with exit 0 (_end_if_finished)."""
+    trained all its steps ends the command, with exit 0 (_end_if_finished, _end_if_summed_up:
+    by its summary.json, where its newest checkpoint is older or it has none)."""
     from ratrain import checkpoint
     from ratrain.training.run_checkpoints import (START_OVER_AUTO, checkpoints_gone,
                                                   checkpoints_lost, checkpoints_of,
@@ -42,6 +43,7 @@ def auto_resume(run_dir: Path, cfg: RunConfig) -> tuple[bool, Path | None]:
         return True, _end_if_finished(run_dir, cfg, here)
     if own is not None and checkpoint.complete_dirs(own):
         return True, _end_if_finished(run_dir, cfg, own)
+    _end_if_summed_up(run_dir, cfg)  # (--no-checkpoints)
     gone = checkpoints_gone(run_dir) or checkpoints_lost(run_dir, START_OVER_AUTO)
     if gone:
         raise UserError(f"--resume auto: {gone}")
@@ -72,12 +74,12 @@ def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> Path | None:
     meet, as an error (exit 2)."""
     from ratrain import checkpoint
     from ratrain.runtime.torchrun_env import under_torchrun
-    from ratrain.training.run_checkpoints import RunFinished, resume_point
-    from ratrain.training.run_lock import release_run_dirs
+    from ratrain.training.run_checkpoints import resume_point
 
     newest = checkpoint.scan(checkpoints, hashed=False)[0]
     meta = checkpoint.load_meta(newest) if newest is not None else None
     if meta is None or meta["step"] < cfg.train.steps or "ranks" in meta:
+        _end_if_summed_up(run_dir, cfg)
         return None
     check_same_run(cfg, run_dir)
     chosen = resume_point(run_dir, cfg, done_ok=True)
@@ -89,6 +91,36 @@ def _end_if_finished(run_dir: Path, cfg: RunConfig, checkpoints) -> Path | None:
         step = rank_0s(step, cfg)
     if step < cfg.train.steps:  # its newest checkpoint did not verify: it trains from an older
         return chosen
+    _say_finished(run_dir, cfg, step)
+
+
+def _end_if_summed_up(run_dir: Path, cfg: RunConfig) -> None:
+    """A run whose summary.json says it trained all its steps (finished_at), its newest
+    checkpoint older or none (--no-checkpoints, --checkpoint-on-interrupt's at a stop): the
+    command ends as _end_if_finished ends it; until 2026-12-04 the run trained again, from that
+    checkpoint or from step 0. Under torchrun rank 0 alone reads it (a node's own run
+    directory holds none): its RunFinished, an error (exit 2), stops the others as they join,
+    as a --resume RUN's does there."""
+    from ratrain.runtime.torchrun_env import under_torchrun
+    from ratrain.training.run_checkpoints import (RunFinished, checkpoints_of, finished_at,
+                                                  own_checkpoints)
+
+    done = finished_at(run_dir, checkpoints_of(run_dir, cfg), own_checkpoints(run_dir))
+    if done is None or done < cfg.train.steps:
+        return
+    if under_torchrun() and int(os.environ.get("RANK", 0)) != 0:
+        return
+    check_same_run(cfg, run_dir)
+    if under_torchrun():
+        raise RunFinished(run_dir, done, cfg.train.steps)
+    _say_finished(run_dir, cfg, done)
+
+
+def _say_finished(run_dir: Path, cfg: RunConfig, step: int) -> None:
+    """Say that the run finished at `step` (rank 0) and end the command, exit 0."""
+    from ratrain.training.run_checkpoints import RunFinished
+    from ratrain.training.run_lock import release_run_dirs
+
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"--resume auto: {RunFinished(run_dir, step, cfg.train.steps)}", file=sys.stderr,
               flush=True)
@@ -160,7 +192,12 @@ def anchor_saved_paths(cfg: RunConfig, run_dir: Path, opts: dict) -> None:
     """A resumed run whose config.yaml holds a relative data or tokenizer path (an older
     ratrain's): read from this directory, as before, and said (a file of the same name here
     may not be the run's); a UserError naming the absolute path looked for where none is. (A
-    flag repeating it names a file from here: made absolute, as a new run's.)"""
+    flag repeating it names a file from here: made absolute, as a new run's.) A tokenizer file
+    gone from where it names is the run's copy (run_tokenizer.resume_on_copy)."""
+    from ratrain.training.run_tokenizer import resume_on_copy
+
+    if opts.get("tokenizer") is None:  # a --tokenizer typed is loaded, or refused, as given
+        resume_on_copy(cfg, run_dir)
     for section, key, flag in _PATHS:
         value = getattr(getattr(cfg, section), key)
         if not _names_a_file(key, value) or Path(value).expanduser().is_absolute():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from ratrain.config import RunConfig
@@ -20,6 +21,21 @@ def kept_tokenizer(run_dir: str | Path) -> str | None:
     2026-12-02, which kept none)."""
     path = Path(run_dir) / COPY
     return str(path) if path.is_file() else None
+
+
+def resume_on_copy(cfg: RunConfig, run_dir: Path) -> None:
+    """A resumed run whose tokenizer file, as its config.yaml names it, is gone (moved or
+    deleted) takes the run's copy of it, which holds its bytes, saying so: until 2026-12-04 the
+    resume stopped at "tokenizer not found", though `ratrain export` took the copy. (Another
+    tokenizer in its place is refused, _refuse_another_tokenizer: the user may mean either.)"""
+    source, copy = tokenizer_file(cfg.data.tokenizer), kept_tokenizer(run_dir)
+    if source is None or copy is None or source.is_file():
+        return
+    copy = str(Path(copy).absolute())  # as config.yaml records a new run's
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"note: the tokenizer {cfg.data.tokenizer} that {run_dir}/config.yaml names is "
+              f"gone: resuming on the run's copy of it, {copy}", file=sys.stderr)
+    cfg.data.tokenizer = copy
 
 
 def keep_run_tokenizer(run_dir: Path, cfg: RunConfig, resumed: bool) -> None:
