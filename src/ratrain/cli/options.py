@@ -83,6 +83,8 @@ _CONFIG_OPTIONS = [
     click.option("--global-batch", type=int, help="Sequences per optimizer step (independent of --pp/--dp).  [default: 8]"),
     click.option("--micro-batch-size", type=int, help="Sequences per micro-batch.  [default: 2, or a replica's share of the global batch where that is smaller; a search picks its own]"),
     click.option("--lr", type=float, help="Peak learning rate.  [default: 3e-3]"),
+    click.option("--warmup-steps", type=int, help="Steps over which the lr rises linearly to --lr, before its cosine decay; 0: none. A run of fewer steps never reaches --lr (said at its start, with --progress).  [default: 30]"),
+    click.option("--grad-clip", type=float, help="Clip the global gradient norm to this; 0: no clipping.  [default: 1.0]"),
     click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Compute dtype of the parameter views and activations; masters stay fp32 (float16 with dynamic loss scaling).  [default: float32]"),
     click.option("--pp", type=int, help="Pipeline stages.  [default: 1]"),
     click.option("--dp", type=int, help="Data-parallel replicas.  [default: 1]"),
@@ -107,7 +109,8 @@ _CONFIG_OPTIONS = [
 ]
 
 _FIELDS = {"steps": "train", "seed": "train", "seq_len": "train", "global_batch": "train",
-           "micro_batch_size": "train", "lr": "train", "dtype": "train", "eval_every": "train",
+           "micro_batch_size": "train", "lr": "train", "warmup_steps": "train",
+           "grad_clip": "train", "dtype": "train", "eval_every": "train",
            "eval_batches": "train", "val_fraction": "data",
            "checkpoint_every": "train", "pp": "parallel", "dp": "parallel", "policy": "parallel",
            "schedule": "parallel", "weight_grad": "parallel", "activation": "parallel",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ratrain.cli.group import cli
+from ratrain.cli.json_command import JsonCommand
 from ratrain.cli.options import (blame_the_resumed_run, build_config, config_options,
                                  refuse_idle_outer_flags)
 from ratrain.cli.plan_taken import take_plan
@@ -20,7 +21,7 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
 
-@cli.command()
+@cli.command(cls=JsonCommand)
 @config_options
 @click.option("--plan", "plan_file", type=click.Path(), help="Run this plan (JSON from `ratrain plan --out`) instead of building one.")
 @click.option("--memory-budget", help="Search for the fastest plan that fits this many bytes per device (20GB, 18GiB: as `ratrain plan --memory-budget`) on --profile for --devices, and train it; the plan goes to RUN/plan.json. The planner chooses the layout: leave --dp, --activation, --state-home and the like out.")
@@ -95,6 +96,11 @@ def train(plan_file, memory_budget, devices, host_memory_budget, run_dir, resume
         absolute_paths(cfg)
     plan_data = take_plan(cfg, plan_file, opts, note=progress,
                           run="resumed" if resume_dir else "new") if plan_file else None
+    if plan_data and plan_data.get("clip") is False and cfg.train.grad_clip > 0:
+        # (its programs take no global norm: the run trained unclipped, its config saying not)
+        raise UserError(f"{plan_file} was made without clipping (--grad-clip 0), and this run "
+                        f"clips at {cfg.train.grad_clip:g} (--grad-clip): give --grad-clip 0, or "
+                        "make a plan that clips")
     if resume_dir and not plan_file and cfg.parallel.plan_file:
         plan_data = _runs_own_plan(Path(resume_dir))
     if memory_budget is not None:

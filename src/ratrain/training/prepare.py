@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from ratrain.config import RunConfig
+from ratrain.config import RunConfig, TrainConfig
 from ratrain.data.replica import Stream, check_data
 from ratrain.cpu_features import bf16_matmul_flag
 from ratrain.host_cores import usable_cores
@@ -139,3 +139,17 @@ def meetings_note(cfg: RunConfig, done: int = 0) -> str | None:
     over = f"over steps {done + 1}-{steps}" if done else f"over {steps} steps"
     return (f"--sync {cfg.parallel.sync} {over}: the replicas meet {when} (each trains alone "
             "until then); a smaller H syncs them more often")
+
+
+def warmup_note(t: TrainConfig) -> str | None:
+    """Where the warmup outlasts the run (the default 30 steps, under a --steps 10), the lr
+    never reaches --lr, which its help calls the peak: said at the start (until 2026-12-04 the
+    lr was held to a third of it without a word). A warmup of exactly the run's steps reaches
+    it at the last step."""
+    if t.warmup_steps <= t.steps:
+        return None
+    from ratrain.runtime.optim import lr_at
+
+    return (f"note: the lr warms up over {t.warmup_steps} steps, and the run has {t.steps}: "
+            f"it reaches {lr_at(t.steps - 1, t):.3g} of --lr {t.lr:g} (--warmup-steps N sets "
+            "the warmup)")

@@ -38,11 +38,11 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
-from ratrain.training.agreed_plan import agreed, agreed_checkpoint, agreed_stream
+from ratrain.training.agreed_plan import agreed, agreed_checkpoint, agreed_config, agreed_stream
 from ratrain.training.disk_room import check_room_together
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, meetings_note, plan_here, prepare,
-                                      threads_in_this_process, threads_per_rank)
+                                      threads_in_this_process, threads_per_rank, warmup_note)
 from ratrain.training.run_dir import checkpoints_of, kept_files, open_run_dir, saves_checkpoints
 from ratrain.training.run_tokenizer import keep_run_tokenizer
 from ratrain.training.shared_dir import agreed_local_checkpoint, shared_by
@@ -66,8 +66,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
     plan_dict = plan.to_dict() if plan else None
     opened = open_run_dir(run_dir, cfg, resume, resume_from)
     run_dir, ckpt = opened.path, opened.resume_from
-    note = meetings_note(cfg, checkpoint.load_meta(ckpt)["step"] if ckpt else 0)
-    if note and int(os.environ.get("RANK", 0)) == 0:
+    notes = [meetings_note(cfg, checkpoint.load_meta(ckpt)["step"] if ckpt else 0),
+             progress and warmup_note(cfg.train)]  # (a note on a choice made, with progress)
+    for note in filter(None, notes) if int(os.environ.get("RANK", 0)) == 0 else ():
         print(note, file=sys.stderr, flush=True)
     _say_the_resume(cfg, ckpt, progress)
     if cfg.parallel.plan_file == SEARCHED_PLAN:  # its plan file is the run's copy
@@ -88,7 +89,9 @@ def train(cfg: RunConfig, run_dir: Path | None, *, resume: bool = False, progres
         if in_this_process:  # (a torchrun worker's SIGTERM is its agent's: sigterm_as_ctrl_c)
             with _computing_on(threads_in_this_process(cfg)), \
                     nullcontext() if under_torchrun() else sigterm_as_ctrl_c():
-                stopped = stop_signal() if rank_main(*args, agree=under_torchrun()) else None
+                asked_by = rank_main(*args, agree=under_torchrun())
+                # a rank that learnt of the stop from the others' has no signal of its own
+                stopped = (stop_signal() or asked_by) if asked_by else None
         else:
             stopped = launch_local(world, rank_main, args, error_dir=run_dir / "errors",
                                    threads=threads_per_rank(cfg, world),
@@ -144,8 +147,11 @@ def _what_is_kept(cfg: RunConfig, checkpoints, run_dir: Path) -> str:
     kept = checkpoint.what_is_kept(checkpoints, run_dir)
     if checkpoint.complete_dirs(checkpoints):
         return kept
-    return kept + (" (--no-checkpoints)" if not cfg.train.checkpoints else
-                   " yet (--checkpoint-on-interrupt saves one at Ctrl-C)")
+    if not cfg.train.checkpoints:
+        return kept + " (--no-checkpoints)"
+    # (with it, a second Ctrl-C dropped the save it made)
+    return kept + " yet" + ("" if cfg.train.checkpoint_on_interrupt else
+                            " (--checkpoint-on-interrupt saves one at Ctrl-C)")
 
 
 @contextmanager
@@ -164,15 +170,16 @@ def _computing_on(threads: int | None):
 
 def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: bool,
               trace: bool, plan_dict: dict | None = None, stream: Stream | None = None,
-              agree: bool = False) -> bool:
+              agree: bool = False) -> int | None:
     """One rank's run, from the checkpoint `resume_from` if given (verified by the caller:
     run_dir.resume_point; its files are not hashed again here, except on torchrun's ranks
-    other than 0, which take rank 0's and hash their own units'); returns whether Ctrl-C
-    stopped it early (--checkpoint-on-interrupt: after saving a checkpoint). `plan_dict`: the
-    plan `prepare` made (PipelinePlan.to_dict), already checked; None where the run needs none
-    (`train` passes what prepare returned), or where a caller of its own leaves it to be made
-    here from the config. `agree`: every rank made its own plan (torchrun), so once the world
-    is joined they take rank 0's schedule (training/agreed_plan.py)."""
+    other than 0, which take rank 0's and hash their own units'); returns the signal that
+    stopped it early (--checkpoint-on-interrupt: after saving a checkpoint), agreed by every
+    rank (Loop.run), or None. `plan_dict`: the plan `prepare` made (PipelinePlan.to_dict),
+    already checked; None where the run needs none (`train` passes what prepare returned), or
+    where a caller of its own leaves it to be made here from the config. `agree`: every rank
+    made its own plan (torchrun), so once the world is joined they take rank 0's schedule
+    (training/agreed_plan.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     distributed = is_distributed(cfg)
@@ -188,6 +195,7 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
         if agree:  # a node that stopped before training says why (cli._tell_the_other_ranks)
             join_world(p.backend, p.comm_timeout_s)
             stop_together(None)
+            agreed_config(cfg)  # before the groups, which some settings shape (pp, sync)
         groups = init_groups(RankGrid(p.pp, p.dp, p.rank_order), p.backend, p.comm_timeout_s,
                              plan.shard_group, bool(plan.tied_ends),
                              host_outer_sync=plan.state_home == "host" and plan.sync != EVERY_STEP,
@@ -235,10 +243,11 @@ def rank_main(cfg: RunConfig, run_dir: str, resume_from: str | None, progress: b
 
 def _agree_across_nodes(cfg: RunConfig, plan: PipelinePlan, groups, run_dir: Path, rank: int,
                         resume_from: str | None):
-    """Under torchrun, where every rank made its own plan and found its own checkpoint: rank 0's
-    schedule; who shares the checkpoint directory, and room for what each will hold; in a
-    shared directory rank 0's checkpoint. Returns (plan, share, resume_from, verified); with
-    node-local directories the checkpoint is agreed on once the engine is built."""
+    """Under torchrun, where every rank made its own plan and found its own checkpoint (its
+    settings agreed before the groups: agreed_config): rank 0's schedule; who shares the
+    checkpoint directory, and room for what each will hold; in a shared directory rank 0's
+    checkpoint. Returns (plan, share, resume_from, verified); with node-local directories the
+    checkpoint is agreed on once the engine is built."""
     p, verified = cfg.parallel, True
     plan, share = agreed(cfg, plan, rank), None
     checkpoints = checkpoints_of(run_dir, cfg)
