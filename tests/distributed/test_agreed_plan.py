@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from ratrain.errors import UserError
 from ratrain.runtime.launch import launch_local
 
 from .conftest import micro_config
+from .nodes import start_nodes
 
 pytestmark = pytest.mark.dist
 
@@ -84,22 +83,8 @@ def _two_nodes(corpus, tmp_path: Path, flags: tuple[list[str], list[str]]
     cfg = micro_config(*corpus, steps=2)
     cfg.train.eval_every, cfg.train.checkpoints = 0, False
     cfg.save(tmp_path / "run.yaml")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        node = tmp_path / f"node_{rank}"
-        node.mkdir()
-        env = {**os.environ, "RATRAIN_CACHE": str(corpus[1]), "OMP_NUM_THREADS": "1",
-               "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-               "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "agreed-config"}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ratrain.cli", "train", "--config",
-             str(tmp_path / "run.yaml"), "--dp", "2", "--run-dir", "run", "--no-progress",
-             "--no-trace", "--no-report", "--comm-timeout", str(COMM_TIMEOUT_S), *flags[rank]],
-            cwd=node, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs = start_nodes(corpus, tmp_path / "run.yaml", "agreed-config", [
+        ["--comm-timeout", str(COMM_TIMEOUT_S), *own] for own in flags])
     ended, start = [], time.monotonic()
     try:
         for proc in procs:

@@ -7,17 +7,15 @@ its exit barrier for the other node)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from .conftest import micro_config
+from .nodes import start_nodes
 
 pytestmark = pytest.mark.dist
 
@@ -32,24 +30,8 @@ def _start_two_nodes(corpus, tmp_path, *flags: str) -> list[subprocess.Popen]:
     cfg = micro_config(*corpus, steps=100_000)
     cfg.train.eval_every, cfg.train.checkpoint_every = 0, 0
     cfg.save(tmp_path / "run.yaml")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        node = tmp_path / f"node_{rank}"
-        node.mkdir()
-        env = {**os.environ, "RATRAIN_CACHE": str(corpus[1]), "OMP_NUM_THREADS": "1",
-               "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-               "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "stop-agreed"}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ratrain.cli", "train", "--config",
-             str(tmp_path / "run.yaml"), "--dp", "2", "--run-dir", "run", "--no-progress",
-             "--no-trace", "--no-report", "--comm-timeout", "60", "--checkpoint-on-interrupt",
-             *flags], cwd=node, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True))
-    return procs
+    return start_nodes(corpus, tmp_path / "run.yaml", "stop-agreed",
+                       [["--comm-timeout", "60", "--checkpoint-on-interrupt", *flags]] * 2)
 
 
 def _wait_for_rows(procs: list[subprocess.Popen], metrics, rows: int) -> None:
