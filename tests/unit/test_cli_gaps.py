@@ -56,6 +56,10 @@ def test_val_fraction_and_eval_batches_are_flags_with_their_defaults(monkeypatch
      "error: --keep-checkpoints (train.keep_checkpoints) must be positive, got 0"),
     (["--comm-timeout", "nan"],
      "error: --comm-timeout (parallel.comm_timeout_s) must be in (0, 604800] seconds, got nan"),
+    # (--grad-clip and --warmup-steps: flags since 2026-12-04, config keys before)
+    (["--grad-clip", "-1"], "error: --grad-clip (train.grad_clip) must be >= 0, got -1.0"),
+    (["--grad-clip", "inf"], "error: --grad-clip (train.grad_clip) must be a finite number, got inf"),
+    (["--warmup-steps", "-1"], "error: --warmup-steps (train.warmup_steps) must be >= 0, got -1"),
 ])
 def test_a_bad_value_is_refused_naming_its_flag(monkeypatch, capsys, tmp_path, args, line):
     assert _refused(monkeypatch, capsys, *args) == line

@@ -76,16 +76,6 @@ def test_a_warmup_as_long_as_the_run_is_not_said():
         TrainConfig(steps=10, warmup_steps=11, lr=0.001))
 
 
-@pytest.mark.parametrize("args,line", [
-    (["--grad-clip", "-1"], "error: --grad-clip (train.grad_clip) must be >= 0, got -1.0"),
-    (["--grad-clip", "inf"], "error: --grad-clip (train.grad_clip) must be a finite number, got inf"),
-    (["--warmup-steps", "-1"], "error: --warmup-steps (train.warmup_steps) must be >= 0, got -1"),
-])
-def test_a_bad_value_is_refused_naming_its_flag(monkeypatch, capsys, tmp_path, args, line):
-    assert _refused(monkeypatch, capsys, *args) == line
-    assert not (tmp_path / "runs").exists()
-
-
 def test_a_resume_refuses_another_warmup_or_clip(monkeypatch, capsys, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
