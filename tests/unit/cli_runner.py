@@ -31,6 +31,16 @@ def run_cli_ok(monkeypatch, capsys, *args: str) -> str:
     return out
 
 
+def train_refused(monkeypatch, capsys, *args: str) -> str:
+    """The one error line of `ratrain train --no-progress *args`, which must refuse them (exit
+    2, one line, no traceback)."""
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--no-progress", *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
 def small_config(tmp_path: Path, **train) -> Path:
     """A run config (YAML in tmp_path) whose model and corpus are small enough that a few steps
     in this process take a second: 2 steps, a checkpoint after each, unless `train` says."""

@@ -13,22 +13,13 @@ import pytest
 from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
-from .cli_runner import run_cli
+from .cli_runner import run_cli, train_refused
 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-
-
-def _refused(monkeypatch, capsys, *args: str) -> str:
-    """The one error line of `ratrain train *args`, which must refuse them."""
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--no-progress", *args)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
 
 
 def _opts(**given) -> dict:
@@ -62,7 +53,7 @@ def test_val_fraction_and_eval_batches_are_flags_with_their_defaults(monkeypatch
     (["--warmup-steps", "-1"], "error: --warmup-steps (train.warmup_steps) must be >= 0, got -1"),
 ])
 def test_a_bad_value_is_refused_naming_its_flag(monkeypatch, capsys, tmp_path, args, line):
-    assert _refused(monkeypatch, capsys, *args) == line
+    assert train_refused(monkeypatch, capsys, *args) == line
     assert not (tmp_path / "runs").exists()
 
 
@@ -74,11 +65,11 @@ def test_a_resume_may_change_eval_batches_but_not_the_split(monkeypatch, capsys,
     run.mkdir()
     RunConfig().save(run / "config.yaml")
     resume = ("--resume", "run", "--steps", "4")
-    assert _refused(monkeypatch, capsys, *resume, "--val-fraction", "0.1") == (
+    assert train_refused(monkeypatch, capsys, *resume, "--val-fraction", "0.1") == (
         "error: cannot change --val-fraction (0.05 -> 0.1) when resuming; start a new run instead")
     # the run's own split again, and another validation size: past the settings, to the
     # missing checkpoint
-    assert "no checkpoint in run/checkpoints" in _refused(
+    assert "no checkpoint in run/checkpoints" in train_refused(
         monkeypatch, capsys, *resume, "--val-fraction", "0.05", "--eval-batches", "2")
     assert build_config(_opts(eval_batches=2), str(run)).train.eval_batches == 2
     # --resume auto and a --config given again hold the same fields fixed

@@ -9,21 +9,13 @@ import pytest
 from ratrain.config import RunConfig, TrainConfig
 from ratrain.training.metrics import read_metrics
 
-from .cli_runner import run_cli, small_config
+from .cli_runner import run_cli, small_config, train_refused
 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
-
-
-def _refused(monkeypatch, capsys, *args: str) -> str:
-    """The one error line of `ratrain train *args`, which must refuse them."""
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--no-progress", *args)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _trained(monkeypatch, capsys, tmp_path, *args: str, run: str = "run"
@@ -81,12 +73,12 @@ def test_a_resume_refuses_another_warmup_or_clip(monkeypatch, capsys, tmp_path):
     run.mkdir()
     RunConfig().save(run / "config.yaml")
     resume = ("--resume", "run", "--steps", "40")
-    assert _refused(monkeypatch, capsys, *resume, "--warmup-steps", "5") == (
+    assert train_refused(monkeypatch, capsys, *resume, "--warmup-steps", "5") == (
         "error: cannot change --warmup-steps (30 -> 5) when resuming; start a new run instead")
-    assert _refused(monkeypatch, capsys, *resume, "--grad-clip", "0") == (
+    assert train_refused(monkeypatch, capsys, *resume, "--grad-clip", "0") == (
         "error: cannot change --grad-clip (1.0 -> 0.0) when resuming; start a new run instead")
     # the run's own values again: past the settings, to the missing checkpoint
-    assert "no checkpoint in run/checkpoints" in _refused(
+    assert "no checkpoint in run/checkpoints" in train_refused(
         monkeypatch, capsys, *resume, "--warmup-steps", "30", "--grad-clip", "1")
 
 
@@ -98,7 +90,7 @@ def test_a_plan_made_without_clipping_runs_only_unclipped(monkeypatch, capsys, t
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--config", cfg, "--pp", "2",
                            "--grad-clip", "0", "--out", str(plan))
     assert code == 0, err
-    assert _refused(monkeypatch, capsys, "--config", cfg, "--plan", str(plan)) == (
+    assert train_refused(monkeypatch, capsys, "--config", cfg, "--plan", str(plan)) == (
         f"error: {plan} was made without clipping (--grad-clip 0), and this run clips at 1 "
         "(--grad-clip): give --grad-clip 0, or make a plan that clips")
     _, saved, _ = _trained(monkeypatch, capsys, tmp_path, "--plan", str(plan),
