@@ -11,6 +11,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ratrain.checkpoint import manifest
+from ratrain.file_modes import with_usual_mode
 
 
 def _replica(replica: int) -> str:
@@ -42,6 +43,7 @@ def write_unit(directory: Path, unit: int, state: dict, replica: int = 0,
         save_file({k: t.detach().cpu().contiguous() for k, t in state["weights"].items()}, path)
     except SafetensorError as e:  # how safetensors reports a failed write (a full disk)
         raise OSError(str(e).split("I/O error: ")[-1]) from e
+    with_usual_mode(path)  # (safetensors makes it 0600)
     written[path.name] = _synced(path)
     if state["optim"] is not None:
         path = directory / optim_file(unit, replica)
