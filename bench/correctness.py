@@ -29,6 +29,9 @@ difference can grow with training.
                                 [--baseline-activation recompute]
                                 [--work DIR] [--out bench/results/correctness.json]
                                 [--plot docs/correctness.png]
+
+With --out elsewhere the plot goes beside it (its name, .png) unless --plot says where: a smoke
+run with --out in /tmp leaves the committed result and figure alone.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from ratrain.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from outputs import outputs  # noqa: E402
 from peers import machine  # noqa: E402
 
 TARGET = 1e-5
@@ -180,9 +184,12 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=900.0,
                     help="the wall time the step estimate is made for")
     ap.add_argument("--work", help="keep the run directories here (default: a temporary one)")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/correctness.json"))
-    ap.add_argument("--plot", default=str(ROOT / "docs/correctness.png"), help="'' for none")
+    ap.add_argument("--out", help="the JSON [default: bench/results/correctness.json]")
+    ap.add_argument("--plot", help="'' for none [default: beside --out, as .png; "
+                                   "docs/correctness.png for the default --out]")
     args = ap.parse_args()
+    out, png = outputs(args.out, args.plot, ROOT / "bench/results/correctness.json",
+                       ROOT / "docs/correctness.png")
     layouts = {"ratrain": f"pp=2 dp=2, policy ratrain, activation {args.activation}",
                "baseline": f"pp=2 dp=2, policy baseline, activation {args.baseline_activation}",
                "single": "pp=1 dp=1, one process"}
@@ -222,10 +229,12 @@ def main() -> None:
         "target": TARGET, "runs": results, "deviation": dev, "budget_s": args.budget_s,
         "steps_in_budget": int(max(0.0, args.budget_s - startup) / per_step_all),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    if args.plot:
-        plot(result, Path(args.plot))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    if png:
+        plot(result, png)
+        print(f"wrote {png}")
     print(report(result))
 
 

@@ -6,6 +6,7 @@ process of its own (a CUDA OOM leaves FSDP2's state half-way; a fresh process do
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -26,8 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import FSDP2Peer  # noqa: E402
 
 
-def main(spec_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", help="the run's JSON spec, as bench/gpu_offload.py writes it: "
+                                 "{cfg, device, budget, store, out}")
+    spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
     cfg = RunConfig.from_dict(spec["cfg"])
     t, device = cfg.train, torch.device(spec["device"])
     cuda = device.type == "cuda"
@@ -70,4 +74,4 @@ def main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -73,6 +73,10 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/head_loss.json")
     p.add_argument("--mode", help=argparse.SUPPRESS)  # a worker's
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.steps < 2:
+        p.error(f"--steps must be >= 2 (the first step is not timed), got {args.steps}")
     if args.mode:
         print(json.dumps(worker(args)))
         return
@@ -95,6 +99,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(summary, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.rounds < 2:
+        ap.error(f"--rounds must be >= 2 (the first round is left out of the medians), "
+                 f"got {args.rounds}")
     result = {"machine": machine(), "threads": torch.get_num_threads(),
               "command": " ".join(["python", *sys.argv])}
     real = UnitState._host_homed_on_gpu
@@ -62,6 +65,7 @@ def main() -> None:
         UnitState._host_homed_on_gpu = real
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
 
 
 def time_updates(args) -> dict:

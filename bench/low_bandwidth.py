@@ -135,7 +135,7 @@ def steps_per_s(samples: list) -> float:
     return (last[3] - first[3]) / (last[0] - first[0])
 
 
-def run_one(spec: dict, work: Path, port: int) -> dict:
+def run_one(spec: dict, work: Path, port: int, invocation: str) -> dict:
     run_dir = work / "run"
     pp, dp = spec["pp"], spec.get("dp", 2)
     argv = ["-m", "ratrain.cli", "train", *SHAPE, "--pp", str(pp), "--dp", str(dp),
@@ -160,8 +160,8 @@ def run_one(spec: dict, work: Path, port: int) -> dict:
     when, sent = per_step(sampler.samples, len(rows))
     tokens = GLOBAL_BATCH * SEQ_LEN
     timed = rows[1:]  # step 1 pays for warm-up allocations
-    return {**spec, "started_utc": started, "wall_s": wall, "argv": ["ratrain", *argv[2:]],
-            "tokens_per_step": tokens,
+    return {**spec, "invocation_utc": invocation, "started_utc": started, "wall_s": wall,
+            "argv": ["ratrain", *argv[2:]], "tokens_per_step": tokens,
             "tokens_per_s": tokens * len(timed) / sum(r["step_time_s"] for r in timed),
             "tokens_per_s_wall": tokens * steps_per_s(sampler.samples),
             "loss": [r["loss"] for r in rows], "val_loss": {r["step"]: r["val_loss"] for r in rows
@@ -189,31 +189,39 @@ def start_lines(spec: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", action="append", default=[], type=parse_spec, metavar="RATE[+DELAY],SYNC,STEPS[,PP[xDP][,FLAGS]]")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, help=f"the results file [default: {DEFAULT_OUT}]")
     ap.add_argument("--report", action="store_true", help="plots and table from --out; runs nothing")
+    ap.add_argument("--plot", type=Path, help="--report's figure [default: beside --out, as .png; "
+                                              "docs/low_bandwidth.png for the default --out]")
     ap.add_argument("--start-lines", metavar="RATE[,DP]",
                     help="run 3 steps of `ratrain train --pp 1 --dp DP` (2 unless given: DP / 2 "
                          "ranks a node) with default flags (two micro-batches per replica) over "
                          "RATE and print what rank 0 said at the start: the links probed, the "
                          "schedule chosen, the low-communication hint")
     args = ap.parse_args(argv)
+    out = args.out or DEFAULT_OUT
     if args.report:
         from low_bandwidth_report import report
-        return report(args.out)
+        if not out.is_file():
+            ap.error(f"--out {out} does not exist: nothing to report")
+        png = args.plot or (out.with_suffix(".png") if args.out else REPO / "docs/low_bandwidth.png")
+        return report(out, png)
     if args.start_lines:
         return start_lines(args.start_lines)
-    done = json.loads(args.out.read_text()) if args.out.exists() else []
+    done = json.loads(out.read_text()) if out.exists() else []
+    invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")  # x sync's pairing
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     for i, spec in enumerate(args.run):
         print(f"== {label(spec)} ==", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                res = run_one(spec, Path(tmp), 29600 + i)
+                res = run_one(spec, Path(tmp), 29600 + i, invocation)
             except LinkUnavailable as e:
                 print(f"two nodes need root and network namespaces: {e}", file=sys.stderr)
                 return 2
         done = [d for d in done if label(d) != label(spec)] + [res]
-        args.out.write_text(json.dumps(done, indent=1))
+        out.write_text(json.dumps(done, indent=1))
+        print(f"wrote {out}")
         mb = sorted(res["bytes_at_step"])
         print(f"{label(spec)}: {res['tokens_per_s']:.0f} tokens/s ({res['tokens_per_s_wall']:.0f} by "
               f"wall clock), final loss {res['loss'][-1]:.4f}, val {res['val_loss']}, "

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from two_nodes import parse_link, parse_rate
 
-REPO = Path(__file__).resolve().parent.parent
 WINDOW = 50  # steps: the loss gap compares the mean training loss over the last WINDOW steps
 
 
@@ -29,15 +28,9 @@ def shape(d: dict) -> tuple[int, int]:
 
 
 def rows(results: list[dict]) -> list[dict]:
-    """One row per run, with its ratio to the synchronous run of its rate and pp and its loss
-    gap to the synchronous run of equal steps and pp (the loss per step does not depend on
+    """One row per run, with its ratio to the synchronous run of its rate and pp (_base) and its
+    loss gap to the synchronous run of equal steps and pp (the loss per step does not depend on
     the link: the same seed, batches and algorithm)."""
-    # the ratio's base: the synchronous run of the same link, pp and steps (a pair run close
-    # in time on the shared machine), else the shortest of the same link and pp (the later
-    # entries of the descending sort win)
-    sync = {(d["rate"], shape(d)): d for d in sorted(results, key=lambda d: -d["steps"])
-            if d["sync"] == "step"}
-    sync.update({(d["rate"], shape(d), d["steps"]): d for d in results if d["sync"] == "step"})
     ref = {(shape(d), d["steps"]): d for d in results if d["sync"] == "step"}
     out = []
     for d in sorted(results, key=lambda d: (-parse_rate(parse_link(d["rate"])[0]), shape(d),
@@ -46,7 +39,7 @@ def rows(results: list[dict]) -> list[dict]:
         row = {"run": d, "mb_per_step": sum(timed) / len(timed) / 1e6,
                "peak_mb": max(timed) / 1e6,
                "loss_tail": sum(d["loss"][-WINDOW:]) / len(d["loss"][-WINDOW:])}
-        base = sync.get((d["rate"], shape(d), d["steps"])) or sync.get((d["rate"], shape(d)))
+        base = _base(d, results)
         row["speedup"] = d["tokens_per_s"] / base["tokens_per_s"] if base else None
         same = ref.get((shape(d), d["steps"]))
         if same and same is not d:
@@ -59,8 +52,22 @@ def rows(results: list[dict]) -> list[dict]:
     return out
 
 
+def _base(d: dict, results: list[dict]) -> dict | None:
+    """The synchronous run `d`'s tokens/s is divided by: of the same link and pp, from the same
+    invocation of bench/low_bandwidth.py (run close in time on the shared machine), of the same
+    steps where it has one. Results from before invocations were recorded: the synchronous run
+    of the same link, pp and steps, else the shortest of that link and pp, whenever it ran."""
+    same = [s for s in results if s["sync"] == "step" and s["rate"] == d["rate"]
+            and shape(s) == shape(d)
+            and ("invocation_utc" not in d or s.get("invocation_utc") == d["invocation_utc"])]
+    return min(same, key=lambda s: (s["steps"] != d["steps"], s["steps"]), default=None)
+
+
 def table(rs: list[dict]) -> str:
-    head = ("| link | pp | --sync | steps | tokens/s | x sync | MB sent per step (both nodes) | "
+    unrecorded = any("invocation_utc" not in r["run"] for r in rs)
+    ratio = ("x sync (invocation not recorded: over a sync run of the link and pp that may be "
+             "another invocation's)" if unrecorded else "x sync (this invocation's)")
+    head = (f"| link | pp | --sync | steps | tokens/s | {ratio} | MB sent per step (both nodes) | "
             f"peak step MB | train loss, last {WINDOW} steps | gap to sync | val loss at end | "
             "val gap | wall s |")
     lines = [head, "|" + "---|" * 13]
@@ -70,7 +77,8 @@ def table(rs: list[dict]) -> str:
         lines.append(
             f"| {d['rate']} | {d['pp']}{'' if shape(d)[1] == 2 else f' (dp {shape(d)[1]})'} | {d['sync']} {d.get('flags', '')} | {d['steps']} | "
             f"{d['tokens_per_s']:.0f} | "
-            + (f"**{r['speedup']:.2f}**" if r["speedup"] and d["sync"] != "step" else "1") + " | "
+            + ("1" if d["sync"] == "step" else f"**{r['speedup']:.2f}**" if r["speedup"] else "-")
+            + " | "
             f"{r['mb_per_step']:.2f} | {r['peak_mb']:.2f} | {r['loss_tail']:.4f} | "
             + (f"{r['gap']:+.2%}" if "gap" in r else "-") + " | "
             + (f"{val:.4f}" if val is not None else "-") + " | "
@@ -124,13 +132,12 @@ def plots(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def report(out: Path) -> int:
+def report(out: Path, png: Path) -> int:
     results = json.loads(out.read_text())
     print(table(rows(results)))
     if not any(map(plotted, results)):
         print("(no figure: it shows the long pp 1, dp 2 runs, and these have none)")
         return 0
-    png = REPO / "docs/low_bandwidth.png"
     plots(results, png)
     print(f"wrote {png}")
     return 0

@@ -47,7 +47,8 @@ from ratrain.data.tokens import load_tokens, split_train_val
 from ratrain.models.presets import get_preset
 from ratrain.runtime.engine import PipelineEngine
 from ratrain.schedule.grid import RankGrid
-from ratrain.runtime.launch import launch_local, record_failure
+from ratrain.runtime.launch import launch_local
+from ratrain.runtime.worker_errors import record_failure
 from ratrain.runtime.process_groups import init_groups
 from ratrain.training.prepare import plan_here
 from ratrain.runtime.trace import Tracer

@@ -23,6 +23,8 @@ cluster, also those a plan leaves idle. Where nothing fits, the planner's own ac
                             [--budget 20e9] [--time-limit 60]
                             [--out bench/results/scaling.json] [--plot docs/scaling.png]
     python bench/scaling.py --replot    # table and plot again from the JSON, no search
+
+With --out elsewhere the plot goes beside it (its name, .png) unless --plot says where.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ratrain.cli.plan_cmd import in_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from outputs import outputs  # noqa: E402
 from peers import machine  # noqa: E402
 
 POLICIES = ("ratrain", "baseline")
@@ -219,13 +222,34 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated device counts, got {text!r}") from None
+    if any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"device counts must be >= 1, got {text!r}")
+    return sizes
+
+
+def _studies(text: str) -> list[str]:
+    studies = [s for s in text.split(",") if s]
+    if not studies or any(s not in ("weak", "strong") for s in studies):
+        raise argparse.ArgumentTypeError(f"weak and/or strong, got {text!r}")
+    return studies
+
+
 def main() -> None:
+    from ratrain.errors import UserError
+    from ratrain.models.presets import get_preset
+    from ratrain.sim.profile import load_profile
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama2-7b")
     ap.add_argument("--profile", default="mt3000")
-    ap.add_argument("--devices", default="8,16,32,64,128,256,512,1024",
+    ap.add_argument("--devices", type=_sizes, default="8,16,32,64,128,256,512,1024",
                     help="comma-separated cluster sizes")
-    ap.add_argument("--studies", default="weak,strong")
+    ap.add_argument("--studies", type=_studies, default="weak,strong")
     ap.add_argument("--sequences-per-device", type=int, default=1,
                     help="weak scaling: sequences a step per device")
     ap.add_argument("--strong-batch", type=int, default=1024,
@@ -235,47 +259,57 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=20e9, help="bytes per device")
     ap.add_argument("--time-limit", type=float, default=60.0,
                     help="seconds per search before it returns its best unproven plan")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/scaling.json"))
-    ap.add_argument("--plot", default=str(ROOT / "docs/scaling.png"), help="'' for none")
+    ap.add_argument("--out", help="the JSON [default: bench/results/scaling.json]")
+    ap.add_argument("--plot", help="'' for none [default: beside --out, as .png; "
+                                   "docs/scaling.png for the default --out]")
     ap.add_argument("--replot", action="store_true",
                     help="no search: redraw the table and plot from the JSON at --out")
     args = ap.parse_args()
+    out, png = outputs(args.out, args.plot, ROOT / "bench/results/scaling.json",
+                       ROOT / "docs/scaling.png")
     if args.replot:
-        result = json.loads(Path(args.out).read_text())
-        if args.plot:
-            plot(result, Path(args.plot))
-        print(report(result))
-        return
-    sizes = [int(x) for x in args.devices.split(",")]
-    studies = [s for s in args.studies.split(",") if s]
-    if any(s not in ("weak", "strong") for s in studies):
-        raise SystemExit("--studies: weak and/or strong")
+        if not out.is_file():
+            ap.error(f"--replot: --out {out} does not exist")
+        result = json.loads(out.read_text())
+    else:
+        try:
+            get_preset(args.model)  # refused before the first search, not during it
+            load_profile(args.profile)
+            result = study(args)
+        except UserError as e:
+            ap.exit(2, f"error: {e}\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}")
+    if png:
+        plot(result, png)
+        print(f"wrote {png}")
+    print(report(result))
+
+
+def study(args) -> dict:
+    """Every study's searches at every size for both policies, with their efficiencies."""
     rows = []
-    for study in studies:
-        for devices in sizes:
+    for name in args.studies:
+        for devices in args.devices:
             for policy in POLICIES:
-                row = plan_at(study, devices, policy, args)
+                row = plan_at(name, devices, policy, args)
                 rows.append(row)
                 got = (f"{row['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in row
                        else "nothing fits")
-                print(f"{study} {devices} {policy}: {got} (search {row['search_s']:.1f} s)",
+                print(f"{name} {devices} {policy}: {got} (search {row['search_s']:.1f} s)",
                       file=sys.stderr, flush=True)
     efficiencies(rows)
-    result = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "machine": machine(),
-              "simulated": True,
-              "note": "predictions of the simulator on the profile's assumed figures; "
-                      "nothing was measured on an MT-3000",
-              "settings": {"model": args.model, "profile": args.profile, "devices": sizes,
-                           "sequences_per_device": args.sequences_per_device,
-                           "strong_batch": args.strong_batch, "seq_len": args.seq_len,
-                           "dtype": args.dtype, "budget_bytes": args.budget,
-                           "time_limit_s": args.time_limit},
-              "studies": studies, "paper": PAPER, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    if args.plot:
-        plot(result, Path(args.plot))
-    print(report(result))
+    return {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "machine": machine(),
+            "simulated": True,
+            "note": "predictions of the simulator on the profile's assumed figures; "
+                    "nothing was measured on an MT-3000",
+            "settings": {"model": args.model, "profile": args.profile, "devices": args.devices,
+                         "sequences_per_device": args.sequences_per_device,
+                         "strong_batch": args.strong_batch, "seq_len": args.seq_len,
+                         "dtype": args.dtype, "budget_bytes": args.budget,
+                         "time_limit_s": args.time_limit},
+            "studies": args.studies, "paper": PAPER, "rows": rows}
 
 
 if __name__ == "__main__":

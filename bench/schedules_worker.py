@@ -24,7 +24,8 @@ from ratrain.data.tokenizer import load_tokenizer
 from ratrain.models.llama import build_units, lm_loss
 from ratrain.runtime.engine import PipelineEngine
 from ratrain.schedule.grid import RankGrid
-from ratrain.runtime.launch import exit_without_teardown, record_failure
+from ratrain.runtime.launch import exit_without_teardown
+from ratrain.runtime.worker_errors import record_failure
 from ratrain.runtime.process_groups import init_groups
 from ratrain.runtime.trace import Tracer
 from ratrain.data.replica import make_data

@@ -2,7 +2,8 @@
 
 The file is the first 300 standard-library files repeated to --size-mb; the tokenizer a
 byte-level BPE of 4,096 words trained on 50 of them. Each --src (a checkout's src/, to set
-one version beside another) runs in a fresh process.
+one version beside another) runs in a fresh process, which says which ratrain it imported: a
+ratrain from outside that --src is a failed measurement, and any failed one makes the exit 1.
 
     python bench/tokenize_large.py --size-mb 20 --src /tmp/old/src --src src
 """
@@ -18,6 +19,8 @@ from pathlib import Path
 
 MEASURE = """
 import resource, sys, time
+import ratrain
+print(ratrain.__file__)
 from ratrain.config import DataConfig
 from ratrain.data.tokenizer import load_tokenizer
 from ratrain.data.tokens import load_tokens
@@ -34,6 +37,9 @@ def main() -> int:
     ap.add_argument("--size-mb", type=float, default=20)
     ap.add_argument("--src", action="append", required=True, help="a src/ directory to measure")
     args = ap.parse_args()
+    for src in args.src:
+        if not (Path(src) / "ratrain").is_dir():
+            ap.error(f"--src {src} has no ratrain/ package: give a checkout's src/ directory")
     from ratrain.data.corpus import stdlib_files
     from ratrain.data.tokenizer import train_bpe
 
@@ -48,14 +54,26 @@ def main() -> int:
         tokenizer = Path(tmp, "tokenizer.json")
         train_bpe(files[:50], 4096, tokenizer)
         print(f"{(corpus / 'corpus.txt').stat().st_size / 1e6:.0f} MB file")
+        failed = 0
         for i, src in enumerate(args.src):
             proc = subprocess.run([sys.executable, "-c", MEASURE, str(corpus), f"{tmp}/cache{i}",
                                    str(tokenizer)], capture_output=True, text=True,
                                   env={**os.environ, "PYTHONPATH": str(Path(src).resolve())})
-            said = proc.stdout.strip() or f"failed (exit {proc.returncode}): {proc.stderr[-200:]}"
+            said = measured(proc, Path(src))
+            failed += said.startswith("failed")
             print(f"{src}: {said}")
-    return 0
+    return 1 if failed else 0
 
+
+def measured(proc: subprocess.CompletedProcess, src: Path) -> str:
+    """The measurement MEASURE printed, or why it is none: it failed, or it measured a ratrain
+    from elsewhere (an installed one ahead of PYTHONPATH) under `src`'s name."""
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or len(lines) != 2:
+        return f"failed (exit {proc.returncode}): {proc.stderr[-200:]}"
+    if not Path(lines[0]).resolve().is_relative_to(src.resolve()):
+        return f"failed: it imported {lines[0]}, not the ratrain under {src}"
+    return lines[1]
 
 if __name__ == "__main__":
     sys.exit(main())

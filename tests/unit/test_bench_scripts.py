@@ -1,6 +1,7 @@
-"""bench/scaling.py, bench/correctness.py, bench/fsdp.py, bench/grad_lifetime.py and
-bench/sim_breakdown.py: their arithmetic, tables, plots and command lines on small inputs (no
-training runs; one real planner search of a size that takes a fraction of a second)."""
+"""bench/scaling.py, bench/correctness.py, bench/fsdp.py, bench/grad_lifetime.py,
+bench/sim_breakdown.py and bench/low_bandwidth_report.py: their arithmetic, tables, plots, where
+they write them, and command lines on small inputs (no training runs; one real planner search of
+a size that takes a fraction of a second)."""
 
 from __future__ import annotations
 
@@ -252,3 +253,50 @@ def test_the_host_gradient_update_bench_times_both_paths_and_puts_the_gpu_flag_b
         times = result[path]["median_s"]
         assert times["float32"] > 0 and result[path]["bf16_over_fp32"] == pytest.approx(
             times["bfloat16"] / times["float32"])
+
+
+def test_a_figure_goes_beside_an_out_given_and_a_scaling_replot_says_what_it_wrote(
+        tmp_path, monkeypatch, capsys):
+    import json
+
+    outputs = load_bench("outputs").outputs
+    default = (Path("bench/results/r.json"), Path("docs/r.png"))
+    assert outputs(None, None, *default) == default
+    assert outputs("/tmp/x.json", None, *default) == (Path("/tmp/x.json"), Path("/tmp/x.png"))
+    assert outputs("/tmp/x.json", "", *default) == (Path("/tmp/x.json"), None)
+    assert outputs(None, "/tmp/p.png", *default) == (default[0], Path("/tmp/p.png"))
+    rows = [_row("weak", 16, "ratrain", 1600.0), _row("weak", 32, "ratrain", 2880.0)]
+    scaling.efficiencies(rows)
+    (tmp_path / "s.json").write_text(json.dumps(_result(rows)))
+    monkeypatch.setattr("sys.argv", ["scaling.py", "--replot", "--out", str(tmp_path / "s.json")])
+    scaling.main()
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    assert f"wrote {tmp_path / 's.png'}" in capsys.readouterr().out
+
+
+def _link_run(sync, tps, invocation=None, steps=150):
+    run = {"rate": "50mbit", "pp": 1, "sync": sync, "steps": steps, "tokens_per_s": tps,
+           "tokens_per_step": 1024, "loss": [3.0] * steps, "val_loss": {str(steps): 2.0},
+           "bytes_at_step": [9] * steps, "wall_at_step": [float(i) for i in range(steps)],
+           "wall_s": 1.0}
+    return {**run, "invocation_utc": invocation} if invocation else run
+
+
+def test_low_bandwidth_ratios_pair_runs_of_one_invocation_and_the_figure_follows_out(
+        tmp_path, capsys):
+    import json
+
+    lb, report = load_bench("low_bandwidth"), load_bench("low_bandwidth_report")
+    results = [_link_run("step", 100.0, "T1"), _link_run("diloco:50", 300.0, "T1"),
+               _link_run("step", 50.0, "T2"), _link_run("diloco:10", 400.0, "T3")]
+    got = {r["run"]["invocation_utc"]: r["speedup"] for r in report.rows(results)
+           if r["run"]["sync"] != "step"}
+    assert got == {"T1": 3.0, "T3": None}  # not T2's slower sync run; T3 had none
+    text = report.table(report.rows(results))
+    assert "| x sync (this invocation's) |" in text and "| diloco:10  | 150 | 400 | - |" in text
+    legacy = report.table(report.rows([_link_run("step", 100.0), _link_run("diloco:50", 300.0)]))
+    assert "x sync (invocation not recorded" in legacy and "| **3.00** |" in legacy
+    (tmp_path / "lb.json").write_text(json.dumps(results))
+    assert lb.main(["--report", "--out", str(tmp_path / "lb.json")]) == 0
+    assert (tmp_path / "lb.png").stat().st_size > 10_000
+    assert f"wrote {tmp_path / 'lb.png'}" in capsys.readouterr().out

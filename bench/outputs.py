@@ -1,0 +1,16 @@
+"""Where a bench script writes its results file (--out) and its figure (--plot): a run sent
+elsewhere with --out leaves the committed results and docs/ figures alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def outputs(out: str | Path | None, plot: str | Path | None, default_out: Path,
+            default_plot: Path) -> tuple[Path, Path | None]:
+    """(results file, figure or None): --out, else `default_out`; --plot ('' for none), else
+    beside the --out given (its name, .png), else `default_plot`."""
+    result = Path(out) if out else default_out
+    if plot is not None:
+        return result, Path(plot) if str(plot) else None
+    return result, result.with_suffix(".png") if out else default_plot
