@@ -11,6 +11,9 @@ import torch
 
 from ratrain import file_modes
 from ratrain.checkpoint.store import write_unit
+from ratrain.models.hf import save_hf
+from ratrain.models.llama import build_units
+from ratrain.models.presets import PRESETS
 
 
 @pytest.fixture
@@ -32,3 +35,10 @@ def test_a_checkpoints_weights_have_the_mode_of_a_file_made_here(tmp_path, group
     written = write_unit(tmp_path, 0, {"weights": {"w": torch.ones(2)}, "optim": None})
     assert _mode(plain) == 0o644
     assert written and all(_mode(tmp_path / name) == 0o644 for name in written)
+
+
+def test_an_exports_weights_have_the_mode_of_its_config(tmp_path, group_readable):
+    model = PRESETS["tiny"]
+    out = save_hf(build_units(model, 0), model, tmp_path / "hf")
+    assert _mode(out / "config.json") == 0o644
+    assert _mode(out / "model.safetensors") == 0o644

@@ -108,7 +108,7 @@ def _refuse_run_dir_out(run_dir: Path, cfg: RunConfig, out: Path) -> None:
 @click.option("--out", type=click.Path(), required=True, help="Output directory (config.json + model.safetensors, the run's tokenizer as tokenizer.json + tokenizer_config.json).")
 @click.option("--replica", type=int, help="--sync diloco runs: this replica's own weights (its island's, with islands) instead of the outer parameters (the replicas' last outer sync).")
 @click.option("--checkpoint-dir", type=click.Path(), help="Where the run's checkpoints are, if not where its config.yaml says (moved since).")
-@click.option("--tokenizer", "tokenizer_spec", help="The run's tokenizer, if not where its config.yaml says (moved since), or of a run on pre-tokenized .bin ids: 'byte' or a tokenizer.json (or a directory holding one).")
+@click.option("--tokenizer", "tokenizer_spec", help="The run's tokenizer, if not where its config.yaml says (moved since), or of a run on pre-tokenized .bin ids: 'byte' or a tokenizer.json (or a directory holding one). Another than the run's is refused.")
 def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | None,
            tokenizer_spec: str | None) -> None:
     """Export a run's newest checkpoint that verifies as a Hugging Face model directory, with
@@ -122,14 +122,14 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     from ratrain.models.hf import check_export_dir, save_hf
     from ratrain.models.hf_files import refuse_other_files
     from ratrain.models.llama import build_units
+    from ratrain.cli.export_checks import baichuan_note, export_tokenizer
     from ratrain.training.run_dir import resume_point
-    from ratrain.training.run_tokenizer import kept_tokenizer
 
     refuse_unwritable_dir(out, "the export")  # before the checkpoint is read and hashed
     check_export_dir(out)  # (minutes at 7B)
     cfg = run_config(run_dir)
-    tokenizer_spec = tokenizer_spec or kept_tokenizer(run_dir)  # the file it trained with
-    tok = _run_tokenizer(cfg, tokenizer_spec, f"ratrain export {run_dir} --out {out}")
+    tok = export_tokenizer(cfg, Path(run_dir), tokenizer_spec,
+                           f"ratrain export {run_dir} --out {out}")
     if checkpoint_dir:
         cfg.train.checkpoint_dir = checkpoint_dir
     _refuse_run_dir_out(Path(run_dir), cfg, Path(out))
@@ -175,6 +175,8 @@ def export(run_dir: str, out: str, replica: int | None, checkpoint_dir: str | No
     click.echo(f"tokenizer: {tok}" if tok else f"tokenizer: none written: {run_dir} trained on "
                f"pre-tokenized ids ({cfg.data.path}), whose tokenizer ratrain does not know; "
                "--tokenizer FILE writes it")
+    if note := baichuan_note(cfg):
+        click.echo(note, err=True)
 
 
 def _written(cfg: RunConfig, tok, dtype) -> dict[str, bytes]:
@@ -215,28 +217,6 @@ def _outer_said(sync: str, meta: dict) -> str:
                 "replica's trained weights)")
     return (" (the outer parameters: the replicas' last outer sync; --replica R exports a "
             "replica's own weights)")
-
-
-def _run_tokenizer(cfg: RunConfig, given: str | None, again: str):
-    """The ExportTokenizer of the tokenizer the run trained with (`given`: the one named by
-    --tokenizer), checked before the checkpoint is read; None for a run on a .bin of ids
-    under the default tokenizer, which is no claim about where the ids came from."""
-    from ratrain.data.tokenizer import check_fits, load_tokenizer
-    from ratrain.data.tokens import is_token_file
-    from ratrain.data.hf_tokenizer import ExportTokenizer
-
-    spec = given or cfg.data.tokenizer
-    if given is None and spec == "byte" and is_token_file(cfg.data.path):
-        return None
-    try:
-        found = load_tokenizer(spec)
-    except UserError as e:
-        if given is not None:
-            raise
-        raise UserError(f"{e}; the run's config.yaml names it as its tokenizer: if it moved, "
-                        f"export with `{again} --tokenizer FILE`") from None
-    check_fits(found, cfg.model.vocab_size)
-    return ExportTokenizer(found)
 
 
 @cli.command("merge-parts")

@@ -3,7 +3,9 @@ tokenizer_config.json) for the tokenizer a run trained with, and the bos/eos ids
 models/hf_files.write_config gives config.json and generation_config.json.
 
 A run's tokenizer.json is copied as it is, except for a post-processor that adds tokens (a
-BOS): the run never applied it, so the copy has none. ratrain's byte tokenizer has no file of
+BOS): the run never applied it, so the copy has none. The chat template and pad token of the
+tokenizer_config.json (or chat_template.jinja) beside it are kept; ratrain's own bos, eos and
+split_special_tokens replace the rest of that file. ratrain's byte tokenizer has no file of
 its own; it is written as an equivalent byte-level BPE without merges (ids 0-255 the bytes, 256
 the end of a document), which encodes every text to the ids ByteTokenizer gives.
 """
@@ -36,6 +38,7 @@ class ExportTokenizer:
         # is what preceded every document (GPT-2's bos = eos); None is written as null, else
         # transformers' LlamaConfig assumes bos 1 and eos 2, which are text here
         self.token_ids = {"bos_token_id": bos, "eos_token_id": eos}
+        self.kept = _kept_settings(tokenizer, self._hf)
 
     def write(self, out: Path, max_len: int) -> None:
         """tokenizer.json and tokenizer_config.json into `out` (a directory that exists)."""
@@ -61,6 +64,7 @@ class ExportTokenizer:
         for key, i in self.token_ids.items():
             if i is not None:
                 config[key.removesuffix("_id")] = self._hf.id_to_token(i)
+        config.update(self.kept)
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def __str__(self) -> str:
@@ -70,8 +74,33 @@ class ExportTokenizer:
                 else str(self.tokenizer))
         dropped = (f"; written without its post-processor, which adds {' '.join(self.dropped)}"
                    " (the run did not apply it)" if self.dropped else "")
+        kept = ", ".join(("its chat template" if key == "chat_template" else f"pad token {value}")
+                         for key, value in self.kept.items())
         return what + (f", end of document {self._hf.id_to_token(eos)} = id {eos}"
-                       if eos is not None else ", no end-of-document token") + dropped
+                       if eos is not None else ", no end-of-document token") + dropped + (
+                           f"; with {kept}" if kept else "")
+
+
+def _kept_settings(tokenizer: Tokenizer, parsed) -> dict:
+    """The chat template and pad token of the tokenizer_config.json (and chat_template.jinja)
+    beside a tokenizer.json (the run's copies of them: training/run_tokenizer.BESIDE), which
+    transformers reads there; a pad token the vocabulary lacks is left out."""
+    if not isinstance(tokenizer, HFTokenizer) or tokenizer.path.name != "tokenizer.json":
+        return {}
+    where = tokenizer.path.parent
+    try:
+        config = json.loads((where / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):  # none, or not JSON: nothing to keep
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    jinja = where / "chat_template.jinja"
+    template = jinja.read_text() if jinja.is_file() else config.get("chat_template")
+    pad = config.get("pad_token")
+    pad = pad.get("content") if isinstance(pad, dict) else pad  # (an AddedToken's fields)
+    kept = {"chat_template": template} if template else {}
+    if isinstance(pad, str) and parsed.token_to_id(pad) is not None:
+        kept["pad_token"] = pad
+    return kept
 
 
 def _parsed(tokenizer: HFTokenizer):

@@ -20,8 +20,10 @@ from torch import nn
 
 from ratrain.config import ModelConfig
 from ratrain.errors import UserError
+from ratrain.file_modes import with_usual_mode
 from ratrain.models.hf_files import check_export_dir, lacks, sources, tensor_files, write_config
 from ratrain.models.hf_keys import in_hf_keys
+from ratrain.models.hf_values import DEFAULT_MAX_POSITIONS, num_field, rope_fields
 from ratrain.models.llama import hf_param_name
 
 LLAMA, QWEN2, BAICHUAN = "LlamaForCausalLM", "Qwen2ForCausalLM", "BaichuanForCausalLM"
@@ -68,7 +70,7 @@ def config_from_hf(dir_or_config_json: str | Path,
 
     def num(key: str, kind: type = int, default=None, src: dict = d, nullable: bool = False,
             within: str = ""):
-        return _num(path, src, key, kind, default, nullable, f"{within}{key}")
+        return num_field(path, src, key, kind, default, nullable, f"{within}{key}")
 
     def refuse(what: str) -> None:
         raise UserError(f"{path}: {what} is not supported")
@@ -76,7 +78,7 @@ def config_from_hf(dir_or_config_json: str | Path,
     dim, n_heads = num("hidden_size"), num("num_attention_heads")
     if d.get("head_dim") not in (None, dim // max(n_heads, 1)):
         refuse(f"head_dim {d['head_dim']} != hidden_size / num_attention_heads")
-    if d.get("hidden_act", "silu") != "silu":
+    if d.get("hidden_act", "silu") not in ("silu", "swish"):  # one function (transformers' ACT2FN)
         refuse(f"hidden_act {d['hidden_act']!r}")
     if d.get("mlp_bias"):
         refuse("mlp_bias")
@@ -102,17 +104,20 @@ def config_from_hf(dir_or_config_json: str | Path,
             norm_head=bool(d.get(_NORM_HEAD_KEY, fields["vocab_size"] == _BAICHUAN2_VOCAB)),
             max_seq_len=max_len,
             # our exports of RoPE models with Llama 3's scaling write it as for LLaMA
-            **_rope(d, refuse, num, max_len),
+            **rope_fields(d, refuse, num, max_len),
         )
     else:
         if arch == LLAMA and d.get("attention_bias"):
             refuse("attention_bias (it also biases o_proj)")
         if arch == QWEN2 and d.get("use_sliding_window"):
             refuse("use_sliding_window")
-        max_len = num("max_position_embeddings")
+        max_len = num("max_position_embeddings", default=DEFAULT_MAX_POSITIONS[arch])
+        if "max_position_embeddings" not in d:  # (refused until 2026-12-04)
+            (warn or _warn_on_stderr)(f"{path} lacks max_position_embeddings: taking {max_len}, "
+                                      f"transformers' default for {arch}")
         fields.update(
             max_seq_len=max_len,
-            **_rope(d, refuse, num, max_len),
+            **rope_fields(d, refuse, num, max_len),
             qkv_bias=arch == QWEN2,  # Qwen2 always biases q/k/v (and nothing else)
         )
     cfg = ModelConfig(**fields)
@@ -135,45 +140,6 @@ def config_from_hf(dir_or_config_json: str | Path,
 
 def _warn_on_stderr(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
-
-
-def _num(path: Path, src: dict, key: str, kind: type, default, nullable: bool, label: str):
-    """src[key], an integer (kind int) or any number (float); absent (or null, where nullable):
-    `default`, refused where that is None. A string or null is named, not cast: "1e-5"
-    compared as a number failed deep inside the model's checks."""
-    value = src.get(key)
-    if value is None and (key not in src or nullable):
-        if default is None:
-            raise UserError(f"{path} lacks {label!r}")
-        return default
-    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
-        want = "an integer" if kind is int else "a number"
-        raise UserError(f"{path}: {label} is {json.dumps(value)}, expected {want}")
-    return kind(value)
-
-
-def _rope(d: dict, refuse, num, max_len: int) -> dict:
-    """The RoPE fields of ModelConfig: theta, and Llama 3's scaling (rope_type "llama3")."""
-    # transformers 5 nests RoPE settings under rope_parameters; older configs keep rope_theta
-    # at top level and scaling under rope_scaling.
-    for key in ("rope_scaling", "rope_parameters"):
-        if not isinstance(d.get(key), dict | None):
-            refuse(f"{key} {json.dumps(d[key])} (not an object)")
-    params = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
-    kind = params.get("rope_type") or params.get("type") or "default"
-    if kind not in ("default", "llama3"):
-        refuse(f"RoPE scaling {kind!r}")
-    within = ("rope_parameters" if d.get("rope_parameters") else "rope_scaling") + "."
-    theta = (num("rope_theta", float, src=params, within=within) if "rope_theta" in params
-             else num("rope_theta", float, 10000.0))
-    out = {"rope_theta": theta}
-    if kind == "llama3":
-        out.update({field: num(key, float, src=params, within=within) for field, key in (
-            ("rope_factor", "factor"), ("rope_low_freq_factor", "low_freq_factor"),
-            ("rope_high_freq_factor", "high_freq_factor"))},
-            rope_original_max_len=num("original_max_position_embeddings", int, max_len,
-                                      src=params, nullable=True, within=within))
-    return out
 
 
 # --- weights ------------------------------------------------------------------------------------
@@ -216,7 +182,7 @@ def load_hf_weights(
     }
     direct, packed, missing = sources(needed, where)
     if missing:
-        raise lacks(path, missing)
+        raise lacks(path, missing, where)
 
     tensors = _read(where, direct)
     q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
@@ -317,6 +283,7 @@ def save_hf(model_or_units: nn.Module | Iterable[nn.Module], cfg: ModelConfig,
             tensors[prefix + "W_pack.weight"] = torch.cat(qkv)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    with_usual_mode(out / "model.safetensors")  # (safetensors makes it 0600)
     dtype = tensors["model.embed_tokens.weight"].dtype
     write_config(out, hf_config(cfg, dtype), token_ids or {})
     return out

@@ -93,13 +93,21 @@ def sources(needed: Iterable[str], where: dict[str, Path]) -> tuple[list[str], s
     return direct, packed, missing
 
 
-def lacks(path: Path, missing: list[str]) -> UserError:
+def lacks(path: Path, missing: list[str], found: Iterable[str]) -> UserError:
+    """The refusal of checkpoint `path`, whose tensors are `found`, for lacking `missing`."""
     said = (f"checkpoint {path} lacks {counted(len(missing), 'tensor')} the model needs, "
             f"e.g. {', '.join(missing[:3])}")
-    if _HEAD in missing:  # a tied model's weights (transformers saves no lm_head for those)
+    prefixed = dict.fromkeys(f"model.{n}" for n in found)
+    if missing == [_HEAD]:  # a tied model's weights (transformers saves no lm_head for those)
         said += ("; the model's head is untied (tie_word_embeddings: false in config.json), "
                  "likely the cause where the weights are a tied model's: set "
                  "tie_word_embeddings to true to train the head as the embedding")
+    elif sources([n for n in missing if n != _HEAD], prefixed)[2] == []:
+        # (the tied hint fired here until 2026-12-04, though tying adds no model. prefix)
+        said += ("; its tensors are a base model's (LlamaModel: names without the model. "
+                 "prefix, and no lm_head): ratrain reads a causal LM's (LlamaForCausalLM); "
+                 "save one, e.g. AutoModelForCausalLM.from_pretrained(dir).save_pretrained(new), "
+                 "which adds the head (a new one where untied)")
     return UserError(said)
 
 
@@ -123,7 +131,7 @@ def check_weights(path: Path, cfg: ModelConfig) -> list[str] | None:
                   for u in build_units(cfg, 0) for local, p in u.named_parameters()}
     direct, packed, missing = sources(shapes, info)
     if missing:
-        raise lacks(path, missing)
+        raise lacks(path, missing, info)
     for name in direct:
         if info[name][1] != shapes[name]:
             raise UserError(f"{name} in {path} has shape {info[name][1]}, model expects "

@@ -9,18 +9,19 @@ import shutil
 from pathlib import Path
 
 from ratrain.training.run_checkpoints import summed_up_at
-from ratrain.training.run_tokenizer import COPY
+from ratrain.training.run_tokenizer import BESIDE, COPY
 
 
 def copy_run_files(main: Path, out: Path, step: int) -> str | None:
     """Into the merged run `out`, from rank 0's node's run directory `main` (only rank 0 writes
     them): plan.json, metrics.jsonl and the run's tokenizer copy (which export and a resume
-    take where the original moved); where `step` is the run's end, summary.json (its run_dir
-    made `out`'s) and trace.json (both of every rank: rank 0 gathers them). Until 2026-12-04
-    only plan.json and metrics.jsonl came along: the merged run's export and resume failed once
-    the original tokenizer moved, and `ratrain report` said a finished run did not reach its
-    end. Returns why summary.json and trace.json were left out, where they were."""
-    for name in ("plan.json", "metrics.jsonl", COPY):
+    take where the original moved), with its tokenizer_config.json and chat template where
+    kept; where `step` is the run's end, summary.json (its run_dir made `out`'s) and
+    trace.json (both of every rank: rank 0 gathers them). Until 2026-12-04 only plan.json and
+    metrics.jsonl came along: the merged run's export and resume failed once the original
+    tokenizer moved, and `ratrain report` said a finished run did not reach its end. Returns
+    why summary.json and trace.json were left out, where they were."""
+    for name in ("plan.json", "metrics.jsonl", COPY, *BESIDE):
         if (main / name).is_file():
             shutil.copy2(main / name, out / name)
     end = summed_up_at(main)

@@ -14,6 +14,9 @@ from ratrain.config import RunConfig
 from ratrain.errors import UserError
 
 COPY = "tokenizer.json"
+# Its directory's files that transformers reads beside it, kept with the copy: the export
+# writes their chat template and pad token (lost until 2026-12-04: the run kept neither)
+BESIDE = ("tokenizer_config.json", "chat_template.jinja")
 
 
 def kept_tokenizer(run_dir: str | Path) -> str | None:
@@ -48,9 +51,19 @@ def keep_run_tokenizer(run_dir: Path, cfg: RunConfig, resumed: bool) -> None:
     elif source is not None and int(os.environ.get("RANK", 0)) == 0:
         copy = run_dir / COPY
         if not (copy.exists() and copy.samefile(source)):  # resumed from the copy itself
-            part = copy.with_name(f".{COPY}.{os.getpid()}.part")
-            shutil.copyfile(source, part)
-            os.replace(part, copy)
+            _copy(source, copy)
+            for name in BESIDE:  # (a run started over drops the last tokenizer's)
+                beside = source.parent / name
+                if source.name == COPY and beside.is_file():
+                    _copy(beside, run_dir / name)
+                else:
+                    (run_dir / name).unlink(missing_ok=True)
+
+
+def _copy(source: Path, to: Path) -> None:
+    part = to.with_name(f".{to.name}.{os.getpid()}.part")
+    shutil.copyfile(source, part)
+    os.replace(part, to)
 
 
 def tokenizer_file(spec: str) -> Path | None:
