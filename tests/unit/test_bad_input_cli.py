@@ -155,7 +155,7 @@ def test_a_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(
 
 def test_resume_auto_refuses_another_run_in_the_same_directory(monkeypatch, capsys, tmp_path):
     run = _trained_run(monkeypatch, capsys, tmp_path)
-    _refused(monkeypatch, capsys, "was started with train.lr = 0.003, this run has 0.01",
+    _refused(monkeypatch, capsys, "was started with other settings: --lr 0.003 (this command: 0.01)",
              "train", "--config", str(small_config(tmp_path)), "--lr", "0.01", "--run-dir", str(run),
              "--resume", "auto", "--steps", "4", "--no-progress")
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(small_config(tmp_path)),

@@ -77,8 +77,8 @@ def test_a_resume_may_change_eval_batches_but_not_the_split(monkeypatch, capsys,
     again.train.eval_batches = 2
     check_same_run(again, run)
     again.data.val_fraction = 0.1
-    with pytest.raises(UserError, match=r"was started with data.val_fraction = 0.05, this run "
-                                        r"has 0.1"):
+    with pytest.raises(UserError, match=r"was started with other settings: --val-fraction 0.05 "
+                                        r"\(this command: 0.1\)"):
         check_same_run(again, run)
 
 

@@ -469,13 +469,18 @@ def test_a_tokenizer_json_beside_the_model_is_said_to_be_unused(tmp_path, capsys
     assert capsys.readouterr().err == ""
 
 
-def test_a_tokenizer_flag_silences_the_unused_tokenizer_warning(tmp_path, monkeypatch, capsys):
+def test_plan_reads_no_tokenizer_and_says_nothing_of_one(tmp_path, monkeypatch, capsys):
+    """(`train` warns of a directory's unused tokenizer.json: resolved's test above.) `plan`
+    reads no tokenizer: it does not warn of one, and --tokenizer is train's (until 2026-12-04
+    plan took it and its plan file dropped it, and after that it warned of a tokenizer it then
+    refused the flag for)."""
     from .cli_runner import run_cli
 
     d = hf_dir(tmp_path / "hf", vocab_size=300)
     (d / "tokenizer.json").write_text("{}")
     plan = ("plan", "--model", str(d), "--seq-len", "32", "--global-batch", "4")
-    for flags, warned in (((), True), (("--tokenizer", "byte"), False)):
-        code, _, err = run_cli(monkeypatch, capsys, *plan, *flags)
-        assert code == 0, err
-        assert ("its tokenizer.json is not used" in err) == warned
+    code, _, err = run_cli(monkeypatch, capsys, *plan)
+    assert code == 0, err
+    assert "tokenizer" not in err, err
+    code, _, err = run_cli(monkeypatch, capsys, *plan, "--tokenizer", str(d / "tokenizer.json"))
+    assert code == 2 and "give it to `ratrain train --plan FILE`" in err, err

@@ -54,7 +54,8 @@ def test_the_same_command_again_on_a_finished_run_says_so_and_exits_0(monkeypatc
 def test_a_finished_run_under_another_command_is_refused_as_before(monkeypatch, capsys, tmp_path):
     command = _finished_run(monkeypatch, capsys, tmp_path)
     code, err = _train(monkeypatch, capsys, *command, "--lr", "0.5")
-    assert code == 2 and "--resume auto: run was started with train.lr" in err, err
+    assert code == 2 and ("--resume auto: run was started with other settings: --lr 0.003 "
+                          "(this command: 0.5)") in err, err
 
 
 def test_an_explicit_resume_of_a_finished_run_says_the_same_line_and_exits_0(monkeypatch, capsys,

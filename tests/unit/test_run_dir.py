@@ -136,7 +136,7 @@ def test_every_way_of_resuming_holds_the_same_settings_fixed(tmp_path):
         opts = dict.fromkeys([*_FIELDS, "model", "config_file", "partition"])
         opts.update(changed)
         if fixed:
-            with pytest.raises(UserError, match="was started with train"):
+            with pytest.raises(UserError, match="was started with other settings: --"):
                 check_same_run(again, run)
             with pytest.raises(UserError, match="cannot change --"):
                 build_config(opts, str(run))

@@ -27,13 +27,18 @@ def resolve_model(spec: str, cfg: RunConfig, tokenizer: str | None = None) -> No
 
     path = Path(spec)
     cfg.train.init_from = None  # --model decides the weights, not a --config's leftover
+    if spec in PRESETS and path.is_dir():  # the directory replaced the preset, unsaid
+        raise UserError(f"--model {spec} is both a preset and a directory here: --model "
+                        f"./{spec} for the directory")
     if path.is_dir():
         from ratrain.models.hf import config_from_hf
         from ratrain.models.hf_files import check_weights, unused_line
         from ratrain.models.hf_start import random_weights_note, unread_weights
 
         cfg.model = config_from_hf(path)
-        if (tokenizer is None and cfg.data.tokenizer == "byte"
+        ctx = click.get_current_context(silent=True)  # (plan and simulate read no tokenizer)
+        if (tokenizer is None and cfg.data.tokenizer == "byte" and (ctx is None or ctx.info_name
+                                                                    == "train")
                 and (path / "tokenizer.json").is_file()):
             click.echo(f"warning: --model {spec}: its tokenizer.json is not used (the byte "
                        f"tokenizer is); --tokenizer {path / 'tokenizer.json'} uses it", err=True)
@@ -141,9 +146,10 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
                  if k in _FIELDS}
         saved["model"] = cfg.model.name  # a preset's name
         given = Path(opts.get("model") or "")
-        if cfg.train.init_from and given.is_dir() and given.resolve() == Path(
-                cfg.train.init_from).resolve():  # the Hugging Face directory it started from
-            saved["model"] = opts["model"]
+        if opts.get("model") and given.is_dir() and (
+                given.resolve() == Path(cfg.train.init_from).resolve() if cfg.train.init_from
+                else _same_model(given, cfg.model)):
+            saved["model"] = opts["model"]  # the Hugging Face directory it started from
         copy = kept_tokenizer(resume_dir)
         changed = [k for k in _FIXED_ON_RESUME
                    if opts.get(k) is not None and not _same_flag(k, saved[k], opts[k], copy)]
@@ -183,6 +189,18 @@ def build_config(opts: dict, resume_dir: str | None = None) -> RunConfig:
             raise UserError(f"--partition must be comma-separated integers, got {opts['partition']!r}") from None
     _fit_micro_batch(cfg, opts)
     return cfg
+
+
+def _same_model(path: Path, model) -> bool:
+    """Whether a --model directory of config.json alone (a run from random weights, which
+    records no train.init_from) is a resumed run's `model`: until 2026-12-04 `--model ./tiny`
+    given again was refused as a change from the model's name, tiny."""
+    import dataclasses
+
+    from ratrain.models.hf import config_from_hf
+
+    return dataclasses.replace(config_from_hf(path, warn=lambda line: None),
+                               name=model.name) == model
 
 
 def _same_flag(key: str, saved, given, run_copy: str | None) -> bool:
@@ -229,6 +247,40 @@ def refuse_idle_outer_flags(cfg: RunConfig, opts: dict) -> None:
             raise UserError(f"{flag} mixes a fragment's outer result into the local weights, "
                             f"which needs fragments: --sync diloco:H:F (this run has --sync "
                             f"{cfg.parallel.sync})")
+
+
+# The shared flags that only training reads: no plan, search or simulated step depends on them,
+# and a plan file does not hold them (planner/plan_file.run_settings). In the flags' order.
+TRAINING_ONLY = ("data", "tokenizer", "steps", "seed", "lr", "warmup_steps", "eval_every",
+                 "eval_batches", "val_fraction", "checkpoint_every")
+
+
+def refuse_training_flags(opts: dict, command: str, why: str, used: tuple = ()) -> None:
+    """The TRAINING_ONLY flags typed for `ratrain COMMAND`, but for those it `used`, refused in
+    one line naming them all, `why` said ({them}: "it" or "them"): until 2026-12-04 `plan` took
+    `--steps 3 --lr 7` and dropped them, and `train --plan` trained 300 steps at the default
+    lr. Only typed flags, as refuse_idle_outer_flags: a --config's training section is the
+    run's to come."""
+    typed = [f"--{key.replace('_', '-')} {_typed(opts[key])}" for key in TRAINING_ONLY
+             if key not in used and opts.get(key) is not None]
+    if typed:
+        them = "it" if len(typed) == 1 else "them"
+        raise UserError(f"`ratrain {command}` does not use {', '.join(typed)}: "
+                        + why.format(them=them))
+
+
+def _typed(value) -> str:
+    """A flag's value as it was likely typed: --lr 7, not click's 7.0."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def flag_of(section: str, key: str) -> str | None:
+    """The flag that sets the config field `section`.`key` ("--data" for data.path); None for
+    a field only a --config sets (train.weight_decay)."""
+    for flag, its_section in _FIELDS.items():
+        if its_section == section and _RENAMED.get(flag, flag) == key:
+            return "--" + flag.replace("_", "-")
+    return None
 
 
 # A resumed run's lifecycle settings that a refusal may name, and how to set each otherwise.

@@ -13,7 +13,8 @@ from ratrain.cli.group import cli
 from ratrain.cli.json_command import JsonCommand
 from ratrain.cli.out_path import (plan_option_files, refuse_overwriting, refuse_unwritable,
                                   remove_stale_options)
-from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
+from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
+                                 refuse_training_flags)
 from ratrain.cli.plan_search import MARGIN, TIME_LIMIT_S, refuse_no_devices
 from ratrain.counts import counted
 from ratrain.errors import UserError
@@ -38,7 +39,7 @@ class _NoPlan(UserError):
 @click.option("--memory-margin", type=float, default=MARGIN, show_default=True, help="Fraction of the budget kept free for allocator fragmentation and library buffers.")
 @click.option("--top", type=int, default=3, show_default=True, help="How many of the fastest plans to list.")
 @click.option("--time-limit", type=float, default=TIME_LIMIT_S, show_default=True, help="Seconds the search may take; past it, the best plan found so far is given and said to be unproven.")
-@click.option("--out", type=click.Path(), help="Write the (best) plan here, with the model and training settings it was made for: `ratrain train --plan FILE` runs it as is.")
+@click.option("--out", type=click.Path(), help="Write the (best) plan here: its layout and memory policies, with the model, sequence length, batch and dtype it was made for, which `ratrain train --plan FILE` runs; the training's other settings (--steps, --lr, --data, ...) are train's flags.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (search: the candidates) as JSON on stdout.")
 def plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margin, top, time_limit,
          out, as_json, **opts) -> None:
@@ -54,10 +55,16 @@ def _plan(profile_spec, devices, memory_budget, host_memory_budget, memory_margi
     refuse_no_devices(devices)
     cfg = build_config(opts)
     refuse_idle_outer_flags(cfg, opts)
+    search = bool(profile_spec or devices is not None or memory_budget or host_memory_budget)
+    # a search's --steps bounds the --sync diloco option's period (low_comm.price)
+    refuse_training_flags(opts, "plan", "a plan file holds the layout, memory policies, model "
+                          "and batch it was made for, not the training's other settings; give "
+                          "{them} to `ratrain train --plan FILE`",
+                          used=("steps",) if search else ())
     if out:  # refused before a search's seconds are spent (the options' files go beside it)
         refuse_unwritable(out, "the plan", "plan.json", make_parents=False)
         refuse_overwriting(out, profile_spec)
-    if profile_spec or devices is not None or memory_budget or host_memory_budget:
+    if search:
         _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
                 memory_margin, top, time_limit, out, as_json)
     else:
@@ -71,7 +78,7 @@ def _show(cfg, out, as_json) -> None:
     from ratrain.planner.plan_file import made_from_preset, run_settings
 
     pipeline_plan = plan_here(cfg)
-    if out:  # with the run it is for, as a searched plan's file: `train --plan` runs it as is
+    if out:  # with the model and batch it is for, as a searched plan's file (`train --plan`)
         _write(out, {**pipeline_plan.to_dict(), "run": run_settings(pipeline_plan, cfg),
                      **made_from_preset(cfg)})
         removed = remove_stale_options(out, [])  # (no search: no option)
@@ -195,14 +202,16 @@ def _search(cfg, opts, profile_spec, devices, memory_budget, host_memory_budget,
         click.echo(low_comm.describe(offer))
     if note:
         click.echo(note)
+    # the file holds no --steps: the command that runs it repeats the search's
+    steps = f" --steps {opts['steps']}" if opts.get("steps") is not None else ""
     if out:
-        click.echo(f"wrote {out}: run it with `ratrain train --plan {out}`")
+        click.echo(f"wrote {out}: run it with `ratrain train --plan {out}{steps}`")
     if out and offer:
         click.echo(f"wrote {offered}: the low-communication option (it changes the algorithm): "
-                   f"`ratrain train --plan {offered}`")
+                   f"`ratrain train --plan {offered}{steps}`")
     if low_grad_file:
         click.echo(f"wrote {low_grad_file}: the bf16-gradient option (it rounds the gradients): "
-                   f"`ratrain train --plan {low_grad_file}`")
+                   f"`ratrain train --plan {low_grad_file}{steps}`")
     if removed:
         click.echo(removed)
 

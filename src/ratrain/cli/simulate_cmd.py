@@ -10,7 +10,8 @@ from ratrain.byte_units import decimal_bytes
 from ratrain.cli.format import other_work_line, range_line, table
 from ratrain.cli.group import cli
 from ratrain.cli.json_command import JsonCommand
-from ratrain.cli.options import build_config, config_options, refuse_idle_outer_flags
+from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
+                                 refuse_training_flags)
 from ratrain.cli.plan_taken import take_plan
 from ratrain.errors import UserError
 
@@ -31,6 +32,8 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     from ratrain.runtime.trace import write_chrome_trace
 
     cfg = build_config(opts)
+    refuse_training_flags(opts, "simulate", "it predicts one step from the model, batch "
+                          "and layout alone; leave {them} out")
     plan_data = take_plan(cfg, plan_file, opts) if plan_file else None
     refuse_idle_outer_flags(cfg, opts)
     from ratrain.cli.plan_search import with_node_memory

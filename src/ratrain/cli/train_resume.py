@@ -6,6 +6,7 @@ wherever it is resumed from; and checkpoint flags that would do nothing."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -154,13 +155,62 @@ def check_same_run(cfg: RunConfig, run_dir: Path, config_file: str | None = None
     changed = changed_settings(saved.to_dict(), cfg.to_dict(), kept_tokenizer(run_dir))
     if not changed:
         return
-    section, key, was, value = changed[0]
     if config_file is None:
-        raise UserError(f"--resume auto: {run_dir} was started with {section}.{key} = "
-                        f"{was!r}, this run has {value!r}; use another --run-dir")
-    raise UserError(f"cannot change {section}.{key} ({was!r} -> {value!r}) when "
-                    f"resuming: --config {config_file} (with the flags given) sets it; "
-                    "start a new run instead")
+        raise UserError(_other_settings(run_dir, saved, cfg, changed))
+    names = ", ".join(f"{section}.{key} ({was!r} -> {value!r})"
+                      for section, key, was, value in changed)
+    raise UserError(f"cannot change {names} when resuming: --config {config_file} (with the "
+                    f"flags given) sets {'it' if len(changed) == 1 else 'them'}; start a new run "
+                    "instead")
+
+
+def _other_settings(run_dir: Path, saved: RunConfig, cfg: RunConfig, changed: list) -> str:
+    """--resume auto's refusal of a command of other settings than the run's: every one, as
+    the flag that gives the run's (until 2026-12-04 only the first, as a config field and a
+    Python repr, "data.path = '/x', this run has None": one retry a difference)."""
+    from ratrain.cli.options import flag_of
+
+    of_model = [c for c in changed if c[0] == "model" or c[:2] == ("train", "init_from")]
+    said = [_model_differs(run_dir, saved, cfg)] if of_model else []
+    for section, key, was, now in changed:
+        if (section, key, was, now) in of_model:
+            continue
+        flag = flag_of(section, key)
+        if flag is None:
+            said.append(f"{section}.{key} {_value(was)} (a --config's; this command: "
+                        f"{_value(now)})")
+        elif flag == "--data" and was is None:
+            said.append(f"no --data: the standard library (this command: {_value(now)})")
+        else:
+            said.append(f"{flag} {_value(was)} (this command: {_value(now, flag)})")
+    way = (f"pass the run's own settings again (--config {run_dir}/config.yaml holds them "
+           "all), or choose another --run-dir")
+    if len(said) <= 2:  # (more: a line each, each flag found at a glance)
+        return (f"--resume auto: {run_dir} was started with other settings: {'; '.join(said)}. "
+                f"{way[0].upper()}{way[1:]}")
+    return (f"--resume auto: {run_dir} was started with other settings; {way}:\n"
+            + "\n".join(f"  {s}" for s in said))
+
+
+def _model_differs(run_dir: Path, saved: RunConfig, cfg: RunConfig) -> str:
+    """The run's model as the --model that gives it (its Hugging Face directory, or its
+    preset); one of a --config's own is its config.yaml's."""
+    from ratrain.models.presets import PRESETS
+
+    here = cfg.train.init_from or cfg.model.name
+    if saved.train.init_from or PRESETS.get(saved.model.name) == saved.model:
+        return f"--model {_value(saved.train.init_from or saved.model.name)} (this command: {here})"
+    return (f"the model of {run_dir}/config.yaml, {saved.model.name} of {saved.model.n_layers} "
+            f"layers, dim {saved.model.dim} (a --config's; this command: {here})")
+
+
+def _value(value, flag: str | None = None) -> str:
+    """A setting's value as a flag takes it (a path quoted where the shell needs it)."""
+    if value is None:
+        return "none, the standard library" if flag == "--data" else "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return shlex.quote(value) if isinstance(value, str) else str(value)
 
 
 def refuse_another_run_dir(resume_dir: str, run_dir: str | None) -> None:
