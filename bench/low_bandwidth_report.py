@@ -125,7 +125,8 @@ def plots(results: list[dict], path: Path) -> None:
                 title="bytes on the link per step (veth counters)")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[1]:  # (no 100 Mbit/s run: nothing to name)
+            ax.legend(fontsize=8)
     axes[0].set_ylim(top=3.0)
     axes[1].set_ylim(top=3.0)
     fig.tight_layout()

@@ -112,6 +112,8 @@ def _two_nodes(corpus, tmp_path: Path, flags: tuple[list[str], list[str]]
      "'diloco:3' on rank 1"),
     ((["--schedule", "1f1b"], ["--schedule", "1f1b", "--pp", "2", "--dp", "1"]),
      "parallel.pp is 1 on rank 0 and 2 on rank 1"),
+    # ... and before the link probe of --schedule auto across nodes, whose layout they are
+    (([], ["--pp", "2", "--dp", "1"]), "parallel.pp is 1 on rank 0 and 2 on rank 1"),
 ])
 def test_nodes_started_with_different_settings_are_refused_on_every_rank(corpus, tmp_path,
                                                                          flags, line):
@@ -132,7 +134,7 @@ def test_nodes_that_differ_only_in_their_own_settings_train(corpus, tmp_path):
 
 def _settings_of_rank(out: str) -> None:
     from ratrain.runtime.process_groups import join_world
-    from ratrain.training.agreed_plan import agreed_config
+    from ratrain.training.agreed_config import agreed_config
 
     rank = int(os.environ["RANK"])
     join_world("gloo", 60.0)

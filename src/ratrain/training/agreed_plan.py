@@ -6,8 +6,8 @@ one busier than another) could choose differently, and ranks running programs th
 match wait on each other until --comm-timeout. Once the world is joined, every rank takes rank
 0's choice, checked against its own node's memory. Likewise only rank 0 verifies the whole
 checkpoint a run resumes from (training/run_dir.resume_point): the others take its choice, and
-its word on whether a run is finished (rank_0s). And every node is started with the same settings
-(agreed_config), but for what names its own files or fits its own machine."""
+its word on whether a run is finished (rank_0s). (The settings every node must share:
+training/agreed_config.py.)"""
 
 from __future__ import annotations
 
@@ -22,40 +22,7 @@ from ratrain.runtime.process_groups import gathered_at_start, join_world
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup import check_memory_fits
 from ratrain.training.prepare import plan_here, this_machine
-from ratrain.training.resume_settings import PATH_FIELDS
-
-CHOSEN = ("schedule", "weight_grad", "micro_batch_group")
-"""What --schedule auto chooses on each rank."""
-
-NODE_LOCAL = PATH_FIELDS | {("data", "cache_dir"), ("train", "checkpoint_dir"),
-                            ("train", "profile"), ("parallel", "threads_per_rank"),
-                            ("parallel", "backend"), ("parallel", "plan_file"),
-                            ("parallel", "comm_timeout_s")}
-"""Settings a node may give otherwise than the others: its own files (their paths; the data's
-content is agreed by agreed_stream), its hardware profile, threads, backend, and how long it
-waits for a peer. The rest is the run's: nodes that differ on it diverged without a word (--lr),
-aborted in gloo (--sync diloco:3 and :4) or waited --comm-timeout (--steps) until 2026-12-04."""
-
-
-def agreed_config(cfg: RunConfig) -> None:
-    """Refused on every rank, naming the first setting that differs from rank 0's (in config
-    order) and where, if the nodes were started with different settings (NODE_LOCAL's aside;
-    CHOSEN's are agreed by `agreed`). Collective: every rank of the world calls it."""
-    mine = {(section, key): value for section, fields in cfg.to_dict().items()
-            for key, value in fields.items()
-            if (section, key) not in NODE_LOCAL and not (section == "parallel" and key in CHOSEN)}
-    settings = gathered_at_start(mine, "the settings' agreement")
-    for field, value in settings[0].items():
-        apart: dict[str, list[int]] = {}
-        for r, theirs in enumerate(settings[1:], 1):
-            if theirs.get(field) != value:
-                apart.setdefault(repr(theirs.get(field)), []).append(r)
-        if apart:
-            where = ", ".join(f"{v} on {_ranks(rs)}" for v, rs in apart.items())
-            raise UserError(f"the nodes were started with different settings: "
-                            f"{'.'.join(field)} is {value!r} on rank 0 and {where} "
-                            "(every node runs the same command)")
-
+from ratrain.training.agreed_config import CHOSEN
 
 def agreed(cfg: RunConfig, plan: PipelinePlan, rank: int) -> PipelinePlan:
     """`plan` where every rank chose as rank 0 did; else, on the ranks that chose otherwise,
@@ -129,19 +96,6 @@ def rank_0s(value, cfg: RunConfig):
     checkpoint): a rank that chose for itself and ended left the others waiting."""
     join_world(cfg.parallel.backend, cfg.parallel.comm_timeout_s)
     return gathered_at_start(value, "rank 0's word on the checkpoint")[0]
-
-
-def _ranks(ranks: list[int]) -> str:
-    """The ranks as a line says them ("rank 2", "ranks 2, 5", "ranks 2-63"): runs of neighbours
-    as ranges, a node's ranks being consecutive."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    spans = [str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
 
 
 def _label(choice: tuple) -> str:

@@ -41,9 +41,11 @@ def measure(cfg: RunConfig) -> MeasuredLinks:
     """The links the layout will use, measured now (collective: every rank calls it)."""
     from ratrain.runtime.link_probe import probe
     from ratrain.runtime.process_groups import join_world
+    from ratrain.training.agreed_config import agreed_config
 
     p, nodes = cfg.parallel, nodes_of(cfg)
     _, device = join_world(p.backend, p.comm_timeout_s)
+    agreed_config(cfg)  # the probe's layout is the settings' (a --pp of one node's hung here)
     found = probe(RankGrid(p.pp, p.dp, p.rank_order), device)
     return MeasuredLinks(nodes, tuple(found.sizes), tuple(map(tuple, found.rings)),
                          tuple(map(tuple, found.hops)), found.seconds)

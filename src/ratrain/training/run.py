@@ -38,7 +38,8 @@ from ratrain.schedule.grid import RankGrid
 from ratrain.schedule.outer_sync import EVERY_STEP
 from ratrain.schedule.plan import PipelinePlan
 from ratrain.setup.plan_file import SEARCHED_PLAN
-from ratrain.training.agreed_plan import agreed, agreed_checkpoint, agreed_config, agreed_stream
+from ratrain.training.agreed_config import agreed_config
+from ratrain.training.agreed_plan import agreed, agreed_checkpoint, agreed_stream
 from ratrain.training.disk_room import check_room_together
 from ratrain.training.loop import Loop
 from ratrain.training.prepare import (is_distributed, meetings_note, plan_here, prepare,
