@@ -170,3 +170,23 @@ def test_a_pipe_or_a_device_is_refused_as_neither_file_nor_directory(tmp_path):
             text_files(path)
         assert str(e.value) == (f"data path {path} is neither a file nor a directory (a pipe "
                                 "or a device): write the data to a file and pass that")
+
+
+def test_files_of_other_suffixes_are_named_and_a_linked_file_is_read_once(tmp_path, capsys,
+                                                                          monkeypatch):
+    """Until 2026-12-04 a README or a .log beside the text was dropped without a word, and a
+    file linked under a second name was trained on twice (and counted twice)."""
+    data = tmp_path / "corpus"
+    (data / "__pycache__").mkdir(parents=True)
+    (data / "a.txt").write_text("some text to train on\n" * 40)
+    (data / "alias.txt").symlink_to(data / "a.txt")
+    (data / "README").write_text("what the corpus is\n" * 40)
+    (data / "notes.log").write_text("a log\n" * 40)
+    (data / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0" * 64)  # (not the user's)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+    assert text_files(data) == [data / "a.txt"]
+    check_data(_cfg(data))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "skips" in line]
+    assert notes == [f"note: data directory {data} holds README, notes.log, which a run on it "
+                     "skips: it reads 1 text file of known text suffixes (.txt, .md, .jsonl, "
+                     "source code; compressed files are to be decompressed first)"]

@@ -71,7 +71,9 @@ def text_files(path: str | Path) -> list[Path]:
             f"data directory {path} holds no text files "
             f"(looked for {', '.join(sorted(TEXT_SUFFIXES))})"
         )
-    return files
+    # a file linked under a second name is read once (it was trained on twice, and counted)
+    real = [os.path.realpath(f) for f in files]
+    return [f for i, f in enumerate(files) if real[i] not in real[:i]]
 
 
 def corpus_files(path: str | Path | None) -> tuple[Path, list[Path]]:
@@ -86,14 +88,16 @@ def corpus_files(path: str | Path | None) -> tuple[Path, list[Path]]:
     return (root if root.is_dir() else root.parent), files
 
 
-def token_files_in(path: str | Path | None) -> list[Path]:
-    """The pre-tokenized streams (`*.bin`) in a data directory, which text_files skips: a run on
-    nanoGPT's layout (prepare.py, readme.md, train.bin, val.bin) trained on its script and
-    readme without a word."""
+def skipped_files_in(path: str | Path | None) -> list[Path]:
+    """The visible files of a data directory that text_files skips (pre-tokenized *.bin
+    streams, other suffixes): a run on nanoGPT's layout (prepare.py, readme.md, train.bin,
+    val.bin) trained on its script and readme without a word, and a README or notes.log beside
+    the text were dropped unsaid (until 2026-12-04)."""
     path = Path(path).expanduser() if path is not None else None
     if path is None or not path.is_dir():
         return []
-    found = _walk(path, lambda name: name.lower().endswith(".bin") and name[0] != ".")
+    found = _walk(path, lambda name: Path(name).suffix.lower() not in TEXT_SUFFIXES
+                  and name[0] != ".", skip_dirs={"__pycache__"})  # (a code corpus's .pyc)
     return _sorted_under(path, found)
 
 

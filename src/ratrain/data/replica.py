@@ -10,7 +10,7 @@ import numpy as np
 
 from ratrain.config import RunConfig
 
-from ratrain.data.corpus import stdlib_root, token_files_in
+from ratrain.data.corpus import skipped_files_in, stdlib_root
 from ratrain.data.loader import MicroBatchLoader, eval_batches, eval_sequences
 from ratrain.data.tokenizer import (check_fits, load_tokenizer, no_eos_note, post_processor_note,
                                     unused_vocab_note)
@@ -101,20 +101,32 @@ def mapped(stream: Stream) -> Corpus:
 
 
 def skipped_bin_note(cfg: RunConfig, text_files: int) -> str | None:
-    """Where a data directory holds pre-tokenized streams (.bin), which a run on it skips, the
-    line that says so and how to train on one: a run on nanoGPT's layout (prepare.py,
-    readme.md, train.bin, val.bin) trained on its script and readme without a word until
-    2026-12-03. A token cache inside the directory is no stream of the user's."""
+    """Where a data directory holds files a run on it skips, the line that says so: of
+    pre-tokenized streams (.bin), how to train on one (a run on nanoGPT's layout trained on its
+    script and readme without a word until 2026-12-03); of other suffixes (a README, a .log, a
+    .gz), which ones (dropped unsaid until 2026-12-04). A token cache inside the directory is
+    no file of the user's."""
     cache = cache_root(cfg.data).resolve()
-    skipped = [f for f in token_files_in(cfg.data.path) if not f.resolve().is_relative_to(cache)]
+    skipped = [f for f in skipped_files_in(cfg.data.path)
+               if not f.resolve().is_relative_to(cache)]
     if not skipped:
         return None
     root = Path(cfg.data.path).expanduser()
-    names = ", ".join(f.relative_to(root).as_posix() for f in skipped[:3])
-    more = f" and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
-    return (f"note: data directory {root} holds pre-tokenized {names}{more}, which a run on the "
-            f"directory skips (it reads its {_count(text_files, 'text file')}); a pre-tokenized "
-            f"stream is passed as one .bin file: --data {skipped[0]}")
+    bins = [f for f in skipped if f.suffix.lower() == ".bin"]
+    if bins:
+        names, more = _named(root, bins)
+        return (f"note: data directory {root} holds pre-tokenized {names}{more}, which a run on "
+                f"the directory skips (it reads its {_count(text_files, 'text file')}); a "
+                f"pre-tokenized stream is passed as one .bin file: --data {bins[0]}")
+    names, more = _named(root, skipped)
+    return (f"note: data directory {root} holds {names}{more}, which a run on it skips: it "
+            f"reads {_count(text_files, 'text file')} of known text suffixes (.txt, .md, "
+            ".jsonl, source code; compressed files are to be decompressed first)")
+
+
+def _named(root: Path, files: list[Path]) -> tuple[str, str]:
+    names = ", ".join(f.relative_to(root).as_posix() for f in files[:3])
+    return names, (f" and {len(files) - 3:,} more" if len(files) > 3 else "")
 
 
 def eval_cap_note(cfg: RunConfig, val_tokens) -> str | None:
