@@ -465,6 +465,10 @@ def test_repeats_beside_other_work_are_set_aside_or_named():
     combined = combine([busy, quiet, quiet], sizes, other_work=[1.0, 0.1, 0.0])
     assert combined.measured[0].block.backward_s == 2.0e-3 and combined.device.contention == 0.02
     assert "the 1 repeat beside more than 0.25 cores of it is set aside" in combined.notes["other_work"]
+    # one kept of two: said so (it read "measured once ... --repeats N" to a --repeats 2)
+    assert combine([busy, quiet], sizes, other_work=[1.0, 0.0]).notes["stability"] == (
+        "1 of 2 repeats kept (1 set aside beside other work): stability not checked; rerun on "
+        "a quieter machine or with more --repeats")
     # nothing quiet: the times are what there is, and contention its median, with a range
     # from a quiet machine's 0 to its largest repeat though its repeats agree
     combined = combine([busy, busy], sizes, other_work=[1.0, 0.9])

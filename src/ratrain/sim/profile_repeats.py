@@ -124,7 +124,7 @@ def combine(repeats: list[HardwareProfile], sizes: list[float], tolerance: float
     # a link shown by its time at the largest size
     values = {path: [f[path][-1] for f in (figures(d, sizes) for d in data)] for path in bad}
     notes = _notes([r.notes for r in used])
-    notes["stability"] = _stability_note(len(used), bad, values, tolerance)
+    notes["stability"] = _stability_note(len(used), bad, values, tolerance, len(repeats))
     merged["unstable"] = _edges(data, bad, merged, sizes)
     largest = max(float(d["device"]["contention"]) for d in data)
     if not quiet and largest > 0:  # beside other work: from a quiet machine's 0 to its largest
@@ -304,7 +304,11 @@ def _achieved(rate: dict[str, float], efficiency: str) -> float:
 
 
 def _stability_note(n: int, bad: dict[str, float], values: dict[str, list[float]],
-                    tolerance: float) -> str:
+                    tolerance: float, taken: int | None = None) -> str:
+    """`n` repeats kept of `taken` (a lone one kept of several was said "measured once")."""
+    if n < 2 and (taken or n) > n:
+        return (f"{n} of {taken} repeats kept ({taken - n} set aside beside other work): "
+                "stability not checked; rerun on a quieter machine or with more --repeats")
     if n < 2:
         return "measured once: stability not checked (ratrain profile --repeats N)"
     if not bad:
