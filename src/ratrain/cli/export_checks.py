@@ -3,7 +3,6 @@ or a --tokenizer that is the one it trained with) and what a reader of the expor
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import click
@@ -33,7 +32,7 @@ def export_tokenizer(cfg: RunConfig, run_dir: Path, given: str | None, again: st
         raise UserError(f"{e}; the run's config.yaml names it as its tokenizer: if it moved, "
                         f"export with `{again} --tokenizer FILE`") from None
     if given is not None:
-        _refuse_another(cfg, run_dir, copy, given, found.name)
+        _refuse_another(cfg, run_dir, copy, given)
     check_fits(found, cfg.model.vocab_size)
     return ExportTokenizer(found)
 
@@ -46,26 +45,26 @@ def _on_ids(cfg: RunConfig) -> bool:
     return cfg.data.tokenizer == "byte" and is_token_file(cfg.data.path)
 
 
-def _refuse_another(cfg: RunConfig, run_dir: Path, copy: str | None, given: str,
-                    name: str) -> None:
+def _refuse_another(cfg: RunConfig, run_dir: Path, copy: str | None, given: str) -> None:
     """A --tokenizer other than the run's (until 2026-12-04 any was written beside the weights,
     unsaid: a byte run's model exported with a BPE's files, whose ids mean other text). The
-    run's is its copy, RUN/tokenizer.json, by its bytes, else config.yaml's data.tokenizer;
-    unknown for a run on .bin ids, or where neither file is there any more (said)."""
+    run's is its copy, RUN/tokenizer.json, else config.yaml's data.tokenizer, compared as a
+    resume compares them (resume_settings.same_setting: the same file, or its bytes); unknown
+    for a run on .bin ids, or where neither file is there any more (said)."""
+    from ratrain.training.resume_settings import same_setting
     from ratrain.training.run_tokenizer import tokenizer_file
 
     recorded = cfg.data.tokenizer
     if copy is None and _on_ids(cfg):
         return
-    source = Path(copy) if copy else tokenizer_file(recorded)
-    try:
-        own = "byte" if source is None else "hf:" + hashlib.sha256(source.read_bytes()).hexdigest()
-    except OSError:
+    own = copy or recorded
+    source = tokenizer_file(own)
+    if source is not None and not source.is_file():
         click.echo(f"note: --tokenizer {given}: the tokenizer {run_dir}/config.yaml names, "
                    f"{recorded}, is not there to compare it with, and the run kept no copy "
                    f"({run_dir}/tokenizer.json): exporting with {given} as the run's", err=True)
         return
-    if name != own:
+    if not same_setting(("data", "tokenizer"), own, given):
         what = ("the byte tokenizer (config.yaml: tokenizer: byte)" if source is None
                 else f"{source}" + (" (its copy)" if copy else ""))
         raise UserError(f"--tokenizer {given} is not the tokenizer {run_dir} trained with, "
