@@ -76,10 +76,11 @@ def refuse_overwriting(out: str | Path, profile_spec: str | None) -> None:
     existing file that is not a plan (a JSON object with a plan's keys: an older plan, even one
     damaged by hand, is `plan`'s to remake). Until 2026-12-04 it overwrote either: a measured
     profile, which a GPU's machine may be needed to remake, became a plan."""
+    from ratrain.cli.plan_search import profile_file_of
     from ratrain.setup.plan_file_shape import REQUIRED
 
-    profile = Path(profile_spec).resolve() if profile_spec and Path(profile_spec).is_file() \
-        else None
+    made_on = profile_file_of(profile_spec)
+    profile = Path(made_on) if made_on else None
     for path in [Path(out), *plan_option_files(out)]:
         named = f"--out {out}" if path == Path(out) else f"--out {out}'s option file {path}"
         if profile is not None and path.resolve() == profile:

@@ -46,6 +46,26 @@ def use_plan(cfg: RunConfig, layout: dict, plan_file: str, opts: dict,
     return layout
 
 
+def take_runs_settings(cfg: RunConfig, plan_data: dict, plan_file: str, opts: dict
+                       ) -> str | None:
+    """A run directory's plan.json (the programs it ran, without a plan file's "run" settings):
+    taken with the model, sequence and batch of the config.yaml beside it (`simulate --plan`),
+    and returns the profile that run trained with, if any. Until 2026-12-04 `simulate --plan
+    RUN/plan.json` simulated the default 256 tokens on cpu-local without a word."""
+    from ratrain.planner.plan_file import run_settings
+    from ratrain.schedule.plan import PipelinePlan
+
+    config = Path(plan_file).parent / "config.yaml"
+    if "run" in plan_data or Path(plan_file).name != "plan.json" or not config.is_file():
+        return None
+    ran = RunConfig.load(config)
+    plan = PipelinePlan.from_dict(plan_data)
+    _use_run_settings(cfg, run_settings(plan, ran, ran.train.micro_batch_size), plan_file, opts,
+                      "simulated")
+    click.echo(f"{plan_file}: simulated with the settings of {config} beside it", err=True)
+    return ran.train.profile
+
+
 def _refuse_what_the_programs_hold(layout: dict, plan_file: str, opts: dict) -> None:
     """Flags a plan's programs decide, which a run cannot change without another plan; once
     they ran as the plan said while the run's config recorded the flag."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -13,7 +12,7 @@ from ratrain.cli.group import cli
 from ratrain.cli.json_command import JsonCommand
 from ratrain.cli.options import (build_config, config_options, refuse_idle_outer_flags,
                                  refuse_training_flags)
-from ratrain.cli.plan_taken import take_plan
+from ratrain.cli.plan_taken import take_plan, take_runs_settings
 from ratrain.errors import UserError
 
 
@@ -36,7 +35,7 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
     refuse_training_flags(opts, "simulate", "it predicts one step from the model, batch "
                           "and layout alone; leave {them} out")
     plan_data = take_plan(cfg, plan_file, opts) if plan_file else None
-    ran_on = plan_data is not None and _as_the_run_ran(cfg, plan_data, plan_file, opts)
+    ran_on = plan_data is not None and take_runs_settings(cfg, plan_data, plan_file, opts)
     refuse_idle_outer_flags(cfg, opts)
     from ratrain.cli.plan_search import with_node_memory
 
@@ -138,27 +137,6 @@ def simulate(plan_file, profile_spec, trace_file, as_json, **opts) -> None:
                              "on the device at its peak, by kind"]))
     if trace_file:
         click.echo(f"wrote {trace_file}")
-
-
-def _as_the_run_ran(cfg, plan_data: dict, plan_file: str, opts: dict) -> str | None:
-    """A run directory's plan.json (the programs it ran, without a plan file's "run" settings):
-    simulated with the model, sequence and batch of the config.yaml beside it, and returns the
-    profile that run trained with, if any. Until 2026-12-04 `simulate --plan RUN/plan.json`
-    simulated the default 256 tokens on cpu-local without a word."""
-    from ratrain.cli.plan_taken import _use_run_settings
-    from ratrain.config import RunConfig
-    from ratrain.planner.plan_file import run_settings
-    from ratrain.schedule.plan import PipelinePlan
-
-    config = Path(plan_file).parent / "config.yaml"
-    if "run" in plan_data or Path(plan_file).name != "plan.json" or not config.is_file():
-        return None
-    ran = RunConfig.load(config)
-    plan = PipelinePlan.from_dict(plan_data)
-    _use_run_settings(cfg, run_settings(plan, ran, ran.train.micro_batch_size), plan_file, opts,
-                      "simulated")
-    click.echo(f"{plan_file}: simulated with the settings of {config} beside it", err=True)
-    return ran.train.profile
 
 
 def _plans_profile(plan_data: dict | None, plan_file: str | None, as_json: bool) -> str:
