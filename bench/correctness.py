@@ -37,7 +37,6 @@ run with --out in /tmp leaves the committed result and figure alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -50,7 +49,7 @@ from ratrain.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from outputs import outputs  # noqa: E402
+from outputs import draw, outputs, write_results  # noqa: E402
 from peers import machine  # noqa: E402
 
 TARGET = 1e-5
@@ -229,12 +228,8 @@ def main() -> None:
         "target": TARGET, "runs": results, "deviation": dev, "budget_s": args.budget_s,
         "steps_in_budget": int(max(0.0, args.budget_s - startup) / per_step_all),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
-    if png:
-        plot(result, png)
-        print(f"wrote {png}")
+    write_results(out, result)
+    draw(plot, result, png)
     print(report(result))
 
 

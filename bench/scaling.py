@@ -39,7 +39,7 @@ from ratrain.cli.plan_cmd import in_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from outputs import outputs  # noqa: E402
+from outputs import draw, outputs, write_results  # noqa: E402
 from peers import machine  # noqa: E402
 
 POLICIES = ("ratrain", "baseline")
@@ -278,12 +278,8 @@ def main() -> None:
             result = study(args)
         except UserError as e:
             ap.exit(2, f"error: {e}\n")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {out}")
-    if png:
-        plot(result, png)
-        print(f"wrote {png}")
+        write_results(out, result)
+    draw(plot, result, png)
     print(report(result))
 
 
